@@ -1,0 +1,73 @@
+"""Shared figure pieces: one layout, one heatmap, one line chart, so every page looks alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+ATTENTION_SCALE = "Viridis"
+DIVERGING_SCALE = "RdBu_r"
+PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#1098ad", "#f08c00", "#495057")
+
+
+def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | None = None,
+                 y_title: str | None = None, height: int | None = None) -> go.Figure:
+    """Title, axis titles and compact margins, the same on every page."""
+    fig.update_layout(
+        title=dict(text=title, x=0.0, xanchor="left") if title else None,
+        margin=dict(l=60, r=20, t=50 if title else 20, b=50),
+        template="plotly_white",
+        height=height,
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),
+    )
+    if x_title is not None:
+        fig.update_xaxes(title_text=x_title)
+    if y_title is not None:
+        fig.update_yaxes(title_text=y_title)
+    return fig
+
+
+def heatmap(z, *, x_labels: Sequence | None = None, y_labels: Sequence | None = None, title: str | None = None,
+            x_title: str | None = None, y_title: str | None = None, colorscale: str = ATTENTION_SCALE,
+            zmin: float | None = None, zmax: float | None = None, colorbar_title: str | None = None,
+            hovertemplate: str | None = None, reverse_y: bool = True, height: int | None = None) -> go.Figure:
+    """A labelled heatmap of a small matrix z [rows, cols]; rows run top to bottom like a matrix."""
+    z = np.asarray(z, dtype=float)
+    x = list(range(z.shape[1])) if x_labels is None else _unique_labels(x_labels)
+    y = list(range(z.shape[0])) if y_labels is None else _unique_labels(y_labels)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=x, y=y, colorscale=colorscale, zmin=zmin, zmax=zmax,
+        colorbar=dict(title=dict(text=colorbar_title)) if colorbar_title else None,
+        hovertemplate=hovertemplate or "row %{y}<br>column %{x}<br>value %{z:.4g}<extra></extra>",
+    ))
+    if reverse_y:
+        fig.update_yaxes(autorange="reversed")
+    return apply_layout(fig, title=title, x_title=x_title, y_title=y_title, height=height)
+
+
+def line_chart(x, series: Mapping[str, Sequence[float]], *, title: str | None = None, x_title: str | None = None,
+               y_title: str | None = None, log_x: bool = False, log_y: bool = False,
+               dashed: Sequence[str] = (), height: int | None = None) -> go.Figure:
+    """One line per named series over a shared x."""
+    fig = go.Figure()
+    for i, (name, y) in enumerate(series.items()):
+        fig.add_trace(go.Scatter(
+            x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines", name=name,
+            line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if name in dashed else "solid"),
+        ))
+    if log_x:
+        fig.update_xaxes(type="log")
+    if log_y:
+        fig.update_yaxes(type="log")
+    return apply_layout(fig, title=title, x_title=x_title, y_title=y_title, height=height)
+
+
+def _unique_labels(labels: Sequence) -> list[str]:
+    """Plotly merges equal category labels, so repeated tokens get their position appended."""
+    labels = [str(t) for t in labels]
+    seen: dict[str, int] = {}
+    for t in labels:
+        seen[t] = seen.get(t, 0) + 1
+    return [f"{t} ·{i}" if seen[t] > 1 else t for i, t in enumerate(labels)]

