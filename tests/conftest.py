@@ -1,0 +1,30 @@
+"""Shared fixtures. Real models load once per test session; toy models are built from configs, no download."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# The Triton interpreter is read when @triton.jit runs: set it before anything imports a kernel module.
+os.environ.setdefault("TRITON_INTERPRET", "0" if os.environ.get("ATTNVIZ_GPU_TESTS") else "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The bundled SmolLM2-135M (float32), loaded once for the whole session."""
+    from attnviz.models import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The bundled all-MiniLM-L6-v2 (BERT encoder), loaded once for the whole session."""
+    from attnviz.models import load_model
+
+    return load_model("minilm-l6")
