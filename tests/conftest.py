@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -10,8 +9,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# The Triton interpreter is read when @triton.jit runs: set it before anything imports a kernel module.
-os.environ.setdefault("TRITON_INTERPRET", "0" if os.environ.get("ATTNVIZ_GPU_TESTS") else "1")
 
 
 @pytest.fixture(scope="session")
