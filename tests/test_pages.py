@@ -1,0 +1,76 @@
+"""Every page runs through app.py's navigation with its defaults, then again after one widget change, without an
+exception. Pages are taken from attnviz.ui.PAGES, so a new page is covered the moment it is declared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from attnviz.ui import PAGES
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+TIMEOUT_S = 180
+# Widget kinds in the order a change is tried: the first widget of the first kind present is changed.
+KINDS = ("slider", "select_slider", "selectbox", "radio", "number_input", "checkbox", "toggle", "segmented_control")
+
+
+def _run_page(script: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.run()
+    assert not at.exception, at.exception
+    at.switch_page(script)
+    at.run()
+    return at
+
+
+def _change_one_widget(at: AppTest) -> str | None:
+    """Changes the first changeable widget to another valid value and reruns. Returns what it changed."""
+    for kind in KINDS:
+        for widget in getattr(at, kind):
+            if getattr(widget, "disabled", False):
+                continue
+            new = _other_value(kind, widget)
+            if new is None:
+                continue
+            widget.set_value(new).run()
+            return f"{kind} {widget.label!r} -> {new!r}"
+    return None
+
+
+def _other_value(kind: str, widget):
+    value = widget.value
+    if kind in ("checkbox", "toggle"):
+        return not value
+    if kind in ("selectbox", "radio", "select_slider", "segmented_control"):
+        options = [o for o in widget.options if o != value and str(o) != str(value)]
+        if not options:
+            return None
+        opt = options[0]
+        # Option lists come back as strings; set_value wants the original type for select_slider ranges.
+        return type(value)(opt) if isinstance(value, (int, float)) and not isinstance(value, bool) else opt
+    if kind in ("slider", "number_input"):
+        if isinstance(value, (tuple, list)):
+            return None
+        lo, hi, step = widget.min, widget.max, widget.step or 1
+        for candidate in (value + step, value - step):
+            if (lo is None or candidate >= lo) and (hi is None or candidate <= hi):
+                return type(value)(candidate)
+    return None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.url_path for p in PAGES])
+def test_page_runs_with_defaults_and_after_a_widget_change(page):
+    at = _run_page(page.script)
+    assert not at.exception, f"{page.title}: {at.exception}"
+    assert at.title or at.header, f"{page.title} shows no title"
+    changed = _change_one_widget(at)
+    assert not at.exception, f"{page.title} after {changed}: {at.exception}"
+
+
+def test_home_links_every_page():
+    at = _run_page("pages/home.py")
+    linked = {link.proto.page for link in at.get("page_link")}
+    expected = {Path(p.script).stem for p in PAGES if not p.default}
+    assert linked == expected
