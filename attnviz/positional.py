@@ -1,0 +1,294 @@
+"""Positional encodings: sinusoidal (Vaswani et al. 2017), RoPE (Su et al., RoFormer) and ALiBi (Press et al. 2022).
+
+Everything here is plain maths in float64 numpy, except apply_rope, which keeps the type of its input (numpy in ->
+numpy out, torch in -> torch out). Shapes are written [..., n, d]; distances are query position minus key position,
+so a causal model only looks at distances >= 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+SCALINGS = ("none", "linear", "ntk")
+
+
+# ---------------------------------------------------------------- sinusoidal
+
+
+def _check_even(d: int, what: str) -> int:
+    d = int(d)
+    if d < 2 or d % 2:
+        raise ValueError(f"{what} must be an even number >= 2, got {d}")
+    return d
+
+
+def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> np.ndarray:
+    """omega_i = base^(-2i/d_model), i = 0 .. d_model/2 - 1. Returns [d_model // 2] (radians per position)."""
+    d_model = _check_even(d_model, "d_model")
+    return float(base) ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+
+
+def sinusoidal_encoding(n_positions: int, d_model: int, base: float = 10000.0) -> np.ndarray:
+    """Vaswani et al. 2017 §3.5: PE[p, 2i] = sin(p omega_i), PE[p, 2i+1] = cos(p omega_i).
+
+    Returns [n_positions, d_model], float64.
+    """
+    angles = np.arange(int(n_positions), dtype=np.float64)[:, None] * sinusoidal_frequencies(d_model, base)
+    pe = np.empty((int(n_positions), int(d_model)), dtype=np.float64)
+    pe[:, 0::2] = np.sin(angles)
+    pe[:, 1::2] = np.cos(angles)
+    return pe
+
+
+def sinusoidal_shift_matrix(k: float, d_model: int, base: float = 10000.0) -> np.ndarray:
+    """The fixed linear map M_k with PE_(p+k) = M_k PE_p for every p (Vaswani et al. 2017 §3.5).
+
+    Per (sin, cos) pair: sin((p+k)w) = cos(kw) sin(pw) + sin(kw) cos(pw) and
+    cos((p+k)w) = -sin(kw) sin(pw) + cos(kw) cos(pw), so M_k is block diagonal with 2x2 rotations
+    [[cos kw, sin kw], [-sin kw, cos kw]]. It depends on k only. Returns [d_model, d_model].
+    """
+    w = sinusoidal_frequencies(d_model, base) * float(k)
+    m = np.zeros((d_model, d_model), dtype=np.float64)
+    i = np.arange(0, d_model, 2)
+    m[i, i] = np.cos(w)
+    m[i, i + 1] = np.sin(w)
+    m[i + 1, i] = -np.sin(w)
+    m[i + 1, i + 1] = np.cos(w)
+    return m
+
+
+def sinusoidal_dot(offsets, d_model: int, base: float = 10000.0) -> np.ndarray:
+    """PE_p . PE_(p+k) = sum_i cos(k omega_i): the same for every p, even in k. Returns [len(offsets)]."""
+    k = np.asarray(offsets, dtype=np.float64).reshape(-1)
+    return np.cos(k[:, None] * sinusoidal_frequencies(d_model, base)).sum(axis=-1)
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def rope_frequencies(d_head: int, base: float = 10000.0) -> np.ndarray:
+    """RoFormer eq. 15: theta_i = base^(-2i/d_head), i = 0 .. d_head/2 - 1. Returns [d_head // 2], float64."""
+    d_head = _check_even(d_head, "d_head")
+    return float(base) ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
+
+
+def scaled_rope_frequencies(d_head: int, base: float = 10000.0, *, scaling: str = "none",
+                            factor: float = 1.0) -> np.ndarray:
+    """RoPE frequencies stretched to a context `factor` times the trained one. Returns [d_head // 2].
+
+    "linear": position interpolation (Chen et al. 2023), theta_i / factor, i.e. positions divided by factor.
+    "ntk": NTK-aware scaling (bloc97, 2023), base' = base * factor^(d/(d-2)); the highest frequency (theta_0 = 1)
+    is kept and the lowest is divided by exactly `factor`, the ones between by less.
+    "none": rope_frequencies(d_head, base).
+    """
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    factor = float(factor)
+    if not factor > 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    if scaling == "linear":
+        return rope_frequencies(d_head, base) / factor
+    if scaling == "ntk":
+        d_head = _check_even(d_head, "d_head")
+        exponent = d_head / (d_head - 2) if d_head > 2 else 1.0
+        return rope_frequencies(d_head, float(base) * factor ** exponent)
+    return rope_frequencies(d_head, base)
+
+
+def interleaved_to_half_permutation(d_head: int) -> np.ndarray:
+    """Index p with x_half = x_interleaved[..., p]: [0, 2, 4, ..., d-2, 1, 3, ..., d-1]. Returns [d_head].
+
+    The paper rotates adjacent pairs (x_2i, x_2i+1); transformers' rotate_half rotates (x_i, x_(i + d/2)).
+    Reordering the features of q and k by p (which is what the Llama checkpoint converters do to W_q and W_k)
+    turns one convention into the other: apply_rope(x[..., p]) == apply_rope(x, interleaved=True)[..., p].
+    The inverse permutation is np.argsort(p).
+    """
+    d_head = _check_even(d_head, "d_head")
+    return np.concatenate([np.arange(0, d_head, 2), np.arange(1, d_head, 2)])
+
+
+def rope_rotation_matrix(position: float, d_head: int, base: float = 10000.0, *, interleaved: bool = False,
+                         frequencies=None) -> np.ndarray:
+    """R_m of RoFormer eq. 15, the orthogonal matrix with apply_rope(x) = x R_m^T at position m. Returns [d, d].
+
+    interleaved=True pairs features (2i, 2i+1) as in the paper; False pairs (i, i + d/2) as rotate_half does.
+    """
+    theta = rope_frequencies(d_head, base) if frequencies is None else np.asarray(frequencies, dtype=np.float64)
+    half = len(theta)
+    first, second = (np.arange(0, 2 * half, 2), np.arange(1, 2 * half, 2)) if interleaved else \
+        (np.arange(half), np.arange(half, 2 * half))
+    angle = float(position) * theta
+    r = np.zeros((2 * half, 2 * half), dtype=np.float64)
+    r[first, first] = np.cos(angle)
+    r[first, second] = -np.sin(angle)
+    r[second, first] = np.sin(angle)
+    r[second, second] = np.cos(angle)
+    return r
+
+
+def apply_rope(x, positions=None, base: float = 10000.0, interleaved: bool = False, *, scaling: str = "none",
+               factor: float = 1.0):
+    """Rotates every feature pair of x by position * theta_i (RoFormer eq. 34; transformers' apply_rotary_pos_emb).
+
+    x: [..., n, d_head]; positions: [n] or anything broadcastable to [..., n] (default 0 .. n-1; may be negative
+    or fractional). interleaved=False is transformers' rotate_half layout, pairs (i, i + d/2):
+    x * cos + rotate_half(x) * sin. interleaved=True is the paper's layout, pairs (2i, 2i+1).
+    The angles are computed in float64 and the result has x's dtype. Numpy in -> numpy out; torch in -> torch out.
+    """
+    as_numpy = not isinstance(x, torch.Tensor)
+    t = torch.as_tensor(np.asarray(x)) if as_numpy else x
+    if t.dim() < 2:
+        raise ValueError(f"x must be [..., n, d_head], got shape {tuple(t.shape)}")
+    n, d = t.shape[-2], t.shape[-1]
+    theta = torch.as_tensor(scaled_rope_frequencies(d, base, scaling=scaling, factor=factor))  # [d/2]
+    pos = torch.arange(n, dtype=torch.float64) if positions is None else \
+        torch.as_tensor(np.asarray(positions) if not isinstance(positions, torch.Tensor) else positions)
+    angles = pos.to(torch.float64)[..., None] * theta  # [..., n, d/2]
+    work = torch.float64 if t.dtype == torch.float64 else torch.float32
+    cos, sin = torch.cos(angles).to(t.device, work), torch.sin(angles).to(t.device, work)
+    xw = t.to(work)
+    if interleaved:
+        x1, x2 = xw[..., 0::2], xw[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xw[..., : d // 2], xw[..., d // 2:]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    out = out.to(t.dtype)
+    return out.numpy() if as_numpy else out
+
+
+def rope_partial_sums(distances, d_head: int = 128, base: float = 10000.0, *, scaling: str = "none",
+                      factor: float = 1.0) -> np.ndarray:
+    """S_j = sum_{k=0}^{j-1} exp(i r theta_k) for j = 1 .. d/2 (RoFormer §3.4.3). Returns complex [len(r), d/2].
+
+    With h_i = q_[2i:2i+1] k*_[2i:2i+1] (h_(d/2) = 0) the paper's Abel summation reads
+    sum_i h_i e^(i r theta_i) = -sum_{i=0}^{d/2-1} S_(i+1) (h_(i+1) - h_i), hence the bound
+    |score| <= max_i |h_(i+1) - h_i| * sum_j |S_j|.
+    """
+    r = np.asarray(distances, dtype=np.float64).reshape(-1)
+    theta = scaled_rope_frequencies(d_head, base, scaling=scaling, factor=factor)
+    return np.cumsum(np.exp(1j * r[:, None] * theta), axis=-1)
+
+
+def rope_decay_bound(distances, d_head: int = 128, base: float = 10000.0, *, scaling: str = "none",
+                     factor: float = 1.0) -> np.ndarray:
+    """RoFormer §3.4.3 (their Figure 2): (1/(d/2)) sum_{j=1}^{d/2} |S_j|, S_j = sum_{k<j} e^(i r theta_k).
+
+    At r = 0 every S_j = j, so the bound is (d/2 + 1) / 2. Returns [len(distances)], float64.
+    """
+    return np.abs(rope_partial_sums(distances, d_head, base, scaling=scaling, factor=factor)).mean(axis=-1)
+
+
+def rope_score(q, k, distances, base: float = 10000.0) -> np.ndarray:
+    """RoPE score of a query r positions after its key: <R_p q, R_(p-r) k> = <q, R_(-r) k> (RoFormer eq. 16).
+
+    q, k: [d_head]; distances r: [len(r)] (query position minus key position). Returns [len(r)], float64.
+    Only the difference matters, so the key is rotated by -r and the query is left alone.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    r = np.asarray(distances, dtype=np.float64).reshape(-1)
+    rotated = apply_rope(np.broadcast_to(k, (len(r), len(k))).copy(), positions=-r, base=base)
+    return rotated @ q
+
+
+# ---------------------------------------------------------------- ALiBi
+
+
+def alibi_slopes(n_heads: int) -> np.ndarray:
+    """ALiBi head slopes exactly as the paper's reference code (ofirpress/attention_with_linear_biases) builds them.
+
+    For a power of two n: a geometric sequence starting at and with ratio 2^(-8/n). Otherwise the n' = 2^floor(log2 n)
+    slopes, then every other slope of the 2n' sequence (its 1st, 3rd, ...) for the n - n' remaining heads.
+    Returns [n_heads], float64.
+    """
+    n_heads = int(n_heads)
+    if n_heads < 1:
+        raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return np.array(power_of_2(n_heads), dtype=np.float64)
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = alibi_slopes(2 * closest)[0::2][: n_heads - closest]
+    return np.concatenate([power_of_2(closest), extra]).astype(np.float64)
+
+
+def alibi_bias(n_heads: int, n_query: int, n_key: int | None = None, causal: bool = True) -> np.ndarray:
+    """ALiBi (Press et al. 2022, §3): bias[h, i, j] = -m_h * (i - j), added to the scaled scores.
+
+    Queries are aligned to the last keys (query i sits at key position i + n_key - n_query, as with a KV cache).
+    causal=True: keys after the query get -inf (the bias doubles as the causal mask). causal=False: -m_h * |i - j|,
+    the symmetric form for encoders. Returns [n_heads, n_query, n_key], float64.
+    """
+    n_key = n_query if n_key is None else n_key
+    if n_query < 1 or n_key < n_query:
+        raise ValueError(f"need 1 <= n_query <= n_key, got n_query={n_query}, n_key={n_key}")
+    distance = (np.arange(n_query)[:, None] + (n_key - n_query)) - np.arange(n_key)[None, :]  # [query, key]
+    slopes = alibi_slopes(n_heads)[:, None, None]
+    if not causal:
+        return -slopes * np.abs(distance)
+    bias = -slopes * np.maximum(distance, 0)
+    return np.where(distance[None] >= 0, bias, -np.inf)
+
+
+def alibi_pattern(n_heads: int, n: int, scores=None) -> np.ndarray:
+    """softmax(scores + alibi_bias) over the keys, causal. scores: [n_heads or 1, n, n] or None (all zero,
+    i.e. position only). Returns the pattern [n_heads, n, n], float64."""
+    logits = alibi_bias(n_heads, n)
+    if scores is not None:
+        logits = logits + np.asarray(scores, dtype=np.float64)
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+# ---------------------------------------------------------------- measured attention against distance
+
+
+def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int | None = None) -> np.ndarray:
+    """Mean attention weight at each query-key distance r = i - j >= 0.
+
+    pattern: [layer, head, query, key] (or [head, query, key]; the queries aligned to the last keys). Entry r is the
+    mean of pattern[..., i, i - r] over every query i that has a key r positions back, then over heads unless
+    per_head. Returns [layer, n_distances] (or [layer, head, n_distances]; without a layer axis, that axis is
+    dropped), n_distances = min(n_query, max_distance + 1).
+    """
+    p = np.asarray(pattern, dtype=np.float64)
+    squeeze = p.ndim == 3
+    if squeeze:
+        p = p[None]
+    if p.ndim != 4:
+        raise ValueError(f"pattern must be [layer, head, query, key], got shape {p.shape}")
+    n_query, n_key = p.shape[-2], p.shape[-1]
+    offset = n_key - n_query
+    n_dist = n_query if max_distance is None else min(n_query, int(max_distance) + 1)
+    out = np.empty(p.shape[:2] + (n_dist,), dtype=np.float64)
+    for r in range(n_dist):
+        # queries i = r .. n_query-1 look at key i + offset - r: the diagonal at key offset (offset - r)
+        out[..., r] = np.diagonal(p, offset=offset - r, axis1=-2, axis2=-1)[..., -(n_query - r):].mean(axis=-1)
+    out = out if per_head else out.mean(axis=1)
+    return out[0] if squeeze else out
+
+
+def uniform_causal_by_distance(n: int) -> np.ndarray:
+    """The content-free, position-free baseline: query i spreads 1/(i+1) over its i+1 keys. By distance r, the mean
+    over queries i >= r of 1/(i+1). Returns [n]. Causal masking alone makes this fall with distance."""
+    inv = 1.0 / np.arange(1, n + 1, dtype=np.float64)
+    tail_sums = np.cumsum(inv[::-1])[::-1]  # sum_{i >= r} 1/(i+1)
+    return tail_sums / (n - np.arange(n))
+
+
+def rope_settings(config) -> tuple[int, float]:
+    """(d_head, base) of a transformers config that uses RoPE (Llama-style: rope_parameters or rope_theta)."""
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    params = getattr(config, "rope_parameters", None) or {}
+    base = params.get("rope_theta") if isinstance(params, dict) else None
+    base = base or getattr(config, "rope_theta", None) or 10000.0
+    return int(d_head), float(base)

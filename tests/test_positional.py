@@ -1,0 +1,383 @@
+"""attnviz.positional against independent references: float64 loops over the papers' formulas, transformers' own
+Llama RoPE, BLOOM ALiBi and XLM sinusoidal code, and a tiny BLOOM model whose content scores are switched off."""
+
+from __future__ import annotations
+
+import cmath
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz import positional as P
+
+RNG = np.random.default_rng(0)
+
+
+# ---------------------------------------------------------------- sinusoidal
+
+
+def _pe_loop(n, d, base=10000.0):
+    """Vaswani et al. 2017 §3.5 written out with math.sin / math.cos."""
+    pe = np.zeros((n, d))
+    for p in range(n):
+        for i in range(d // 2):
+            pe[p, 2 * i] = math.sin(p / base ** (2 * i / d))
+            pe[p, 2 * i + 1] = math.cos(p / base ** (2 * i / d))
+    return pe
+
+
+@pytest.mark.parametrize("n,d,base", [(50, 16, 10000.0), (7, 2, 100.0), (33, 64, 500.0)])
+def test_sinusoidal_encoding_matches_the_paper_formula(n, d, base):
+    np.testing.assert_allclose(P.sinusoidal_encoding(n, d, base), _pe_loop(n, d, base), rtol=0, atol=1e-13)
+
+
+def test_sinusoidal_encoding_matches_transformers_xlm():
+    from transformers.models.xlm.modeling_xlm import create_sinusoidal_embeddings
+
+    out = create_sinusoidal_embeddings(128, 32, torch.empty(128, 32))
+    np.testing.assert_allclose(P.sinusoidal_encoding(128, 32), out.numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 37, -12, 2.5])
+def test_pe_shift_is_a_fixed_rotation(k):
+    d = 24
+    pe = _pe_loop(200, d)
+    m = P.sinusoidal_shift_matrix(k, d)
+    np.testing.assert_allclose(m @ m.T, np.eye(d), atol=1e-14)  # a rotation: orthogonal
+    assert np.linalg.det(m) == pytest.approx(1.0, abs=1e-12)
+    # the same matrix maps PE_p to PE_(p+k) for every p: compare with the formula evaluated at p + k directly
+    p = np.arange(20, 120)
+    shifted = np.array([[f(pp + k) for f in _pair_funcs(d)] for pp in p])
+    np.testing.assert_allclose(pe[p] @ m.T, shifted, rtol=0, atol=1e-12)
+    if float(k).is_integer():
+        np.testing.assert_allclose(pe[p] @ m.T, pe[p + int(k)], rtol=0, atol=1e-12)
+
+
+def _pair_funcs(d, base=10000.0):
+    out = []
+    for i in range(d // 2):
+        w = base ** (-2 * i / d)
+        out += [lambda x, w=w: math.sin(x * w), lambda x, w=w: math.cos(x * w)]
+    return out
+
+
+def test_sinusoidal_dot_depends_on_offset_only():
+    d = 32
+    pe = _pe_loop(300, d)
+    ks = np.arange(0, 100)
+    expected = P.sinusoidal_dot(ks, d)
+    for p in (0, 17, 150):
+        np.testing.assert_allclose(np.einsum("d,kd->k", pe[p], pe[p + ks]), expected, atol=1e-12)
+    assert expected[0] == pytest.approx(d / 2)  # sin^2 + cos^2 per pair
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def _rope_loop(x, positions, base=10000.0):
+    """The paper's adjacent-pair rotation (RoFormer eq. 34) with complex numbers, one pair at a time."""
+    n, d = x.shape
+    out = np.zeros_like(x)
+    for t in range(n):
+        for i in range(d // 2):
+            z = complex(x[t, 2 * i], x[t, 2 * i + 1]) * cmath.exp(1j * positions[t] * base ** (-2 * i / d))
+            out[t, 2 * i], out[t, 2 * i + 1] = z.real, z.imag
+    return out
+
+
+def test_rope_frequencies_formula():
+    d = 64
+    expected = [10000.0 ** (-2 * i / d) for i in range(d // 2)]
+    np.testing.assert_allclose(P.rope_frequencies(d), expected, rtol=1e-15)
+
+
+def test_apply_rope_interleaved_matches_complex_rotation():
+    x = RNG.standard_normal((12, 16))
+    pos = RNG.integers(-50, 500, size=12).astype(float)
+    np.testing.assert_allclose(P.apply_rope(x, pos, interleaved=True), _rope_loop(x, pos), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_apply_rope_equals_rotation_matrix(interleaved):
+    x = RNG.standard_normal((5, 3, 32))
+    out = P.apply_rope(x, np.arange(3) * 11.0, base=500.0, interleaved=interleaved)
+    for t in range(3):
+        r = P.rope_rotation_matrix(11.0 * t, 32, 500.0, interleaved=interleaved)
+        np.testing.assert_allclose(out[:, t], x[:, t] @ r.T, atol=1e-13)
+        np.testing.assert_allclose(r @ r.T, np.eye(32), atol=1e-14)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_relative_position_identity(interleaved):
+    """<R_m q, R_n k> = <q, R_(n-m) k> (RoFormer eq. 16), to float64 precision."""
+    d = 64
+    q, k = RNG.standard_normal((2, d))
+    for m, n in [(0, 0), (3, 10), (100, 7), (-5, 2048), (4096, 4100)]:
+        left = P.apply_rope(q[None], [m], interleaved=interleaved)[0] @ P.apply_rope(k[None], [n],
+                                                                                   interleaved=interleaved)[0]
+        right = q @ P.apply_rope(k[None], [n - m], interleaved=interleaved)[0]
+        assert left == pytest.approx(right, rel=1e-12, abs=1e-12)
+        r_m = P.rope_rotation_matrix(m, d, interleaved=interleaved)
+        r_n = P.rope_rotation_matrix(n, d, interleaved=interleaved)
+        np.testing.assert_allclose(r_m.T @ r_n, P.rope_rotation_matrix(n - m, d, interleaved=interleaved),
+                                   atol=1e-12)
+    r = np.array([0.0, 1.0, 9.0, 250.0])
+    expected = [P.apply_rope(q[None], [p])[0] @ P.apply_rope(k[None], [p - rr])[0] for p, rr in zip([5, 50, 9, 999], r)]
+    np.testing.assert_allclose(P.rope_score(q, k, r), expected, atol=1e-11)
+
+
+def test_interleaved_and_rotate_half_agree_under_the_permutation():
+    d = 16
+    perm = P.interleaved_to_half_permutation(d)
+    assert sorted(perm) == list(range(d))
+    x = RNG.standard_normal((2, 9, d))
+    pos = np.arange(9) * 13.0
+    np.testing.assert_allclose(P.apply_rope(x[..., perm], pos), P.apply_rope(x, pos, interleaved=True)[..., perm],
+                               rtol=0, atol=1e-14)
+    inv = np.argsort(perm)
+    np.testing.assert_allclose(P.apply_rope(x[..., perm], pos)[..., inv], P.apply_rope(x, pos, interleaved=True),
+                               rtol=0, atol=1e-14)
+    # and on the rotation matrices: P R_half P^T = R_interleaved, with P the permutation matrix
+    pm = np.eye(d)[perm]
+    np.testing.assert_allclose(pm.T @ P.rope_rotation_matrix(7.0, d) @ pm,
+                               P.rope_rotation_matrix(7.0, d, interleaved=True), atol=1e-15)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_apply_rope_preserves_norms(interleaved):
+    x = RNG.standard_normal((3, 4, 40, 64))
+    out = P.apply_rope(x, RNG.uniform(-1e4, 1e4, size=40), interleaved=interleaved)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-13)
+    assert not np.allclose(out, x)
+
+
+def test_apply_rope_keeps_type_and_dtype():
+    x = torch.randn(2, 5, 8)
+    out = P.apply_rope(x)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.shape == x.shape
+    torch.testing.assert_close(out[:, 0], x[:, 0])  # position 0 is the identity
+    assert isinstance(P.apply_rope(x.numpy()), np.ndarray)
+
+
+def test_apply_rope_matches_transformers_llama():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    base, d = 100000.0, 64
+    config = LlamaConfig(hidden_size=3 * d, num_attention_heads=3, head_dim=d, max_position_embeddings=2048,
+                         rope_parameters={"rope_type": "default", "rope_theta": base})
+    rotary = LlamaRotaryEmbedding(config)
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 50, d)  # [batch, head, n, d]
+    k = torch.randn(2, 3, 50, d)
+    position_ids = torch.stack([torch.arange(50), torch.arange(50) * 13 + 100])  # [batch, n]
+    cos, sin = rotary(q, position_ids)
+    q_ref, k_ref = apply_rotary_pos_emb(q, k, cos, sin)
+    pos = position_ids[:, None, :]  # [batch, 1, n] broadcasts over heads
+    torch.testing.assert_close(P.apply_rope(q, pos, base=base), q_ref, rtol=0, atol=2e-4)
+    torch.testing.assert_close(P.apply_rope(k, pos, base=base), k_ref, rtol=0, atol=2e-4)
+    # away from float32 angle rounding (small positions) the two agree to float32 precision
+    torch.testing.assert_close(P.apply_rope(q[0], pos[0], base=base), q_ref[0], rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- context scaling
+
+
+def test_linear_scaling_matches_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=32, max_position_embeddings=64,
+                         rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["linear"](config)
+    np.testing.assert_allclose(P.scaled_rope_frequencies(32, scaling="linear", factor=4.0), inv_freq.numpy(),
+                               rtol=1e-6)
+    # position interpolation: position 4p after scaling is position p before
+    x = RNG.standard_normal((1, 32))
+    np.testing.assert_allclose(P.apply_rope(x, [40.0], scaling="linear", factor=4.0), P.apply_rope(x, [10.0]),
+                               atol=1e-13)
+
+
+def test_ntk_scaling_matches_transformers_dynamic_ntk_and_its_defining_property():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    # transformers' dynamic NTK with factor 1 at seq_len = 4 x max_position_embeddings is static NTK with factor 4
+    config = LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=32, max_position_embeddings=64,
+                         rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 1.0})
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, seq_len=256)
+    ntk = P.scaled_rope_frequencies(32, scaling="ntk", factor=4.0)
+    np.testing.assert_allclose(ntk, inv_freq.numpy(), rtol=1e-6)
+    plain = P.rope_frequencies(32)
+    assert ntk[0] == plain[0] == 1.0  # the fastest pair keeps its frequency
+    assert ntk[-1] == pytest.approx(plain[-1] / 4.0, rel=1e-12)  # the slowest is interpolated by the full factor
+
+
+# ---------------------------------------------------------------- RoFormer decay bound
+
+
+def _bound_loop(r, d, base=10000.0):
+    """(1/(d/2)) sum_{j=1}^{d/2} |sum_{k=0}^{j-1} e^(i r theta_k)|, theta_k = base^(-2k/d) (RoFormer §3.4.3)."""
+    total = 0.0
+    for j in range(1, d // 2 + 1):
+        total += abs(sum(cmath.exp(1j * r * base ** (-2 * kk / d)) for kk in range(j)))
+    return total / (d // 2)
+
+
+def test_decay_bound_matches_the_formula():
+    r = np.array([0.0, 1.0, 2.5, 10.0, 63.0, 250.0])
+    for d, base in [(128, 10000.0), (64, 100000.0), (8, 10.0)]:
+        np.testing.assert_allclose(P.rope_decay_bound(r, d, base), [_bound_loop(x, d, base) for x in r], rtol=1e-12)
+
+
+@pytest.mark.parametrize("d", [2, 4, 64, 128, 256])
+def test_decay_bound_at_distance_zero(d):
+    # every S_j = j at r = 0 (j terms of e^0 = 1), and the mean of 1 .. d/2 is (d/2 + 1)/2
+    assert P.rope_decay_bound([0.0], d)[0] == pytest.approx((d / 2 + 1) / 2, rel=1e-15)
+
+
+def test_decay_bound_bounds_the_score_through_abel_summation():
+    """The paper's step: sum_i h_i e^(i r theta_i) = -sum_i S_(i+1) (h_(i+1) - h_i), so |score| is at most
+    max_i |h_(i+1) - h_i| * (d/2) * bound(r). Checked with the real RoPE score of random q, k."""
+    d = 32
+    r = np.arange(0, 300, 7.0)
+    s = P.rope_partial_sums(r, d)  # [r, d/2]
+    for _ in range(5):
+        q, k = RNG.standard_normal((2, d))
+        h = np.append(q[0::2] + 1j * q[1::2], 0) * np.conj(np.append(k[0::2] + 1j * k[1::2], 0))  # h_(d/2) = 0
+        direct = (h[:-1] * np.exp(1j * r[:, None] * P.rope_frequencies(d))).sum(-1)
+        np.testing.assert_allclose(-(s * np.diff(h)).sum(-1), direct, atol=1e-10)
+        # Re(direct) is the RoPE score of the interleaved layout with key at 0 and query at r... up to sign of r:
+        score = [P.apply_rope(q[None], [rr], interleaved=True)[0] @ P.apply_rope(k[None], [0.0], interleaved=True)[0]
+                 for rr in r]
+        np.testing.assert_allclose(direct.real, score, atol=1e-10)
+        bound = np.abs(np.diff(h)).max() * (d / 2) * P.rope_decay_bound(r, d)
+        assert np.all(np.abs(direct) <= bound + 1e-9)
+
+
+# ---------------------------------------------------------------- ALiBi
+
+
+def _slopes_reference(n):
+    """ofirpress/attention_with_linear_biases, fairseq/models/transformer.py, get_slopes, verbatim logic."""
+    def get_slopes_power_of_2(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        ratio = start
+        return [start * ratio ** i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return get_slopes_power_of_2(n)
+    closest_power_of_2 = 2 ** math.floor(math.log2(n))
+    return get_slopes_power_of_2(closest_power_of_2) + _slopes_reference(2 * closest_power_of_2)[0::2][
+        : n - closest_power_of_2]
+
+
+def test_alibi_slopes_match_transformers_bloom_for_1_to_64_heads():
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    length = 6
+    for n in range(1, 65):
+        # build_alibi_tensor(attention_mask [batch, seq], num_heads, dtype) -> [batch * heads, 1, seq] = slope * j
+        alibi = build_alibi_tensor(torch.ones(1, length), n, torch.float32).reshape(n, length).double().numpy()
+        slopes = P.alibi_slopes(n)
+        assert slopes.shape == (n,)
+        np.testing.assert_allclose(alibi, slopes[:, None] * np.arange(length), rtol=1e-6, atol=0)
+        np.testing.assert_allclose(slopes, _slopes_reference(n), rtol=1e-15)
+
+
+def test_alibi_slopes_of_the_paper_for_8_heads():
+    np.testing.assert_allclose(P.alibi_slopes(8), [2.0 ** -(i + 1) for i in range(8)], rtol=1e-15)
+
+
+def test_alibi_bias_shape_values_and_softmax_equivalence_with_bloom():
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    h, n = 6, 9
+    bias = P.alibi_bias(h, n)
+    assert bias.shape == (h, n, n)
+    slopes = P.alibi_slopes(h)
+    for i in range(n):
+        for j in range(n):
+            if j > i:
+                assert np.all(np.isneginf(bias[:, i, j]))
+            else:
+                np.testing.assert_allclose(bias[:, i, j], -slopes * (i - j), rtol=1e-15)
+    # BLOOM adds +slope * j instead of -slope * (i - j): the same softmax per row (shift invariance)
+    scores = RNG.standard_normal((h, n, n))
+    bloom = build_alibi_tensor(torch.ones(1, n), h, torch.float64).reshape(h, 1, n).numpy()
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    ref = np.where(causal, scores + bloom, -np.inf)
+    ref = np.exp(ref - ref.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(P.alibi_pattern(h, n, scores), ref, atol=1e-6)  # BLOOM's slopes are float32
+
+
+def test_alibi_bias_with_a_cache_and_non_causal():
+    bias = P.alibi_bias(4, 3, 7)  # 3 new queries at positions 4, 5, 6 over 7 keys
+    slopes = P.alibi_slopes(4)
+    np.testing.assert_allclose(bias[:, 0, :5], -slopes[:, None] * np.array([4, 3, 2, 1, 0]))
+    assert np.all(np.isneginf(bias[:, 0, 5:]))
+    sym = P.alibi_bias(4, 5, causal=False)
+    np.testing.assert_allclose(sym, np.transpose(sym, (0, 2, 1)))
+    np.testing.assert_allclose(sym[:, 1, 4], -3 * slopes)
+    with pytest.raises(ValueError):
+        P.alibi_bias(4, 5, 3)
+    with pytest.raises(ValueError):
+        P.alibi_slopes(0)
+
+
+# ---------------------------------------------------------------- attention against distance
+
+
+def test_attention_by_distance_against_a_loop():
+    pattern = RNG.random((2, 3, 6, 8))  # [layer, head, query, key], queries are the last 6 of 8 positions
+    out = P.attention_by_distance(pattern)
+    per_head = P.attention_by_distance(pattern, per_head=True)
+    assert out.shape == (2, 6) and per_head.shape == (2, 3, 6)
+    for layer in range(2):
+        for r in range(6):
+            vals = [pattern[layer, h, i, i + 2 - r] for h in range(3) for i in range(r, 6)]
+            assert out[layer, r] == pytest.approx(np.mean(vals))
+    np.testing.assert_allclose(per_head.mean(axis=1), out)
+    assert P.attention_by_distance(pattern, max_distance=2).shape == (2, 3)
+    np.testing.assert_allclose(P.attention_by_distance(pattern[0]), out[0])
+
+
+def test_uniform_causal_baseline():
+    n = 10
+    pattern = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    np.testing.assert_allclose(P.uniform_causal_by_distance(n), P.attention_by_distance(pattern[None]))
+    assert P.uniform_causal_by_distance(n)[-1] == pytest.approx(1 / n)
+
+
+def test_tiny_bloom_without_content_follows_the_alibi_theory():
+    """A BLOOM whose query/key projections are zero attends by ALiBi alone: its measured attention against
+    distance must be the ALiBi-only prediction, layer by layer."""
+    from transformers import BloomConfig, BloomModel
+
+    config = BloomConfig(vocab_size=50, hidden_size=24, n_layer=2, n_head=6, attn_implementation="eager")
+    model = BloomModel(config).eval()
+    with torch.no_grad():
+        for block in model.h:
+            w = block.self_attention.query_key_value
+            # fused [heads, (q, k, v), head_dim] rows: zero q and k rows
+            rows = w.weight.view(6, 3, 4, 24)
+            rows[:, :2] = 0
+            w.bias.view(6, 3, 4)[:, :2] = 0
+        out = model(torch.randint(0, 50, (1, 12)), output_attentions=True)
+    pattern = torch.stack(out.attentions)[:, 0].double().numpy()  # [layer, head, query, key]
+    theory = P.attention_by_distance(P.alibi_pattern(6, 12))
+    measured = P.attention_by_distance(pattern)
+    for layer in range(2):
+        np.testing.assert_allclose(measured[layer], theory, atol=1e-6)
+    assert not np.allclose(theory, P.uniform_causal_by_distance(12))
+
+
+def test_rope_settings_reads_llama_configs():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=576, num_attention_heads=9, rope_parameters={"rope_type": "default",
+                                                                                  "rope_theta": 100000.0})
+    assert P.rope_settings(config) == (64, 100000.0)
