@@ -1,0 +1,260 @@
+"""Softmax, its entropy and Jacobian, and how it saturates with and without the 1/sqrt(d_k) of attention.
+
+Vaswani et al. 2017, §3.2.1: if the entries of q and k are independent with mean 0 and variance 1, then
+q.k = sum_i q_i k_i has mean 0 and variance d_k, so for large d_k the unscaled softmax is pushed "into regions
+where it has extremely small gradients"; dividing by sqrt(d_k) brings the variance back to 1.
+
+Vocabulary: `scores` are the logits before the softmax, `pattern` the weights after it; rows are queries,
+columns keys. Numpy in -> numpy out, torch in -> torch out, unless a docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnviz.attention import scaled_dot_product_attention
+
+SATURATION_THRESHOLD = 0.99  # a row is "saturated" when one key takes more than 99 % of its weight
+SCALED, UNSCALED = "scaled", "unscaled"
+
+
+def softmax(x, axis: int = -1, temperature: float = 1.0):
+    """softmax(x / T)_i = exp(x_i / T - m) / sum_j exp(x_j / T - m), with m = max_j x_j / T.
+
+    Subtracting the maximum changes nothing mathematically and keeps exp from overflowing (Goodfellow et al.,
+    Deep Learning, §4.1). T > 1 flattens the distribution, T < 1 sharpens it, T -> 0 tends to the argmax.
+    x: any shape, normalised along `axis`; -inf entries (masked keys) get weight 0; a slice that is all -inf
+    gets all zeros rather than NaN. Integer input is computed in float64.
+    """
+    temperature = _check_temperature(temperature)
+    as_numpy = not isinstance(x, torch.Tensor)
+    t = _as_float_tensor(x)
+    logits = t / temperature
+    top = logits.amax(dim=axis, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    exp = torch.exp(logits - top)
+    total = exp.sum(dim=axis, keepdim=True)
+    p = torch.where(total > 0, exp / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(exp))
+    return p.numpy() if as_numpy else p
+
+
+def entropy(p, axis: int = -1):
+    """Shannon entropy H(p) = -sum_i p_i log p_i in nats, with 0 log 0 = 0. Shape of p without `axis`.
+
+    0 for a one-hot row (all weight on one key), log n for the uniform row over n keys.
+    """
+    as_numpy = not isinstance(p, torch.Tensor)
+    t = _as_float_tensor(p)
+    h = -torch.xlogy(t, t).sum(dim=axis)
+    return h.numpy() if as_numpy else h
+
+
+def softmax_jacobian(p):
+    """d softmax(x)_i / d x_j = p_i (delta_ij - p_j), i.e. J = diag(p) - p p^T.
+
+    p: [..., n] a softmax output -> [..., n, n]. J is symmetric and positive semi-definite
+    (v^T J v = sum_i p_i v_i^2 - (p.v)^2 is the variance of v under p), and J 1 = 0.
+    """
+    as_numpy = not isinstance(p, torch.Tensor)
+    t = _as_float_tensor(p)
+    jac = torch.diag_embed(t) - t.unsqueeze(-1) * t.unsqueeze(-2)  # [..., n, n]
+    return jac.numpy() if as_numpy else jac
+
+
+def jacobian_norm(p, ord: str = "fro"):
+    """Per-row norm of the softmax Jacobian diag(p) - p p^T. p: [..., n] -> [...].
+
+    ord="fro" (the one attnviz shows): ||J||_F^2 = sum_i p_i^2 - 2 sum_i p_i^3 + (sum_i p_i^2)^2, a closed form in
+    O(n) per row (expand sum_ij (p_i delta_ij - p_i p_j)^2). It is the root-mean-square size of the gradient that
+    reaches the logits: for an upstream gradient g with independent unit-variance entries, E ||J g||^2 = ||J||_F^2.
+    ord="spectral": the largest eigenvalue of J (J is symmetric PSD), the worst-case gain; it needs an
+    eigendecomposition, O(n^3) per row. Since J has rank at most n - 1, spectral <= fro <= sqrt(n - 1) spectral:
+    both vanish together as the row saturates towards one-hot. Uniform p over n keys: fro = sqrt(n - 1) / n,
+    spectral = 1 / n.
+    """
+    as_numpy = not isinstance(p, torch.Tensor)
+    t = _as_float_tensor(p)
+    if ord == "fro":
+        s2, s3 = (t**2).sum(-1), (t**3).sum(-1)
+        norm = torch.sqrt(torch.clamp(s2 - 2 * s3 + s2**2, min=0.0))
+    elif ord == "spectral":
+        norm = torch.linalg.eigvalsh(softmax_jacobian(t)).amax(-1).clamp(min=0.0)
+    else:
+        raise ValueError(f"ord must be 'fro' or 'spectral', not {ord!r}")
+    return norm.numpy() if as_numpy else norm
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Saturation statistics of an attention pattern, one value per row (query). All arrays are [rows]."""
+
+    max_weight: np.ndarray  # the largest weight in the row
+    entropy: np.ndarray  # nats, between 0 and log(keys)
+    saturated: np.ndarray  # bool: max_weight > threshold
+    jacobian_norm: np.ndarray  # Frobenius norm of diag(p) - p p^T
+    threshold: float
+
+    @property
+    def saturated_share(self) -> float:
+        """The share of rows whose largest weight exceeds the threshold."""
+        return float(np.mean(self.saturated)) if self.saturated.size else float("nan")
+
+
+def row_stats(pattern, threshold: float = SATURATION_THRESHOLD) -> RowStats:
+    """Per-row saturation statistics of pattern [..., rows, keys] (flattened to [rows] over leading dims)."""
+    p = np.asarray(pattern.detach().cpu() if isinstance(pattern, torch.Tensor) else pattern, dtype=np.float64)
+    p = p.reshape(-1, p.shape[-1])
+    top = p.max(axis=-1)
+    return RowStats(max_weight=top, entropy=entropy(p), saturated=top > threshold,
+                    jacobian_norm=jacobian_norm(p), threshold=threshold)
+
+
+def random_qk(n_queries: int, n_keys: int, d_k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Queries [n_queries, d_k] and keys [n_keys, d_k] with independent N(0, 1) entries, float64, reproducible by seed.
+
+    The setting of Vaswani et al. 2017, footnote 4: Var(q.k) = d_k.
+    """
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n_queries, d_k)), rng.standard_normal((n_keys, d_k))
+
+
+def attention_scale(d_k: int, scaled: bool) -> float:
+    """1/sqrt(d_k) for scaled dot-product attention, 1 for the unscaled variant."""
+    return 1.0 / math.sqrt(d_k) if scaled else 1.0
+
+
+def scores_and_pattern(q, k, *, scaled: bool, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """scores = q k^T * scale / T [n_query, n_key] and pattern = softmax(scores), through attnviz.attention.
+
+    q: [n_query, d_k], k: [n_key, d_k]; scale = 1/sqrt(d_k) when scaled, else 1.
+    """
+    q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    scale = attention_scale(q.shape[-1], scaled) / _check_temperature(temperature)
+    values = np.zeros((k.shape[0], 1))  # only the weights are needed here
+    _, pattern = scaled_dot_product_attention(q, k, values, scale=scale)
+    return (q @ k.T) * scale, pattern
+
+
+def query_gradient(q, k, v, upstream, *, scale: float):
+    """Gradient of L = sum(upstream * attention(q, k, v)) with respect to q, by torch.autograd. Returns [n_query, d_k].
+
+    q: [n_query, d_k], k: [n_key, d_k], v: [n_key, d_v], upstream: [n_query, d_v] (the gradient the next layer
+    would send back). Rows are independent, so row i of the result is the gradient reaching query i. By the
+    chain rule it equals scale * K^T J_i (V g_i) with J_i the row's softmax Jacobian: a saturated row (J_i ~ 0)
+    passes almost nothing back, whatever the scale.
+    """
+    q_t = torch.as_tensor(np.asarray(q, dtype=np.float64)).clone().requires_grad_(True)
+    k_t, v_t, g_t = (torch.as_tensor(np.asarray(x, dtype=np.float64)) for x in (k, v, upstream))
+    out, _ = scaled_dot_product_attention(q_t, k_t, v_t, scale=scale)
+    (grad,) = torch.autograd.grad((out * g_t).sum(), q_t)
+    return grad.numpy()
+
+
+def gradient_demo(d_k: int, n_keys: int, *, n_queries: int = 64, d_v: int = 16, seed: int = 0,
+                  temperature: float = 1.0) -> dict[str, np.ndarray]:
+    """||dL/dq|| per query row, scaled and unscaled, for seeded random q, k, v and upstream gradient.
+
+    Returns {"scaled": [n_queries], "unscaled": [n_queries]}: Euclidean norms of query_gradient's rows.
+    """
+    q, k = random_qk(n_queries, n_keys, d_k, seed)
+    rng = np.random.default_rng((seed, 1))
+    v, g = rng.standard_normal((n_keys, d_v)), rng.standard_normal((n_queries, d_v))
+    out = {}
+    for variant, scaled in ((SCALED, True), (UNSCALED, False)):
+        scale = attention_scale(d_k, scaled) / _check_temperature(temperature)
+        out[variant] = np.linalg.norm(query_gradient(q, k, v, g, scale=scale), axis=-1)
+    return out
+
+
+def saturation_sweep(d_ks, *, n_queries: int, n_keys: int, seed: int = 0, temperature: float = 1.0,
+                     threshold: float = SATURATION_THRESHOLD, with_gradient: bool = True) -> pd.DataFrame:
+    """Saturation statistics against d_k, scaled and unscaled: one row per (d_k, variant).
+
+    For each d_k, q and k are random_qk(n_queries, n_keys, d_k, seed). Columns: d_k, variant, logit_var (the
+    sample variance of q.k * scale, before the temperature: d_k unscaled, 1 scaled, in expectation),
+    max_weight, entropy (means over rows), saturated_share, jac_p10 / jac_p50 / jac_p90 (percentiles of the
+    per-row Frobenius Jacobian norm), and, with_gradient, grad_q_p50 (median ||dL/dq||, see gradient_demo).
+    """
+    records = []
+    for d_k in d_ks:
+        d_k = int(d_k)
+        q, k = random_qk(n_queries, n_keys, d_k, seed)
+        grads = gradient_demo(d_k, n_keys, n_queries=n_queries, seed=seed,
+                              temperature=temperature) if with_gradient else {}
+        for variant, scaled in ((SCALED, True), (UNSCALED, False)):
+            scores, pattern = scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
+            stats = row_stats(pattern, threshold)
+            p10, p50, p90 = np.percentile(stats.jacobian_norm, [10, 50, 90])
+            record = dict(d_k=d_k, variant=variant, logit_var=float(np.var(scores * temperature)),
+                          max_weight=float(stats.max_weight.mean()), entropy=float(stats.entropy.mean()),
+                          saturated_share=stats.saturated_share, jac_p10=p10, jac_p50=p50, jac_p90=p90)
+            if with_gradient:
+                record["grad_q_p50"] = float(np.median(grads[variant]))
+            records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def log_spaced_dims(lo: int = 1, hi: int = 1024, per_octave: int = 2) -> list[int]:
+    """Integers from lo to hi spaced evenly in log2 (per_octave per doubling), deduplicated: 1, 2, 3, 4, 6, 8, ..."""
+    n = int(round(math.log2(hi / lo) * per_octave))
+    return sorted({int(round(lo * 2 ** (i / per_octave))) for i in range(n + 1)} | {lo, hi})
+
+
+def head_variants(scores, scaling: float, temperature: float) -> dict[str, np.ndarray]:
+    """A real head's softmax three ways, from the pre-softmax scores the model used.
+
+    scores: [query, key] = q.k * scaling + mask (-inf where masked). Returns patterns [query, key] for
+    "own scale" (softmax(scores): the model's own pattern), "unscaled" (softmax(scores / scaling): the raw q.k,
+    i.e. times sqrt(d_k) when scaling = 1/sqrt(d_k)) and "temperature" (softmax(scores / T)).
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    return {
+        "own scale": softmax(s),
+        "unscaled": softmax(s / float(scaling)),
+        "temperature": softmax(s, temperature=temperature),
+    }
+
+
+def valid_keys(scores) -> np.ndarray:
+    """Number of keys each row may attend to: finite scores above -1e30 (masks use -inf or the dtype's minimum).
+
+    scores: [..., query, key] -> [..., query].
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    return (np.isfinite(s) & (s > -1e30)).sum(axis=-1)
+
+
+def scale_sweep(scores, scaling: float, factors, threshold: float = SATURATION_THRESHOLD) -> pd.DataFrame:
+    """A real head's statistics when its raw q.k is multiplied by each factor instead of by `scaling`.
+
+    scores: [query, key] as in head_variants. Rows with fewer than two valid keys (the first query of a causal
+    model) are left out: their single weight is 1 whatever the scale. Columns: factor, max_weight, entropy
+    (means), saturated_share, jac_p50.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    keep = valid_keys(s) >= 2
+    raw = s[keep] / float(scaling)
+    records = []
+    for factor in factors:
+        stats = row_stats(softmax(raw * float(factor)), threshold)
+        records.append(dict(factor=float(factor), max_weight=float(stats.max_weight.mean()),
+                            entropy=float(stats.entropy.mean()), saturated_share=stats.saturated_share,
+                            jac_p50=float(np.median(stats.jacobian_norm))))
+    return pd.DataFrame.from_records(records)
+
+
+def _check_temperature(temperature) -> float:
+    t = float(temperature)
+    if not (math.isfinite(t) and t > 0):
+        raise ValueError(f"temperature must be a positive finite number, not {temperature!r}")
+    return t
+
+
+def _as_float_tensor(x) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    return t if t.is_floating_point() else t.to(torch.float64)

@@ -1,0 +1,271 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.attention import causal_mask
+from attnviz.softmax import (
+    SCALED,
+    UNSCALED,
+    entropy,
+    gradient_demo,
+    head_variants,
+    jacobian_norm,
+    log_spaced_dims,
+    query_gradient,
+    random_qk,
+    row_stats,
+    saturation_sweep,
+    scale_sweep,
+    scores_and_pattern,
+    softmax,
+    softmax_jacobian,
+    valid_keys,
+)
+
+
+# softmax -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_matches_torch_in_float64(axis):
+    x = torch.randn(3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 10
+    got = softmax(x, axis=axis)
+    torch.testing.assert_close(got, torch.softmax(x, dim=axis), rtol=0, atol=1e-15)
+    got_np = softmax(x.numpy(), axis=axis)
+    assert isinstance(got_np, np.ndarray) and got_np.dtype == np.float64
+    np.testing.assert_allclose(got_np, torch.softmax(x, dim=axis).numpy(), rtol=0, atol=1e-15)
+
+
+def test_softmax_masked_entries_huge_logits_and_empty_rows():
+    x = np.array([[0.0, -np.inf, 1.0], [1000.0, 999.0, -np.inf], [-np.inf, -np.inf, -np.inf]])
+    p = softmax(x)
+    e = math.exp(1.0)
+    np.testing.assert_allclose(p[0], [1 / (1 + e), 0.0, e / (1 + e)], atol=1e-15)
+    np.testing.assert_allclose(p[1], [e / (1 + e), 1 / (1 + e), 0.0], atol=1e-15)
+    np.testing.assert_array_equal(p[2], [0.0, 0.0, 0.0])
+    assert softmax(np.array([1, 2, 3])).dtype == np.float64
+
+
+def test_temperature_divides_the_logits():
+    x = torch.randn(6, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 3
+    for t in (0.05, 0.5, 1.0, 2.0, 40.0):
+        torch.testing.assert_close(softmax(x, temperature=t), torch.softmax(x / t, dim=-1), rtol=0, atol=1e-15)
+    torch.testing.assert_close(softmax(x, temperature=1.0), softmax(x))
+
+
+def test_temperature_limits_and_monotone_entropy():
+    x = np.array([0.3, 2.0, -1.0, 1.9])
+    np.testing.assert_allclose(softmax(x, temperature=1e-4), [0, 1, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(softmax(x, temperature=1e6), np.full(4, 0.25), atol=1e-5)
+    # dH/d(1/T) = -Var_p(x) / T <= 0: entropy never decreases as the temperature rises.
+    hs = [entropy(softmax(x, temperature=t)) for t in np.geomspace(0.01, 100, 60)]
+    assert np.all(np.diff(hs) >= -1e-12)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_temperature_must_be_positive_and_finite(bad):
+    with pytest.raises(ValueError):
+        softmax(np.zeros(3), temperature=bad)
+
+
+# entropy -------------------------------------------------------------------------------------------------------
+
+def test_entropy_bounds_and_extremes():
+    rng = np.random.default_rng(2)
+    for n in (2, 7, 64):
+        p = rng.dirichlet(np.full(n, 0.3), size=200)
+        h = entropy(p)
+        assert h.shape == (200,)
+        assert np.all(h >= 0) and np.all(h <= math.log(n) + 1e-12)
+        loop = [-sum(x * math.log(x) for x in row if x > 0) for row in p]
+        np.testing.assert_allclose(h, loop, rtol=1e-12)
+        assert entropy(np.full(n, 1 / n)) == pytest.approx(math.log(n), abs=1e-12)
+        assert entropy(np.eye(n)[0]) == 0.0
+    saturated = softmax(rng.standard_normal((50, 32)) * 200)
+    h = entropy(saturated)
+    assert np.all(np.isfinite(h)) and np.all(h >= 0) and np.all(h <= math.log(32))
+
+
+# Jacobian ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spread", [0.1, 1.0, 30.0])
+def test_jacobian_equals_autograd(spread):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(8, dtype=torch.float64, generator=gen) * spread
+    auto = torch.autograd.functional.jacobian(lambda z: torch.softmax(z, dim=-1), x)
+    torch.testing.assert_close(softmax_jacobian(softmax(x)), auto, rtol=0, atol=1e-15)
+    batch = torch.randn(4, 3, 6, dtype=torch.float64, generator=gen) * spread
+    jac = softmax_jacobian(softmax(batch))
+    assert jac.shape == (4, 3, 6, 6)
+    for idx in np.ndindex(4, 3):
+        auto = torch.autograd.functional.jacobian(lambda z: torch.softmax(z, dim=-1), batch[idx])
+        torch.testing.assert_close(jac[idx], auto, rtol=0, atol=1e-15)
+
+
+def test_jacobian_norms_match_matrix_norms_of_autograd_jacobian():
+    x = torch.randn(10, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 4
+    autos = torch.stack([torch.autograd.functional.jacobian(lambda z: torch.softmax(z, dim=-1), row) for row in x])
+    p = torch.softmax(x, dim=-1)
+    torch.testing.assert_close(jacobian_norm(p), torch.linalg.matrix_norm(autos, ord="fro"), rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(jacobian_norm(p, ord="spectral"), torch.linalg.matrix_norm(autos, ord=2),
+                               rtol=1e-10, atol=1e-14)
+    n = 16  # uniform p: J = (I - 11^T / n) / n has eigenvalues 1/n (n - 1 times) and 0
+    u = np.full(n, 1 / n)
+    assert jacobian_norm(u) == pytest.approx(math.sqrt(n - 1) / n, rel=1e-12)
+    assert jacobian_norm(u, ord="spectral") == pytest.approx(1 / n, rel=1e-12)
+    assert jacobian_norm(np.eye(5)[2]) == 0.0
+    with pytest.raises(ValueError):
+        jacobian_norm(u, ord="nuclear")
+
+
+def test_frobenius_norm_is_rms_gradient_for_unit_variance_upstream():
+    # E ||J g||^2 = ||J||_F^2 for g with independent unit-variance entries, checked by Monte Carlo.
+    p = softmax(np.random.default_rng(5).standard_normal(6) * 2)
+    g = np.random.default_rng(6).standard_normal((200_000, 6))
+    sq = np.sum((g @ softmax_jacobian(p)) ** 2, axis=1)
+    se = sq.std() / math.sqrt(len(sq))
+    assert abs(sq.mean() - jacobian_norm(p) ** 2) < 5 * se
+
+
+# random q, k: Var(q.k) = d_k ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d_k", [1, 4, 16, 64, 256, 1024])
+def test_variance_of_dot_product_grows_as_d_k(d_k):
+    """Var(q.k) = d_k for N(0, 1) entries. With x = q.k over N independent pairs, the estimator mean(x^2) (the mean
+    is known to be 0) has standard error sqrt((E x^4 - d^2) / N), and E x^4 = 3 d^2 + 6 d (sum of d products
+    q_i k_i with E = 0, E^2 = 1, E^4 = 9). The check allows 5 standard errors."""
+    n = 4000
+    q, k = random_qk(n, n, d_k, seed=7)
+    x = np.einsum("nd,nd->n", q, k)  # pair i: query i with key i, so the pairs are independent
+    se = math.sqrt((3 * d_k**2 + 6 * d_k - d_k**2) / n)
+    assert abs(np.mean(x**2) - d_k) < 5 * se
+    scaled = x / math.sqrt(d_k)
+    assert abs(np.mean(scaled**2) - 1.0) < 5 * se / d_k
+
+
+def test_random_qk_is_reproducible_and_standard_normal():
+    q1, k1 = random_qk(5, 7, 3, seed=11)
+    q2, k2 = random_qk(5, 7, 3, seed=11)
+    q3, _ = random_qk(5, 7, 3, seed=12)
+    assert q1.shape == (5, 3) and k1.shape == (7, 3)
+    np.testing.assert_array_equal(q1, q2)
+    np.testing.assert_array_equal(k1, k2)
+    assert not np.array_equal(q1, q3)
+
+
+def test_scores_and_pattern_follow_the_formula():
+    q, k = random_qk(6, 9, 16, seed=8)
+    for scaled, scale in ((True, 0.25), (False, 1.0)):
+        for t in (0.5, 1.0, 3.0):
+            scores, pattern = scores_and_pattern(q, k, scaled=scaled, temperature=t)
+            ref = torch.as_tensor(q) @ torch.as_tensor(k).T * scale / t
+            np.testing.assert_allclose(scores, ref.numpy(), rtol=1e-13)
+            np.testing.assert_allclose(pattern, torch.softmax(ref, dim=-1).numpy(), atol=1e-15)
+
+
+# saturation ----------------------------------------------------------------------------------------------------
+
+def test_row_stats_by_hand():
+    pattern = np.array([[0.995, 0.005, 0.0], [0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]])
+    stats = row_stats(pattern)
+    np.testing.assert_allclose(stats.max_weight, [0.995, 0.5, 1 / 3])
+    np.testing.assert_array_equal(stats.saturated, [True, False, False])
+    assert stats.saturated_share == pytest.approx(1 / 3)
+    np.testing.assert_allclose(stats.entropy[1], 1.5 * math.log(2), rtol=1e-12)
+    j = np.diag(pattern[1]) - np.outer(pattern[1], pattern[1])
+    np.testing.assert_allclose(stats.jacobian_norm[1], np.sqrt((j**2).sum()), rtol=1e-12)
+
+
+D_KS = [1, 4, 16, 64, 256, 1024]
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return saturation_sweep(D_KS, n_queries=2000, n_keys=32, seed=0, with_gradient=False)
+
+
+def test_saturated_share_grows_with_d_k_unscaled(sweep):
+    """Each step may not fall by more than 3 binomial standard errors, and the share must rise far above noise."""
+    n = 2000
+    share = sweep[sweep.variant == UNSCALED].sort_values("d_k").saturated_share.to_numpy()
+    se = np.sqrt(np.maximum(share * (1 - share), 1 / n) / n)
+    assert np.all(np.diff(share) > -3 * np.hypot(se[1:], se[:-1]))
+    assert share[-1] - share[0] > 10 * np.hypot(se[-1], se[0])
+    assert share[-1] > 0.5
+
+
+def test_saturated_share_stays_flat_scaled(sweep):
+    n = 2000
+    share = sweep[sweep.variant == SCALED].sort_values("d_k").saturated_share.to_numpy()
+    pooled = share.mean()
+    se = math.sqrt(max(pooled * (1 - pooled), 1 / n) / n)
+    assert np.all(np.abs(share - pooled) < 4 * se)
+    assert np.all(share < 0.01)
+
+
+def test_sweep_logit_variance_and_d_k_one(sweep):
+    un = sweep[sweep.variant == UNSCALED].sort_values("d_k")
+    sc = sweep[sweep.variant == SCALED].sort_values("d_k")
+    np.testing.assert_allclose(un.logit_var.to_numpy(), sc.logit_var.to_numpy() * un.d_k.to_numpy(), rtol=1e-12)
+    # At d_k = 1 the two variants are the same computation.
+    cols = ["max_weight", "entropy", "saturated_share", "jac_p50"]
+    np.testing.assert_allclose(un.iloc[0][cols].to_numpy(float), sc.iloc[0][cols].to_numpy(float), rtol=1e-12)
+    assert np.all(un.entropy.to_numpy() <= math.log(32) + 1e-12) and np.all(un.entropy.to_numpy() >= 0)
+
+
+def test_log_spaced_dims():
+    dims = log_spaced_dims(1, 1024, per_octave=2)
+    assert dims[0] == 1 and dims[-1] == 1024 and dims == sorted(set(dims))
+    assert {2**i for i in range(11)} <= set(dims)
+
+
+# autograd demonstration ----------------------------------------------------------------------------------------
+
+def test_query_gradient_matches_chain_rule_by_hand():
+    rng = np.random.default_rng(9)
+    q, k, v, g = (rng.standard_normal(s) for s in [(5, 8), (7, 8), (7, 3), (5, 3)])
+    for scale in (1 / math.sqrt(8), 1.0, 2.5):
+        got = query_gradient(q, k, v, g, scale=scale)
+        s = q @ k.T * scale
+        p = np.exp(s - s.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        for i in range(5):
+            j = np.diag(p[i]) - np.outer(p[i], p[i])
+            np.testing.assert_allclose(got[i], scale * k.T @ (j @ (v @ g[i])), rtol=1e-10, atol=1e-13)
+
+
+def test_gradient_vanishes_unscaled_at_large_d_k():
+    big = gradient_demo(1024, 32, n_queries=200, seed=0)
+    small = gradient_demo(1, 32, n_queries=200, seed=0)
+    np.testing.assert_allclose(small[SCALED], small[UNSCALED])  # the same computation at d_k = 1
+    assert np.median(big[UNSCALED]) < 0.05 * np.median(big[SCALED])
+
+
+# real head -----------------------------------------------------------------------------------------------------
+
+def test_head_variants_from_masked_scores():
+    q, k = random_qk(6, 6, 64, seed=10)
+    scaling = 1 / 8
+    mask = causal_mask(6)
+    raw = torch.as_tensor(q @ k.T).masked_fill(~torch.as_tensor(mask), float("-inf"))
+    scores = (raw * scaling).numpy()
+    out = head_variants(scores, scaling, temperature=2.0)
+    np.testing.assert_allclose(out["own scale"], torch.softmax(raw * scaling, -1).numpy(), atol=1e-15)
+    np.testing.assert_allclose(out["unscaled"], torch.softmax(raw, -1).numpy(), atol=1e-15)
+    np.testing.assert_allclose(out["temperature"], torch.softmax(raw * scaling / 2, -1).numpy(), atol=1e-15)
+    np.testing.assert_array_equal(valid_keys(scores), np.arange(1, 7))
+    float_min = np.where(mask, q @ k.T, np.finfo(np.float32).min)
+    np.testing.assert_array_equal(valid_keys(float_min), np.arange(1, 7))
+
+
+def test_scale_sweep_matches_row_stats_and_saturates():
+    q, k = random_qk(12, 12, 32, seed=11)
+    scaling = 1 / math.sqrt(32)
+    scores = np.where(causal_mask(12), q @ k.T * scaling, -np.inf)
+    df = scale_sweep(scores, scaling, [scaling, 1.0, 1e4])
+    own = torch.softmax(torch.as_tensor(scores[1:]), -1).numpy()  # row 0 has a single key and is left out
+    assert df.max_weight.iloc[0] == pytest.approx(own.max(-1).mean(), rel=1e-12)
+    h = -(own * np.log(np.where(own > 0, own, 1))).sum(-1)
+    assert df.entropy.iloc[0] == pytest.approx(h.mean(), rel=1e-12)
+    assert df.saturated_share.iloc[-1] == 1.0
