@@ -1,0 +1,202 @@
+"""attnviz.cost against hand derivations, tensors actually allocated, torch's FLOP counter, models built by
+transformers from the same configs (on the meta device: no memory), and published parameter counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import (AutoConfig, AutoModelForCausalLM, BertModel, BloomConfig, GPT2Config, LlamaConfig,
+                          LlamaForCausalLM)
+
+from attnviz.cost import (PRESETS, arch_from_config, attention_flops, crossover_seq_len, kv_cache_bytes,
+                          kv_head_of, param_counts, preset_arch, preset_config)
+
+# Published parameter counts, with where each is published.
+PUBLISHED = {
+    # Devlin et al. 2019, BERT, §3: "BERT_BASE (L=12, H=768, A=12, Total Parameters=110M)".
+    "BERT-base": 110e6,
+    # Devlin et al. 2019, BERT, §3: "BERT_LARGE (L=24, H=1024, A=16, Total Parameters=340M)".
+    "BERT-large": 340e6,
+    # Hugging Face model card of openai-community/gpt2 ("the smallest version of GPT-2, with 124M parameters"),
+    # and OpenAI's gpt-2 repository, which names the checkpoint "124M". (The GPT-2 paper's Table 2 says 117M,
+    # a miscount OpenAI later corrected; 117M is 6% below what the released weights hold.)
+    "GPT-2 small": 124e6,
+    # Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1: n_params 175.0B.
+    "GPT-3 175B": 175.0e9,
+    # Touvron et al. 2023a, LLaMA, Table 2: the d=4096, 32-head, 32-layer model has 6.7B parameters; Llama 2
+    # (Touvron et al. 2023b, §2.2) keeps that architecture for its 7B model.
+    "Llama-2-7B": 6.7e9,
+    # Touvron et al. 2023b, Llama 2, Table 1: 70B.
+    "Llama-2-70B": 70e9,
+    # Mistral AI, "Mistral 7B" announcement (September 2023): "a 7.3B parameter model".
+    "Mistral-7B": 7.3e9,
+    # Allal et al. 2025, SmolLM2, and the HuggingFaceTB/SmolLM2-135M model card: 135M.
+    "SmolLM2-135M": 135e6,
+}
+
+
+def _meta_model(config):
+    """The transformers model of a config, built on the meta device: shapes only, no memory."""
+    with torch.device("meta"):
+        if config.model_type == "bert":
+            return BertModel(config)  # the encoder with its pooler, as BERT's published count has it
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights are one parameter, counted once
+
+
+def test_every_preset_has_a_published_count():
+    assert set(PUBLISHED) == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_parameter_count_equals_the_transformers_model_built_from_its_config(name):
+    assert param_counts(preset_arch(name))["total"] == _n_params(_meta_model(preset_config(name)))
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_parameter_count_is_within_2_percent_of_the_published_count(name):
+    total = param_counts(preset_arch(name))["total"]
+    assert abs(total - PUBLISHED[name]) / PUBLISHED[name] < 0.02, f"{name}: {total:,} vs {PUBLISHED[name]:,.0f}"
+
+
+def test_llama_2_70b_uses_grouped_query_attention_with_8_kv_heads():
+    arch = preset_arch("Llama-2-70B")
+    assert (arch.heads, arch.kv_heads, arch.head_dim, arch.variant) == (64, 8, 128, "GQA")
+    # K and V projections are 8/64 of Q's size: 8192 * (8 * 128) each.
+    counts = param_counts(arch)
+    assert counts["attention"] == 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024)
+
+
+@pytest.mark.parametrize("config", [
+    LlamaConfig(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                intermediate_size=80, vocab_size=97, tie_word_embeddings=False, attention_bias=True, mlp_bias=True),
+    LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                intermediate_size=64, vocab_size=50, tie_word_embeddings=True),
+    GPT2Config(n_embd=40, n_layer=2, n_head=5, n_inner=72, vocab_size=61, n_positions=33),
+    BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=70),
+    AutoConfig.for_model("bert", hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50,
+                         vocab_size=40, max_position_embeddings=20, type_vocab_size=3),
+    AutoConfig.for_model("mistral", hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=4, intermediate_size=96, vocab_size=100),
+    AutoConfig.for_model("qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, intermediate_size=96, vocab_size=100),
+], ids=["llama-gqa-biases-untied", "llama-mqa-head_dim-tied", "gpt2", "bloom", "bert", "mistral", "qwen2"])
+def test_counts_of_any_loaded_config_equal_the_model_transformers_builds(config):
+    assert param_counts(arch_from_config(config))["total"] == _n_params(_meta_model(config))
+
+
+def test_unknown_model_type_is_refused():
+    with pytest.raises(ValueError):
+        arch_from_config(AutoConfig.for_model("t5"))
+
+
+def test_kv_cache_bytes_equals_the_bytes_of_the_cache_tensors_themselves():
+    layers, kv_heads, head_dim, seq_len, batch = 3, 2, 8, 5, 4
+    cache = [torch.zeros(batch, kv_heads, seq_len, head_dim, dtype=torch.float16) for _ in range(2 * layers)]
+    assert kv_cache_bytes(layers=layers, kv_heads=kv_heads, head_dim=head_dim, seq_len=seq_len,
+                          batch=batch) == sum(t.nbytes for t in cache)
+
+
+def test_kv_cache_bytes_equals_what_a_transformers_gqa_model_caches():
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=50)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        cache = model(torch.zeros(3, 7, dtype=torch.long), use_cache=True).past_key_values
+    cached = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    assert kv_cache_bytes(layers=2, kv_heads=2, head_dim=8, seq_len=7, batch=3, bytes_per_value=4) == cached
+
+
+def test_kv_cache_bytes_llama_2_70b_at_4096_tokens():
+    # By hand: per token and layer, K and V of 8 heads x 128 numbers x 2 bytes = 4096 B; x 80 layers = 320 KiB;
+    # x 4096 tokens = 1280 MiB = 1.25 GiB = 1,342,177,280 B.
+    per_token = 80 * 4096
+    assert per_token == 320 * 1024
+    assert kv_cache_bytes(layers=80, kv_heads=8, head_dim=128, seq_len=4096) == per_token * 4096 == 1.25 * 2**30
+
+
+def test_kv_cache_bytes_rejects_impossible_sizes():
+    with pytest.raises(ValueError):
+        kv_cache_bytes(layers=-1, kv_heads=8, head_dim=128, seq_len=10)
+    with pytest.raises(ValueError):
+        kv_cache_bytes(layers=2, kv_heads=8, head_dim=128, seq_len=10, bytes_per_value=0)
+
+
+def _counted_flops(n, d, n_heads, kv_dim=None):
+    """(projection FLOPs, attention FLOPs) as torch's FlopCounterMode counts explicit multi-head attention."""
+    kv_dim = d if kv_dim is None else kv_dim
+    x = torch.randn(n, d)
+    w_q, w_o = torch.randn(d, d), torch.randn(d, d)
+    w_k, w_v = torch.randn(d, kv_dim), torch.randn(d, kv_dim)
+    with FlopCounterMode(display=False) as counter:
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        x @ w_o
+    projections = counter.get_total_flops()
+    q, k, v = (torch.randn(n, d).view(n, n_heads, d // n_heads).transpose(0, 1) for _ in range(3))  # [head, n, hd]
+    with FlopCounterMode(display=False) as counter:
+        pattern = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)  # [head, n, n]
+        pattern @ v
+    return projections, counter.get_total_flops()
+
+
+@pytest.mark.parametrize("n,d,n_heads", [(7, 12, 3), (16, 8, 2), (5, 32, 4)])
+def test_attention_flops_match_torch_flop_counter(n, d, n_heads):
+    projections, attention = _counted_flops(n, d, n_heads)
+    flops = attention_flops(seq_len=n, d_model=d)
+    assert flops["projections"] == projections == 8 * n * d * d
+    assert flops["attention"] == attention == 4 * n * n * d
+    assert flops["total"] == projections + attention
+
+
+def test_attention_flops_with_fewer_kv_heads_count_the_smaller_k_and_v_projections():
+    n, d, kv_dim = 9, 16, 4
+    projections, _ = _counted_flops(n, d, 4, kv_dim=kv_dim)
+    assert attention_flops(seq_len=n, d_model=d, kv_dim=kv_dim)["projections"] == projections
+
+
+def test_causal_attention_flops_are_half_and_close_to_the_pairs_a_causal_mask_keeps():
+    n, d = 4096, 128
+    full, causal = attention_flops(seq_len=n, d_model=d), attention_flops(seq_len=n, d_model=d, causal=True)
+    assert causal["attention"] * 2 == full["attention"]
+    assert causal["projections"] == full["projections"]
+    kept_pairs = n * (n + 1) // 2  # query i sees keys 0..i
+    assert causal["attention"] == pytest.approx(4 * kept_pairs * d, rel=1 / n)
+
+
+@pytest.mark.parametrize("d", [64, 768, 4096])
+@pytest.mark.parametrize("causal", [False, True])
+def test_crossover_is_where_attention_overtakes_projections(d, causal):
+    n_star = crossover_seq_len(d_model=d, causal=causal)
+    assert n_star == (4 * d if causal else 2 * d)
+    at = attention_flops(seq_len=int(n_star), d_model=d, causal=causal)
+    before = attention_flops(seq_len=int(n_star) - 1, d_model=d, causal=causal)
+    after = attention_flops(seq_len=int(n_star) + 1, d_model=d, causal=causal)
+    assert at["attention"] == at["projections"]
+    assert before["attention"] < before["projections"] and after["attention"] > after["projections"]
+
+
+def test_crossover_with_gqa_comes_earlier():
+    d, kv_dim = 4096, 1024
+    n_star = crossover_seq_len(d_model=d, kv_dim=kv_dim)
+    flops = attention_flops(seq_len=int(n_star), d_model=d, kv_dim=kv_dim)
+    assert flops["attention"] == flops["projections"] and n_star < 2 * d
+
+
+def test_kv_head_of_matches_transformers_repeat_kv():
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    n_heads, n_kv = 12, 4
+    kv = torch.arange(n_kv, dtype=torch.float32).view(1, n_kv, 1, 1)
+    repeated = repeat_kv(kv, n_heads // n_kv).flatten().tolist()
+    assert kv_head_of(n_heads, n_kv) == [int(h) for h in repeated]
+    assert kv_head_of(6, 6) == list(range(6))
+    assert kv_head_of(6, 1) == [0] * 6
+    with pytest.raises(ValueError):
+        kv_head_of(6, 4)
