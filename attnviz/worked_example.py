@@ -1,0 +1,112 @@
+"""Scaled dot-product attention on a small example, step by step, with every intermediate number.
+
+The pattern and the output come from attnviz.attention.scaled_dot_product_attention; the steps before them
+(Q K^T, the scaling, the mask, the exponentials of each softmax row) are the same arithmetic spelled out so a
+page can show it. Shapes: q [n_query, d_k], k [n_key, d_k], v [n_key, d_v].
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnviz.attention import causal_mask, scaled_dot_product_attention
+
+MAX_SIZE = 8  # rows and columns a hand-typed matrix may have: every number is shown on the page
+
+# Q, K, V as text, one row per line. The 2 x 2 one is the walkthrough of a widely read article; the 3-token,
+# d_k = 2 one is a textbook's, whose printed softmax rows are wrong (the page shows the computed ones).
+EXAMPLES: dict[str, tuple[str, str, str]] = {
+    "2 × 2": ("1, 2\n0, -1", "2, 0\n1, 1", "10, 20\n30, 40"),
+    "3 × 3": ("1, 0, 1\n0, 2, 0\n1, 1, 0", "1, 1, 0\n0, 1, 1\n1, 0, 1", "1, 0, 0\n0, 1, 0\n0, 0, 1"),
+    "3 tokens, d_k = 2": ("1, 0\n0, 1\n1, 1", "1, 0\n0, 1\n1, 1", "1, 0\n0, 1\n1, 1"),
+}
+
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+def parse_matrix(text: str, name: str = "matrix") -> np.ndarray:
+    """A matrix typed as rows on lines (or separated by ';'), numbers separated by commas or spaces.
+
+    Only plain decimal numbers are accepted (no expressions, nan or inf). Returns float64 [rows, cols].
+    Raises ValueError with a message a user can act on.
+    """
+    rows = [r.strip().strip("[]").strip() for r in re.split(r"[;\n]", text or "")]
+    rows = [r for r in rows if r]
+    if not rows:
+        raise ValueError(f"{name} is empty: type one row per line, numbers separated by commas.")
+    values = []
+    for i, row in enumerate(rows, start=1):
+        cells = [c for c in re.split(r"[,\s]+", row.strip().strip("[]")) if c]
+        for c in cells:
+            if not _NUMBER.match(c):
+                raise ValueError(f"{name}, row {i}: {c[:20]!r} is not a number.")
+        values.append([float(c) for c in cells])
+    widths = {len(r) for r in values}
+    if len(widths) != 1:
+        raise ValueError(f"{name}: every row needs the same number of values (rows have {sorted(widths)}).")
+    matrix = np.array(values, dtype=np.float64)
+    if matrix.shape[0] > MAX_SIZE or matrix.shape[1] > MAX_SIZE:
+        raise ValueError(f"{name} is {matrix.shape[0]} × {matrix.shape[1]}: keep it within {MAX_SIZE} × {MAX_SIZE}"
+                         " so every number fits on the page.")
+    if not np.all(np.isfinite(matrix)) or np.abs(matrix).max() > 1e6:
+        raise ValueError(f"{name}: keep the values between -1e6 and 1e6.")
+    return matrix
+
+
+def check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """Raises ValueError unless q [n_query, d_k], k [n_key, d_k], v [n_key, d_v] fit together."""
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"Q has {q.shape[1]} columns and K has {k.shape[1]}: queries and keys need the same "
+                         "length d_k to take dot products.")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"K has {k.shape[0]} rows and V has {v.shape[0]}: every key needs exactly one value.")
+
+
+@dataclass(frozen=True)
+class WorkedSteps:
+    """Every intermediate of softmax(Q K^T * scale, masked) V, float64.
+
+    scores [n_query, n_key] = Q K^T; scaled = scores * scale; masked: scaled with -inf where the mask forbids;
+    row_max [n_query]; exp [n_query, n_key] = exp(masked - row_max); row_sum [n_query];
+    pattern [n_query, n_key] = exp / row_sum (from attnviz.attention); output [n_query, d_v] (from attnviz.attention).
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    scale: float
+    mask: np.ndarray | None
+    scores: np.ndarray
+    scaled: np.ndarray
+    masked: np.ndarray
+    row_max: np.ndarray
+    exp: np.ndarray
+    row_sum: np.ndarray
+    pattern: np.ndarray
+    output: np.ndarray
+
+
+def worked_steps(q, k, v, *, scaled: bool = True, causal: bool = False) -> WorkedSteps:
+    """All steps of attention on small q [n_query, d_k], k [n_key, d_k], v [n_key, d_v].
+
+    scaled=False uses scale 1 (no division by sqrt(d_k)); causal=True lets query i see keys j <= i
+    (queries aligned to the last keys, as attnviz.attention.causal_mask).
+    """
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    check_shapes(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[1]) if scaled else 1.0
+    mask = causal_mask(q.shape[0], k.shape[0]) if causal else None
+    output, pattern = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+
+    scores = q @ k.T  # [n_query, n_key]
+    scaled_scores = scores * scale
+    masked = scaled_scores if mask is None else np.where(mask, scaled_scores, -np.inf)
+    row_max = masked.max(axis=1)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # a fully masked row keeps zero weights
+    exp = np.exp(masked - row_max[:, None])
+    return WorkedSteps(q=q, k=k, v=v, scale=scale, mask=mask, scores=scores, scaled=scaled_scores, masked=masked,
+                       row_max=row_max, exp=exp, row_sum=exp.sum(axis=1), pattern=pattern, output=output)

@@ -1,0 +1,80 @@
+"""attnviz.variants against torch's own GQA attention (enable_gqa) and an explicit per-group loop, in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnviz.variants import compare_variants, grouped_query_attention, pool_kv_heads, toy_input, toy_weights
+
+
+def _torch_reference(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads, causal):
+    """The same layer with torch's scaled_dot_product_attention, which repeats KV heads itself (enable_gqa)."""
+    x, w_q, w_k, w_v, w_o = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (x, w_q, w_k, w_v, w_o))
+    n = x.shape[0]
+    d_head = w_q.shape[1] // n_heads
+    q = (x @ w_q).view(n, n_heads, d_head).transpose(0, 1)[None]
+    k = (x @ w_k).view(n, n_kv_heads, d_head).transpose(0, 1)[None]
+    v = (x @ w_v).view(n, n_kv_heads, d_head).transpose(0, 1)[None]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)[0]
+    return (out.transpose(0, 1).reshape(n, n_heads * d_head) @ w_o).numpy()
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 8), (8, 2), (8, 1), (6, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_matches_torch_enable_gqa(n_heads, n_kv_heads, causal):
+    d, n = 48, 7
+    w = toy_weights(d, n_heads, seed=3)
+    x = toy_input(n, d, seed=3)
+    w_k, w_v = pool_kv_heads(w["w_k"], n_heads, n_kv_heads), pool_kv_heads(w["w_v"], n_heads, n_kv_heads)
+    out, pattern = grouped_query_attention(x, w["w_q"], w_k, w_v, w["w_o"], n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                           causal=causal)
+    expected = _torch_reference(x, w["w_q"], w_k, w_v, w["w_o"], n_heads, n_kv_heads, causal)
+    np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-12)
+    assert pattern.shape == (n_heads, n, n)
+    np.testing.assert_allclose(pattern.sum(-1), 1.0, rtol=1e-12)
+    if causal:
+        assert np.all(pattern[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] == 0)
+
+
+def test_pool_kv_heads_is_the_mean_of_each_groups_head_blocks():
+    d, n_heads, n_kv, d_head = 12, 6, 2, 2
+    w = np.random.default_rng(0).standard_normal((d, n_heads * d_head))
+    pooled = pool_kv_heads(w, n_heads, n_kv)
+    group = n_heads // n_kv
+    for g in range(n_kv):
+        blocks = [w[:, h * d_head:(h + 1) * d_head] for h in range(g * group, (g + 1) * group)]
+        np.testing.assert_allclose(pooled[:, g * d_head:(g + 1) * d_head], np.mean(blocks, axis=0), rtol=1e-14)
+    np.testing.assert_array_equal(pool_kv_heads(w, n_heads, n_heads), w)
+
+
+def test_mqa_heads_share_one_key_so_patterns_differ_only_through_queries():
+    d, n, n_heads = 32, 6, 4
+    w = toy_weights(d, n_heads, seed=1)
+    x = toy_input(n, d, seed=1)
+    # Give every query head the same query projection: under MQA all heads must then attend identically.
+    w_q_same = np.tile(w["w_q"][:, : d // n_heads], (1, n_heads))
+    _, pattern = grouped_query_attention(x, w_q_same, pool_kv_heads(w["w_k"], n_heads, 1),
+                                         pool_kv_heads(w["w_v"], n_heads, 1), w["w_o"], n_heads=n_heads, n_kv_heads=1)
+    for h in range(1, n_heads):
+        np.testing.assert_allclose(pattern[h], pattern[0], rtol=1e-12)
+
+
+def test_compare_variants_runs_each_variant_and_mha_is_unchanged():
+    d, n, n_heads = 32, 5, 4
+    w = toy_weights(d, n_heads, seed=2)
+    x = toy_input(n, d, seed=2)
+    results = compare_variants(x, w, n_heads=n_heads, kv_heads={"MHA": 4, "GQA": 2, "MQA": 1})
+    assert list(results) == ["MHA", "GQA", "MQA"]
+    expected = _torch_reference(x, w["w_q"], w["w_k"], w["w_v"], w["w_o"], n_heads, n_heads, False)
+    np.testing.assert_allclose(results["MHA"][0], expected, rtol=1e-10, atol=1e-12)
+    assert not np.allclose(results["MQA"][1], results["MHA"][1])
+
+
+def test_invalid_head_split_is_refused():
+    with pytest.raises(ValueError):
+        toy_weights(30, 4)
+    with pytest.raises(ValueError):
+        pool_kv_heads(np.zeros((8, 8)), 4, 3)

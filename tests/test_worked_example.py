@@ -1,0 +1,84 @@
+"""attnviz.worked_example against an independent float64 computation written out with Python floats and math.exp,
+and its parser against good and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnviz.worked_example import EXAMPLES, check_shapes, parse_matrix, worked_steps
+
+
+def _reference(q, k, v, scaled, causal):
+    """Attention with plain Python loops over float64 scalars: (scores, pattern, output) as nested lists."""
+    n_q, n_k, d_k, d_v = len(q), len(k), len(q[0]), len(v[0])
+    scale = 1 / math.sqrt(d_k) if scaled else 1.0
+    scores = [[sum(q[i][c] * k[j][c] for c in range(d_k)) for j in range(n_k)] for i in range(n_q)]
+    pattern = []
+    for i in range(n_q):
+        allowed = [j for j in range(n_k) if not causal or j <= i + (n_k - n_q)]
+        top = max(scores[i][j] * scale for j in allowed) if allowed else 0.0
+        e = [math.exp(scores[i][j] * scale - top) if j in allowed else 0.0 for j in range(n_k)]
+        total = sum(e)
+        pattern.append([x / total if total else 0.0 for x in e])
+    output = [[sum(pattern[i][j] * v[j][c] for j in range(n_k)) for c in range(d_v)] for i in range(n_q)]
+    return np.array(scores), np.array(pattern), np.array(output)
+
+
+@pytest.mark.parametrize("example", list(EXAMPLES))
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_step_matches_an_independent_float64_computation(example, scaled, causal):
+    q, k, v = (parse_matrix(t) for t in EXAMPLES[example])
+    steps = worked_steps(q, k, v, scaled=scaled, causal=causal)
+    scores, pattern, output = _reference(q.tolist(), k.tolist(), v.tolist(), scaled, causal)
+    np.testing.assert_allclose(steps.scores, scores, rtol=1e-14)
+    np.testing.assert_allclose(steps.pattern, pattern, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(steps.output, output, rtol=1e-12, atol=1e-12)
+    # The spelled-out softmax (exp / row_sum) agrees with the pattern attnviz.attention returns.
+    np.testing.assert_allclose(steps.exp / steps.row_sum[:, None], steps.pattern, rtol=1e-12, atol=1e-15)
+    assert steps.scale == (1 / math.sqrt(q.shape[1]) if scaled else 1.0)
+
+
+def test_two_by_two_walkthrough_by_hand():
+    # Q K^T by hand: [1*2 + 2*0, 1*1 + 2*1; 0*2 - 1*0, 0*1 - 1*1] = [2, 3; 0, -1]. Row 1 scaled by 1/sqrt(2):
+    # weights 1/(1 + e^{1/sqrt 2}) and e^{1/sqrt 2}/(1 + e^{1/sqrt 2}) (a 2-way softmax is a logistic of the gap).
+    steps = worked_steps(*(parse_matrix(t) for t in EXAMPLES["2 × 2"]))
+    np.testing.assert_array_equal(steps.scores, [[2.0, 3.0], [0.0, -1.0]])
+    gap = 1 / math.sqrt(2)
+    first = 1 / (1 + math.exp(gap))
+    np.testing.assert_allclose(steps.pattern[0], [first, 1 - first], rtol=1e-13)
+    np.testing.assert_allclose(steps.pattern[1], [1 - first, first], rtol=1e-13)
+    np.testing.assert_allclose(steps.output[0], [10 * first + 30 * (1 - first), 20 * first + 40 * (1 - first)])
+
+
+def test_causal_mask_hides_later_keys():
+    q, k, v = (parse_matrix(t) for t in EXAMPLES["3 × 3"])
+    steps = worked_steps(q, k, v, causal=True)
+    assert steps.pattern[0, 0] == 1.0 and np.all(np.triu(steps.pattern, 1) == 0)
+    np.testing.assert_array_equal(steps.output[0], v[0])
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("1, 2\n3, 4", [[1, 2], [3, 4]]),
+    ("1 2; 3 4", [[1, 2], [3, 4]]),
+    ("[1.5, -2e-1]\n[.5, +3]\n", [[1.5, -0.2], [0.5, 3.0]]),
+])
+def test_parse_matrix_reads_rows_and_numbers(text, expected):
+    np.testing.assert_array_equal(parse_matrix(text), expected)
+
+
+@pytest.mark.parametrize("text", ["", "  \n ", "1, 2\n3", "1, x", "__import__('os')", "nan, 1", "1, inf",
+                                  "1e400, 1", "\n".join(["1"] * 9)])
+def test_parse_matrix_refuses_bad_input_with_a_message(text):
+    with pytest.raises(ValueError, match=r"\w"):
+        parse_matrix(text, "Q")
+
+
+def test_mismatched_shapes_are_refused():
+    with pytest.raises(ValueError, match="columns"):
+        check_shapes(np.ones((2, 3)), np.ones((2, 2)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="rows"):
+        worked_steps(np.ones((2, 2)), np.ones((3, 2)), np.ones((2, 2)))
