@@ -110,3 +110,18 @@ def worked_steps(q, k, v, *, scaled: bool = True, causal: bool = False) -> Worke
     exp = np.exp(masked - row_max[:, None])
     return WorkedSteps(q=q, k=k, v=v, scale=scale, mask=mask, scores=scores, scaled=scaled_scores, masked=masked,
                        row_max=row_max, exp=exp, row_sum=exp.sum(axis=1), pattern=pattern, output=output)
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    """A number as the page writes it: whole numbers plainly, others with `digits` decimals, -inf as −∞."""
+    if np.isneginf(x):
+        return r"-\infty"
+    if float(x).is_integer() and abs(x) < 1e9:
+        return str(int(x))
+    return f"{x:.{digits}f}"
+
+
+def latex_matrix(a: np.ndarray, digits: int = 3) -> str:
+    """A 2-D array as a LaTeX bmatrix."""
+    rows = [" & ".join(fmt(x, digits) for x in row) for row in np.atleast_2d(a)]
+    return r"\begin{bmatrix}" + r" \\ ".join(rows) + r"\end{bmatrix}"
