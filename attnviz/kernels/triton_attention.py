@@ -1,0 +1,205 @@
+"""The FlashAttention-2 forward pass (Dao, 2023, Algorithm 1) as a Triton kernel.
+
+Written in the style of the Triton tutorial 06-fused-attention.py: one program per (query block, batch*head), a loop
+over key blocks keeping the running row max m_i, the running row sum l_i and the accumulator acc, with the old state
+rescaled by alpha = 2^(m_old - m_new) whenever the max grows. Scores are kept in log2 units (s * log2 e) so the
+exponentials are exp2, as in the tutorial; the trace converts m_i back to natural units.
+
+Loads and stores are masked, so N need not be a multiple of the block sizes and the head dim is padded to a power
+of two. On a machine without CUDA this module must be imported with TRITON_INTERPRET=1 already set (the package
+__init__ does it); then the kernel runs under the Triton interpreter, on the CPU, with numpy. On a GPU the same
+kernel compiles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+MAX_HEAD_DIM = 128
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q,  #
+                    K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
+                    TraceM, TraceL, trace_offset,  #
+                    start_m, qk_scale, N_Q, N_K, causal_offset,  #
+                    offs_m, offs_d,  #
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,  #
+                    CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    if CAUSAL:
+        # key blocks wholly right of the diagonal are never loaded: no query of this block may see them
+        hi = tl.minimum(tl.minimum((start_m + 1) * BLOCK_M, N_Q) + causal_offset, N_K)
+    else:
+        hi = N_K
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        # -- compute qk --
+        k_mask = (cols[None, :] < N_K) & (offs_d[:, None] < HEAD_DIM)
+        k = tl.load(K + cols[None, :] * stride_kn + offs_d[:, None] * stride_kk, mask=k_mask, other=0.0)
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        visible = cols[None, :] < N_K
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        # a row that has seen no visible key yet keeps m = -inf; shifting by 0 then gives p = 0, not NaN
+        m_shift = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        p = tl.math.exp2(qk - m_shift[:, None])
+        l_ij = tl.sum(p, 1)
+        # -- update m_i and l_i --
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + l_ij
+        # -- update output accumulator --
+        acc = acc * alpha[:, None]
+        v_mask = (cols[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+        v = tl.load(V + cols[:, None] * stride_vn + offs_d[None, :] * stride_vk, mask=v_mask, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_ij
+        if TRACE:
+            trace_ptrs = trace_offset + (start_n // BLOCK_N) * BLOCK_M + tl.arange(0, BLOCK_M)
+            tl.store(TraceM + trace_ptrs, m_i * 0.6931471805599453, mask=offs_m < N_Q)
+            tl.store(TraceL + trace_ptrs, l_i, mask=offs_m < N_Q)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, Out, TraceM, TraceL, sm_scale,  #
+              stride_qb, stride_qh, stride_qm, stride_qk,  #
+              stride_kb, stride_kh, stride_kn, stride_kk,  #
+              stride_vb, stride_vh, stride_vn, stride_vk,  #
+              stride_ob, stride_oh, stride_om, stride_ok,  #
+              H, N_Q, N_K, causal_offset, N_K_BLOCKS,  #
+              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,  #
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
+              CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = off_bh // H
+    off_h = off_bh % H
+    Q += off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    K += off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
+    V += off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+    Out += off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    # initialize offsets
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    # initialize the running max, the running sum and the accumulator
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * log2 e)
+    # load q: it stays on chip for the whole loop
+    q_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
+    trace_offset = (off_bh * tl.num_programs(0) + start_m) * N_K_BLOCKS * BLOCK_M
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
+                                    K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
+                                    TraceM, TraceL, trace_offset,  #
+                                    start_m, qk_scale, N_Q, N_K, causal_offset,  #
+                                    offs_m, offs_d,  #
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, TRACE, PRECISION)
+    # epilogue: O = acc / l; a row that saw no key at all (l = 0) gets 0, as attnviz.attention gives
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / l_safe[:, None]
+    tl.store(Out + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok, acc.to(Out.dtype.element_ty),
+             mask=q_mask)
+
+
+INTERPRETED = type(_attn_fwd).__name__ == "InterpretedFunction"
+KERNEL_DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda")
+
+
+@dataclass(frozen=True)
+class KernelTrace:
+    """The kernel's online-softmax state after every key block, written by the kernel itself.
+
+    m_i: [batch, head, key_block, query]  running max of the scaled scores (natural units, like softmax's input)
+    l_i: [batch, head, key_block, query]  running sum of exp(score - m_i)
+    NaN where the kernel never ran that (query block, key block) step (key blocks skipped by the causal mask).
+    """
+
+    m_i: np.ndarray
+    l_i: np.ndarray
+    block_m: int
+    block_n: int
+
+
+def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32, trace=False, out=None):
+    """softmax(q k^T * scale) v by the fused tiled kernel, never materialising the [n_query, n_key] matrix.
+
+    q: [batch, head, n_query, d], k and v: [batch, head, n_key, d], float16 or float32 (bfloat16 on a GPU only);
+    d from 1 to 128. causal: query i sees key j <= i + (n_key - n_query), as attnviz.attention.causal_mask.
+    scale=None means 1/sqrt(d). block_m, block_n: powers of two, 16 to 256.
+    out: optional tensor [batch, head, n_query, d] on the kernel's device to write into (any strides).
+    Returns the output [batch, head, n_query, d] on q's device, and a KernelTrace as well when trace=True.
+    """
+    _check_inputs(q, k, v, block_m, block_n)
+    home = q.device
+    q, k, v = (x.to(KERNEL_DEVICE) for x in (q, k, v))
+    batch, heads, n_query, d = q.shape
+    n_key = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device}")
+    n_q_blocks, n_k_blocks = triton.cdiv(n_query, block_m), triton.cdiv(n_key, block_n)
+    if trace:
+        trace_m = torch.full((batch, heads, n_q_blocks, n_k_blocks, block_m), float("nan"), device=q.device)
+        trace_l = torch.full_like(trace_m, float("nan"))
+    else:
+        trace_m = trace_l = torch.empty(1, device=q.device)
+    grid = (n_q_blocks, batch * heads)
+    _attn_fwd[grid](
+        q, k, v, out, trace_m, trace_l, scale,  #
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #
+        heads, n_query, n_key, n_key - n_query, n_k_blocks,  #
+        HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),  #
+        BLOCK_M=block_m, BLOCK_N=block_n,  #
+        CAUSAL=bool(causal), TRACE=bool(trace),
+        # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": 3}),
+    )
+    result = out.to(home)
+    if not trace:
+        return result
+
+    def by_query(x):  # [batch, head, q_block, k_block, BLOCK_M] -> [batch, head, k_block, query]
+        x = x.permute(0, 1, 3, 2, 4).reshape(batch, heads, n_k_blocks, n_q_blocks * block_m)
+        return x[..., :n_query].cpu().numpy()
+
+    return result, KernelTrace(m_i=by_query(trace_m), l_i=by_query(trace_l), block_m=block_m, block_n=block_n)
+
+
+def _check_inputs(q, k, v, block_m, block_n):
+    """Raises ValueError with what to change when the kernel cannot run on these inputs."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d torch tensor [batch, head, n, d]")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k and v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
+    if q.dtype not in (torch.float16, torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype {q.dtype} is not supported: use float16 or float32")
+    if q.dtype == torch.bfloat16 and INTERPRETED:
+        raise ValueError("bfloat16 is refused under the Triton interpreter, which computes bfloat16 tl.dot wrongly: "
+                         "use float16 or float32 here, or run on a GPU")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+                         "want q [b, h, n_query, d] and k, v [b, h, n_key, d]")
+    if min(q.shape) < 1 or k.shape[2] < 1:
+        raise ValueError("every dimension must be at least 1")
+    if q.shape[3] > MAX_HEAD_DIM:
+        raise ValueError(f"head dim {q.shape[3]} is over {MAX_HEAD_DIM}")
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        if not (isinstance(b, int) and 16 <= b <= 256 and b & (b - 1) == 0):
+            raise ValueError(f"{name} must be a power of two from 16 to 256 (got {b!r})")

@@ -1,0 +1,331 @@
+"""attnviz.kernels: the Triton kernel, the stepper and the two-pass version against a float64 reference
+(attnviz.attention in float64), the kernel's own trace against the stepper, and the kernel's edge cases.
+
+Without CUDA every kernel call here runs under the Triton interpreter (~4 ms per tile step), so the parameter grid
+is a pairwise covering set rather than the full cross product: 24 cases in which every pair of values of
+(N, head dim, BLOCK_M vs BLOCK_N, causal, dtype) occurs at least once (checked by test_cases_cover_every_pair).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.attention import causal_mask
+from attnviz.kernels import (
+    INTERPRETED, KERNEL_DEVICE, TILE_FULL, TILE_PARTIAL, TILE_SKIPPED, attention_flops, compare_methods,
+    flash_attention, naive_attention, online_attention, peak_cpu_bytes, reference_attention, refusal, tile_map,
+    tile_steps, tiled_steps, two_pass_attention,
+)
+
+TOLERANCE = {"float32": 1e-5, "float16": 1e-2}
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+NS, HEAD_DIMS, RELATIONS = (1, 17, 100, 128, 130, 257), (16, 32, 64, 128), ("<", "=", ">")
+
+# (n, head_dim, block_m, block_n, causal, dtype, batch, heads)
+CASES = [
+    (1, 16, 16, 32, False, "float32", 2, 3),
+    (1, 32, 16, 16, True, "float32", 1, 1),
+    (1, 64, 32, 16, False, "float16", 1, 1),
+    (1, 128, 16, 64, True, "float16", 1, 1),
+    (17, 16, 32, 32, True, "float16", 2, 3),
+    (17, 32, 64, 16, False, "float16", 1, 1),
+    (17, 64, 32, 64, True, "float32", 1, 1),
+    (17, 128, 64, 64, False, "float32", 1, 1),
+    (100, 16, 64, 32, False, "float32", 1, 2),
+    (100, 32, 16, 32, True, "float32", 1, 1),
+    (100, 64, 16, 16, False, "float16", 1, 1),
+    (100, 128, 32, 16, True, "float16", 1, 1),
+    (128, 16, 16, 64, True, "float16", 1, 1),
+    (128, 32, 32, 32, False, "float16", 1, 1),
+    (128, 64, 64, 16, True, "float32", 1, 1),
+    (128, 128, 32, 64, False, "float32", 1, 1),
+    (130, 16, 64, 64, False, "float32", 1, 1),
+    (130, 32, 64, 32, True, "float32", 1, 1),
+    (130, 64, 16, 32, False, "float16", 1, 1),
+    (130, 128, 16, 16, True, "float16", 1, 1),
+    (257, 16, 32, 16, True, "float16", 1, 1),
+    (257, 32, 16, 64, False, "float16", 1, 1),
+    (257, 64, 32, 32, True, "float32", 1, 1),
+    (257, 128, 64, 32, False, "float32", 1, 1),
+]
+# head dims that are not powers of two (padded inside the kernel), and one under 16
+PADDED_CASES = [(100, 48, 32, 16, True, "float32", 1, 1), (33, 80, 16, 32, False, "float16", 1, 2),
+                (9, 8, 16, 16, True, "float32", 1, 1)]
+ALL_CASES = CASES + PADDED_CASES
+
+
+def _case_id(case):
+    n, d, bm, bn, causal, dtype, b, h = case
+    return f"N{n}-d{d}-M{bm}-N{bn}-{'causal' if causal else 'full'}-{dtype}-b{b}h{h}"
+
+
+def _inputs(n, d, dtype, batch=1, heads=1, n_key=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n_key = n if n_key is None else n_key
+    q = torch.randn(batch, heads, n, d, generator=g)
+    k, v = (torch.randn(batch, heads, n_key, d, generator=g) for _ in range(2))
+    return tuple(x.to(DTYPES[dtype]) for x in (q, k, v))
+
+
+@functools.lru_cache(maxsize=None)
+def _run(case):
+    """The kernel's output and trace for one case, the stepper's steps and the float64 reference (run once)."""
+    n, d, bm, bn, causal, dtype, batch, heads = case
+    q, k, v = _inputs(n, d, dtype, batch, heads)
+    out, trace = flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, trace=True)
+    steps = list(tiled_steps(q, k, v, causal=causal, block_m=bm, block_n=bn))
+    return out, trace, steps, reference_attention(q, k, v, causal=causal)
+
+
+def test_cases_cover_every_pair():
+    values = [NS, HEAD_DIMS, RELATIONS, (False, True), ("float32", "float16")]
+    rows = [(n, d, "<" if bm < bn else "=" if bm == bn else ">", causal, dtype)
+            for n, d, bm, bn, causal, dtype, _, _ in CASES]
+    for a, b in itertools.combinations(range(len(values)), 2):
+        seen = {(r[a], r[b]) for r in rows}
+        assert seen == set(itertools.product(values[a], values[b])), (a, b)
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=_case_id)
+def test_flash_attention_matches_float64_reference(case):
+    out, _, _, reference = _run(case)
+    assert out.dtype == DTYPES[case[5]] and out.shape == reference.shape
+    assert (out.double() - reference).abs().max().item() < TOLERANCE[case[5]]
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=_case_id)
+def test_stepper_matches_float64_reference(case):
+    n, d, bm, bn, causal, dtype, _, _ = case
+    _, _, steps, reference = _run(case)
+    out = torch.zeros(reference.shape, dtype=torch.float64)
+    for s in steps:
+        if s.last:
+            out[s.batch, s.head, s.q_start:s.q_stop] = torch.from_numpy(s.out).double()
+    assert (out - reference).abs().max().item() < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=_case_id)
+def test_trace_equals_tiled_steps(case):
+    _, trace, steps, _ = _run(case)
+    ran = ~np.isnan(trace.l_i)  # [batch, head, key_block, query]
+    seen = np.zeros_like(ran)
+    for s in steps:
+        rows = slice(s.q_start, s.q_stop)
+        np.testing.assert_allclose(trace.m_i[s.batch, s.head, s.k_block, rows], s.m_i, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(trace.l_i[s.batch, s.head, s.k_block, rows], s.l_i, rtol=1e-5, atol=1e-5)
+        seen[s.batch, s.head, s.k_block, rows] = True
+    assert np.array_equal(ran, seen), "the kernel and the stepper ran different (query block, key block) steps"
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=_case_id)
+def test_running_max_never_decreases_and_running_sum_is_positive(case):
+    _, trace, _, _ = _run(case)
+    m, l = trace.m_i, trace.l_i  # [batch, head, key_block, query]
+    both = ~np.isnan(m[:, :, 1:]) & ~np.isnan(m[:, :, :-1])
+    assert np.all(m[:, :, 1:][both] >= m[:, :, :-1][both])
+    # in self-attention every query sees key 0 on its first step, and the max term alone adds exp(0) = 1 to l
+    assert np.all(l[~np.isnan(l)] >= 1.0 - 1e-6)
+
+
+def test_every_step_of_the_kernel_appears_in_the_trace_and_skipped_ones_do_not():
+    n, bm, bn = 100, 16, 32
+    _, trace, _, _ = _run((100, 32, 16, 32, True, "float32", 1, 1))
+    codes = tile_map(n, n, block_m=bm, block_n=bn, causal=True)
+    for qb, kb in np.ndindex(codes.shape):
+        ran = ~np.isnan(trace.l_i[0, 0, kb, qb * bm:(qb + 1) * bm])
+        assert ran.all() if codes[qb, kb] != TILE_SKIPPED else not ran.any(), (qb, kb)
+
+
+def test_no_nan_when_a_whole_tile_row_is_masked():
+    n, d, bm, bn = 100, 32, 64, 16
+    q, k, v = _inputs(n, d, "float32")
+    steps = list(tiled_steps(q, k, v, causal=True, block_m=bm, block_n=bn))
+    assert any(np.isneginf(s.scores).all(axis=1).any() for s in steps), "no tile with a fully masked row: vacuous"
+    out, trace = flash_attention(q, k, v, causal=True, block_m=bm, block_n=bn, trace=True)
+    assert torch.isfinite(out).all()
+    ran = ~np.isnan(trace.l_i)
+    assert np.isfinite(trace.l_i[ran]).all() and not np.isnan(trace.m_i[ran]).any()
+    assert (out.double() - reference_attention(q, k, v, causal=True)).abs().max() < 1e-5
+
+
+def test_queries_that_see_no_key_get_zero_like_the_reference():
+    # causal with more queries than keys: the first n_query - n_key queries see nothing (causal_mask's alignment)
+    q, k, v = _inputs(40, 32, "float32", n_key=20)
+    assert not causal_mask(40, 20)[:20].any()
+    out = flash_attention(q, k, v, causal=True, block_m=16, block_n=16)
+    reference = reference_attention(q, k, v, causal=True)
+    assert torch.isfinite(out).all() and (out[..., :20, :] == 0).all()
+    assert (out.double() - reference).abs().max() < 1e-5
+    assert (naive_attention(q, k, v, causal=True).double() - reference).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("n_query,n_key", [(40, 70), (70, 40)])
+def test_different_query_and_key_lengths(n_query, n_key):
+    q, k, v = _inputs(n_query, 16, "float32", n_key=n_key)
+    for causal in (False, True):
+        reference = reference_attention(q, k, v, causal=causal)
+        out = flash_attention(q, k, v, causal=causal, block_m=32, block_n=16)
+        assert (out.double() - reference).abs().max() < 1e-5
+        stepped = online_attention(q, k, v, causal=causal, block_m=32, block_n=16)
+        assert (stepped.double() - reference).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_values_all_one_give_output_all_one(causal):
+    # each output row is a convex combination of value rows, so V = 1 must give O = 1 whatever the scores
+    q, k, _ = _inputs(70, 32, "float32")
+    v = torch.ones_like(k)
+    out = flash_attention(q * 3, k * 3, v, causal=causal, block_m=32, block_n=16)
+    assert torch.allclose(out, torch.ones_like(out), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_logits_scaled_by_100_do_not_overflow(dtype):
+    q, k, v = _inputs(70, 32, dtype)
+    q = q * 10  # the scores are q k^T / sqrt(d), so q * 10 and k * 10 scale them by 100
+    k = k * 10
+    scores = (q.double() @ k.double().transpose(-2, -1)) / np.sqrt(32)
+    assert torch.isinf(torch.exp(scores.float())).any(), "exp without the max subtraction would not overflow"
+    out = flash_attention(q, k, v, causal=True, block_m=16, block_n=32)
+    assert torch.isfinite(out).all()
+    # softmax(100 s) is nearly one-hot: an error of eps |s| in a score moves weights by ~eps |s|, hence the 1e-4
+    tolerance = 1e-4 if dtype == "float32" else 1e-2
+    assert (out.double() - reference_attention(q, k, v, causal=True)).abs().max() < tolerance
+
+
+def test_canary_padding_around_the_output_is_untouched():
+    # head dim 48 is padded to 64 and N = 100 to two blocks of 64: unmasked stores would land in the canary
+    batch, heads, n, d, bm, bn = 2, 2, 100, 48, 64, 32
+    q, k, v = _inputs(n, d, "float32", batch, heads)
+    canary = 12345.0
+    padded = torch.full((batch, heads, n + 64, d + 32), canary, device=KERNEL_DEVICE)
+    out = padded[:, :, :n, :d]
+    flash_attention(q, k, v, causal=True, block_m=bm, block_n=bn, out=out)
+    outside = torch.ones_like(padded, dtype=torch.bool)
+    outside[:, :, :n, :d] = False
+    assert (padded[outside] == canary).all()
+    assert (out.double().cpu() - reference_attention(q, k, v, causal=True)).abs().max() < 1e-5
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the refusal applies only under the Triton interpreter")
+def test_bfloat16_is_refused_under_the_interpreter():
+    q, k, v = (x.to(torch.bfloat16) for x in _inputs(16, 16, "float32"))
+    with pytest.raises(ValueError, match="bfloat16"):
+        flash_attention(q, k, v)
+    assert "bfloat16" in refusal(64, 64, block_m=16, block_n=16, causal=False, dtype="bfloat16")
+
+
+def test_bad_inputs_are_refused_with_a_reason():
+    q, k, v = _inputs(16, 16, "float32")
+    with pytest.raises(ValueError, match="power of two"):
+        flash_attention(q, k, v, block_m=24)
+    with pytest.raises(ValueError, match="shapes"):
+        flash_attention(q, k[..., :8], v)
+    with pytest.raises(ValueError, match="dtype"):
+        flash_attention(q, k.double(), v)
+
+
+def test_interpreter_is_chosen_on_import_without_cuda():
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = "import torch, attnviz.kernels as k; print(k.INTERPRETED == (not torch.cuda.is_available()))"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.stdout.strip().endswith("True"), result.stderr
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_and_two_pass_match_float64_reference(causal):
+    q, k, v = _inputs(75, 32, "float32")
+    reference = reference_attention(q, k, v, causal=causal)
+    assert (naive_attention(q, k, v, causal=causal).double() - reference).abs().max() < 1e-5
+    tiled = two_pass_attention(q, k, v, causal=causal, block_m=32, block_n=16)
+    assert (tiled.double() - reference).abs().max() < 1e-5
+    # against torch's own implementation too
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert torch.allclose(naive_attention(q, k, v, causal=causal), sdpa, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,bm,bn", [(100, 16, 32), (64, 32, 16), (37, 16, 16)])
+def test_tile_map_agrees_with_the_causal_mask(n, bm, bn):
+    codes = tile_map(n, n, block_m=bm, block_n=bn, causal=True)
+    visible = causal_mask(n)
+    for qb, kb in np.ndindex(codes.shape):
+        tile = visible[qb * bm:(qb + 1) * bm, kb * bn:(kb + 1) * bn]
+        expected = TILE_SKIPPED if not tile.any() else TILE_FULL if tile.all() else TILE_PARTIAL
+        assert codes[qb, kb] == expected, (qb, kb)
+    assert tile_steps(n, n, block_m=bm, block_n=bn, causal=True) == int((codes != TILE_SKIPPED).sum())
+
+
+def test_step_counters_add_up_to_the_whole_computation():
+    n, d, bm, bn = 70, 16, 32, 16
+    q, k, v = _inputs(n, d, "float16")
+    steps = list(tiled_steps(q, k, v, block_m=bm, block_n=bn))
+    assert len(steps) == tile_steps(n, n, block_m=bm, block_n=bn, causal=False) == 3 * 5
+    assert sum(s.flops for s in steps) == attention_flops(n, n, d) == 4 * n * n * d
+    # Q read once, K and V once per query block (3 blocks), O written once; 2 bytes a value
+    assert sum(s.bytes_loaded for s in steps) == (n * d + 3 * 2 * n * d) * 2
+    assert sum(s.bytes_stored for s in steps) == n * d * 2
+    assert [s.index for s in steps] == list(range(len(steps)))
+
+
+def test_alpha_rescales_the_previous_state():
+    q, k, v = _inputs(40, 16, "float32")
+    previous = None
+    for s in tiled_steps(q, k, v, block_m=32, block_n=16):
+        if not s.first:
+            np.testing.assert_allclose(s.m_prev, previous.m_i)
+            np.testing.assert_allclose(s.acc_rescaled, previous.acc * np.exp(previous.m_i - s.m_i)[:, None],
+                                       rtol=1e-6)
+        previous = s
+
+
+def test_peak_cpu_bytes_measures_a_known_allocation():
+    def hold_one_mebibyte():
+        x = torch.ones(1 << 18)  # 2^18 float32 = 1 MiB
+        return float(x.max())
+
+    peak = peak_cpu_bytes(hold_one_mebibyte)
+    assert (1 << 20) <= peak < (1 << 20) + (1 << 16)
+
+
+def test_naive_holds_the_square_matrix_and_tiled_does_not():
+    q, k, v = _inputs(512, 32, "float32")
+    naive = peak_cpu_bytes(lambda: naive_attention(q, k, v))
+    tiled = peak_cpu_bytes(lambda: two_pass_attention(q, k, v, block_m=64, block_n=64))
+    assert naive >= 512 * 512 * 4  # at least one float32 [N, N] matrix
+    assert tiled < naive / 4
+
+
+def test_compare_methods_checks_every_method():
+    results = compare_methods(48, 16, block_m=16, block_n=16, causal=True, repeats=1)
+    assert [r.method for r in results] == ["naive", "torch SDPA", "two-pass tiled", "online softmax (stepper)",
+                                           "fused Triton kernel"]
+    assert all(r.error < 1e-5 and r.seconds > 0 for r in results)
+    if INTERPRETED:
+        assert "not a speed" in results[-1].note
+
+
+def test_refusal_accepts_the_default_and_refuses_slow_sizes():
+    assert refusal(64, 64, block_m=16, block_n=16, causal=False, dtype="float32") is None
+    assert refusal(100_000, 64, block_m=16, block_n=16, causal=False, dtype="float32") is not None
+    if INTERPRETED:
+        assert "interpreter" in refusal(2048, 64, block_m=16, block_n=16, causal=False, dtype="float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 3e-2), (torch.float16, 1e-2)])
+def test_gpu_kernel_matches_reference_at_larger_sizes(dtype, tolerance):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 1000, 64, generator=g).to(dtype).cuda() for _ in range(3))
+    for causal in (False, True):
+        out = flash_attention(q, k, v, causal=causal, block_m=128, block_n=64)
+        assert (out.double().cpu() - reference_attention(q, k, v, causal=causal)).abs().max() < tolerance
