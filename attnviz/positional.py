@@ -139,13 +139,13 @@ def apply_rope(x, positions=None, base: float = 10000.0, interleaved: bool = Fal
     The angles are computed in float64 and the result has x's dtype. Numpy in -> numpy out; torch in -> torch out.
     """
     as_numpy = not isinstance(x, torch.Tensor)
-    t = torch.as_tensor(np.asarray(x)) if as_numpy else x
+    t = torch.tensor(np.asarray(x)) if as_numpy else x  # a copy: x may be a read-only view
     if t.dim() < 2:
         raise ValueError(f"x must be [..., n, d_head], got shape {tuple(t.shape)}")
     n, d = t.shape[-2], t.shape[-1]
     theta = torch.as_tensor(scaled_rope_frequencies(d, base, scaling=scaling, factor=factor))  # [d/2]
     pos = torch.arange(n, dtype=torch.float64) if positions is None else \
-        torch.as_tensor(np.asarray(positions) if not isinstance(positions, torch.Tensor) else positions)
+        (positions if isinstance(positions, torch.Tensor) else torch.tensor(np.asarray(positions)))
     angles = pos.to(torch.float64)[..., None] * theta  # [..., n, d/2]
     work = torch.float64 if t.dtype == torch.float64 else torch.float32
     cos, sin = torch.cos(angles).to(t.device, work), torch.sin(angles).to(t.device, work)
@@ -260,7 +260,7 @@ def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int 
     per_head. Returns [layer, n_distances] (or [layer, head, n_distances]; without a layer axis, that axis is
     dropped), n_distances = min(n_query, max_distance + 1).
     """
-    p = np.asarray(pattern, dtype=np.float64)
+    p = np.asarray(pattern)  # no float64 copy: a real model's pattern can be hundreds of MB
     squeeze = p.ndim == 3
     if squeeze:
         p = p[None]
@@ -272,7 +272,7 @@ def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int 
     out = np.empty(p.shape[:2] + (n_dist,), dtype=np.float64)
     for r in range(n_dist):
         # queries i = r .. n_query-1 look at key i + offset - r: the diagonal at key offset (offset - r)
-        out[..., r] = np.diagonal(p, offset=offset - r, axis1=-2, axis2=-1)[..., -(n_query - r):].mean(axis=-1)
+        out[..., r] = np.diagonal(p, offset=offset - r, axis1=-2, axis2=-1)[..., -(n_query - r):].mean(axis=-1, dtype=np.float64)
     out = out if per_head else out.mean(axis=1)
     return out[0] if squeeze else out
 
@@ -285,6 +285,17 @@ def uniform_causal_by_distance(n: int) -> np.ndarray:
     return tail_sums / (n - np.arange(n))
 
 
+def position_scheme(config) -> str:
+    """How a transformers config encodes position: "alibi" (BLOOM, or an `alibi` flag as in MPT/Falcon), "rope"
+    (a RoPE base in the config, as in Llama, Mistral, Qwen) or "other" (learned absolute, sinusoidal, none)."""
+    if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
+        return "alibi"
+    params = getattr(config, "rope_parameters", None)
+    if (isinstance(params, dict) and "rope_theta" in params) or getattr(config, "rope_theta", None):
+        return "rope"
+    return "other"
+
+
 def rope_settings(config) -> tuple[int, float]:
     """(d_head, base) of a transformers config that uses RoPE (Llama-style: rope_parameters or rope_theta)."""
     d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -292,3 +303,33 @@ def rope_settings(config) -> tuple[int, float]:
     base = params.get("rope_theta") if isinstance(params, dict) else None
     base = base or getattr(config, "rope_theta", None) or 10000.0
     return int(d_head), float(base)
+
+
+def compare_schemes(q, k, n: int, *, base: float = 10000.0, alibi_slope: float = 0.0625) -> dict[str, np.ndarray]:
+    """Scores of one query at position n-1 against the same key vector at positions n-1-r, r = 0 .. n-1.
+
+    q, k: [d]. With identity projections (so the schemes differ only in how position enters):
+    "no position": q.k / sqrt(d);  "sinusoidal": (q + PE_(n-1)).(k + PE_(n-1-r)) / sqrt(d) (added to the input);
+    "RoPE": <R_(n-1) q, R_(n-1-r) k> / sqrt(d);  "ALiBi": q.k / sqrt(d) - m r.
+    Returns {name: scores [n]} indexed by distance r.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    d = len(q)
+    r = np.arange(n, dtype=np.float64)
+    scale = 1.0 / math.sqrt(d)
+    pe = sinusoidal_encoding(n, d, base)
+    plain = float(q @ k) * scale
+    return {
+        "no position": np.full(n, plain),
+        "sinusoidal": ((k + pe[n - 1 - np.arange(n)]) @ (q + pe[n - 1])) * scale,
+        "RoPE": rope_score(q, k, r, base) * scale,
+        "ALiBi": plain - float(alibi_slope) * r,
+    }
+
+
+def softmax_over_distance(scores) -> np.ndarray:
+    """softmax of scores [..., n] over its last axis (the keys, indexed by distance). Returns [..., n]."""
+    s = np.asarray(scores, dtype=np.float64)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

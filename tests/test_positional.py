@@ -381,3 +381,35 @@ def test_rope_settings_reads_llama_configs():
     config = LlamaConfig(hidden_size=576, num_attention_heads=9, rope_parameters={"rope_type": "default",
                                                                                   "rope_theta": 100000.0})
     assert P.rope_settings(config) == (64, 100000.0)
+
+
+def test_compare_schemes_against_direct_computation():
+    from attnviz.attention import scaled_dot_product_attention
+
+    d, n, base, slope = 16, 20, 1000.0, 0.25
+    q, k = RNG.standard_normal((2, d))
+    out = P.compare_schemes(q, k, n, base=base, alibi_slope=slope)
+    keys = np.tile(k, (n, 1))  # the same key at every position j, distance n-1-j
+    rev = slice(None, None, -1)  # position order -> distance order
+    pe = _pe_loop(n, d, base)
+    pos = np.arange(n, dtype=float)
+    cases = {
+        "no position": (q[None], keys, None),
+        "sinusoidal": ((q + pe[n - 1])[None], keys + pe, None),
+        "RoPE": (P.apply_rope(q[None], [n - 1.0], base=base), P.apply_rope(keys, pos, base=base), None),
+        "ALiBi": (q[None], keys, -slope * (n - 1 - pos)[None]),
+    }
+    for name, (qq, kk, bias) in cases.items():
+        _, weights = scaled_dot_product_attention(qq, kk, kk, bias=bias)
+        np.testing.assert_allclose(P.softmax_over_distance(out[name]), weights[0][rev], atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(out[name], (qq @ kk.T / math.sqrt(d) + (0 if bias is None else bias))[0][rev],
+                                   atol=1e-12, err_msg=name)
+
+
+def test_position_scheme_of_configs():
+    from transformers import BertConfig, BloomConfig, GPT2Config, LlamaConfig
+
+    assert P.position_scheme(BloomConfig()) == "alibi"
+    assert P.position_scheme(LlamaConfig()) == "rope"
+    assert P.position_scheme(GPT2Config()) == "other"
+    assert P.position_scheme(BertConfig()) == "other"

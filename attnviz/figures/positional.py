@@ -1,0 +1,143 @@
+"""Figures for the positional-encodings page: sinusoidal tables, RoPE rotations and decay, ALiBi slopes and biases,
+attention against distance. Numpy in, go.Figure out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attnviz.figures.common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, line_chart
+
+
+def encoding_heatmap(pe: np.ndarray, *, title: str = "Sinusoidal encoding PE[position, dimension]") -> go.Figure:
+    """pe: [n_positions, d_model] as a heatmap, positions down, dimensions across."""
+    return heatmap(pe, title=title, x_title="dimension index (even = sin, odd = cos)", y_title="position (tokens)",
+                   colorscale=DIVERGING_SCALE, zmin=-1, zmax=1, colorbar_title="value",
+                   hovertemplate="position %{y}<br>dimension %{x}<br>PE %{z:.4f}<extra></extra>", height=420)
+
+
+def dot_by_offset(offsets, dots, *, d_model: int) -> go.Figure:
+    """PE_p . PE_(p+k) against k; one curve, identical for every p."""
+    fig = line_chart(offsets, {"PE_p · PE_(p+k)": dots}, title="Similarity of two encodings k positions apart",
+                     x_title="offset k (tokens)", y_title="dot product (unitless)", height=360)
+    fig.add_hline(y=d_model / 2, line=dict(color="#868e96", dash="dot"),
+                  annotation_text=f"d/2 = {d_model / 2:g} at k = 0", annotation_position="top right")
+    return fig
+
+
+def matrix_heatmap(m: np.ndarray, *, title: str, x_title: str = "input dimension",
+                   y_title: str = "output dimension") -> go.Figure:
+    """A small signed matrix (rotation, permutation) with a symmetric colour range."""
+    lim = float(np.abs(m).max()) or 1.0
+    return heatmap(m, title=title, x_title=x_title, y_title=y_title, colorscale=DIVERGING_SCALE, zmin=-lim, zmax=lim,
+                   colorbar_title="entry", height=380)
+
+
+def rope_pair_rotation(q_pair, k_pair, theta: float, m: float, n: float) -> go.Figure:
+    """One feature pair of q (at position m) and k (at position n) as 2-D arrows before and after rotation.
+
+    q_pair, k_pair: [2]; the rotated vectors are the pair turned by m*theta and n*theta radians.
+    """
+    def rot(v, a):
+        c, s = np.cos(a), np.sin(a)
+        return np.array([c * v[0] - s * v[1], s * v[0] + c * v[1]])
+
+    q_pair, k_pair = np.asarray(q_pair, float), np.asarray(k_pair, float)
+    arrows = [("q", q_pair, PALETTE[0], "dot"), ("k", k_pair, PALETTE[1], "dot"),
+              (f"R_m q (m = {m:g})", rot(q_pair, m * theta), PALETTE[0], "solid"),
+              (f"R_n k (n = {n:g})", rot(k_pair, n * theta), PALETTE[1], "solid")]
+    fig = go.Figure()
+    for name, v, color, dash in arrows:
+        fig.add_trace(go.Scatter(x=[0, v[0]], y=[0, v[1]], mode="lines+markers", name=name,
+                                 line=dict(color=color, dash=dash, width=3 if dash == "solid" else 1.5),
+                                 marker=dict(size=[0, 10], symbol="arrow", angleref="previous")))
+    t = np.linspace(0, 2 * np.pi, 100)
+    for v, color in ((q_pair, PALETTE[0]), (k_pair, PALETTE[1])):
+        radius = float(np.linalg.norm(v))
+        fig.add_trace(go.Scatter(x=radius * np.cos(t), y=radius * np.sin(t), mode="lines", showlegend=False,
+                                 hoverinfo="skip", line=dict(color=color, width=0.5)))
+    lim = 1.15 * max(np.linalg.norm(q_pair), np.linalg.norm(k_pair), 1e-9)
+    fig.update_xaxes(range=[-lim, lim], zeroline=True)
+    fig.update_yaxes(range=[-lim, lim], zeroline=True, scaleanchor="x", scaleratio=1)
+    return apply_layout(fig, title="One feature pair rotated by position", x_title="first coordinate (unitless)",
+                        y_title="second coordinate (unitless)", height=420)
+
+
+def decay_bound_chart(distances, curves: Mapping[str, Sequence[float]], *, log_x: bool = False) -> go.Figure:
+    """RoFormer Figure 2: the relative upper bound against distance, one curve per setting."""
+    names = list(curves)
+    return line_chart(distances, curves, title="RoFormer §3.4.3 relative upper bound against distance",
+                      x_title="relative distance (tokens)", y_title="relative upper bound (unitless)", log_x=log_x,
+                      dashed=names[1:], height=400)
+
+
+def slopes_bar(slopes: np.ndarray) -> go.Figure:
+    """ALiBi slope per head, log scale: a geometric sequence is a straight line."""
+    heads = np.arange(len(slopes))
+    fig = go.Figure(go.Bar(x=heads, y=slopes, marker_color=PALETTE[0],
+                           hovertemplate="head %{x}<br>slope %{y:.6g}<extra></extra>"))
+    fig.update_yaxes(type="log")
+    return apply_layout(fig, title=f"ALiBi slopes for {len(slopes)} heads", x_title="head index",
+                        y_title="slope m (score per token, log scale)", height=360)
+
+
+def bias_heatmap(bias: np.ndarray, *, title: str) -> go.Figure:
+    """bias [query, key] with -inf (masked) shown blank."""
+    z = np.where(np.isfinite(bias), bias, np.nan)
+    return heatmap(z, title=title, x_title="key position (tokens)", y_title="query position (tokens)",
+                   colorscale="Blues_r", colorbar_title="bias",
+                   hovertemplate="query %{y}<br>key %{x}<br>bias %{z:.4g}<extra></extra>", height=380)
+
+
+def pattern_heatmap(pattern: np.ndarray, *, title: str) -> go.Figure:
+    """Attention pattern [query, key], rows sum to 1."""
+    return heatmap(pattern, title=title, x_title="key position (tokens)", y_title="query position (tokens)",
+                   zmin=0, zmax=1, colorbar_title="weight",
+                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>", height=380)
+
+
+def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str, theory=None,
+                     theory_name: str = "theory", baseline=None, relative_theory=None,
+                     relative_name: str = "relative bound", log_y: bool = True) -> go.Figure:
+    """Measured mean attention weight against distance, one line per layer, beside theory.
+
+    per_layer: [layer, n_distances]. theory / baseline: [n_distances] attention weights on the same axis.
+    relative_theory: [n_distances] unitless curve (the RoPE bound over its value at 0) on a second y axis.
+    """
+    per_layer = np.asarray(per_layer, dtype=float)
+    x = np.arange(per_layer.shape[1])
+    fig = make_subplots(specs=[[{"secondary_y": relative_theory is not None}]])
+    n = len(per_layer)
+    for i, (layer, y) in enumerate(zip(layers, per_layer)):
+        shade = i / max(n - 1, 1)
+        color = f"rgba({int(59 + 180 * shade)}, {int(91 - 40 * shade)}, {int(219 - 170 * shade)}, 0.75)"
+        fig.add_trace(go.Scatter(x=x, y=np.where(y > 0, y, np.nan), mode="lines", name=f"layer {layer}",
+                                 line=dict(color=color, width=1.3), legendgroup="layers",
+                                 showlegend=n <= 8 or i in (0, n - 1),
+                                 hovertemplate=f"layer {layer}<br>distance %{{x}}<br>mean weight %{{y:.4g}}"
+                                               "<extra></extra>"))
+    if baseline is not None:
+        fig.add_trace(go.Scatter(x=x, y=baseline, mode="lines", name="uniform causal (no position)",
+                                 line=dict(color="#868e96", dash="dot", width=2)))
+    if theory is not None:
+        fig.add_trace(go.Scatter(x=x, y=theory, mode="lines", name=theory_name,
+                                 line=dict(color="#212529", dash="dash", width=3)))
+    if relative_theory is not None:
+        fig.add_trace(go.Scatter(x=x, y=relative_theory, mode="lines", name=relative_name,
+                                 line=dict(color="#212529", dash="dash", width=3)), secondary_y=True)
+        fig.update_yaxes(title_text=f"{relative_name} (1 at distance 0)", secondary_y=True, rangemode="tozero")
+    if log_y:
+        fig.update_yaxes(type="log", secondary_y=False)
+    apply_layout(fig, title=title, x_title="query − key distance (tokens)", height=440)
+    fig.update_yaxes(title_text="mean attention weight (fraction of the row)", secondary_y=False)
+    return fig
+
+
+def scheme_lines(distances, curves: Mapping[str, Sequence[float]], *, title: str, y_title: str,
+                 log_y: bool = False) -> go.Figure:
+    """The schemes side by side against distance (scores or attention weights)."""
+    return line_chart(distances, curves, title=title, x_title="query − key distance (tokens)", y_title=y_title,
+                      log_y=log_y, height=380)
