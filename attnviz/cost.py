@@ -11,6 +11,7 @@ Conventions
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,12 +154,35 @@ def param_counts(arch: Architecture) -> dict[str, int]:
     return counts
 
 
-def arch_from_config(config, name: str | None = None) -> Architecture:
-    """Reads an Architecture off a transformers PretrainedConfig (bert, gpt2, bloom and Llama-like decoders).
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
 
-    Llama-like (llama, mistral, qwen2, ...): RMSNorm, gated MLP, RoPE, biases as the config says.
-    Raises ValueError for a model type it does not know how to count.
+
+class _ConfigValues:
+    """Attribute access to config.json-style values, with the aliases transformers gives GPT-2's and BLOOM's names."""
+
+    _ALIASES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
+
+    def __init__(self, values: Mapping):
+        self._values = dict(values)
+
+    def __getattr__(self, name: str):
+        values = self.__dict__["_values"]
+        if name in values:
+            return values[name]
+        if self._ALIASES.get(name) in values:
+            return values[self._ALIASES[name]]
+        raise AttributeError(name)
+
+
+def arch_from_config(config, name: str | None = None) -> Architecture:
+    """Reads an Architecture off a transformers PretrainedConfig, or off config.json values in a dict
+    (bert, gpt2, bloom and Llama-like decoders).
+
+    Llama-like (llama, mistral, qwen2, or any config with rms_norm_eps and intermediate_size): RMSNorm, gated MLP,
+    RoPE, biases as the config says. Raises ValueError for a model type it does not know how to count.
     """
+    if isinstance(config, Mapping):
+        config = _ConfigValues(config)
     mt = getattr(config, "model_type", "")
     name = name or getattr(config, "name_or_path", "") or mt
     d = int(config.hidden_size)
@@ -185,7 +209,7 @@ def arch_from_config(config, name: str | None = None) -> Architecture:
             name=name, family="bloom", layers=layers, d_model=d, heads=heads, kv_heads=heads, head_dim=d // heads,
             d_ff=4 * d, vocab=int(config.vocab_size), qkv_bias=True, out_bias=True, mlp_bias=True,
             norm="layernorm", embedding_norm=True, final_norm=True, lm_head=True, tied_embeddings=tied)
-    if hasattr(config, "intermediate_size") and hasattr(config, "rms_norm_eps"):
+    if mt in LLAMA_LIKE or (hasattr(config, "intermediate_size") and hasattr(config, "rms_norm_eps")):
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or d // heads)
         qkv_bias = bool(getattr(config, "attention_bias", False) or mt in ("qwen2",))
@@ -239,8 +263,9 @@ def preset_config(name: str):
 
 
 def preset_arch(name: str) -> Architecture:
-    """The Architecture of a preset, read off its transformers config like any loaded model's."""
-    return arch_from_config(preset_config(name), name=name)
+    """The Architecture of a preset, read off its config values as off any loaded model's config (without
+    importing transformers; the tests check both routes give the model transformers builds)."""
+    return arch_from_config(PRESETS[name], name=name)
 
 
 def kv_cache_curve(arch: Architecture, seq_lens, *, batch: int = 1, bytes_per_value: float = 2) -> np.ndarray:

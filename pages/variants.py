@@ -1,6 +1,192 @@
+import numpy as np
+import pandas as pd
 import streamlit as st
 
-from attnviz import ui
+from attnviz import cost, ui
+from attnviz import variants as var
+from attnviz.figures import cost as figs
 
-st.title("Variants")
-ui.placeholder("MHA, GQA and MQA head sharing, KV-cache memory and FLOPs for real model presets.")
+CONTEXTS = np.unique(np.logspace(7, 17, 41, base=2).round().astype(int))  # 128 ... 131072 tokens
+BYTES = {"fp32 (4 bytes)": 4, "fp16 / bf16 (2 bytes)": 2, "fp8 / int8 (1 byte)": 1, "int4 (½ byte)": 0.5}
+CUSTOM = "Custom values"
+MAX_HEADS_SHOWN = 8
+
+
+@st.cache_data(show_spinner=False)
+def preset_archs() -> dict[str, cost.Architecture]:
+    return {name: cost.preset_arch(name) for name in cost.PRESETS}
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def toy_run(n_tokens: int, d_head: int, n_heads: int, n_kv: int, causal: bool, seed: int):
+    weights = var.toy_weights(d_head * n_heads, n_heads, seed=seed)
+    x = var.toy_input(n_tokens, d_head * n_heads, seed=seed)
+    kv = {"MHA": n_heads, f"GQA ({n_kv} KV)": n_kv, "MQA": 1}
+    return var.compare_variants(x, weights, n_heads=n_heads, kv_heads=kv, causal=causal), kv
+
+
+def loaded_arch(name: str):
+    """(Architecture, parameters counted on the loaded weights) of a registry model, or None after a message."""
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    try:
+        arch = cost.arch_from_config(loaded.model.config, name=name)
+    except ValueError as exc:
+        st.warning(f"{exc}: it is left out of the tables and charts.")
+        return None
+    return arch, sum(p.numel() for p in loaded.model.parameters())
+
+
+st.title("MHA, GQA, MQA and what attention costs")
+st.markdown(
+    "Multi-head attention (MHA) gives every query head its own key and value head. Grouped-query attention (GQA) "
+    "lets a group of query heads share one key/value head, and multi-query attention (MQA) lets all of them share "
+    "one. Queries are the same; what shrinks is the key/value cache that generation keeps for every past token."
+)
+
+archs = preset_archs()
+
+st.header("Who reads which key/value head")
+c1, c2 = st.columns(2)
+n_heads = c1.slider("Query heads", 1, 32, 8, key="variants_heads")
+divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+if st.session_state.get("variants_kv") not in divisors:
+    st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
+n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv")
+layouts = {"MHA": cost.kv_head_of(n_heads, n_heads), "GQA" if 1 < n_kv < n_heads else "chosen": cost.kv_head_of(
+    n_heads, n_kv), "MQA": cost.kv_head_of(n_heads, 1)}
+st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
+st.caption(f"Query head h reads key/value head ⌊h / {n_heads // n_kv}⌋: with {n_kv} key/value heads, groups of "
+           f"{n_heads // n_kv} consecutive query heads (one colour) share one. The cache holds {n_kv} heads instead "
+           f"of {n_heads}: {n_heads // n_kv}× less memory than MHA.")
+
+st.header("KV-cache memory")
+st.latex(r"\text{KV bytes} = 2_{(K,V)} \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim}"
+         r" \times \text{context} \times \text{batch} \times \text{bytes per value}")
+k1, k2, k3 = st.columns(3)
+chosen = k1.multiselect("Models", list(archs) + [CUSTOM], key="variants_models",
+                        default=["Llama-2-7B", "Llama-2-70B", "Mistral-7B", "SmolLM2-135M"])
+batch = k2.slider("Batch (sequences cached at once)", 1, 64, 1, key="variants_batch")
+precision = k3.selectbox("Cache precision", list(BYTES), index=1, key="variants_bytes")
+bytes_per_value = BYTES[precision]
+with st.expander("Custom values, and a model from the registry", expanded=CUSTOM in chosen):
+    e1, e2, e3, e4 = st.columns(4)
+    custom = cost.Architecture(
+        name=CUSTOM, family="custom", layers=e1.number_input("Layers", 1, 512, 32, key="variants_c_layers"),
+        d_model=0, heads=0, kv_heads=e2.number_input("KV heads", 1, 256, 8, key="variants_c_kv"),
+        head_dim=e3.number_input("Head dim", 1, 1024, 128, key="variants_c_hd"), d_ff=0, vocab=0)
+    budget = e4.number_input("Memory budget to draw (GiB)", 0.0, 10_000.0, 80.0, key="variants_budget")
+    if st.toggle("Add a model from the registry", value=False, key="variants_add_loaded"):
+        name = ui.model_picker("variants_model", default="toy-llama-gqa")
+        found = loaded_arch(name) if name else None
+        if found:
+            archs = {**archs, f"{name} (loaded)": found[0]}
+            chosen = [*chosen, f"{name} (loaded)"]
+            counted = cost.param_counts(found[0])["total"]
+            (st.success if counted == found[1] else st.warning)(
+                f"{name}: {counted:,} parameters from its config; {found[1]:,} counted on the loaded weights.")
+lookup = {**archs, CUSTOM: custom}
+if not chosen:
+    st.warning("Pick at least one model above to draw its KV cache.")
+else:
+    curves = {name: cost.kv_cache_curve(lookup[name], CONTEXTS, batch=batch, bytes_per_value=bytes_per_value)
+              for name in chosen}
+    st.plotly_chart(figs.kv_cache_figure(CONTEXTS, curves, batch=batch, bytes_per_value=bytes_per_value,
+                                         budget_gib=budget or None), width="stretch", key="variants_kv_chart")
+    st.caption("The cache grows linearly with context and batch (straight lines on log axes, all with the same "
+               "slope); fewer KV heads shift a line down by the same factor at every length.")
+    context = st.number_input("Context length for the table (tokens)", 1, 10_000_000, 4096, key="variants_ctx")
+    rows = []
+    for name in chosen:
+        a = lookup[name]
+        total = cost.kv_cache_bytes(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, seq_len=context,
+                                    batch=batch, bytes_per_value=bytes_per_value)
+        per_token = cost.kv_cache_bytes(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, seq_len=1,
+                                        bytes_per_value=bytes_per_value)
+        rows.append({"model": name, "layers": a.layers, "KV heads": a.kv_heads, "head dim": a.head_dim,
+                     "formula": f"2 × {a.layers} × {a.kv_heads} × {a.head_dim} × {context:,} × {batch} × "
+                                f"{bytes_per_value:g} B",
+                     "per token": cost.format_bytes(per_token), "total": cost.format_bytes(total), "bytes": total})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key="variants_kv_table")
+
+st.header("FLOPs against sequence length")
+f1, f2, f3 = st.columns(3)
+flop_model = f1.selectbox("d_model of", list(archs), index=list(archs).index("Llama-2-7B"), key="variants_flop_model")
+causal = f2.toggle("Causal (decoder prefill)", value=False, key="variants_causal")
+gqa_proj = f3.toggle("Narrower K, V projections with GQA", value=False, key="variants_gqa_proj",
+                     help="With fewer KV heads, K and V project to kv_heads × head_dim instead of d_model.")
+fa = archs[flop_model]
+d = fa.d_model
+kv_dim = fa.kv_heads * fa.head_dim if gqa_proj else None
+seq = np.unique(np.logspace(4, 20, 65, base=2).round().astype(int))
+flops = [cost.attention_flops(seq_len=int(n), d_model=d, causal=causal, kv_dim=kv_dim) for n in seq]
+n_star = cost.crossover_seq_len(d_model=d, causal=causal, kv_dim=kv_dim)
+st.plotly_chart(figs.flops_figure(seq, [f["projections"] for f in flops], [f["attention"] for f in flops],
+                                  crossover=n_star, d_model=d, causal=causal), width="stretch", key="variants_flops")
+at_star = cost.attention_flops(seq_len=int(n_star), d_model=d, causal=causal, kv_dim=kv_dim)
+proj_formula = r"8Nd^2" if kv_dim is None else rf"4Nd\,(d+{kv_dim})"
+attn_formula = r"2N^2d" if causal else r"4N^2d"
+solved = (r"4d" if causal else r"2d") if kv_dim is None else (rf"2(d+{kv_dim})" if causal else rf"d+{kv_dim}")
+st.latex(rf"{proj_formula} = {attn_formula} \iff N^* = {solved} = {n_star:,.0f}")
+st.markdown(f"Check at N* = {n_star:,.0f}: projections {at_star['projections']:.4e} FLOPs, attention matmuls "
+            f"{at_star['attention']:.4e} FLOPs.")
+st.caption(f"Projections grow like N, the attention matmuls like N²: below N* = {n_star:,.0f} tokens the four "
+           "d × d projections cost more, above it Q Kᵀ and pattern × V do. A multiply-add counts as 2 FLOPs; "
+           "softmax and masking are left out.")
+
+with st.expander("A cost table that circulates, recomputed (d_model = 4096, 32 layers, 32 KV heads, fp16)"):
+    llama7 = archs["Llama-2-7B"]
+    st.dataframe(pd.DataFrame([{
+        "N": n,
+        "Q Kᵀ + pattern V FLOPs per layer": f"{cost.attention_flops(seq_len=n, d_model=4096)['attention']:.3e}",
+        "KV per token": cost.format_bytes(cost.kv_cache_bytes(layers=llama7.layers, kv_heads=llama7.kv_heads,
+                                                              head_dim=llama7.head_dim, seq_len=1)),
+        "KV total (batch 1)": cost.format_bytes(cost.kv_cache_bytes(
+            layers=llama7.layers, kv_heads=llama7.kv_heads, head_dim=llama7.head_dim, seq_len=n)),
+    } for n in (512, 2048, 8192, 32768, 131072)]), hide_index=True, width="stretch", key="variants_seed_table")
+    st.caption("Computed from the formulas above: each token caches 2 × 32 × 32 × 128 values of 2 bytes.")
+
+st.header("Parameters")
+counts = {name: cost.param_counts(a) for name, a in archs.items()}
+st.dataframe(pd.DataFrame([{
+    "model": name, "variant": a.variant, "layers": a.layers, "d_model": a.d_model, "heads": a.heads,
+    "KV heads": a.kv_heads, "head dim": a.head_dim, "MLP": f"{'gated ' if a.gated_mlp else ''}{a.d_ff}",
+    "vocab": a.vocab, "tied": a.tied_embeddings, "attention": counts[name]["attention"],
+    "MLP params": counts[name]["mlp"], "embeddings": counts[name]["embeddings"], "total": counts[name]["total"],
+} for name, a in archs.items()]), hide_index=True, width="stretch", key="variants_params")
+st.plotly_chart(figs.param_share_figure(counts), width="stretch", key="variants_param_share")
+st.caption("Counted from each model's config values (the tests check them against the models transformers builds "
+           "from the same configs). Small models spend a large share on embeddings; large ones on the MLP. "
+           "GQA makes the K and V projections smaller, so attention's share drops too.")
+
+st.header("The same input through MHA, GQA and MQA")
+st.markdown(
+    f"A toy layer with {n_heads} query heads (set above) sees the same random tokens three times. GQA and MQA are "
+    "made from the MHA layer as Ainslie et al. (2023) convert checkpoints: each group's key and value projections "
+    "are the mean of its heads'. Queries are unchanged, so every difference below comes from sharing keys and values."
+)
+t1, t2, t3, t4 = st.columns(4)
+n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens")
+d_head = t2.slider("Head dim", 2, 64, 16, key="variants_dhead")
+seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed")
+toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal")
+results, kv_counts = toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
+heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
+                             key="variants_heads_shown", max_selections=MAX_HEADS_SHOWN)
+if not heads_shown:
+    st.warning("Pick at least one head to show.")
+else:
+    st.plotly_chart(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
+                                             {n: cost.kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
+                    width="stretch", key="variants_maps")
+    mha_pattern, mha_out = results["MHA"][1], results["MHA"][0]
+    diffs = {name: (0.5 * np.abs(r[1] - mha_pattern).sum(-1).mean(),
+                    np.linalg.norm(r[0] - mha_out) / np.linalg.norm(mha_out)) for name, r in results.items()}
+    cols = st.columns(len(diffs))
+    for col, (name, (tv, rel)) in zip(cols, diffs.items()):
+        col.metric(f"{name}: rows moved vs MHA", f"{tv:.3f}", help="Mean total-variation distance between a "
+                   f"head's attention row and MHA's (0 = same, 1 = disjoint). Output differs by {rel:.1%}.")
+    st.caption("Heads in one GQA group read the same keys, so their maps differ only through their queries; under "
+               "MQA every head does. Untrained, pooled keys are averages of unrelated heads, so rows move a lot: "
+               "this is why converted checkpoints need some further training (uptraining).")

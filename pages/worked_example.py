@@ -47,7 +47,7 @@ f = lambda x: we.fmt(x, digits)  # noqa: E731
 st.latex(rf"Q={M(steps.q)}\quad K={M(steps.k)}\quad V={M(steps.v)}")
 st.caption(f"{n_q} queries and {n_k} keys of length d_k = {d_k}; values of length d_v = {d_v}.")
 if causal and n_q > n_k:
-    st.warning(f"With the causal mask, queries line up with the last {n_q if n_q < n_k else n_k} keys, so the first "
+    st.warning(f"With the causal mask, queries line up with the last {n_k} keys, so the first "
                f"{n_q - n_k} quer{'y sees' if n_q - n_k == 1 else 'ies see'} no key at all: its weights and output "
                "are 0. Give K and V as many rows as Q to see the usual triangle.")
 

@@ -200,3 +200,8 @@ def test_kv_head_of_matches_transformers_repeat_kv():
     assert kv_head_of(6, 1) == [0] * 6
     with pytest.raises(ValueError):
         kv_head_of(6, 4)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_values_and_their_transformers_config_give_the_same_architecture(name):
+    assert arch_from_config(preset_config(name), name=name) == preset_arch(name)
