@@ -229,6 +229,23 @@ def valid_keys(scores) -> np.ndarray:
     return (np.isfinite(s) & (s > -1e30)).sum(axis=-1)
 
 
+def head_saturation(scores, scaling: float, temperature: float,
+                    threshold: float = SATURATION_THRESHOLD) -> dict[str, np.ndarray]:
+    """The saturated share of every head under each of head_variants' three softmaxes.
+
+    scores: [layer, head, query, key] as captured. Returns {variant: [layer, head]}: the share of a head's rows
+    whose largest weight exceeds threshold, over the rows with at least two valid keys.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    keep = valid_keys(s) >= 2  # [layer, head, query]
+    rows = np.maximum(keep.sum(-1), 1)
+    out = {}
+    for name, pattern in head_variants(s, scaling, temperature).items():
+        saturated = (pattern.max(-1) > threshold) & keep
+        out[name] = saturated.sum(-1) / rows
+    return out
+
+
 def scale_sweep(scores, scaling: float, factors, threshold: float = SATURATION_THRESHOLD) -> pd.DataFrame:
     """A real head's statistics when its raw q.k is multiplied by each factor instead of by `scaling`.
 

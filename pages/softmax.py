@@ -1,6 +1,258 @@
+import math
+
+import numpy as np
+import pandas as pd
 import streamlit as st
 
+from attnviz import softmax as sm
 from attnviz import ui
+from attnviz.figures import softmax as figs
 
-st.title("Softmax")
-ui.placeholder("random queries and keys with and without 1/sqrt(d_k): logits, saturation, entropy and the gradient that gets through, and the same on a real head.")
+N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
+ROWS_SHOWN = 12
+MAX_TOKENS = 256
+DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)
+REAL_TEXT = "The cat sat on the mat because it was warm. The cat"
+TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def sample(d_k: int, n_keys: int, seed: int, temperature: float):
+    q, k = sm.random_qk(N_QUERIES, n_keys, d_k, seed)
+    out = {}
+    for variant, scaled in ((sm.SCALED, True), (sm.UNSCALED, False)):
+        scores, pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
+        out[variant] = (scores, pattern, sm.row_stats(pattern))
+    return out, sm.gradient_demo(d_k, n_keys, n_queries=N_QUERIES, seed=seed, temperature=temperature)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
+    return sm.saturation_sweep(DIMS, n_queries=N_QUERIES, n_keys=n_keys, seed=seed, temperature=temperature)
+
+
+def show_real_model(cap) -> None:
+    """The real-model section, once a capture with scores [layer, head, query, key] is at hand."""
+    scores = np.asarray(cap.scores, dtype=np.float64)
+    layers = list(cap.layers)
+    scaling, head_dim = float(cap.scaling), int(cap.head_dim)
+    tokens = [str(t) for t in cap.tokens]
+    h1, h2, h3, h4 = st.columns(4)
+    layer_pos = h1.selectbox("layer", range(len(layers)), format_func=lambda i: str(layers[i]), key="softmax_layer")
+    head = h2.selectbox("head", range(scores.shape[1]), key="softmax_head")
+    real_t = h3.select_slider("temperature T on the scores", options=TEMPERATURES, value=2.0,
+                              key="softmax_real_temperature")
+    query = h4.selectbox("query row", range(len(tokens)), index=len(tokens) - 1,
+                         format_func=lambda i: f"{i}: {tokens[i]}", key="softmax_query")
+    st.caption(f"{cap.model_name}: head_dim = {head_dim}, the model's scaling = {scaling:.4g} "
+               f"(1/√{head_dim} = {1 / math.sqrt(head_dim):.4g}); {len(tokens)} tokens.")
+
+    head_scores = scores[layer_pos, head]  # [query, key]
+    patterns = sm.head_variants(head_scores, scaling, real_t)
+    titles = {"own scale": f"Own scale (q·k × {scaling:.3g})", "unscaled": "Unscaled: raw q·k",
+              "temperature": f"Own scale, T = {real_t:g}"}
+    keep = sm.valid_keys(head_scores) >= 2
+    rows = []
+    for column, (name, pattern) in zip(st.columns(3), patterns.items()):
+        column.plotly_chart(figs.head_pattern(pattern, tokens, title=titles[name]), width="stretch",
+                            key=f"softmax_real_chart_{name}")
+        stats = sm.row_stats(pattern[keep])
+        rows.append({"softmax": titles[name], "mean max weight": stats.max_weight.mean(),
+                     "mean entropy (nats)": stats.entropy.mean(), "saturated rows": stats.saturated_share,
+                     "median ‖J‖_F": float(np.median(stats.jacobian_norm))})
+    st.dataframe(pd.DataFrame(rows).style.format(
+        {"mean max weight": "{:.3f}", "mean entropy (nats)": "{:.3f}", "saturated rows": "{:.1%}",
+         "median ‖J‖_F": "{:.3g}"}), hide_index=True, width="stretch")
+    st.caption(f"Statistics over the {int(keep.sum())} rows that may attend to at least two keys (in a causal "
+               "model the first token sees only itself, whatever the scale).")
+
+    d1, d2 = st.columns(2)
+    n_valid = int(sm.valid_keys(head_scores)[query])
+    d1.plotly_chart(figs.head_row({name: p[query, :n_valid] for name, p in patterns.items()}, tokens[:n_valid],
+                                  title=f"Row of query {query}: {tokens[query]!r}"),
+                    width="stretch", key="softmax_real_row")
+    d2.plotly_chart(figs.row_distribution({name: sm.row_stats(p[keep]).jacobian_norm for name, p in patterns.items()},
+                                          colors=figs.REAL_COLORS, log_y=True, title="Jacobian norm per row",
+                                          y_title="‖diag(p) − pp^T‖_F (log scale)"),
+                    width="stretch", key="softmax_real_jac")
+    st.caption("The bars show where one query puts its weight under each softmax; the dots, how much gradient "
+               "each row of this head would let through.")
+
+    factors = np.geomspace(scaling / 8, 8.0, 61)
+    st.plotly_chart(figs.scale_sweep_chart(sm.scale_sweep(head_scores, scaling, factors), own_factor=scaling,
+                                           temperature_factor=scaling / real_t,
+                                           title=f"Layer {layers[layer_pos]}, head {head}, as the factor on raw q·k "
+                                                 "varies"),
+                    width="stretch", key="softmax_real_sweep")
+    st.caption("Left of 'own scale' the head flattens, right of it it sharpens; 'unscaled' is factor 1.")
+
+    shares = sm.head_saturation(scores, scaling, real_t)
+    g1, g2 = st.columns(2)
+    g1.plotly_chart(figs.head_share_grid(shares["own scale"], layers, title="Saturated rows per head, own scale"),
+                    width="stretch", key="softmax_grid_own")
+    g2.plotly_chart(figs.head_share_grid(shares["unscaled"], layers, title="Saturated rows per head, unscaled"),
+                    width="stretch", key="softmax_grid_unscaled")
+    st.caption(f"Every head of {cap.model_name} on this text. Own scale: {shares['own scale'].mean():.1%} of rows "
+               f"saturated on average; unscaled: {shares['unscaled'].mean():.1%}, and "
+               f"{np.mean(shares['unscaled'] > 0.5):.0%} of heads have most of their rows saturated.")
+
+
+st.title("Softmax saturation")
+st.markdown(
+    r"If the entries of $q$ and $k$ are independent with mean 0 and variance 1, then $q\cdot k=\sum_{i=1}^{d_k} q_i k_i$ "
+    r"has variance $d_k$. Without the $1/\sqrt{d_k}$ of $\mathrm{softmax}(QK^\top/\sqrt{d_k})$ the logits spread "
+    r"out as $d_k$ grows, one key takes nearly all the weight, and the softmax Jacobian "
+    r"$J=\mathrm{diag}(p)-pp^\top$ (the only way a gradient reaches $q$ and $k$) goes to zero. "
+    rf"Below, {N_QUERIES} random queries each attend over the same random keys, with and without the scaling; "
+    r"the temperature $T$ divides every logit in both."
+)
+
+c1, c2, c3, c4 = st.columns(4)
+n_keys = c1.slider("keys per query", min_value=2, max_value=512, value=32, key="softmax_n_keys",
+                   help="The number of keys each query spreads its weight over (the row length).")
+d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k",
+                       help="Log-spaced from 1 to 1024: two steps per doubling.")
+temperature = c3.select_slider("temperature T", options=TEMPERATURES, value=1.0, key="softmax_temperature",
+                               help="softmax(logits / T): T > 1 flattens, T < 1 sharpens.")
+seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed"))
+
+with st.spinner("Sampling queries and keys…"):
+    variants, grads = sample(d_k, n_keys, seed, temperature)
+
+scale_text = {sm.SCALED: f"scaled: q·k / √{d_k}", sm.UNSCALED: "unscaled: q·k"}
+predicted_var = {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
+log_n = math.log(n_keys)
+
+left, right = st.columns(2)
+for column, variant in ((left, sm.SCALED), (right, sm.UNSCALED)):
+    scores, pattern, stats = variants[variant]
+    with column:
+        st.subheader(scale_text[variant])
+        m1, m2 = st.columns(2)
+        m3, m4 = st.columns(2)
+        m1.metric("logit std", f"{scores.std():.3g}", help=f"Predicted: {math.sqrt(predicted_var[variant]):.3g}")
+        m2.metric("mean max weight", f"{stats.max_weight.mean():.3f}", help=f"Uniform would be 1/{n_keys}.")
+        m3.metric("mean entropy (nats)", f"{stats.entropy.mean():.2f}", help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
+        m4.metric("saturated rows", f"{stats.saturated_share:.1%}", help="Rows whose largest weight exceeds 0.99.")
+        st.plotly_chart(figs.logit_histogram(scores, predicted_var=predicted_var[variant],
+                                             title=f"Logits, {scale_text[variant]}",
+                                             color=figs.VARIANT_COLORS[variant]),
+                        width="stretch", key=f"softmax_hist_{variant}")
+        st.plotly_chart(figs.attention_rows(pattern[:ROWS_SHOWN], title=f"First {ROWS_SHOWN} attention rows"),
+                        width="stretch", key=f"softmax_rows_{variant}")
+st.caption(
+    "The dashed curve is the normal density with the predicted variance (1 scaled, d_k unscaled, both divided by "
+    "T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the same "
+    "variance. Unscaled, the rows turn into single bright cells as d_k grows: one key takes all the weight."
+)
+
+st.subheader("Every row, not only the mean")
+scaled_stats, unscaled_stats = variants[sm.SCALED][2], variants[sm.UNSCALED][2]
+b1, b2, b3 = st.columns(3)
+b1.plotly_chart(figs.row_distribution({sm.SCALED: scaled_stats.max_weight, sm.UNSCALED: unscaled_stats.max_weight},
+                                      title="Max weight per row", y_title="largest weight in the row (0 to 1)"),
+                width="stretch", key="softmax_box_max")
+b2.plotly_chart(figs.row_distribution({sm.SCALED: scaled_stats.entropy, sm.UNSCALED: unscaled_stats.entropy},
+                                      title=f"Entropy per row (max {log_n:.2f})",
+                                      y_title="entropy (nats)"),
+                width="stretch", key="softmax_box_entropy")
+b3.plotly_chart(figs.row_distribution({sm.SCALED: scaled_stats.jacobian_norm,
+                                       sm.UNSCALED: unscaled_stats.jacobian_norm},
+                                      title="Jacobian norm per row", log_y=True,
+                                      y_title="‖diag(p) − pp^T‖_F (log scale)"),
+                width="stretch", key="softmax_box_jac")
+st.caption(
+    "Each dot is one query row. The Jacobian norm is the Frobenius norm: it is the root-mean-square size of the "
+    "gradient that reaches the logits when the gradient arriving at the weights has independent unit-variance "
+    "entries, and it has a closed form in O(keys) per row (the spectral norm, the worst case, is at most it and at "
+    f"least it divided by √(keys − 1)). Rows below {figs.NORM_FLOOR:.0e} are drawn at {figs.NORM_FLOOR:.0e}: to "
+    "float64 they pass no gradient at all."
+)
+
+st.subheader("Against d_k")
+with st.spinner(f"Sweeping d_k over {len(DIMS)} values…"):
+    curves = sweep(n_keys, seed, temperature)
+var_theory = {"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
+              "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}
+s1, s2, s3 = st.columns(3)
+s1.plotly_chart(figs.sweep_chart(curves, "logit_var", title="Variance of the logits", log_y=True,
+                                 y_title="variance (nats², log scale)", current_d_k=d_k, reference=var_theory),
+                width="stretch", key="softmax_sweep_var")
+s2.plotly_chart(figs.sweep_chart(curves, "max_weight", title="Mean max weight", current_d_k=d_k,
+                                 y_title="mean largest weight (0 to 1)"),
+                width="stretch", key="softmax_sweep_max")
+s3.plotly_chart(figs.sweep_chart(curves, "entropy", title=f"Mean entropy (max {log_n:.2f})", current_d_k=d_k,
+                                 y_title="mean entropy (nats)"),
+                width="stretch", key="softmax_sweep_entropy")
+s4, s5, s6 = st.columns(3)
+s4.plotly_chart(figs.sweep_chart(curves, "saturated_share", title="Saturated rows (max weight > 0.99)",
+                                 current_d_k=d_k, y_title="share of rows (0 to 1)"),
+                width="stretch", key="softmax_sweep_sat")
+s5.plotly_chart(figs.sweep_chart(curves, "jac_p50", band=("jac_p10", "jac_p90"), log_y=True, current_d_k=d_k,
+                                 title="Jacobian norm, median and 10–90 %", y_title="‖J‖_F per row (log scale)"),
+                width="stretch", key="softmax_sweep_jac")
+s6.plotly_chart(figs.sweep_chart(curves, "grad_q_p50", log_y=True, current_d_k=d_k,
+                                 title="Gradient reaching q, median", y_title="‖∂L/∂q‖ (log scale)"),
+                width="stretch", key="softmax_sweep_grad")
+st.caption(
+    f"Same seed, {N_QUERIES} queries and {n_keys} keys at every d_k. The scaled curves stay flat; the unscaled ones "
+    "leave them as soon as d_k grows past a few: the logit variance follows the d_k line, rows saturate and the "
+    "Jacobian collapses by orders of magnitude."
+)
+
+st.subheader("The gradient that reaches q (autograd)")
+st.markdown(
+    r"One attention layer, $o_i=\sum_j p_{ij} v_j$ with $p_i=\mathrm{softmax}(s\,K q_i / T)$, and a loss "
+    r"$L=\sum_i g_i\cdot o_i$ with a random upstream gradient $g_i$ (what the next layer would send back). "
+    r"`torch.autograd` gives $\partial L/\partial q_i$ through `attnviz.attention.scaled_dot_product_attention`; by "
+    r"the chain rule it is $s\,K^\top J_i V g_i$. Unscaled, $s=1$ makes the logits $\sqrt{d_k}$ times larger, which "
+    r"at first *raises* the gradient, until saturation drives $J_i$ to zero and the gradient with it."
+)
+st.code(
+    "q = q.requires_grad_()\n"
+    "out, _ = scaled_dot_product_attention(q, k, v, scale=s / T)   # s = 1/sqrt(d_k) or 1\n"
+    "(grad_q,) = torch.autograd.grad((out * g).sum(), q)           # one row per query",
+    language="python",
+)
+g1, g2 = st.columns([1, 2])
+g1.metric("median ‖∂L/∂q‖, scaled", f"{np.median(grads[sm.SCALED]):.3g}")
+g1.metric("median ‖∂L/∂q‖, unscaled", f"{np.median(grads[sm.UNSCALED]):.3g}")
+g1.metric("unscaled rows with < 1 % of it", f"{np.mean(grads[sm.UNSCALED] < 0.01 * np.median(grads[sm.SCALED])):.1%}",
+          help="The share of unscaled rows whose ‖∂L/∂q‖ is below 1 % of the scaled median.")
+g2.plotly_chart(figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
+                                      y_title="gradient norm reaching q (log scale)"),
+                width="stretch", key="softmax_box_grad")
+
+st.divider()
+st.header("In a real model")
+st.markdown(
+    "A trained head's pre-softmax scores $s = q\\cdot k \\times$ scaling (+ mask), as the model computed them. "
+    "Its softmax at its own scale is the head's real pattern; dividing by the scaling gives the raw $q\\cdot k$ "
+    "(for scaling $=1/\\sqrt{d_k}$: the scores times $\\sqrt{d_k}$), what the same weights would give without "
+    "the scaling; a temperature $T$ divides the scores."
+)
+
+capture_ready = hasattr(ui, "get_capture") and hasattr(ui, "model_picker")
+if not capture_ready:
+    st.info("Model capture is not available in this build, so this section cannot run yet.")
+else:
+    r1, r2 = st.columns([1, 2])
+    with r1:
+        model_name = ui.model_picker(key="softmax_model", default="smollm2-135m")
+    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", max_chars=2000)
+    request = (model_name, text)
+    if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
+        st.session_state["softmax_request"] = request
+    if not text.strip():
+        st.warning("Type some text to run the model on.")
+    elif st.session_state.get("softmax_request") != request:
+        st.caption("Press the button to run the model on the text. The first load of smollm2-135m converts its "
+                   "GGUF file once (about 20 s); later runs are cached.")
+    else:
+        cap = ui.get_capture(model_name, text, layers=None, with_scores=True)  # shows its own error on failure
+        if cap is not None and getattr(cap, "scores", None) is None:
+            st.warning(f"{model_name} does not expose its pre-softmax scores; pick another model.")
+        elif cap is not None and len(cap.tokens) > MAX_TOKENS:
+            st.warning(f"The text has {len(cap.tokens)} tokens; shorten it to at most {MAX_TOKENS}.")
+        elif cap is not None:
+            show_real_model(cap)

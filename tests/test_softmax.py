@@ -10,6 +10,7 @@ from attnviz.softmax import (
     UNSCALED,
     entropy,
     gradient_demo,
+    head_saturation,
     head_variants,
     jacobian_norm,
     log_spaced_dims,
@@ -269,3 +270,17 @@ def test_scale_sweep_matches_row_stats_and_saturates():
     h = -(own * np.log(np.where(own > 0, own, 1))).sum(-1)
     assert df.entropy.iloc[0] == pytest.approx(h.mean(), rel=1e-12)
     assert df.saturated_share.iloc[-1] == 1.0
+
+
+def test_head_saturation_matches_row_stats_head_by_head():
+    rng = np.random.default_rng(12)
+    scaling = 1 / math.sqrt(16)
+    mask = causal_mask(9)
+    scores = np.where(mask, rng.standard_normal((3, 2, 9, 9)) * 12 * scaling, -np.inf)  # [layer, head, query, key]
+    shares = head_saturation(scores, scaling, temperature=0.5)
+    for name, factor in (("own scale", 1.0), ("unscaled", 1 / scaling), ("temperature", 2.0)):
+        assert shares[name].shape == (3, 2)
+        for layer, head in np.ndindex(3, 2):
+            p = torch.softmax(torch.as_tensor(scores[layer, head, 1:] * factor), -1).numpy()
+            assert shares[name][layer, head] == pytest.approx(np.mean(p.max(-1) > 0.99), abs=1e-12)
+
