@@ -398,3 +398,63 @@ def _input_device(model) -> torch.device:
         return model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
         return next(model.parameters()).device
+
+
+def capture_to_bytes(capture: AttentionCapture, fmt: str = "npz") -> bytes:
+    """The capture as a file: "npz" (numpy.load) or "safetensors" (safetensors.numpy.load; tokens and names in the
+    metadata as JSON). Arrays: pattern [layer, head, query, key], token_ids, layers, kv_head_of, scores if any."""
+    import io
+    import json
+
+    arrays = {"pattern": np.ascontiguousarray(capture.pattern),
+              "token_ids": np.asarray(capture.token_ids, dtype=np.int64),
+              "layers": np.asarray(capture.layers, dtype=np.int64),
+              "kv_head_of": np.asarray(capture.kv_head_of, dtype=np.int64)}
+    if capture.scores is not None:
+        arrays["scores"] = np.ascontiguousarray(capture.scores)
+    meta = {"tokens": capture.tokens, "model_name": capture.model_name, "causal": capture.causal,
+            "scaling": capture.scaling, "head_dim": capture.head_dim}
+    if fmt == "npz":
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays, meta=np.asarray(json.dumps(meta)))
+        return buffer.getvalue()
+    if fmt == "safetensors":
+        from safetensors.numpy import save
+
+        return save(arrays, metadata={"attnviz": json.dumps(meta)})
+    raise CaptureError(f"Unknown export format {fmt!r}: use npz or safetensors.")
+
+
+def save_capture(capture: AttentionCapture, path) -> None:
+    """Writes capture_to_bytes to path; the format follows the suffix (.npz or .safetensors)."""
+    from pathlib import Path
+
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower()
+    if fmt not in ("npz", "safetensors"):
+        raise CaptureError(f"Output file {path.name!r} must end in .npz or .safetensors.")
+    path.write_bytes(capture_to_bytes(capture, fmt))
+
+
+def load_capture(path) -> AttentionCapture:
+    """Reads a file written by save_capture (either format) back into an AttentionCapture."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if path.suffix.lower() == ".npz":
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays.pop("meta")))
+    else:
+        from safetensors import safe_open
+        from safetensors.numpy import load_file
+
+        arrays = load_file(str(path))
+        with safe_open(str(path), framework="numpy") as fh:
+            meta = json.loads(fh.metadata()["attnviz"])
+    return AttentionCapture(tokens=list(meta["tokens"]), token_ids=arrays["token_ids"].tolist(),
+                            pattern=arrays["pattern"], layers=arrays["layers"].tolist(),
+                            kv_head_of=arrays["kv_head_of"].tolist(), model_name=meta["model_name"],
+                            causal=bool(meta["causal"]), scores=arrays.get("scores"), scaling=meta["scaling"],
+                            head_dim=meta["head_dim"])

@@ -1,6 +1,202 @@
+import numpy as np
 import streamlit as st
 
 from attnviz import ui
+from attnviz.capture import capture_to_bytes
+from attnviz.figures import heads as figs
+from attnviz.sinks import without_sinks
+from attnviz.stats import COLUMNS, ROLES, head_stats, top_heads
+
+DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
+URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def stats_of(model: str, text: str, layers: tuple[int, ...] | None, _capture):
+    """head_stats, cached on what determines the capture (the capture itself is not hashed)."""
+    return head_stats(_capture)
+
+
+def from_link() -> None:
+    """Once per session: model, text, layer and head from the URL query, so a shared link reproduces the view."""
+    if st.session_state.get("heads_from_link_done"):
+        return
+    st.session_state["heads_from_link_done"] = True
+    q = st.query_params
+    if "model" in q:
+        st.session_state["heads_model"] = q["model"]
+    if "text" in q:
+        st.session_state["heads_text"] = q["text"][:ui.MAX_TEXT_CHARS]
+    for name in ("layer", "head"):
+        if q.get(name, "").isdigit():
+            st.session_state[f"heads_{name}"] = int(q[name])
+
+
+def choice_box(label: str, options: list[int], key: str) -> int:
+    """A selectbox over integer options whose remembered value (from the link or another model) is kept when it
+    is still an option and replaced by the nearest option otherwise."""
+    current = st.session_state.get(key, options[0])
+    if current not in options:
+        st.session_state[key] = min(options, key=lambda o: abs(o - int(current)) if str(current).isdigit() else o)
+    return st.selectbox(label, options, key=key)
+
 
 st.title("Heads")
-ui.placeholder("the attention of every head of a real or toy model on your text: a grid of all heads, one head in detail, where a token looks, per-head statistics and comparisons.")
+st.write("Run a model on your text, capture every attention head with hooks, and find the interesting ones: "
+         "sinks (everything looks at the first token), previous-token heads (a stripe just below the diagonal), "
+         "induction heads (on repeated text, a stripe one step after the earlier copy).")
+from_link()
+
+left, right = st.columns([1, 2])
+with left:
+    model = ui.model_picker("heads_model", default="toy-gpt2")
+with right:
+    text = ui.text_input("heads_text", DEFAULT_TEXT, height=80)
+if model is None:
+    st.stop()
+loaded = ui.get_model(model)
+if loaded is None:
+    st.stop()
+
+n_model_layers = int(getattr(loaded.model.config, "num_hidden_layers", 0) or getattr(loaded.model.config, "n_layer"))
+layers = None
+if n_model_layers > 12:
+    first, last = st.slider("Layers to capture (fewer layers = less memory for long texts)", 0, n_model_layers - 1,
+                            (0, n_model_layers - 1), key="heads_layer_range")
+    layers = tuple(range(first, last + 1)) if (first, last) != (0, n_model_layers - 1) else None
+capture = ui.get_capture(model, text, layers=layers)
+if capture is None:
+    st.stop()
+stats = stats_of(model, text, layers, capture)
+n = capture.n_tokens
+st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads} heads captured"
+           + (f"; query heads share {len(set(capture.kv_head_of))} key/value heads" if
+              len(set(capture.kv_head_of)) < capture.n_heads else "") + ".")
+
+c1, c2, c3, c4 = st.columns(4)
+with c1:
+    layer = choice_box("Layer", list(capture.layers), "heads_layer")
+with c2:
+    head = choice_box("Head", list(range(capture.n_heads)), "heads_head")
+with c3:
+    gamma = 0.5 if st.toggle("Boost small weights", key="heads_gamma", help="Colour = weight^0.5, so small weights show.") else 1.0
+with c4:
+    hide_sink = st.toggle("Hide the sink", key="heads_hide_sink",
+                          help="Zero the attention on token 0 and renormalise each row (attnviz.sinks.without_sinks), "
+                               "so the rest of the map is not swamped by the sink.")
+li = capture.layers.index(layer)
+
+view = dict(model=model, layer=str(layer), head=str(head))
+if len(text) <= URL_TEXT_LIMIT:
+    view["text"] = text
+if {k: st.query_params.get(k) for k in view} != view:
+    st.query_params.from_dict(view)
+
+
+def shown(p):
+    """The pattern as displayed: with the first-token sink hidden when asked."""
+    return without_sinks(p, sink_keys=(0,)) if hide_sink else p
+
+
+tab_grid, tab_head, tab_token, tab_stats, tab_compare, tab_export = st.tabs(
+    ["All heads", "One head", "Where a token looks", "Statistics", "Compare", "Export"])
+
+with tab_grid:
+    st.plotly_chart(figs.head_grid(shown(capture.pattern), capture.layers, gamma=0.5), width="stretch")
+    st.write("Each small map is one head (query down, key across, max-pooled to 48 px). A bright left column is a "
+             "sink; a bright diagonal is a self head; a stripe just below it is a previous-token head.")
+
+with tab_head:
+    st.plotly_chart(figs.head_detail(shown(capture.pattern[li, head]), capture.tokens, gamma=gamma,
+                                     title=f"Layer {layer}, head {head}: attention weights "
+                                           f"(reads KV head {capture.kv_head_of[head]})"), width="stretch")
+    st.write("Row = the query token, column = the key it attends to; each row sums to 1"
+             + (" (after hiding the sink)." if hide_sink else ".")
+             + (" Above 160 tokens the map is sent as an image: hover gives positions only." if
+                n > figs.DETAIL_MAX_TOKENS else " Hover for the tokens and the weight."))
+
+with tab_token:
+    query = st.selectbox("Query token", list(range(n)), index=n - 1, key="heads_query",
+                         format_func=lambda i: f"{i}: {capture.tokens[i]}")
+    scope = st.radio("Heads", ["This layer", "All captured layers"], horizontal=True, key="heads_token_scope")
+    layer_ids = [li] if scope == "This layer" else list(range(capture.n_layers))
+    rows = shown(capture.pattern[layer_ids, :, query, :]).reshape(-1, n)
+    keys = query + 1 if capture.causal else n
+    labels = [f"L{capture.layers[i]} H{h}" for i in layer_ids for h in range(capture.n_heads)]
+    st.plotly_chart(figs.token_looks(rows[:, :keys], capture.tokens, labels, query, gamma=gamma), width="stretch")
+    st.write("One row per head: how the chosen query token splits its attention over the keys it can see.")
+
+with tab_stats:
+    role_cols = st.columns(3)
+    for i, (role, (column, _, meaning)) in enumerate(ROLES.items()):
+        with role_cols[i % 3]:
+            st.markdown(f"**{role}**: {meaning} (`{column}`)")
+            top = top_heads(stats, role, k=5)
+            if top.empty:
+                st.caption("No score: the text has no repeated token." if column == "induction" else "No score.")
+            else:
+                st.dataframe(top, hide_index=True, width="stretch")
+    column = st.selectbox("Statistic to map", list(COLUMNS), key="heads_stat")
+    units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
+    st.plotly_chart(figs.stat_grid(stats, column, title=f"{column} of every head", colorbar_title=f"{column} "
+                                   f"({units})"), width="stretch")
+    st.write("The same statistic for every head: a role shows up as a bright cell (definitions below).")
+    st.dataframe(stats, hide_index=True, width="stretch")
+    st.caption("Click a column header to sort. entropy: nats, averaged over query rows; sink_mass: attention on "
+               "token 0 (queries after the first); mean_distance: expected |query − key| in tokens; prev_token / "
+               "self: attention on the key just before / at the query; induction: attention on the token that "
+               "followed an earlier copy of the query's token (empty when nothing repeats).")
+
+with tab_compare:
+    mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,
+                    key="heads_compare_mode")
+    a_title = f"A: layer {layer}, head {head}"
+    a = shown(capture.pattern[li, head])
+    b, b_title, b_tokens = None, "", capture.tokens
+    if mode == "Two heads":
+        d1, d2 = st.columns(2)
+        with d1:
+            layer_b = choice_box("Layer B", list(capture.layers), "heads_layer_b")
+        with d2:
+            head_b = choice_box("Head B", list(range(capture.n_heads)), "heads_head_b")
+        lj = capture.layers.index(layer_b)
+        b, b_title = shown(capture.pattern[lj, head_b]), f"B: layer {layer_b}, head {head_b}"
+    elif mode.startswith("Two layers"):
+        layer_b = choice_box("Layer B", list(capture.layers), "heads_layer_b2")
+        lj = capture.layers.index(layer_b)
+        a, a_title = shown(capture.pattern[li].mean(0)), f"A: layer {layer}, mean of its heads"
+        b, b_title = shown(capture.pattern[lj].mean(0)), f"B: layer {layer_b}, mean of its heads"
+    else:
+        other = st.text_area("Text B", value=text.replace("cat", "dog"), key="heads_text_b", height=68,
+                             max_chars=ui.MAX_TEXT_CHARS)
+        other_capture = ui.get_capture(model, other, layers=layers)
+        if other_capture is not None:
+            b, b_title, b_tokens = shown(other_capture.pattern[li, head]), f"B: text B, layer {layer}, head {head}", \
+                other_capture.tokens
+    if b is not None:
+        e1, e2 = st.columns(2)
+        with e1:
+            st.plotly_chart(figs.head_detail(a, capture.tokens, title=a_title, gamma=gamma), width="stretch")
+        with e2:
+            st.plotly_chart(figs.head_detail(b, b_tokens, title=b_title, gamma=gamma), width="stretch")
+        if a.shape == b.shape:
+            st.plotly_chart(figs.difference(a, b, capture.tokens, title="A − B: red = more attention in A, "
+                                            "blue = more in B"), width="stretch")
+            st.write(f"Largest difference: {np.abs(a - b).max():.3f}; total variation per query row: "
+                     f"{0.5 * np.abs(a - b).sum(-1).mean():.3f} (0 = same, 1 = disjoint).")
+        else:
+            st.info(f"Text B has {len(b_tokens)} tokens and text A {n}: the difference needs the same number of "
+                    "tokens (keep the texts the same length in tokens).")
+
+with tab_export:
+    stem = f"attention-{model.replace('/', '_')}-{n}tok"
+    st.download_button("Pattern + tokens (.npz)", data=lambda: capture_to_bytes(capture, "npz"),
+                       file_name=f"{stem}.npz", mime="application/octet-stream", key="heads_dl_npz")
+    st.download_button("Pattern + tokens (.safetensors)", data=lambda: capture_to_bytes(capture, "safetensors"),
+                       file_name=f"{stem}.safetensors", mime="application/octet-stream", key="heads_dl_st")
+    st.download_button("Statistics table (.csv)", data=stats.to_csv(index=False), file_name=f"{stem}-stats.csv",
+                       mime="text/csv", key="heads_dl_csv")
+    st.write(f"pattern is [layer, head, query, key] = {list(capture.pattern.shape)} float32 "
+             f"({capture.pattern.nbytes / 2**20:.1f} MiB). The page's link (model, text, layer, head) reproduces "
+             "this view; the command line writes the same file: "
+             f"`python -m attnviz capture --model {model} --text \"...\" --out {stem}.npz`.")

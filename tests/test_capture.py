@@ -231,3 +231,17 @@ def test_memory_limit_message(toys, monkeypatch):
     monkeypatch.setattr("attnviz.capture.MAX_CAPTURE_BYTES", 1000)
     with pytest.raises(CaptureError, match="GiB"):
         capture_attention(toys["toy-gpt2"], TEXT)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_save_and_load_round_trip(toys, tmp_path, suffix):
+    from attnviz.capture import load_capture, save_capture
+
+    cap = capture_attention(toys["toy-llama-gqa"], TEXT, with_scores=True)
+    save_capture(cap, tmp_path / f"cap{suffix}")
+    back = load_capture(tmp_path / f"cap{suffix}")
+    assert np.array_equal(back.pattern, cap.pattern) and np.array_equal(back.scores, cap.scores)
+    assert (back.tokens, back.token_ids, back.layers, back.kv_head_of, back.model_name, back.causal) == (
+        cap.tokens, cap.token_ids, cap.layers, cap.kv_head_of, cap.model_name, cap.causal)
+    with pytest.raises(CaptureError, match=".npz or .safetensors"):
+        save_capture(cap, tmp_path / "cap.txt")
