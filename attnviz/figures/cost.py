@@ -53,8 +53,10 @@ def kv_cache_figure(seq_lens, curves: Mapping[str, Sequence[float]], *, batch: i
                      x_title="context length (tokens)", y_title="KV cache (GiB)", log_x=True, log_y=True, height=420)
     fig.update_traces(hovertemplate="%{x:,} tokens: %{y:.3g} GiB")
     if budget_gib:
-        fig.add_hline(y=budget_gib, line=dict(color="#868e96", dash="dot"),
-                      annotation_text=f"{budget_gib:g} GiB of accelerator memory", annotation_position="top left")
+        x = np.asarray(seq_lens)
+        fig.add_trace(go.Scatter(x=[x.min(), x.max()], y=[budget_gib, budget_gib], mode="lines",
+                                 name=f"{budget_gib:g} GiB budget", line=dict(color="#868e96", dash="dot"),
+                                 hovertemplate=f"{budget_gib:g} GiB<extra></extra>"))
     return fig
 
 
