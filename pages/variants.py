@@ -12,6 +12,15 @@ CUSTOM = "Custom values"
 MAX_HEADS_SHOWN = 8
 
 
+def variant_kv_heads(n_heads: int, n_kv: int) -> dict[str, int]:
+    """MHA, the chosen GQA (when it is neither MHA nor MQA) and MQA, with their KV head counts."""
+    kv = {"MHA": n_heads}
+    if 1 < n_kv < n_heads:
+        kv[f"GQA ({n_kv} KV)"] = n_kv
+    kv["MQA"] = 1
+    return kv
+
+
 @st.cache_data(show_spinner=False)
 def preset_archs() -> dict[str, cost.Architecture]:
     return {name: cost.preset_arch(name) for name in cost.PRESETS}
@@ -21,7 +30,7 @@ def preset_archs() -> dict[str, cost.Architecture]:
 def toy_run(n_tokens: int, d_head: int, n_heads: int, n_kv: int, causal: bool, seed: int):
     weights = var.toy_weights(d_head * n_heads, n_heads, seed=seed)
     x = var.toy_input(n_tokens, d_head * n_heads, seed=seed)
-    kv = {"MHA": n_heads, f"GQA ({n_kv} KV)": n_kv, "MQA": 1}
+    kv = variant_kv_heads(n_heads, n_kv)
     return var.compare_variants(x, weights, n_heads=n_heads, kv_heads=kv, causal=causal), kv
 
 
@@ -54,8 +63,7 @@ divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
 if st.session_state.get("variants_kv") not in divisors:
     st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
 n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv")
-layouts = {"MHA": cost.kv_head_of(n_heads, n_heads), "GQA" if 1 < n_kv < n_heads else "chosen": cost.kv_head_of(
-    n_heads, n_kv), "MQA": cost.kv_head_of(n_heads, 1)}
+layouts = {name: cost.kv_head_of(n_heads, k) for name, k in variant_kv_heads(n_heads, n_kv).items()}
 st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
 st.caption(f"Query head h reads key/value head ⌊h / {n_heads // n_kv}⌋: with {n_kv} key/value heads, groups of "
            f"{n_heads // n_kv} consecutive query heads (one colour) share one. The cache holds {n_kv} heads instead "
@@ -118,7 +126,9 @@ gqa_proj = f3.toggle("Narrower K, V projections with GQA", value=False, key="var
                      help="With fewer KV heads, K and V project to kv_heads × head_dim instead of d_model.")
 fa = archs[flop_model]
 d = fa.d_model
-kv_dim = fa.kv_heads * fa.head_dim if gqa_proj else None
+kv_dim = fa.kv_heads * fa.head_dim if gqa_proj and fa.kv_heads < fa.heads else None
+if gqa_proj and kv_dim is None:
+    st.info(f"{flop_model} has as many key/value heads as query heads: its K and V projections are full width.")
 seq = np.unique(np.logspace(4, 20, 65, base=2).round().astype(int))
 flops = [cost.attention_flops(seq_len=int(n), d_model=d, causal=causal, kv_dim=kv_dim) for n in seq]
 n_star = cost.crossover_seq_len(d_model=d, causal=causal, kv_dim=kv_dim)
