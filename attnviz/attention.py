@@ -21,14 +21,9 @@ def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None, scale=None):
     Numpy in -> numpy out; torch in -> torch out. The softmax runs in at least float32, in float64 for float64 input.
     """
     as_numpy = isinstance(q, np.ndarray)
-    q, k, v = (_as_tensor(x) for x in (q, k, v))
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * scale  # [..., n_query, n_key]
-    if bias is not None:
-        scores = scores + _as_tensor(bias).to(dtype)
-    if mask is not None:
-        scores = scores.masked_fill(~_as_tensor(mask).to(torch.bool), float("-inf"))
+    scores = _scores(*(_as_tensor(x) for x in (q, k)), mask=mask, bias=bias, scale=scale)  # [..., n_query, n_key]
+    v = _as_tensor(v)
+    dtype = scores.dtype
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     exp = torch.exp(scores - row_max)
@@ -38,6 +33,27 @@ def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None, scale=None):
     if as_numpy:
         return output.numpy(), weights.numpy()
     return output, weights
+
+
+def attention_scores(q, k, *, mask=None, bias=None, scale=None):
+    """The logits the softmax sees: q k^T * scale + bias, -inf where the mask forbids. [..., n_query, n_key].
+
+    Same arguments and conventions as scaled_dot_product_attention, which is built on this function.
+    """
+    as_numpy = isinstance(q, np.ndarray)
+    scores = _scores(_as_tensor(q), _as_tensor(k), mask=mask, bias=bias, scale=scale)
+    return scores.numpy() if as_numpy else scores
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, *, mask, bias, scale) -> torch.Tensor:
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * scale
+    if bias is not None:
+        scores = scores + _as_tensor(bias).to(dtype)
+    if mask is not None:
+        scores = scores.masked_fill(~_as_tensor(mask).to(torch.bool), float("-inf"))
+    return scores
 
 
 def causal_mask(n_query: int, n_key: int | None = None) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Scaled dot-product attention on a small example, step by step, with every intermediate number.
 
-The pattern and the output come from attnviz.attention.scaled_dot_product_attention; the steps before them
-(Q K^T, the scaling, the mask, the exponentials of each softmax row) are the same arithmetic spelled out so a
-page can show it. Shapes: q [n_query, d_k], k [n_key, d_k], v [n_key, d_v].
+Q K^T, the scaled and the masked scores come from attnviz.attention.attention_scores, the pattern and the output
+from scaled_dot_product_attention; only the exponentials and sums of each softmax row between them are spelled
+out here, so a page can show them. Shapes: q [n_query, d_k], k [n_key, d_k], v [n_key, d_v].
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnviz.attention import causal_mask, scaled_dot_product_attention
+from attnviz.attention import attention_scores, causal_mask, scaled_dot_product_attention
 
 MAX_SIZE = 8  # rows and columns a hand-typed matrix may have: every number is shown on the page
 
@@ -102,9 +102,9 @@ def worked_steps(q, k, v, *, scaled: bool = True, causal: bool = False) -> Worke
     mask = causal_mask(q.shape[0], k.shape[0]) if causal else None
     output, pattern = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
 
-    scores = q @ k.T  # [n_query, n_key]
-    scaled_scores = scores * scale
-    masked = scaled_scores if mask is None else np.where(mask, scaled_scores, -np.inf)
+    scores = attention_scores(q, k, scale=1.0)  # [n_query, n_key], Q K^T
+    scaled_scores = attention_scores(q, k, scale=scale)
+    masked = attention_scores(q, k, mask=mask, scale=scale)
     row_max = masked.max(axis=1)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # a fully masked row keeps zero weights
     exp = np.exp(masked - row_max[:, None])

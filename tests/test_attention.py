@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.attention import causal_mask, scaled_dot_product_attention
+from attnviz.attention import attention_scores, causal_mask, scaled_dot_product_attention
 
 
 def reference(q, k, v, mask=None, bias=None, scale=None):
@@ -56,3 +56,16 @@ def test_fully_masked_row_is_zero_not_nan():
 def test_causal_mask_offsets_queries_to_the_last_keys():
     m = causal_mask(2, 4)
     assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
+
+
+def test_attention_scores_are_what_the_softmax_sees():
+    rng = np.random.default_rng(1)
+    q, k, v = rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), rng.normal(size=(4, 2))
+    bias = rng.normal(size=(4, 4))
+    mask = causal_mask(4)
+    s = attention_scores(q, k, mask=mask, bias=bias, scale=0.7)
+    np.testing.assert_allclose(s[mask], ((q @ k.T) * 0.7 + bias)[mask], atol=1e-12)
+    assert np.all(np.isneginf(s[~mask]))
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    _, w = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=0.7)
+    np.testing.assert_allclose(w, e / e.sum(axis=1, keepdims=True), atol=1e-12)
