@@ -11,19 +11,20 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from .triton_attention import INTERPRETED, KERNEL_DEVICE, KernelTrace, flash_attention  # noqa: E402
 from .naive import naive_attention, reference_attention, two_pass_attention  # noqa: E402
 from .stepper import (  # noqa: E402
     TILE_FULL, TILE_PARTIAL, TILE_SKIPPED, TileStep, naive_traffic, online_attention, tile_map, tiled_steps,
 )
 from .timing import (  # noqa: E402
-    MethodResult, attention_flops, compare_methods, make_inputs, peak_cpu_bytes, peak_memory_scan, refusal,
-    tile_steps, time_call,
+    MAX_INTERPRETED_STEPS, MethodResult, attention_flops, compare_methods, device_peak_tflops, make_inputs,
+    peak_bytes, peak_cpu_bytes, peak_memory_at, peak_memory_scan, refusal, tile_steps, time_call,
 )
+from .triton_attention import INTERPRETED, KERNEL_DEVICE, KernelTrace, flash_attention  # noqa: E402
 
 __all__ = [
-    "INTERPRETED", "KERNEL_DEVICE", "KernelTrace", "MethodResult", "TILE_FULL", "TILE_PARTIAL", "TILE_SKIPPED",
-    "TileStep", "attention_flops", "compare_methods", "flash_attention", "make_inputs", "naive_attention",
-    "naive_traffic", "online_attention", "peak_cpu_bytes", "peak_memory_scan", "reference_attention", "refusal",
-    "tile_map", "tile_steps", "tiled_steps", "time_call", "two_pass_attention",
+    "INTERPRETED", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelTrace", "MethodResult", "TILE_FULL",
+    "TILE_PARTIAL", "TILE_SKIPPED", "TileStep", "attention_flops", "compare_methods", "device_peak_tflops",
+    "flash_attention", "make_inputs", "naive_attention", "naive_traffic", "online_attention", "peak_bytes",
+    "peak_cpu_bytes", "peak_memory_at", "peak_memory_scan", "reference_attention", "refusal", "tile_map",
+    "tile_steps", "tiled_steps", "time_call", "two_pass_attention",
 ]

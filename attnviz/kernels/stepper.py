@@ -73,7 +73,7 @@ def tiled_steps(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32) ->
     q: [batch, head, n_query, d], k and v: [batch, head, n_key, d] (torch or numpy). Computes in float32 (float64
     for float64 input); p is rounded to v's dtype before p v, as the kernel does.
     """
-    q, k, v = (torch.as_tensor(x) for x in (q, k, v))
+    q, k, v = (torch.as_tensor(x).cpu() for x in (q, k, v))
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, heads, n_query, d = q.shape
     n_key = k.shape[2]

@@ -17,12 +17,23 @@ from .naive import naive_attention, reference_attention, two_pass_attention
 from .stepper import key_block_range, online_attention
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, flash_attention
 
-# Under the interpreter one tile step costs ~4 ms of numpy: 1024 steps is a few seconds.
-MAX_INTERPRETED_STEPS = 1024
+# Under the interpreter one tile step costs ~4 ms of numpy on an idle core (several times that on a busy machine).
+MAX_INTERPRETED_STEPS = 512
+# A call slower than this is timed once (its first call, which also gave its output), not as a median of several.
+SLOW_CALL_S = 0.2
 # The stepper keeps every step's tiles for display: past this many steps the page would hold too much.
 MAX_STEPPER_STEPS = 4096
 MAX_N = 8192
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Dense peaks from NVIDIA's data sheets, TFLOPS: tensor cores for 16-bit inputs, CUDA cores for float32 (the kernel
+# computes float32 in IEEE precision, not TF32). Matched against torch.cuda.get_device_name(), first hit wins.
+PEAK_TFLOPS = (
+    ("H100 PCIe", {"float16": 756.0, "bfloat16": 756.0, "float32": 51.0}),
+    ("H100", {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9}),
+    ("H200", {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9}),
+    ("A100", {"float16": 312.0, "bfloat16": 312.0, "float32": 19.5}),
+    ("L4", {"float16": 121.0, "bfloat16": 121.0, "float32": 30.3}),
+)
 
 
 def tile_steps(n_query, n_key, *, block_m, block_n, causal, batch_heads=1) -> int:
@@ -57,6 +68,14 @@ def refusal(n, head_dim, *, block_m, block_n, causal, dtype, interpreted=INTERPR
                 "BLOCK_N.")
     if steps > MAX_STEPPER_STEPS:
         return f"{steps} tile steps are too many to step through; the limit is {MAX_STEPPER_STEPS}. Raise the blocks."
+    return None
+
+
+def device_peak_tflops(device_name: str, dtype: str) -> float | None:
+    """The data-sheet peak for this GPU and dtype (PEAK_TFLOPS), or None for a GPU not in the table."""
+    for key, peaks in PEAK_TFLOPS:
+        if key in device_name:
+            return peaks.get(dtype)
     return None
 
 
@@ -101,6 +120,20 @@ def peak_cpu_bytes(fn) -> int | None:
     return peak
 
 
+def peak_bytes(fn, device=KERNEL_DEVICE) -> int | None:
+    """Peak bytes fn() allocates on device above what was already held: torch.cuda's peak counter on a GPU,
+    peak_cpu_bytes on the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return peak_cpu_bytes(fn)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - held
+
+
 def make_inputs(n, head_dim, *, dtype="float32", seed=0, batch=1, heads=1, device="cpu"):
     """Seeded q, k, v [batch, heads, n, head_dim], standard normal, in the given dtype."""
     g = torch.Generator().manual_seed(seed)
@@ -125,45 +158,65 @@ class MethodResult:
     note: str
 
 
-def compare_methods(n, head_dim, *, block_m, block_n, causal, dtype="float32", seed=0, repeats=3):
+def compare_methods(n, head_dim, *, block_m, block_n, causal, dtype="float32", seed=0, repeats=3,
+                    measure_memory=False):
     """Runs naive, torch SDPA, two-pass tiled, the online-softmax stepper and the Triton kernel on the same seeded
-    inputs [1, 1, n, head_dim]; checks each against float64 and times each. Returns list[MethodResult]."""
-    q, k, v = make_inputs(n, head_dim, dtype=dtype, seed=seed)
+    inputs [1, 1, n, head_dim]; checks each against float64 and times each, in this one call.
+    measure_memory: also measure each torch method's peak CPU-allocator bytes (the first torch.profiler session
+    in a process takes seconds). Returns list[MethodResult]."""
+    q, k, v = make_inputs(n, head_dim, dtype=dtype, seed=seed, device=KERNEL_DEVICE)
     reference = reference_attention(q, k, v, causal=causal)
     steps = tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal)
-    blocks = dict(block_m=block_m, block_n=block_n)
-    methods = [
-        ("naive", "softmax(Q K^T / sqrt(d)) V, the whole [N, N] matrix at once",
-         lambda: naive_attention(q, k, v, causal=causal), None),
-        ("torch SDPA", "torch.nn.functional.scaled_dot_product_attention",
-         lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal), None),
-        ("two-pass tiled", "tiles; pass 1 finds the row max, pass 2 sums and weights V (reads K twice)",
-         lambda: two_pass_attention(q, k, v, causal=causal, **blocks), steps),
-        ("online softmax (stepper)", "tiles in one pass, rescaling by alpha: the kernel's algorithm in torch",
-         lambda: online_attention(q, k, v, causal=causal, **blocks), steps),
-    ]
+    where = "the CPU" if KERNEL_DEVICE.type == "cpu" else torch.cuda.get_device_name()
     results = []
-    for name, how, fn, n_steps in methods:
-        error = (fn().double().cpu() - reference).abs().max().item()
-        seconds = time_call(fn, repeats=repeats)
-        results.append(MethodResult(name, how, error, seconds, n_steps, peak_cpu_bytes(fn), "wall time on the CPU"))
-    kq, kk, kv = (x.to(KERNEL_DEVICE) for x in (q, k, v))
-    kernel = lambda: flash_attention(kq, kk, kv, causal=causal, **blocks)  # noqa: E731
-    error = (kernel().double().cpu() - reference).abs().max().item()
-    seconds = time_call(kernel, repeats=1 if INTERPRETED else repeats)
+    for name, (how, fn, tiled) in _torch_methods(q, k, v, causal=causal, block_m=block_m, block_n=block_n).items():
+        seconds, out = _timed(fn)
+        error = (out.double().cpu() - reference).abs().max().item()
+        if seconds < SLOW_CALL_S:  # cheap: a median of several; slow (Python loops over many tiles): that one call
+            seconds = time_call(fn, repeats=repeats, warmup=0)
+        peak = peak_bytes(fn, "cpu" if name.startswith("online") else KERNEL_DEVICE) if measure_memory else None
+        on = "the CPU (the stepper always runs there)" if name.startswith("online") else where
+        results.append(MethodResult(name, how, error, seconds, steps if tiled else None, peak, f"wall time on {on}"))
+    kernel = lambda: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n)  # noqa: E731
+    if INTERPRETED:  # one call, checked and timed: each costs ~4 ms per tile step
+        seconds, out = _timed(kernel)
+    else:
+        out = kernel()
+        seconds = time_call(kernel, repeats=repeats)
+    error = (out.double().cpu() - reference).abs().max().item()
     if INTERPRETED:
         note = (f"functional simulation under the Triton interpreter: {seconds / steps * 1e3:.2f} ms per tile step, "
                 "not a speed")
     else:
         tflops = attention_flops(n, n, head_dim, causal=causal) / seconds / 1e12
-        note = f"{tflops:.2f} TFLOPS on {torch.cuda.get_device_name()}"
+        peak = device_peak_tflops(where, dtype)
+        note = f"{tflops:.2f} TFLOPS on {where}"
+        if peak:
+            note += f", {tflops / peak:.1%} of its {peak:g} TFLOPS peak"
+    # the interpreter's numpy buffers are not the kernel's memory: measured on a GPU only
+    peak = peak_bytes(kernel) if measure_memory and not INTERPRETED else None
     results.append(MethodResult("fused Triton kernel", "the FlashAttention-2 forward pass in Triton, one pass, fused",
-                                error, seconds, steps, None, note))
+                                error, seconds, steps, peak, note))
     return results
 
 
+def _torch_methods(q, k, v, *, causal, block_m, block_n):
+    """name -> (what it does, a call, whether it is tiled) for the four torch ways of computing attention."""
+    blocks = dict(block_m=block_m, block_n=block_n)
+    return {
+        "naive": ("softmax(Q K^T / sqrt(d)) V, the whole [N, N] matrix at once",
+                  lambda: naive_attention(q, k, v, causal=causal), False),
+        "torch SDPA": ("torch.nn.functional.scaled_dot_product_attention",
+                       lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal), False),
+        "two-pass tiled": ("tiles; pass 1 finds the row max, pass 2 sums and weights V (reads K twice)",
+                           lambda: two_pass_attention(q, k, v, causal=causal, **blocks), True),
+        "online softmax (stepper)": ("tiles in one pass, rescaling by alpha: the kernel's algorithm in torch",
+                                     lambda: online_attention(q, k, v, causal=causal, **blocks), True),
+    }
+
+
 def peak_memory_scan(sizes, head_dim, *, block_m=64, block_n=64, causal=False, dtype="float32"):
-    """Measured peak CPU-allocator bytes of naive vs two-pass tiled attention at each N in sizes.
+    """Measured peak CPU-allocator bytes of naive vs two-pass tiled attention, [1, 1, N, head_dim], at each N.
     Returns {"naive": [...], "tiled": [...]} aligned with sizes."""
     peaks = {"naive": [], "tiled": []}
     for n in sizes:
@@ -172,6 +225,23 @@ def peak_memory_scan(sizes, head_dim, *, block_m=64, block_n=64, causal=False, d
         peaks["tiled"].append(peak_cpu_bytes(
             lambda: two_pass_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n)))
     return peaks
+
+
+def peak_memory_at(n, head_dim, *, block_m, block_n, causal, dtype="float32", seed=0) -> dict:
+    """Measured peak CPU-allocator bytes of naive, torch SDPA, two-pass tiled and the stepper at one size.
+    Returns {method name: bytes or None}."""
+    q, k, v = make_inputs(n, head_dim, dtype=dtype, seed=seed)
+    methods = _torch_methods(q, k, v, causal=causal, block_m=block_m, block_n=block_n)
+    return {name: peak_cpu_bytes(fn) for name, (_, fn, _) in methods.items()}
+
+
+def _timed(fn):
+    """(wall seconds, result) of one call."""
+    _sync()
+    start = time.perf_counter()
+    result = fn()
+    _sync()
+    return time.perf_counter() - start, result
 
 
 def _sync():

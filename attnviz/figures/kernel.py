@@ -1,0 +1,120 @@
+"""Figures for the tiled kernel: the tile map, one tile's scores, the online-softmax state, peak memory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, line_chart
+
+# Tile states, indexed by the values of tile_states(): what the map colours and its legend say.
+TILE_STATES = ("skipped (causal mask)", "to do", "to do, partly masked", "done", "done, partly masked", "current")
+TILE_COLOURS = ("#f8f9fa", "#ced4da", "#ffd43b", "#74c0fc", "#1c7ed6", "#e8590c")
+SKIPPED, FULL, PARTIAL = 0, 1, 2  # the tile_map codes of attnviz.kernels
+
+
+def tile_states(codes, done: Sequence[tuple[int, int]], current: tuple[int, int] | None) -> np.ndarray:
+    """[n_query_blocks, n_key_blocks] indices into TILE_STATES from tile_map codes (0 skipped, 1 full, 2 partly
+    masked), the (query block, key block) pairs already done, and the current one."""
+    codes = np.asarray(codes)
+    states = np.where(codes == SKIPPED, 0, np.where(codes == PARTIAL, 2, 1))
+    for qb, kb in done:
+        states[qb, kb] = 4 if codes[qb, kb] == PARTIAL else 3
+    if current is not None:
+        states[current] = 5
+    return states
+
+
+def tile_map_figure(states, q_edges, k_edges, *, causal: bool, title: str | None = None) -> go.Figure:
+    """The [N_query, N_key] score matrix drawn by tiles: states [n_query_blocks, n_key_blocks] (TILE_STATES
+    indices), q_edges [n_query_blocks + 1] and k_edges [n_key_blocks + 1] the tiles' boundaries in positions."""
+    states = np.asarray(states, dtype=float)
+    n_states = len(TILE_STATES)
+    colourscale = []
+    for i, colour in enumerate(TILE_COLOURS):
+        colourscale += [[i / n_states, colour], [(i + 1) / n_states, colour]]
+    fig = go.Figure(go.Heatmap(
+        z=states, x=np.asarray(k_edges, dtype=float), y=np.asarray(q_edges, dtype=float),
+        colorscale=colourscale, zmin=-0.5, zmax=n_states - 0.5, xgap=1, ygap=1,
+        customdata=np.array(TILE_STATES, dtype=object)[states.astype(int)],
+        colorbar=dict(tickvals=list(range(n_states)), ticktext=list(TILE_STATES), title=dict(text="tile")),
+        hovertemplate="queries from %{y}, keys from %{x}<br>%{customdata}<extra></extra>",
+    ))
+    n_query, n_key = q_edges[-1], k_edges[-1]
+    if causal:
+        offset = n_key - n_query
+        fig.add_trace(go.Scatter(x=[max(offset, 0), n_key], y=[max(-offset, 0), n_query], mode="lines",
+                                 line=dict(color=PALETTE[7], dash="dot"), name="causal diagonal",
+                                 hoverinfo="skip"))
+    fig.update_xaxes(range=[0, n_key])
+    fig.update_yaxes(range=[n_query, 0])
+    return apply_layout(fig, title=title or "Score matrix by tiles", x_title="key position (token index)",
+                        y_title="query position (token index)", height=420)
+
+
+def tile_scores_figure(scores, q_start: int, k_start: int, *, title: str) -> go.Figure:
+    """One tile's scores [rows, cols] (q k^T * scale); masked entries (-inf) are left blank."""
+    scores = np.asarray(scores, dtype=float)
+    shown = np.where(np.isneginf(scores), np.nan, scores)
+    return heatmap(shown, x_labels=[str(k_start + j) for j in range(scores.shape[1])],
+                   y_labels=[str(q_start + i) for i in range(scores.shape[0])], title=title,
+                   x_title="key position (token index)", y_title="query position (token index)",
+                   colorscale=DIVERGING_SCALE, colorbar_title="score", height=420, **_symmetric(shown))
+
+
+def accumulator_figure(acc, q_start: int, *, title: str) -> go.Figure:
+    """An accumulator or output tile [rows, d]: one row per query, one column per head-dim channel."""
+    acc = np.asarray(acc, dtype=float)
+    return heatmap(acc, y_labels=[str(q_start + i) for i in range(acc.shape[0])], title=title,
+                   x_title="head-dim channel (index)", y_title="query position (token index)",
+                   colorscale=DIVERGING_SCALE, colorbar_title="value", height=320, **_symmetric(acc))
+
+
+def state_figure(rows, m_prev, m_i, l_prev, l_i, alpha) -> go.Figure:
+    """The online-softmax state of one step per query row: m_i and l_i before and after, and alpha."""
+    rows = np.asarray(rows)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("running max m_i", "running sum l_i",
+                                                        "alpha = exp(m_before - m_after)"))
+    panels = ((1, ("before", m_prev), ("after", m_i)), (2, ("before", l_prev), ("after", l_i)), (3, ("alpha", alpha),))
+    for col, *series in panels:
+        for i, (name, y) in enumerate(series):
+            y = np.asarray(y, dtype=float)
+            fig.add_trace(go.Scatter(
+                x=rows, y=np.where(np.isfinite(y), y, np.nan), mode="markers+lines", name=name,
+                legendgroup=name, showlegend=col == 1 or name == "alpha",
+                marker=dict(color=PALETTE[2] if name == "alpha" else PALETTE[i], size=6),
+                line=dict(dash="dot" if name == "before" else "solid", width=1)), row=1, col=col)
+    apply_layout(fig, title="Online-softmax state per query row (before and after this tile)", height=360)
+    fig.update_layout(margin=dict(t=90), legend=dict(y=-0.35, yanchor="top", x=0.5, xanchor="center"))
+    fig.update_xaxes(title_text="query position (token index)")
+    fig.update_yaxes(title_text="max score (logit units)", row=1, col=1)
+    fig.update_yaxes(title_text="sum of exp(score - m_i) (unitless)", row=1, col=2)
+    fig.update_yaxes(title_text="rescale factor (unitless)", range=[0, 1.05], row=1, col=3)
+    return fig
+
+
+def peak_memory_figure(sizes, peaks: Mapping[str, Sequence[float | None]]) -> go.Figure:
+    """Measured peak bytes against N, one line per method, in MiB on log-log axes."""
+    series = {name: [np.nan if b is None else b / 2**20 for b in values] for name, values in peaks.items()}
+    return line_chart(sizes, series, title="Peak memory of the attention call, measured",
+                      x_title="sequence length N (tokens, log scale)", y_title="peak memory (MiB, log scale)",
+                      log_x=True, log_y=True, height=340)
+
+
+def timing_figure(methods: Sequence[str], milliseconds: Sequence[float]) -> go.Figure:
+    """Wall time per method, ms, log scale (only methods whose time is a speed)."""
+    fig = go.Figure(go.Bar(x=list(methods), y=list(milliseconds), marker_color=PALETTE[0],
+                           hovertemplate="%{x}: %{y:.3g} ms<extra></extra>"))
+    fig.update_yaxes(type="log", dtick=1)
+    return apply_layout(fig, title="Wall time on this machine, one run", x_title="method",
+                        y_title="time (ms, log scale)", height=320)
+
+
+def _symmetric(z) -> dict:
+    """zmin, zmax centred on 0, so a diverging scale puts white at zero."""
+    finite = np.asarray(z, dtype=float)[np.isfinite(z)]
+    limit = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+    return {"zmin": -limit, "zmax": limit}
