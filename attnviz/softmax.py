@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.attention import scaled_dot_product_attention
+from attnviz.attention import attention_scores, scaled_dot_product_attention
 
 SATURATION_THRESHOLD = 0.99  # a row is "saturated" when one key takes more than 99 % of its weight
 SCALED, UNSCALED = "scaled", "unscaled"
@@ -32,15 +32,20 @@ def softmax(x, axis: int = -1, temperature: float = 1.0):
     gets all zeros rather than NaN. Integer input is computed in float64.
     """
     temperature = _check_temperature(temperature)
-    as_numpy = not isinstance(x, torch.Tensor)
-    t = _as_float_tensor(x)
-    logits = t / temperature
-    top = logits.amax(dim=axis, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    exp = torch.exp(logits - top)
-    total = exp.sum(dim=axis, keepdim=True)
-    p = torch.where(total > 0, exp / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(exp))
-    return p.numpy() if as_numpy else p
+    if isinstance(x, torch.Tensor):
+        logits = (x if x.is_floating_point() else x.to(torch.float64)) / temperature
+        top = logits.amax(dim=axis, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # an all -inf slice stays all -inf
+        exp = torch.exp(logits - top)
+        total = exp.sum(dim=axis, keepdim=True)
+        return exp / torch.where(total > 0, total, torch.ones_like(total))
+    # numpy has its own path: small torch ops on numpy data pay thread-pool overheads that dominate page sweeps
+    logits = _as_float_array(x) / temperature
+    top = np.max(logits, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    exp = np.exp(logits - top)
+    total = exp.sum(axis=axis, keepdims=True)
+    return exp / np.where(total > 0, total, 1.0)
 
 
 def entropy(p, axis: int = -1):
@@ -48,10 +53,12 @@ def entropy(p, axis: int = -1):
 
     0 for a one-hot row (all weight on one key), log n for the uniform row over n keys.
     """
-    as_numpy = not isinstance(p, torch.Tensor)
-    t = _as_float_tensor(p)
-    h = -torch.xlogy(t, t).sum(dim=axis)
-    return h.numpy() if as_numpy else h
+    if isinstance(p, torch.Tensor):
+        t = p if p.is_floating_point() else p.to(torch.float64)
+        return -torch.xlogy(t, t).sum(dim=axis)
+    a = _as_float_array(p)
+    positive = a > 0
+    return -np.where(positive, a * np.log(np.where(positive, a, 1.0)), 0.0).sum(axis=axis)
 
 
 def softmax_jacobian(p):
@@ -77,16 +84,18 @@ def jacobian_norm(p, ord: str = "fro"):
     both vanish together as the row saturates towards one-hot. Uniform p over n keys: fro = sqrt(n - 1) / n,
     spectral = 1 / n.
     """
-    as_numpy = not isinstance(p, torch.Tensor)
-    t = _as_float_tensor(p)
     if ord == "fro":
-        s2, s3 = (t**2).sum(-1), (t**3).sum(-1)
-        norm = torch.sqrt(torch.clamp(s2 - 2 * s3 + s2**2, min=0.0))
-    elif ord == "spectral":
-        norm = torch.linalg.eigvalsh(softmax_jacobian(t)).amax(-1).clamp(min=0.0)
-    else:
-        raise ValueError(f"ord must be 'fro' or 'spectral', not {ord!r}")
-    return norm.numpy() if as_numpy else norm
+        if isinstance(p, torch.Tensor):
+            s2, s3 = (p**2).sum(-1), (p**3).sum(-1)
+            return torch.sqrt(torch.clamp(s2 - 2 * s3 + s2**2, min=0.0))
+        a = _as_float_array(p)
+        s2, s3 = (a**2).sum(-1), (a**3).sum(-1)
+        return np.sqrt(np.maximum(s2 - 2 * s3 + s2**2, 0.0))
+    if ord == "spectral":
+        as_numpy = not isinstance(p, torch.Tensor)
+        norm = torch.linalg.eigvalsh(softmax_jacobian(_as_float_tensor(p))).amax(-1).clamp(min=0.0)
+        return norm.numpy() if as_numpy else norm
+    raise ValueError(f"ord must be 'fro' or 'spectral', not {ord!r}")
 
 
 @dataclass(frozen=True)
@@ -137,7 +146,7 @@ def scores_and_pattern(q, k, *, scaled: bool, temperature: float = 1.0) -> tuple
     scale = attention_scale(q.shape[-1], scaled) / _check_temperature(temperature)
     values = np.zeros((k.shape[0], 1))  # only the weights are needed here
     _, pattern = scaled_dot_product_attention(q, k, values, scale=scale)
-    return (q @ k.T) * scale, pattern
+    return attention_scores(q, k, scale=scale), pattern
 
 
 def query_gradient(q, k, v, upstream, *, scale: float):
@@ -155,19 +164,31 @@ def query_gradient(q, k, v, upstream, *, scale: float):
     return grad.numpy()
 
 
+def query_gradient_chain_rule(q, k, v, upstream, *, scale: float) -> np.ndarray:
+    """The same gradient as query_gradient, from the chain rule instead of autograd: row i is
+    scale * K^T J_i (V g_i), with J_i u = p_i * (u - p_i.u) (no n x n matrix is formed). Returns [n_query, d_k].
+    """
+    q, k, v, g = (np.asarray(x, dtype=np.float64) for x in (q, k, v, upstream))
+    p = softmax((q @ k.T) * scale)  # [n_query, n_key]
+    u = g @ v.T  # dL/dp: [n_query, n_key]
+    dscores = p * (u - (p * u).sum(-1, keepdims=True))  # J_i u_i, row by row
+    return scale * dscores @ k
+
+
 def gradient_demo(d_k: int, n_keys: int, *, n_queries: int = 64, d_v: int = 16, seed: int = 0,
-                  temperature: float = 1.0) -> dict[str, np.ndarray]:
+                  temperature: float = 1.0, method: str = "autograd") -> dict[str, np.ndarray]:
     """||dL/dq|| per query row, scaled and unscaled, for seeded random q, k, v and upstream gradient.
 
-    Returns {"scaled": [n_queries], "unscaled": [n_queries]}: Euclidean norms of query_gradient's rows.
+    method: "autograd" (query_gradient) or "chain rule" (query_gradient_chain_rule, cheaper, for sweeps).
+    Returns {"scaled": [n_queries], "unscaled": [n_queries]}: Euclidean norms of the gradient's rows.
     """
+    gradient = {"autograd": query_gradient, "chain rule": query_gradient_chain_rule}[method]
     q, k = random_qk(n_queries, n_keys, d_k, seed)
-    rng = np.random.default_rng((seed, 1))
-    v, g = rng.standard_normal((n_keys, d_v)), rng.standard_normal((n_queries, d_v))
+    v, g = _values_and_upstream(n_queries, n_keys, d_v, seed)
     out = {}
     for variant, scaled in ((SCALED, True), (UNSCALED, False)):
         scale = attention_scale(d_k, scaled) / _check_temperature(temperature)
-        out[variant] = np.linalg.norm(query_gradient(q, k, v, g, scale=scale), axis=-1)
+        out[variant] = np.linalg.norm(gradient(q, k, v, g, scale=scale), axis=-1)
     return out
 
 
@@ -178,25 +199,36 @@ def saturation_sweep(d_ks, *, n_queries: int, n_keys: int, seed: int = 0, temper
     For each d_k, q and k are random_qk(n_queries, n_keys, d_k, seed). Columns: d_k, variant, logit_var (the
     sample variance of q.k * scale, before the temperature: d_k unscaled, 1 scaled, in expectation),
     max_weight, entropy (means over rows), saturated_share, jac_p10 / jac_p50 / jac_p90 (percentiles of the
-    per-row Frobenius Jacobian norm), and, with_gradient, grad_q_p50 (median ||dL/dq||, see gradient_demo).
+    per-row Frobenius Jacobian norm), and, with_gradient, grad_q_p50 (median ||dL/dq|| of gradient_demo, here by
+    the chain rule of query_gradient_chain_rule, which the tests check against autograd).
     """
+    temperature = _check_temperature(temperature)
+    v, g = _values_and_upstream(n_queries, n_keys, 16, seed)
+    dl_dp = g @ v.T  # [n_query, n_key], the same for every d_k
     records = []
     for d_k in d_ks:
         d_k = int(d_k)
         q, k = random_qk(n_queries, n_keys, d_k, seed)
-        grads = gradient_demo(d_k, n_keys, n_queries=n_queries, seed=seed,
-                              temperature=temperature) if with_gradient else {}
+        raw = q @ k.T  # [n_query, n_key]: computed once, shared by both variants (the matmul dominates the cost)
         for variant, scaled in ((SCALED, True), (UNSCALED, False)):
-            scores, pattern = scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
+            scale = attention_scale(d_k, scaled) / temperature
+            pattern = softmax(raw * scale)
             stats = row_stats(pattern, threshold)
             p10, p50, p90 = np.percentile(stats.jacobian_norm, [10, 50, 90])
-            record = dict(d_k=d_k, variant=variant, logit_var=float(np.var(scores * temperature)),
+            record = dict(d_k=d_k, variant=variant, logit_var=float(np.var(raw * scale * temperature)),
                           max_weight=float(stats.max_weight.mean()), entropy=float(stats.entropy.mean()),
                           saturated_share=stats.saturated_share, jac_p10=p10, jac_p50=p50, jac_p90=p90)
             if with_gradient:
-                record["grad_q_p50"] = float(np.median(grads[variant]))
+                dscores = pattern * (dl_dp - (pattern * dl_dp).sum(-1, keepdims=True))  # J_i (V g_i), row by row
+                record["grad_q_p50"] = float(np.median(np.linalg.norm(scale * dscores @ k, axis=-1)))
             records.append(record)
     return pd.DataFrame.from_records(records)
+
+
+def _values_and_upstream(n_queries: int, n_keys: int, d_v: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random values v [n_keys, d_v] and upstream gradient g [n_queries, d_v] for the gradient demonstration."""
+    rng = np.random.default_rng((seed, 1))
+    return rng.standard_normal((n_keys, d_v)), rng.standard_normal((n_queries, d_v))
 
 
 def log_spaced_dims(lo: int = 1, hi: int = 1024, per_octave: int = 2) -> list[int]:
@@ -275,3 +307,8 @@ def _check_temperature(temperature) -> float:
 def _as_float_tensor(x) -> torch.Tensor:
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
     return t if t.is_floating_point() else t.to(torch.float64)
+
+
+def _as_float_array(x) -> np.ndarray:
+    a = np.asarray(x)
+    return a if np.issubdtype(a.dtype, np.floating) else a.astype(np.float64)

@@ -15,6 +15,7 @@ from attnviz.softmax import (
     jacobian_norm,
     log_spaced_dims,
     query_gradient,
+    query_gradient_chain_rule,
     random_qk,
     row_stats,
     saturation_sweep,
@@ -45,6 +46,7 @@ def test_softmax_masked_entries_huge_logits_and_empty_rows():
     np.testing.assert_allclose(p[0], [1 / (1 + e), 0.0, e / (1 + e)], atol=1e-15)
     np.testing.assert_allclose(p[1], [e / (1 + e), 1 / (1 + e), 0.0], atol=1e-15)
     np.testing.assert_array_equal(p[2], [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(softmax(torch.as_tensor(x)).numpy(), p)
     assert softmax(np.array([1, 2, 3])).dtype == np.float64
 
 
@@ -81,6 +83,7 @@ def test_entropy_bounds_and_extremes():
         assert np.all(h >= 0) and np.all(h <= math.log(n) + 1e-12)
         loop = [-sum(x * math.log(x) for x in row if x > 0) for row in p]
         np.testing.assert_allclose(h, loop, rtol=1e-12)
+        torch.testing.assert_close(entropy(torch.as_tensor(p)), torch.as_tensor(loop), rtol=1e-12, atol=0)
         assert entropy(np.full(n, 1 / n)) == pytest.approx(math.log(n), abs=1e-12)
         assert entropy(np.eye(n)[0]) == 0.0
     saturated = softmax(rng.standard_normal((50, 32)) * 200)
@@ -236,6 +239,27 @@ def test_query_gradient_matches_chain_rule_by_hand():
             np.testing.assert_allclose(got[i], scale * k.T @ (j @ (v @ g[i])), rtol=1e-10, atol=1e-13)
 
 
+def test_chain_rule_gradient_equals_autograd_and_demo_methods_agree():
+    rng = np.random.default_rng(13)
+    q, k, v, g = (rng.standard_normal(s) for s in [(20, 64), (16, 64), (16, 8), (20, 8)])
+    for scale in (1 / 8, 1.0, 0.3):
+        np.testing.assert_allclose(query_gradient_chain_rule(q, k, v, g, scale=scale),
+                                   query_gradient(q, k, v, g, scale=scale), rtol=1e-9, atol=1e-14)
+    a = gradient_demo(256, 24, n_queries=30, seed=3, temperature=0.7)
+    b = gradient_demo(256, 24, n_queries=30, seed=3, temperature=0.7, method="chain rule")
+    for variant in (SCALED, UNSCALED):
+        np.testing.assert_allclose(a[variant], b[variant], rtol=1e-8, atol=1e-12)
+
+
+def test_sweep_gradient_column_equals_autograd_demo():
+    df = saturation_sweep([1, 64, 1024], n_queries=40, n_keys=24, seed=5, temperature=1.5)
+    for d_k in (1, 64, 1024):
+        demo = gradient_demo(d_k, 24, n_queries=40, seed=5, temperature=1.5)
+        for variant in (SCALED, UNSCALED):
+            got = df[(df.d_k == d_k) & (df.variant == variant)].grad_q_p50.item()
+            assert got == pytest.approx(np.median(demo[variant]), rel=1e-8, abs=1e-12)
+
+
 def test_gradient_vanishes_unscaled_at_large_d_k():
     big = gradient_demo(1024, 32, n_queries=200, seed=0)
     small = gradient_demo(1, 32, n_queries=200, seed=0)
@@ -284,3 +308,39 @@ def test_head_saturation_matches_row_stats_head_by_head():
             p = torch.softmax(torch.as_tensor(scores[layer, head, 1:] * factor), -1).numpy()
             assert shares[name][layer, head] == pytest.approx(np.mean(p.max(-1) > 0.99), abs=1e-12)
 
+
+# the page's real-model section ---------------------------------------------------------------------------------
+
+def test_page_real_model_section_with_a_toy_model():
+    """The real-model section runs end to end on a toy model (instant), and its caption reports the capture's own
+    scaling, which for GPT-2 is 1/sqrt(head_dim)."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    app = str(Path(__file__).resolve().parent.parent / "app.py")
+    at = AppTest.from_file(app, default_timeout=180)
+    at.run()
+    at.switch_page("pages/softmax.py").run()
+    assert not at.exception, at.exception
+    at.selectbox(key="softmax_model").set_value("toy-gpt2").run()
+    at.button(key="softmax_capture").click().run()
+    assert not at.exception, at.exception
+    assert len(at.dataframe) == 1
+    captions = " ".join(c.value for c in at.caption)
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+
+    cap = capture_attention(load_model("toy-gpt2"), at.text_input(key="softmax_text").value, with_scores=True)
+    assert cap.scaling == pytest.approx(1 / math.sqrt(cap.head_dim))
+    assert f"head_dim = {cap.head_dim}" in captions
+    at.selectbox(key="softmax_head").set_value(1).run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value  # rows: own scale, unscaled, temperature
+    raw = torch.as_tensor(cap.scores[0, 1], dtype=torch.float64)[1:]  # row 0 of a causal model sees one key
+    for row, logits in zip(range(3), (raw, raw / cap.scaling, raw / 2.0)):
+        top = torch.softmax(logits, -1).amax(-1)
+        assert table["mean max weight"].iloc[row] == pytest.approx(top.mean().item(), rel=1e-5)
+        assert table["saturated rows"].iloc[row] == pytest.approx((top > 0.99).double().mean().item())
+    at.select_slider(key="softmax_real_temperature").set_value(0.5).run()
+    assert not at.exception, at.exception
