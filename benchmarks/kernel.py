@@ -26,8 +26,10 @@ from attnviz.kernels import (  # noqa: E402
 sdpa = torch.nn.functional.scaled_dot_product_attention
 
 
-def cpu_benchmark():
-    print(f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads; "
+def cpu_benchmark(threads=1):
+    # one thread: on a small shared machine two torch threads wait on each other and times swing by 10x and more
+    torch.set_num_threads(threads)
+    print(f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s); "
           f"torch {torch.__version__}; Triton kernel under the interpreter: {INTERPRETED}")
     print("\nTriton interpreter, cost per tile step (functional simulation: numpy on the CPU, not a speed)")
     print("  N    d  BLOCK_M x BLOCK_N  causal  steps  seconds  ms/step")

@@ -320,6 +320,38 @@ def test_refusal_accepts_the_default_and_refuses_slow_sizes():
         assert "interpreter" in refusal(2048, 64, block_m=16, block_n=16, causal=False, dtype="float32")
 
 
+COMPILE_FOR_GPU = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attnviz.kernels import triton_attention as ta
+fn = ta._attn_fwd
+CONSTEXPRS = ("HEAD_DIM", "D_PAD", "BLOCK_M", "BLOCK_N", "CAUSAL", "TRACE", "PRECISION")
+for dtype, d, block_m, block_n, causal, trace, precision in [
+        ("fp16", 64, 128, 64, True, False, "tf32"), ("fp32", 48, 64, 32, False, True, "ieee"),
+        ("bf16", 128, 128, 64, True, False, "tf32")]:
+    signature = {p: "*" + dtype if p in ("Q", "K", "V", "Out") else "*fp32" if p.startswith("Trace")
+                 else "fp32" if p == "sm_scale" else "constexpr" if p in CONSTEXPRS else "i32" for p in fn.arg_names}
+    values = dict(zip(CONSTEXPRS, (d, triton.next_power_of_2(d), block_m, block_n, causal, trace, precision)))
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(fn.arg_names.index(k),): v for k, v in values.items()})
+    for arch in (80, 90) if dtype == "fp16" else (90,):
+        kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 3})
+        assert kernel.asm["cubin"], (dtype, arch)
+print("compiled")
+"""
+
+
+def test_the_same_kernel_compiles_for_cuda_gpus():
+    # Triton compiles ahead of time for a named target (sm_80, sm_90) with its bundled ptxas: no GPU needed
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU], capture_output=True, text=True, timeout=300,
+                            cwd=root, env={**os.environ, "PYTHONPATH": root, "TRITON_DEFAULT_FP_FUSION": "1"})
+    assert result.stdout.strip().endswith("compiled"), result.stderr[-3000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 3e-2), (torch.float16, 1e-2)])

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -159,17 +160,21 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
     else:
         trace_m = trace_l = torch.empty(1, device=q.device)
     grid = (n_q_blocks, batch * heads)
-    _attn_fwd[grid](
-        q, k, v, out, trace_m, trace_l, scale,  #
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #
-        heads, n_query, n_key, n_key - n_query, n_k_blocks,  #
-        HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),  #
-        BLOCK_M=block_m, BLOCK_N=block_n,  #
-        CAUSAL=bool(causal), TRACE=bool(trace),
-        # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": 3}),
-    )
+    try:
+        _attn_fwd[grid](
+            q, k, v, out, trace_m, trace_l, scale,  #
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #
+            heads, n_query, n_key, n_key - n_query, n_k_blocks,  #
+            HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),  #
+            BLOCK_M=block_m, BLOCK_N=block_n,  #
+            CAUSAL=bool(causal), TRACE=bool(trace),
+            # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": 3}),
+        )
+    except OutOfResources as exc:
+        raise ValueError(f"BLOCK_M = {block_m}, BLOCK_N = {block_n} with head dim {d} need more shared memory than "
+                         f"this GPU has ({exc}): use smaller blocks") from exc
     result = out.to(home)
     if not trace:
         return result
