@@ -112,7 +112,7 @@ def get_model(name: str | None):
         return None
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
+@st.cache_resource(show_spinner=False, max_entries=4)  # a long smollm2 capture is ~1 GB
 def _cached_capture(name: str, text: str, layers: tuple[int, ...] | None, with_scores: bool):
     from attnviz.capture import capture_attention
 

@@ -67,7 +67,8 @@ if n_model_layers > 12:
 capture = ui.get_capture(model, text, layers=layers)
 if capture is None:
     st.stop()
-stats = stats_of(model, text, layers, capture)
+with st.spinner("Computing the statistics of every head…"):
+    stats = stats_of(model, text, layers, capture)
 n = capture.n_tokens
 st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads} heads captured"
            + (f"; query heads share {len(set(capture.kv_head_of))} key/value heads" if

