@@ -252,13 +252,16 @@ def alibi_pattern(n_heads: int, n: int, scores=None) -> np.ndarray:
 # ---------------------------------------------------------------- measured attention against distance
 
 
-def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int | None = None) -> np.ndarray:
+def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int | None = None,
+                          exclude_keys: int = 0) -> np.ndarray:
     """Mean attention weight at each query-key distance r = i - j >= 0.
 
     pattern: [layer, head, query, key] (or [head, query, key]; the queries aligned to the last keys). Entry r is the
     mean of pattern[..., i, i - r] over every query i that has a key r positions back, then over heads unless
-    per_head. Returns [layer, n_distances] (or [layer, head, n_distances]; without a layer axis, that axis is
-    dropped), n_distances = min(n_query, max_distance + 1).
+    per_head. exclude_keys leaves the first keys out of the averages (not renormalised: the weights stay fractions
+    of the whole row), e.g. 1 to set aside an attention sink on the first token.
+    Returns [layer, n_distances] (or [layer, head, n_distances]; without a layer axis, that axis is dropped),
+    n_distances = min(n_key - exclude_keys, max_distance + 1) capped at n_query.
     """
     p = np.asarray(pattern)  # no float64 copy: a real model's pattern can be hundreds of MB
     squeeze = p.ndim == 3
@@ -268,13 +271,41 @@ def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int 
         raise ValueError(f"pattern must be [layer, head, query, key], got shape {p.shape}")
     n_query, n_key = p.shape[-2], p.shape[-1]
     offset = n_key - n_query
-    n_dist = n_query if max_distance is None else min(n_query, int(max_distance) + 1)
+    exclude_keys = int(exclude_keys)
+    if not 0 <= exclude_keys < n_key:
+        raise ValueError(f"exclude_keys must be in [0, {n_key}), got {exclude_keys}")
+    n_dist = min(n_query, n_key - exclude_keys)
+    n_dist = n_dist if max_distance is None else min(n_dist, int(max_distance) + 1)
     out = np.empty(p.shape[:2] + (n_dist,), dtype=np.float64)
     for r in range(n_dist):
-        # queries i = r .. n_query-1 look at key i + offset - r: the diagonal at key offset (offset - r)
-        out[..., r] = np.diagonal(p, offset=offset - r, axis1=-2, axis2=-1)[..., -(n_query - r):].mean(axis=-1, dtype=np.float64)
+        # query i looks r back at key i + offset - r, which must be >= exclude_keys and >= 0
+        first = max(r - offset + exclude_keys, r, 0)
+        diag = np.diagonal(p, offset=offset - r, axis1=-2, axis2=-1)  # queries from max(r - offset, 0) on
+        out[..., r] = diag[..., first - max(r - offset, 0):].mean(axis=-1, dtype=np.float64)
     out = out if per_head else out.mean(axis=1)
     return out[0] if squeeze else out
+
+
+def alibi_by_distance(n_heads: int, n: int, *, exclude_keys: int = 0) -> np.ndarray:
+    """attention_by_distance(alibi_pattern(n_heads, n), exclude_keys=...) in closed form, without the n x n patterns.
+
+    With position alone, query i gives key i - r the weight e^(-m r) (1 - e^(-m)) / (1 - e^(-m (i+1))) (a geometric
+    series over its i + 1 keys); average that over the queries i >= r + exclude_keys, then over heads.
+    Returns [n - exclude_keys], float64.
+    """
+    m = alibi_slopes(n_heads)[:, None]  # [head, 1]
+    i = np.arange(n, dtype=np.float64)[None, :]  # query positions
+    norm = np.expm1(-m) / np.expm1(-m * (i + 1))  # (1 - e^-m) / (1 - e^-m(i+1)), [head, query]
+    tail = np.cumsum(norm[:, ::-1], axis=-1)[:, ::-1]  # sum over queries >= index
+    r = np.arange(n - int(exclude_keys))
+    first = r + int(exclude_keys)
+    per_head = np.exp(-m * r) * tail[:, first] / (n - first)
+    return per_head.mean(axis=0)
+
+
+def uniform_causal_pattern(n: int) -> np.ndarray:
+    """[n, n] causal attention with no preference at all: query i gives 1/(i+1) to each of its keys."""
+    return np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
 
 
 def uniform_causal_by_distance(n: int) -> np.ndarray:

@@ -1,6 +1,312 @@
+"""Positional encodings: sinusoidal, RoPE and ALiBi, their distance decay in theory and measured in real heads."""
+
+import numpy as np
+import pandas as pd
 import streamlit as st
 
+from attnviz import positional as P
 from attnviz import ui
+from attnviz.figures import positional as F
 
-st.title("Positional")
-ui.placeholder("sinusoidal encodings, RoPE rotations and its decay bound, ALiBi slopes and biases, and distance decay measured on models.")
+BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
+HEAD_DIMS = [8, 16, 32, 64, 128, 256]
+MEASURE_TEXT = (
+    "The old lighthouse keeper climbed the spiral stairs every evening. He lit the lamp, wound the clockwork, and "
+    "watched the ships pass far out at sea. One stormy night a small boat drifted toward the rocks, and the keeper "
+    "rang the bell again and again until the sailors turned away from the danger. In the morning the sea was calm, "
+    "and the keeper climbed down the stairs, made his tea, and wrote a single line in his logbook."
+)
+MAX_MEASURE_CHARS = 1500  # ~350 smollm2 tokens: its 30 x 9 patterns stay near 130 MB
+
+
+def chart(fig, caption: str) -> None:
+    st.plotly_chart(fig, width="stretch")
+    st.caption(caption)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def decay_curves(max_distance: int, d_head: int, base: float, scaling: str, factor: float):
+    distances = np.arange(max_distance + 1, dtype=float) if max_distance <= 4000 else \
+        np.linspace(0, max_distance, 4001)
+    curves = {f"d = {d_head}, base = {base:g}": P.rope_decay_bound(distances, d_head, base)}
+    if scaling != "none":
+        curves[f"{scaling} scaling × {factor:g}"] = P.rope_decay_bound(distances, d_head, base, scaling=scaling,
+                                                                      factor=factor)
+    return distances, curves
+
+
+st.title("Positional encodings")
+st.markdown(
+    "Attention by itself is blind to order: permute the tokens and every score moves with them. Position has to "
+    "enter somewhere: **added to the input** (sinusoidal, Vaswani et al. 2017), **rotating q and k** (RoPE, "
+    "Su et al. 2021) or **biasing the scores** (ALiBi, Press et al. 2022). Each tab below computes one of them "
+    "from its formula; the last tab measures how real heads spread attention over distance."
+)
+
+tab_sin, tab_rope, tab_alibi, tab_cmp, tab_meas = st.tabs(
+    ["Sinusoidal", "RoPE", "ALiBi", "Compare", "Measured on models"])
+
+# ---------------------------------------------------------------- sinusoidal
+with tab_sin:
+    st.latex(r"PE_{p,2i} = \sin(p\,\omega_i),\quad PE_{p,2i+1} = \cos(p\,\omega_i),\quad "
+             r"\omega_i = \mathrm{base}^{-2i/d}")
+    c1, c2, c3 = st.columns(3)
+    n_pos = c1.slider("Positions", 8, 512, 100, step=4, key="pos_sin_n")
+    d_model = c2.select_slider("d_model", options=[8, 16, 32, 64, 128, 256, 512], value=64, key="pos_sin_d")
+    base_sin = c3.select_slider("Base", options=BASES, value=10000.0, key="pos_sin_base")
+    pe = P.sinusoidal_encoding(n_pos, d_model, base_sin)
+    left, right = st.columns(2)
+    with left:
+        chart(F.encoding_heatmap(pe), "Early dimensions turn fast (stripes), late ones barely move: each position "
+                                      "gets its own pattern of phases.")
+    with right:
+        offsets = np.arange(n_pos)
+        chart(F.dot_by_offset(offsets, P.sinusoidal_dot(offsets, d_model, base_sin), d_model=d_model),
+              "PE_p · PE_(p+k) = Σ cos(k ω_i) depends on the offset k only, not on p, and mostly falls as k grows.")
+
+    st.subheader("PE at p + k is a fixed rotation of PE at p")
+    c1, c2, c3 = st.columns(3)
+    k_shift = c1.slider("Offset k", -50, 50, 5, key="pos_sin_k")
+    p1 = c2.slider("Position p", 0, 200, 10, key="pos_sin_p1")
+    p2 = c3.slider("Another position p′", 0, 200, 120, key="pos_sin_p2")
+    m_k = P.sinusoidal_shift_matrix(k_shift, d_model, base_sin)
+    w = P.sinusoidal_frequencies(d_model, base_sin)
+    left, right = st.columns([1, 1])
+    with left:
+        chart(F.matrix_heatmap(m_k[:16, :16], title=f"M_k for k = {k_shift} (first 16 dimensions)"),
+              "Block diagonal: one 2×2 rotation by k·ω_i per (sin, cos) pair, and nothing that depends on p.")
+    with right:
+        table, errors = {}, {}
+        for p in (p1, p2):
+            mapped = m_k @ P.sinusoidal_encoding(p + 1, d_model, base_sin)[p]
+            direct = np.empty(d_model)  # the formula evaluated at p + k, which may be negative
+            direct[0::2], direct[1::2] = np.sin((p + k_shift) * w), np.cos((p + k_shift) * w)
+            table[f"M_k PE_{p}"] = mapped[:6]
+            table[f"PE_{p + k_shift} (formula)"] = direct[:6]
+            errors[p] = float(np.abs(mapped - direct).max())
+        st.dataframe(pd.DataFrame(table, index=[f"dim {i}" for i in range(6)]).style.format("{:.6f}"))
+        st.markdown("\n".join(f"- p = {p}: max over all {d_model} dimensions of |M_k PE_p − PE_(p+k)| = "
+                              f"**{err:.1e}**" for p, err in errors.items()))
+        st.caption("The same matrix works at both positions: to float64 rounding the difference is zero. "
+                   "Negative positions are fine, the formula extends to them.")
+
+# ---------------------------------------------------------------- RoPE
+with tab_rope:
+    st.latex(r"f(x, m) = R_m x,\quad R_m = \mathrm{diag}_i\!\begin{pmatrix}\cos m\theta_i & -\sin m\theta_i"
+             r"\\ \sin m\theta_i & \cos m\theta_i\end{pmatrix},\quad \theta_i = \mathrm{base}^{-2i/d}")
+    st.latex(r"\langle R_m q,\ R_n k\rangle = q^\top R_m^\top R_n\, k = \langle q,\ R_{n-m}\, k\rangle")
+    c1, c2, c3, c4 = st.columns(4)
+    d_rope = c1.select_slider("d_head", options=HEAD_DIMS, value=64, key="pos_rope_d")
+    base_rope = c2.select_slider("Base", options=BASES, value=10000.0, key="pos_rope_base")
+    st.session_state["pos_rope_pair"] = min(st.session_state.get("pos_rope_pair", 0), d_rope // 2 - 1)
+    pair = c3.slider("Feature pair i", 0, d_rope // 2 - 1, key="pos_rope_pair")
+    seed = c4.number_input("Random seed for q, k", 0, 10_000, 0, key="pos_rope_seed")
+    c1, c2 = st.columns(2)
+    m_pos = c1.slider("Query position m", 0, 200, 3, key="pos_rope_m")
+    n_pos_k = c2.slider("Key position n", 0, 200, 10, key="pos_rope_n")
+    rng = np.random.default_rng(int(seed))
+    q, k = rng.standard_normal((2, d_rope))
+    theta = P.rope_frequencies(d_rope, base_rope)
+    # the paper's layout: pair i is features (2i, 2i+1)
+    left, right = st.columns(2)
+    with left:
+        chart(F.rope_pair_rotation(q[2 * pair: 2 * pair + 2], k[2 * pair: 2 * pair + 2], theta[pair], m_pos, n_pos_k),
+              f"Pair {pair} turns by θ_{pair} = {theta[pair]:.3g} rad per position; the angle between R_m q and "
+              f"R_n k changes only when n − m does.")
+    with right:
+        qm = P.apply_rope(q[None], [m_pos], base_rope, interleaved=True)[0]
+        kn = P.apply_rope(k[None], [n_pos_k], base_rope, interleaved=True)[0]
+        k_rel = P.apply_rope(k[None], [n_pos_k - m_pos], base_rope, interleaved=True)[0]
+        q_s = P.apply_rope(q[None], [m_pos + 1000], base_rope, interleaved=True)[0]
+        k_s = P.apply_rope(k[None], [n_pos_k + 1000], base_rope, interleaved=True)[0]
+        st.markdown("**The relative-position identity, with these numbers** (all d_head dimensions):")
+        st.dataframe(pd.DataFrame({
+            "quantity": ["⟨R_m q, R_n k⟩", "⟨q, R_(n−m) k⟩", "⟨R_(m+1000) q, R_(n+1000) k⟩", "⟨q, k⟩ (no RoPE)"],
+            "value": [qm @ kn, q @ k_rel, q_s @ k_s, q @ k],
+        }).style.format({"value": "{:.12f}"}), hide_index=True)
+        st.caption(f"|⟨R_m q, R_n k⟩ − ⟨q, R_(n−m) k⟩| = {abs(qm @ kn - q @ k_rel):.1e}: the score depends on "
+                   f"n − m = {n_pos_k - m_pos} only. Norms are kept: |q| = {np.linalg.norm(q):.6f}, "
+                   f"|R_m q| = {np.linalg.norm(qm):.6f}.")
+
+    st.subheader("Long-term decay (RoFormer §3.4.3, their Figure 2)")
+    st.markdown(
+        r"Grouping the score into pairs, $\sum_i h_i e^{\mathrm{i} r\theta_i}$ with $h_i$ the pair products, Abel "
+        r"summation bounds it by $\max_i |h_{i+1}-h_i| \sum_j |S_j|$ with $S_j = \sum_{k<j} e^{\mathrm{i} r\theta_k}$. "
+        r"The curve is $\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|$; at $r = 0$ every $S_j = j$, so it starts at "
+        r"$(d/2+1)/2$.")
+    c1, c2, c3, c4, c5 = st.columns(5)
+    d_bound = c1.select_slider("Bound d_head", options=HEAD_DIMS, value=128, key="pos_bound_d")
+    base_bound = c2.select_slider("Bound base", options=BASES, value=10000.0, key="pos_bound_base")
+    max_dist = c3.select_slider("Longest distance", options=[64, 256, 1024, 4096, 16384, 65536], value=256,
+                                key="pos_bound_max")
+    scaling = c4.selectbox("Context scaling", ["none", "linear", "ntk"], key="pos_bound_scaling",
+                           help="linear: position interpolation (θ/s); ntk: NTK-aware, base·s^(d/(d−2))")
+    factor = c5.select_slider("Scale factor s", options=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], value=4.0,
+                              key="pos_bound_factor", disabled=scaling == "none")
+    log_x = st.toggle("Log distance axis", value=False, key="pos_bound_logx")
+    distances, curves = decay_curves(max_dist, d_bound, base_bound, scaling, factor)
+    chart(F.decay_bound_chart(distances if not log_x else np.maximum(distances, 0.5), curves, log_x=log_x),
+          f"Starts at (d/2+1)/2 = {(d_bound / 2 + 1) / 2:g} and falls with distance, with ripples; a larger base or "
+          "context scaling stretches the decay over more tokens." +
+          (" Above 4000 tokens the curve is sampled at 4001 evenly spaced distances." if max_dist > 4000 else ""))
+
+    st.subheader("Two layouts of the same rotation")
+    d_small = 8
+    perm = P.interleaved_to_half_permutation(d_small)
+    x = np.random.default_rng(int(seed)).standard_normal((1, d_small))
+    a = P.apply_rope(x[:, perm], [m_pos], base_rope)[0]
+    b = P.apply_rope(x, [m_pos], base_rope, interleaved=True)[0][perm]
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope, interleaved=True),
+                               title=f"Paper layout R_m, m = {m_pos}"),
+              "Pairs (x_2i, x_2i+1): 2×2 blocks on the diagonal.")
+    with c2:
+        chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope),
+                               title=f"rotate_half layout R_m, m = {m_pos}"),
+              "Pairs (x_i, x_i+d/2), as transformers' rotate_half: the same rotations, spread over four diagonals.")
+    with c3:
+        chart(F.matrix_heatmap(np.eye(d_small)[perm], title="Permutation P: interleaved → rotate_half",
+                               x_title="interleaved index", y_title="rotate_half index"),
+              f"Reorder the features by {perm.tolist()} (what Llama checkpoint converters do to W_q, W_k).")
+    st.markdown(f"With that reordering the two layouts give the same vector: "
+                f"max |rotate_half(Px) − P·interleaved(x)| = **{np.abs(a - b).max():.1e}** (d = {d_small}).")
+
+# ---------------------------------------------------------------- ALiBi
+with tab_alibi:
+    st.latex(r"\mathrm{score}_{ij} = \frac{q_i\cdot k_j}{\sqrt{d}} - m_h\,(i-j),\qquad "
+             r"m_h = 2^{-8h/n}\ (h = 1..n,\ n \text{ a power of two})")
+    c1, c2, c3 = st.columns(3)
+    n_heads = c1.slider("Heads", 1, 64, 12, key="pos_alibi_heads")
+    slopes = P.alibi_slopes(n_heads)
+    # keep the chosen head inside the new range when the head count shrinks
+    st.session_state["pos_alibi_head"] = min(st.session_state.get("pos_alibi_head", 0), n_heads - 1)
+    head = c2.slider("Head", 0, max(n_heads - 1, 1), key="pos_alibi_head", disabled=n_heads == 1)
+    seq = c3.slider("Sequence length", 4, 64, 16, key="pos_alibi_n")
+    left, right = st.columns(2)
+    with left:
+        closest = 2 ** int(np.floor(np.log2(n_heads)))
+        chart(F.slopes_bar(slopes, closest),
+              "For a power of two the slopes are geometric (a straight line here). Otherwise the reference code "
+              "takes the 2^⌊log2 n⌋ slopes, then every other slope of the next power of two: a second, "
+              "interleaved line.")
+    with right:
+        st.dataframe(pd.DataFrame({"head": np.arange(n_heads), "slope": slopes,
+                                   "formula": [f"2^(−8·{h + 1}/{closest})" if h < closest else
+                                               f"2^(−8·{2 * (h - closest) + 1}/{2 * closest})"
+                                               for h in range(n_heads)]})
+                     .style.format({"slope": "{:.6g}"}), hide_index=True, height=330)
+    with_content = st.toggle("Add random content scores q·k/√d (standard normal)", value=False,
+                             key="pos_alibi_content")
+    scores = np.random.default_rng(0).standard_normal((n_heads, seq, seq)) if with_content else None
+    bias = P.alibi_bias(n_heads, seq)
+    pattern = P.alibi_pattern(n_heads, seq, scores)
+    left, right = st.columns(2)
+    with left:
+        chart(F.bias_heatmap(bias[head], title=f"ALiBi bias, head {head} (slope {slopes[head]:.4g})"),
+              "−m·(i−j) below the diagonal, masked (blank) above it: each token further back costs m.")
+    with right:
+        chart(F.pattern_heatmap(pattern[head], title=f"Attention softmax(scores + bias), head {head}"),
+              "Steep heads attend to the last few tokens only; the gentlest heads still see far back.")
+
+# ---------------------------------------------------------------- compare
+with tab_cmp:
+    st.markdown("One query at the last position against the same key vector placed at every earlier position: "
+                "q and k are random, the projections are the identity, so only the positional scheme differs.")
+    c1, c2, c3, c4, c5 = st.columns(5)
+    d_cmp = c1.select_slider("d", options=HEAD_DIMS, value=64, key="pos_cmp_d")
+    n_cmp = c2.slider("Sequence length", 8, 1024, 128, step=8, key="pos_cmp_n")
+    base_cmp = c3.select_slider("Base (sinusoidal, RoPE)", options=BASES, value=10000.0, key="pos_cmp_base")
+    slope_cmp = c4.select_slider("ALiBi slope m", options=[2.0 ** -e for e in range(1, 9)], value=2.0 ** -4,
+                                 format_func=lambda s: f"1/{int(round(1 / s))}", key="pos_cmp_slope")
+    seed_cmp = c5.number_input("Seed", 0, 10_000, 0, key="pos_cmp_seed")
+    same = st.toggle("Key = query (the same token repeated)", value=True, key="pos_cmp_same")
+    rng = np.random.default_rng(int(seed_cmp))
+    q_c = rng.standard_normal(d_cmp)
+    k_c = q_c.copy() if same else rng.standard_normal(d_cmp)
+    scores_by = P.compare_schemes(q_c, k_c, n_cmp, base=base_cmp, alibi_slope=slope_cmp)
+    r = np.arange(n_cmp)
+    left, right = st.columns(2)
+    with left:
+        chart(F.scheme_lines(r, scores_by, title="Score against distance", y_title="score q·k/√d (unitless)"),
+              "RoPE's score decays and oscillates, ALiBi's falls in a straight line, sinusoidal wobbles around "
+              "the content score plus PE·PE.")
+    with right:
+        chart(F.scheme_lines(r, {name: P.softmax_over_distance(s) for name, s in scores_by.items()},
+                             title="Attention of the last query against distance",
+                             y_title="attention weight (fraction)", log_y=True),
+              "After the softmax: without position the weight is flat at 1/n; the schemes tilt it toward nearby "
+              "tokens by different amounts.")
+
+# ---------------------------------------------------------------- measured
+with tab_meas:
+    st.markdown(
+        "Run a model on a text, capture every head's attention pattern, and average the weight each query gives "
+        "to the key r tokens back, over queries and heads, one line per layer. **smollm2-135m** uses RoPE "
+        "(its bound is drawn against the right axis); **toy-bloom-alibi** uses ALiBi (its position-only "
+        "prediction is in attention-weight units). The dotted line is what causal masking alone gives: uniform "
+        "attention over the visible keys.")
+    model_name = ui.model_picker("pos_meas_model", default="smollm2-135m", label="Model to measure")
+    text = st.text_area("Text", MEASURE_TEXT, height=120, key="pos_meas_text", max_chars=MAX_MEASURE_CHARS)
+    c1, c2 = st.columns([1, 3])
+    go_measure = c1.button("Measure", key="pos_meas_go", type="primary")
+    c2.caption("The first smollm2-135m load converts its GGUF file once (about 20 s); later loads take about a "
+               "second.")
+    if go_measure:
+        st.session_state["pos_meas_done"] = (model_name, text)
+    done = st.session_state.get("pos_meas_done")
+    if done is None:
+        st.info("Press **Measure** to run the model; the theory tabs need no model.")
+    elif not done[1].strip():
+        st.warning("Type some text to measure: the text box is empty.")
+    elif done[0] is None:
+        st.warning("Pick a model first.")
+    else:
+        loaded = ui.get_model(done[0])
+        capture = ui.get_capture(done[0], done[1]) if loaded is not None else None
+        if capture is not None:
+            if (model_name, text) != done:
+                st.caption(f"Showing {done[0]} on the text as it was when Measure was pressed; press it again to "
+                           "update.")
+            pattern = capture.pattern  # [layer, head, query, key], read-only, shared with other sessions
+            n_tok = pattern.shape[-2]
+            if n_tok < 2:
+                st.warning("The text gave a single token; type a longer text.")
+            else:
+                skip = int(st.toggle("Leave out the first token (an attention sink)", value=False,
+                                     key="pos_meas_skip"))
+                per_layer = P.attention_by_distance(pattern, exclude_keys=skip)
+                n_dist = per_layer.shape[-1]
+                config = loaded.model.config
+                scheme = P.position_scheme(config)
+                causal = bool(capture.causal)
+                baseline = P.attention_by_distance(P.uniform_causal_pattern(n_tok)[None], exclude_keys=skip) \
+                    if causal else None  # [n, n] float64: at most 1500 tokens, 18 MB
+                theory = relative = None
+                if scheme == "alibi":
+                    theory = P.alibi_by_distance(config.n_head, n_tok, exclude_keys=skip)
+                    theory_note = "the dashed line is softmax of the ALiBi bias alone, with no content scores"
+                elif scheme == "rope":
+                    d_head, rope_base = P.rope_settings(config)
+                    bound = P.rope_decay_bound(np.arange(n_dist), d_head, rope_base)
+                    relative = bound / bound[0]
+                    theory_note = (f"the dashed line (right axis) is the RoFormer bound for d_head = {d_head}, "
+                                   f"base = {rope_base:g}, divided by its value at distance 0")
+                else:
+                    theory_note = "this model's positions are not RoPE or ALiBi, so no theory curve is drawn"
+                chart(F.distance_profile(per_layer, layers=list(capture.layers),
+                                         title=f"{capture.model_name}: attention against distance, {n_tok} tokens",
+                                         theory=theory, theory_name="ALiBi alone (theory)", baseline=baseline,
+                                         relative_theory=relative, relative_name="RoFormer bound"),
+                      f"Lines above the dotted one mean the layer prefers nearby tokens more than causal masking "
+                      f"alone would; {theory_note}. Far distances average few queries, so they are noisier" +
+                      ("." if skip else "; a rise at the far right is the first token, which many heads use as "
+                       "an attention sink (only it is that far back from the last queries): leave it out with "
+                       "the toggle.") +
+                      ("" if causal else " This model is not causal: keys after the query are left out here."))
+                per_head = P.attention_by_distance(pattern, per_head=True)
+                near = per_head[..., 1: min(9, n_tok)].sum(-1)  # weight within 8 tokens back, excluding itself
+                st.markdown(f"Share of attention within 8 tokens back (excluding the token itself), "
+                            f"mean over heads: layer {capture.layers[int(near.mean(1).argmax())]} is the most "
+                            f"local ({near.mean(1).max():.2f}), layer "
+                            f"{capture.layers[int(near.mean(1).argmin())]} the least ({near.mean(1).min():.2f}).")

@@ -343,11 +343,25 @@ def test_attention_by_distance_against_a_loop():
     np.testing.assert_allclose(per_head.mean(axis=1), out)
     assert P.attention_by_distance(pattern, max_distance=2).shape == (2, 3)
     np.testing.assert_allclose(P.attention_by_distance(pattern[0]), out[0])
+    skipped = P.attention_by_distance(pattern, exclude_keys=3)  # keys 0..2 left out: queries see keys 3..7
+    assert skipped.shape == (2, 5)
+    for r in range(5):
+        vals = [pattern[0, h, i, i + 2 - r] for h in range(3) for i in range(6) if i + 2 - r >= 3 and i >= r]
+        assert skipped[0, r] == pytest.approx(np.mean(vals))
+    with pytest.raises(ValueError):
+        P.attention_by_distance(pattern, exclude_keys=8)
+
+
+@pytest.mark.parametrize("heads,n,skip", [(1, 5, 0), (12, 40, 0), (8, 30, 1), (3, 17, 4)])
+def test_alibi_by_distance_closed_form_equals_the_pattern_average(heads, n, skip):
+    np.testing.assert_allclose(P.alibi_by_distance(heads, n, exclude_keys=skip),
+                               P.attention_by_distance(P.alibi_pattern(heads, n), exclude_keys=skip), rtol=1e-12)
 
 
 def test_uniform_causal_baseline():
     n = 10
-    pattern = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    pattern = np.array([[1 / (i + 1) if j <= i else 0.0 for j in range(n)] for i in range(n)])
+    np.testing.assert_allclose(P.uniform_causal_pattern(n), pattern)
     np.testing.assert_allclose(P.uniform_causal_by_distance(n), P.attention_by_distance(pattern[None]))
     assert P.uniform_causal_by_distance(n)[-1] == pytest.approx(1 / n)
 
@@ -413,3 +427,50 @@ def test_position_scheme_of_configs():
     assert P.position_scheme(LlamaConfig()) == "rope"
     assert P.position_scheme(GPT2Config()) == "other"
     assert P.position_scheme(BertConfig()) == "other"
+
+
+# ---------------------------------------------------------------- page
+
+
+def _values(y) -> np.ndarray:
+    """A trace's y as plotly serialises it: a list, or a typed array {"dtype", "bdata" (base64)}."""
+    import base64
+
+    if isinstance(y, dict):
+        return np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"])).astype(float)
+    return np.asarray(y, dtype=float)
+
+
+def test_page_measures_a_toy_bloom_beside_the_alibi_theory():
+    """The page's 'Measured on models' tab, driven through AppTest: its per-layer lines are what an independent
+    capture of the same text gives, a per-layer loop over the captured pattern."""
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180)
+    at.run()
+    at.switch_page("pages/positional.py").run()
+    assert not at.exception, at.exception
+    n_charts = len(at.get("plotly_chart"))
+    at.selectbox(key="pos_meas_model").set_value("toy-bloom-alibi").run()
+    at.button(key="pos_meas_go").click().run()
+    assert not at.exception, at.exception
+    charts = at.get("plotly_chart")
+    assert len(charts) == n_charts + 1
+    traces = {t["name"]: t for t in json.loads(charts[-1].proto.spec)["data"]}
+    text = at.text_area(key="pos_meas_text").value
+    pattern = capture_attention(load_model("toy-bloom-alibi"), text).pattern  # [layer, head, query, key]
+    n = pattern.shape[-1]
+    for layer in range(pattern.shape[0]):
+        expected = [np.mean([pattern[layer, h, i, i - r] for h in range(pattern.shape[1]) for i in range(r, n)])
+                    for r in range(0, n, 37)]
+        np.testing.assert_allclose(_values(traces[f"layer {layer}"]["y"])[::37], expected, rtol=1e-5)
+    theory = _values(traces["ALiBi alone (theory)"]["y"])
+    assert theory.shape == (n,) and theory[0] > theory[1] > theory[-1]
+    at.toggle(key="pos_meas_skip").set_value(True).run()
+    assert not at.exception, at.exception

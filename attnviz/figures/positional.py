@@ -12,6 +12,19 @@ from plotly.subplots import make_subplots
 from attnviz.figures.common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, line_chart
 
 
+def _legend_below(fig: go.Figure) -> go.Figure:
+    """Legends go under the plot here: these charts sit in narrow columns, where a legend on top hides the title."""
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0.0),
+                      margin=dict(b=90))
+    return fig
+
+
+def _log_ticks(fig: go.Figure, **kwargs) -> go.Figure:
+    """Log axes labelled at the decades only (1, 0.1, 0.01, ...)."""
+    fig.update_yaxes(type="log", dtick=1, tickformat=".0e", **kwargs)
+    return fig
+
+
 def encoding_heatmap(pe: np.ndarray, *, title: str = "Sinusoidal encoding PE[position, dimension]") -> go.Figure:
     """pe: [n_positions, d_model] as a heatmap, positions down, dimensions across."""
     return heatmap(pe, title=title, x_title="dimension index (even = sin, odd = cos)", y_title="position (tokens)",
@@ -62,26 +75,35 @@ def rope_pair_rotation(q_pair, k_pair, theta: float, m: float, n: float) -> go.F
     lim = 1.15 * max(np.linalg.norm(q_pair), np.linalg.norm(k_pair), 1e-9)
     fig.update_xaxes(range=[-lim, lim], zeroline=True)
     fig.update_yaxes(range=[-lim, lim], zeroline=True, scaleanchor="x", scaleratio=1)
-    return apply_layout(fig, title="One feature pair rotated by position", x_title="first coordinate (unitless)",
-                        y_title="second coordinate (unitless)", height=420)
+    apply_layout(fig, title="One feature pair rotated by position", x_title="first coordinate (unitless)",
+                 y_title="second coordinate (unitless)", height=460)
+    return _legend_below(fig)
 
 
 def decay_bound_chart(distances, curves: Mapping[str, Sequence[float]], *, log_x: bool = False) -> go.Figure:
     """RoFormer Figure 2: the relative upper bound against distance, one curve per setting."""
     names = list(curves)
-    return line_chart(distances, curves, title="RoFormer §3.4.3 relative upper bound against distance",
-                      x_title="relative distance (tokens)", y_title="relative upper bound (unitless)", log_x=log_x,
-                      dashed=names[1:], height=400)
+    fig = line_chart(distances, curves, title="RoFormer §3.4.3 relative upper bound against distance",
+                     x_title="relative distance (tokens)", y_title="relative upper bound (unitless)", log_x=log_x,
+                     dashed=names[1:], height=420)
+    return _legend_below(fig)
 
 
-def slopes_bar(slopes: np.ndarray) -> go.Figure:
-    """ALiBi slope per head, log scale: a geometric sequence is a straight line."""
+def slopes_bar(slopes: np.ndarray, n_geometric: int | None = None) -> go.Figure:
+    """ALiBi slope per head, log scale: a geometric sequence is a straight line. The first n_geometric heads
+    (the power-of-two part) in one colour, the interleaved extra heads in another."""
     heads = np.arange(len(slopes))
-    fig = go.Figure(go.Bar(x=heads, y=slopes, marker_color=PALETTE[0],
-                           hovertemplate="head %{x}<br>slope %{y:.6g}<extra></extra>"))
-    fig.update_yaxes(type="log")
-    return apply_layout(fig, title=f"ALiBi slopes for {len(slopes)} heads", x_title="head index",
-                        y_title="slope m (score per token, log scale)", height=360)
+    n_geometric = len(slopes) if n_geometric is None else n_geometric
+    fig = go.Figure()
+    for name, sel, color in (("2^⌊log2 n⌋ geometric heads", heads < n_geometric, PALETTE[0]),
+                             ("extra heads (odd powers of the next sequence)", heads >= n_geometric, PALETTE[1])):
+        if sel.any():
+            fig.add_trace(go.Bar(x=heads[sel], y=slopes[sel], marker_color=color, name=name,
+                                 hovertemplate="head %{x}<br>slope %{y:.6g}<extra></extra>"))
+    _log_ticks(fig)
+    apply_layout(fig, title=f"ALiBi slopes for {len(slopes)} heads", x_title="head index",
+                 y_title="slope m (score per token, log scale)", height=380)
+    return _legend_below(fig)
 
 
 def bias_heatmap(bias: np.ndarray, *, title: str) -> go.Figure:
@@ -121,23 +143,27 @@ def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str
                                                "<extra></extra>"))
     if baseline is not None:
         fig.add_trace(go.Scatter(x=x, y=baseline, mode="lines", name="uniform causal (no position)",
-                                 line=dict(color="#868e96", dash="dot", width=2)))
+                                 line=dict(color="#495057", dash="dot", width=3.5)))
     if theory is not None:
         fig.add_trace(go.Scatter(x=x, y=theory, mode="lines", name=theory_name,
                                  line=dict(color="#212529", dash="dash", width=3)))
     if relative_theory is not None:
         fig.add_trace(go.Scatter(x=x, y=relative_theory, mode="lines", name=relative_name,
                                  line=dict(color="#212529", dash="dash", width=3)), secondary_y=True)
-        fig.update_yaxes(title_text=f"{relative_name} (1 at distance 0)", secondary_y=True, rangemode="tozero")
+        fig.update_yaxes(title_text=f"{relative_name} (1 at distance 0)", secondary_y=True, range=[0, 1.05],
+                         tickformat=".1f", dtick=0.2, showgrid=False)
     if log_y:
-        fig.update_yaxes(type="log", secondary_y=False)
-    apply_layout(fig, title=title, x_title="query − key distance (tokens)", height=440)
+        _log_ticks(fig, secondary_y=False)
+    apply_layout(fig, title=title, x_title="query − key distance (tokens)", height=480)
     fig.update_yaxes(title_text="mean attention weight (fraction of the row)", secondary_y=False)
-    return fig
+    return _legend_below(fig)
 
 
 def scheme_lines(distances, curves: Mapping[str, Sequence[float]], *, title: str, y_title: str,
                  log_y: bool = False) -> go.Figure:
     """The schemes side by side against distance (scores or attention weights)."""
-    return line_chart(distances, curves, title=title, x_title="query − key distance (tokens)", y_title=y_title,
-                      log_y=log_y, height=380)
+    fig = line_chart(distances, curves, title=title, x_title="query − key distance (tokens)", y_title=y_title,
+                     height=420)
+    if log_y:
+        _log_ticks(fig)
+    return _legend_below(fig)
