@@ -51,7 +51,7 @@ if kn.INTERPRETED:
             "kernel compiles.")
 
 c1, c2, c3, c4 = st.columns(4)
-n = c1.slider("N (sequence length, tokens)", 1, 1024, 64, key="kernel_n")
+n = c1.slider("N (sequence length, tokens)", 1, 4096, 64, key="kernel_n")
 d = c2.select_slider("Head dim d", [8, 16, 32, 48, 64, 80, 96, 128], 32, key="kernel_d",
                      help="Not a power of two? The kernel pads it to the next one and masks the padding.")
 block_m = c3.select_slider("BLOCK_M (queries per tile)", [16, 32, 64, 128], 16, key="kernel_block_m")
@@ -90,8 +90,9 @@ left, right = st.columns(2)
 left.plotly_chart(figs.tile_map_figure(states, q_edges, k_edges, causal=causal,
                                        title=f"Step {index}: query block {step.q_block}, key block {step.k_block}"),
                   width="stretch")
-left.caption("Orange is the tile this step computes; blue tiles are done. Grey tiles lie wholly above the causal "
-             "diagonal: the kernel never loads them, which is where causal attention saves half the work.")
+left.caption("Orange is the tile this step computes; blue tiles are done, grey ones to do, yellow ones cut by the "
+             "causal diagonal. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which "
+             "is where causal attention saves half the work.")
 right.plotly_chart(figs.tile_scores_figure(
     step.scores, step.q_start, step.k_start,
     title=f"S tile: queries {step.q_start}–{step.q_stop - 1}, keys {step.k_start}–{step.k_stop - 1}"),
@@ -156,13 +157,13 @@ with st.spinner("Running and timing the five methods…"):
 table = pd.DataFrame({
     "method": [r["method"] for r in results],
     "max |O − O_float64|": [f"{r['error']:.1e}" for r in results],
-    "time (ms)": [f"{r['seconds'] * 1e3:.3g}" for r in results],
+    "time (ms)": [f"{r['seconds'] * 1e3:,.2f}" for r in results],
     "tile steps": ["" if r["steps"] is None else str(r["steps"]) for r in results],
     "how to read the time": [r["note"] for r in results],
 })
 st.dataframe(table, hide_index=True, width="stretch")
-st.caption("Measured in one run on this machine: a median of 3 calls, or one call for a method slower than 0.2 s "
-           "(the interpreted kernel: one call). Errors are "
+st.caption("Measured in one run on this machine, on one CPU thread: a median of 3 calls, or one call for a method "
+           "slower than 0.2 s (the interpreted kernel: one call). Errors are "
            f"against a float64 computation of the same {dtype} inputs.")
 speeds = [r for r in results if not (kn.INTERPRETED and r["method"] == "fused Triton kernel")]
 st.plotly_chart(figs.timing_figure([r["method"] for r in speeds], [r["seconds"] * 1e3 for r in speeds]),
@@ -179,7 +180,7 @@ if st.toggle("Measure peak memory", value=False, key="kernel_memory"):
         at_n, peaks = run_memory(n, d, block_m, block_n, causal, dtype, seed)
     m_cols = st.columns(len(at_n))
     for col, (name, b) in zip(m_cols, at_n.items()):
-        col.metric(f"{name}, N = {n}", mib(b))
+        col.metric(f"{name.split(' (')[0]}, N = {n}", mib(b))
     st.plotly_chart(figs.peak_memory_figure(MEMORY_SIZES, {"naive": peaks["naive"],
                                                            "two-pass tiled (64 × 64 tiles)": peaks["tiled"]}),
                     width="stretch")

@@ -99,9 +99,12 @@ def state_figure(rows, m_prev, m_i, l_prev, l_i, alpha) -> go.Figure:
 def peak_memory_figure(sizes, peaks: Mapping[str, Sequence[float | None]]) -> go.Figure:
     """Measured peak bytes against N, one line per method, in MiB on log-log axes."""
     series = {name: [np.nan if b is None else b / 2**20 for b in values] for name, values in peaks.items()}
-    return line_chart(sizes, series, title="Peak memory of the attention call, measured",
-                      x_title="sequence length N (tokens, log scale)", y_title="peak memory (MiB, log scale)",
-                      log_x=True, log_y=True, height=340)
+    fig = line_chart(sizes, series, title="Peak memory of the attention call, measured",
+                     x_title="sequence length N (tokens, log scale)", y_title="peak memory (MiB, log scale)",
+                     log_x=True, log_y=True, height=340)
+    fig.update_traces(mode="lines+markers")
+    fig.update_xaxes(tickvals=list(sizes), ticktext=[str(n) for n in sizes])
+    return fig.update_yaxes(dtick=1)
 
 
 def timing_figure(methods: Sequence[str], milliseconds: Sequence[float]) -> go.Figure:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -163,7 +164,26 @@ def compare_methods(n, head_dim, *, block_m, block_n, causal, dtype="float32", s
     """Runs naive, torch SDPA, two-pass tiled, the online-softmax stepper and the Triton kernel on the same seeded
     inputs [1, 1, n, head_dim]; checks each against float64 and times each, in this one call.
     measure_memory: also measure each torch method's peak CPU-allocator bytes (the first torch.profiler session
-    in a process takes seconds). Returns list[MethodResult]."""
+    in a process takes seconds). CPU times are taken on one torch thread (one_cpu_thread). Returns
+    list[MethodResult]."""
+    with one_cpu_thread():
+        return _compare_methods(n, head_dim, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
+                                repeats=repeats, measure_memory=measure_memory)
+
+
+@contextmanager
+def one_cpu_thread():
+    """Runs the block on one torch CPU thread: on a small shared machine two threads wait on each other and CPU
+    times swing tenfold. torch's thread count is process-wide, so it is restored on the way out."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repeats, measure_memory):
     q, k, v = make_inputs(n, head_dim, dtype=dtype, seed=seed, device=KERNEL_DEVICE)
     reference = reference_attention(q, k, v, causal=causal)
     steps = tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal)
