@@ -1,6 +1,147 @@
+"""Toy lab: train a small transformer on a synthetic task and watch previous-token and induction heads form."""
+
+import math
+
+import numpy as np
 import streamlit as st
 
-from attnviz import ui
+from attnviz import lab
+from attnviz.figures import lab as figs
 
 st.title("Toy lab")
-ui.placeholder("a small transformer trained in the browser on a synthetic task, with its heads' statistics over training.")
+st.markdown(
+    "Train a 2-layer transformer on a task with a known answer, here on the server's CPU, and watch its heads "
+    "specialise. On the **induction** task every row is random letters with a segment repeated once "
+    "(`<bos> q w e r t q w e r t …`): the repeat is predictable only by finding where the current letter appeared "
+    "before and copying the letter after it. Two heads working together do exactly that: a **previous-token head** "
+    "(each position looks one back) and an **induction head** (looks at the token after the earlier copy of the "
+    "current one). Once trained, the model opens on every other page like any model.")
+
+st.subheader("Set up a run")
+c1, c2, c3 = st.columns(3)
+task = c1.selectbox("Task", lab.TASKS, key="lab_task", help="; ".join(f"{t}: {d}" for t, d in lab.TASK_INFO.items()))
+positional = c2.selectbox("Positions", lab.POSITIONAL, index=lab.POSITIONAL.index("rope"), key="lab_positional",
+                          format_func=lambda p: f"{p} ({lab.ARCHITECTURE[p]})",
+                          help="Which way the model knows positions; it picks the transformers architecture.")
+seed = c3.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="lab_seed",
+                       help="Same settings and seed, same weights and losses.")
+c1, c2, c3 = st.columns(3)
+steps = c1.slider("Training steps", 20, lab.MAX_STEPS, 600, step=20, key="lab_steps",
+                  help=f"At most {lab.MAX_STEPS} steps and {lab.MAX_SECONDS:.0f} s per run, so nobody holds the "
+                       "server for long.")
+lr = c2.select_slider("Learning rate", [3e-4, 1e-3, 3e-3, 1e-2, 3e-2], value=3e-3, key="lab_lr",
+                      format_func=lambda v: f"{v:g}")
+segment_len = c3.slider("Segment length L (letters)", 3, 20, 8, key="lab_segment_len",
+                        help="Letters per segment; on the induction task each row's repeat has between 3 and L.")
+with st.expander("Letters, model size and batch"):
+    c0, c1, c2, c3, c4 = st.columns(5)
+    n_letters = c0.slider("Letters used", 3, 26, 8, key="lab_letters",
+                          help="Tasks use the first n letters a, b, c, …; fewer letters train faster.")
+    n_layers = c1.slider("Layers", 1, 3, 2, key="lab_layers",
+                         help="One layer cannot make an induction head: it needs a head that reads another's output.")
+    n_heads = c2.selectbox("Heads per layer", [1, 2, 4, 8], index=2, key="lab_heads")
+    d_model = c3.selectbox("Width d_model", [32, 64, 128], index=1, key="lab_width")
+    batch_size = c4.selectbox("Batch size", [16, 32, 64], index=1, key="lab_batch")
+
+config = lab.LabConfig(task=task, positional=positional, seed=int(seed), steps=int(steps), lr=float(lr),
+                       batch_size=int(batch_size), segment_len=int(segment_len), n_layers=int(n_layers),
+                       n_heads=int(n_heads), d_model=int(d_model), eval_every=max(10, int(steps) // 40),
+                       n_letters=int(n_letters))
+problems = config.problems()
+for p in problems:
+    st.error(f"{p[0].upper()}{p[1:]}. Change the setting above.")
+
+run: lab.LabRun | None = st.session_state.get("lab_run")
+running = run is not None and not run.snapshot().finished
+
+c1, c2, c3 = st.columns([1, 1, 3])
+auto_save = c3.checkbox("Save automatically when training ends", value=True, key="lab_auto_save",
+                        help=f"As lab/{config.default_name()}; the name comes from the settings.")
+if c1.button("Train", type="primary", key="lab_train", disabled=running or bool(problems)):
+    try:
+        new_run = lab.LabRun(config, auto_save=config.default_name() if auto_save else None)
+        new_run.start()
+        st.session_state["lab_run"] = run = new_run
+        running = True
+    except lab.LabBusyError as exc:
+        st.warning(f"{exc}. Each run takes at most {lab.MAX_SECONDS:.0f} s.")
+    except ValueError as exc:
+        st.error(f"Cannot train with these settings: {exc}")
+if c2.button("Stop", key="lab_stop", disabled=not running):
+    run.stop()
+
+if run is None:
+    st.info(f"Nothing trained yet in this session. Press **Train**: the default run takes about half a minute to a "
+            f"minute, depending on how busy the server is. The loss soon reaches log {n_letters} = "
+            f"{lab.chance_loss(n_letters):.2f} nats (guessing among the letters) and, on the induction task, "
+            "drops further once heads find the earlier copy.")
+    st.stop()
+
+
+@st.fragment(run_every=1.0 if running else None)
+def live_view(run: lab.LabRun, was_running: bool) -> None:
+    snap = run.snapshot()
+    cfg = snap.config
+    st.progress(min(1.0, snap.progress),
+                text=f"{snap.status}: step {snap.step} of {cfg.steps}, {snap.elapsed_s:.0f} s "
+                     f"({cfg.task}, {cfg.positional}, {cfg.n_layers} layers × {cfg.n_heads} heads, "
+                     f"d_model {cfg.d_model}, seed {cfg.seed})")
+    if snap.error:
+        st.error(f"Training stopped with an error: {snap.error}")
+    chance = lab.chance_loss(cfg.n_letters)
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(figs.loss_curve(snap.losses, chance, total_steps=cfg.steps), width="stretch")
+        st.caption("Cross-entropy on the tokens with a known answer. Below the dashed chance line the model has "
+                   "learnt something beyond which letters exist.")
+    ckpts = [c for c in snap.checkpoints if not math.isnan(c.loss)] or snap.checkpoints
+    with right:
+        best = {name: [getattr(c, name).max() for c in ckpts] for name in ("previous_token", "induction", "sink")}
+        st.plotly_chart(figs.best_heads_curve([c.step for c in ckpts], [c.loss for c in ckpts], best, chance,
+                                              total_steps=cfg.steps), width="stretch")
+        st.caption("The best head's score for each statistic, measured on a fixed probe (random letters repeated "
+                   "twice). On the induction task the induction score jumps when the loss drops.")
+    statistic = st.selectbox("Score over training, per head", list(figs.SCORE_TITLES), key="lab_statistic",
+                             format_func=lambda s: figs.SCORE_TITLES[s])
+    steps_axis = [c.step for c in snap.checkpoints]
+    st.plotly_chart(figs.score_curves(steps_axis, np.stack([getattr(c, statistic) for c in snap.checkpoints]),
+                                      statistic=statistic, total_steps=cfg.steps), width="stretch")
+    st.caption({
+        "previous_token": "Mean over positions i ≥ 1 of the weight on position i−1: 1 for a head that always looks "
+                          "one token back.",
+        "induction": f"Mean over the second copy of the probe (positions L+1..2L, L = {cfg.segment_len}) of the "
+                     "weight on the token after the earlier occurrence of the current token: 1 for a perfect "
+                     "induction head.",
+        "sink": "Mean over positions i ≥ 1 of the weight on <bos>: heads with nothing to do often park their "
+                "attention there.",
+    }[statistic])
+    if was_running and snap.finished:
+        st.rerun()
+
+
+live_view(run, running)
+
+snap = run.snapshot()
+if snap.finished and snap.status != "failed":
+    st.subheader("The trained model")
+    cols = st.columns(3)
+    last = snap.checkpoints[-1]
+    for col, name in zip(cols, figs.SCORE_TITLES):
+        col.plotly_chart(figs.final_scores_heatmap(getattr(last, name), name), width="stretch")
+    st.caption("Each head's final scores: look for a previous-token head in layer 0 and an induction head in "
+               "layer 1.")
+    c1, c2 = st.columns([2, 1])
+    name = c1.text_input("Save as", value=snap.saved_as or snap.config.default_name(), key="lab_save_name",
+                         max_chars=48, help="Lowercase letters, digits, '-', '_' and '.'.")
+    if c2.button("Save", key="lab_save"):
+        try:
+            run.save(name.strip())
+            snap = run.snapshot()
+        except (ValueError, RuntimeError, OSError) as exc:
+            st.error(f"Not saved: {exc}")
+    if snap.saved_as:
+        st.success(f"Saved as the model **lab/{snap.saved_as}** (safetensors, in the attnviz cache).")
+        st.page_link("pages/heads.py", label=f"Open lab/{snap.saved_as} on the Heads page", icon="🧠",
+                     query_params={"model": f"lab/{snap.saved_as}"})
+        st.markdown("Pick it in the model list there and type a repeated string such as `abcdefgabcdefg` to see "
+                    "the induction head light up.")

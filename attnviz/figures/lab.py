@@ -1,0 +1,98 @@
+"""Toy-lab figures: the loss curve against chance, per-head scores over training, the final scores per head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from attnviz.figures.common import PALETTE, apply_layout, heatmap
+
+SCORE_TITLES = {"previous_token": "previous-token score", "induction": "induction score", "sink": "sink score"}
+
+
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+    """Mean of the last `window` values at each step (fewer at the start). [n] -> [n]."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return v
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    i = np.arange(1, v.size + 1)
+    lo = np.maximum(0, i - window)
+    return (c[i] - c[lo]) / (i - lo)
+
+
+def loss_curve(losses: Sequence[float], chance: float, *, total_steps: int | None = None,
+               window: int = 20) -> go.Figure:
+    """Training loss per step (faint), its moving average, and the chance level as a dashed line.
+    losses [steps], nats; chance = log(number of letters the task uses), nats."""
+    y = np.asarray(losses, dtype=float)
+    x = np.arange(1, y.size + 1)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="loss per step", line=dict(color=PALETTE[0], width=1),
+                             opacity=0.35))
+    fig.add_trace(go.Scatter(x=x, y=moving_average(y, window), mode="lines", name=f"mean of last {window} steps",
+                             line=dict(color=PALETTE[0], width=2.5)))
+    fig.add_hline(y=chance, line=dict(color=PALETTE[1], dash="dash"),
+                  annotation_text=f"chance: {chance:.2f} nats", annotation_position="top right")
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    fig.update_yaxes(rangemode="tozero")
+    return apply_layout(fig, title="Loss on the answer tokens", x_title="training step",
+                        y_title="cross-entropy (nats)", height=360)
+
+
+def score_curves(steps: Sequence[int], scores, *, statistic: str = "induction",
+                 total_steps: int | None = None) -> go.Figure:
+    """One line per head: a statistic over training. steps [checkpoint]; scores [checkpoint, layer, head]."""
+    s = np.asarray(scores, dtype=float)
+    fig = go.Figure()
+    n_layers, n_heads = (s.shape[1], s.shape[2]) if s.ndim == 3 else (0, 0)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            fig.add_trace(go.Scatter(
+                x=np.asarray(steps), y=s[:, layer, head], mode="lines+markers", name=f"L{layer}H{head}",
+                line=dict(color=PALETTE[head % len(PALETTE)], dash="solid" if layer % 2 else "dot"),
+                marker=dict(size=4),
+                hovertemplate=f"layer {layer} head {head}<br>step %{{x}}<br>score %{{y:.3f}}<extra></extra>"))
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    fig.update_yaxes(range=[0, 1.02])
+    title = SCORE_TITLES.get(statistic, statistic)
+    return apply_layout(fig, title=f"{title[0].upper() + title[1:]} of every head (Lx = layer, Hy = head)",
+                        x_title="training step", y_title=f"{title} (attention weight, 0–1)", height=360)
+
+
+def best_heads_curve(steps: Sequence[int], losses: Sequence[float], best: dict[str, Sequence[float]],
+                     chance: float, *, total_steps: int | None = None) -> go.Figure:
+    """The story in one chart: loss at each checkpoint (left axis, nats) against the best head's score for each
+    statistic (right axis, 0-1). steps, losses [checkpoint]; best: statistic -> [checkpoint]."""
+    x = np.asarray(steps)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=np.asarray(losses, dtype=float), mode="lines+markers", name="loss (left axis)",
+                             line=dict(color=PALETTE[0], width=2.5), marker=dict(size=4)))
+    fig.add_hline(y=chance, line=dict(color=PALETTE[0], dash="dash", width=1),
+                  annotation_text="chance", annotation_position="bottom left")
+    for i, (name, y) in enumerate(best.items()):
+        fig.add_trace(go.Scatter(x=x, y=np.asarray(y, dtype=float), mode="lines+markers",
+                                 name=f"best {SCORE_TITLES.get(name, name)} (right axis)", yaxis="y2",
+                                 line=dict(color=PALETTE[(i + 1) % len(PALETTE)]), marker=dict(size=4)))
+    apply_layout(fig, title="As the loss falls, heads specialise", x_title="training step",
+                 y_title="loss (nats)", height=380)
+    fig.update_layout(yaxis2=dict(title=dict(text="highest score over heads (0–1)"), overlaying="y", side="right",
+                                  range=[0, 1.02], showgrid=False),
+                      yaxis=dict(rangemode="tozero"), margin=dict(r=70))
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    return fig
+
+
+def final_scores_heatmap(scores, statistic: str) -> go.Figure:
+    """A statistic for every head at the end of training. scores [layer, head]."""
+    s = np.asarray(scores, dtype=float)
+    title = SCORE_TITLES.get(statistic, statistic)
+    return heatmap(s, x_labels=[f"H{h}" for h in range(s.shape[1])], y_labels=[f"L{l}" for l in range(s.shape[0])],
+                   title=f"Final {title}", x_title="head", y_title="layer", zmin=0.0, zmax=1.0,
+                   colorbar_title="score (0–1)", height=260,
+                   hovertemplate="layer %{y} head %{x}<br>score %{z:.3f}<extra></extra>")
