@@ -245,3 +245,15 @@ def test_save_and_load_round_trip(toys, tmp_path, suffix):
         cap.tokens, cap.token_ids, cap.layers, cap.kv_head_of, cap.model_name, cap.causal)
     with pytest.raises(CaptureError, match=".npz or .safetensors"):
         save_capture(cap, tmp_path / "cap.txt")
+
+
+def test_model_without_attention_weights_is_a_clear_error():
+    loaded = load_model("toy-gpt2")  # private copy: a hook below drops its weights
+    handle = attention_modules(loaded.model)[0].register_forward_hook(lambda m, a, out: (out[0], None))
+    try:
+        with pytest.raises(CaptureError, match="returned no attention weights"):
+            capture_attention(loaded, TEXT)
+    finally:
+        handle.remove()
+    with pytest.raises(CaptureError, match="No attention modules"):
+        attention_modules(torch.nn.Sequential(torch.nn.Linear(2, 2)))
