@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from attnviz.kernels import (  # noqa: E402
-    INTERPRETED, attention_flops, device_peak_tflops, flash_attention, make_inputs, naive_attention, peak_cpu_bytes,
+    INTERPRETED, forward_flops, device_peak_tflops, flash_attention, make_inputs, naive_attention, peak_cpu_bytes,
     tile_steps, time_call, two_pass_attention,
 )
 
@@ -75,7 +75,7 @@ def gpu_benchmark(batch=4, heads=16, d=64, dtype="float16"):
     for causal in (False, True):
         for n in (256, 512, 1024, 2048, 4096, 8192):
             q, k, v = make_inputs(n, d, dtype=dtype, batch=batch, heads=heads, device="cuda")
-            flops = attention_flops(n, n, d, causal=causal) * batch * heads
+            flops = forward_flops(n, n, d, causal=causal) * batch * heads
             triton_ms = do_bench(lambda: flash_attention(q, k, v, causal=causal, block_m=128, block_n=64))
             sdpa_ms = do_bench(lambda: sdpa(q, k, v, is_causal=causal))
             # naive holds ~14 bytes per score (fp16 scores, fp32 softmax, fp16 pattern): skip it when that won't fit

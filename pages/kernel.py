@@ -46,9 +46,9 @@ st.markdown(
     "copy of its loop shows every tile."
 )
 if kn.INTERPRETED:
-    st.info("No GPU here: the Triton kernel runs under the Triton interpreter (numpy on the CPU, ~4 ms per tile "
-            "step). Its results are exact, its time is a functional simulation, never a speed. On a GPU the same "
-            "kernel compiles.")
+    st.info("No GPU here: the Triton kernel runs under the Triton interpreter (numpy on the CPU, a few ms per tile "
+            "step). Its numbers are the kernel's own; its time is a functional simulation, never a speed. On a GPU "
+            "the same kernel compiles.")
 
 c1, c2, c3, c4 = st.columns(4)
 n = c1.slider("N (sequence length, tokens)", 1, 4096, 64, key="kernel_n")

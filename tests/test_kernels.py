@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz import cost
 from attnviz.attention import causal_mask
 from attnviz.kernels import (
-    INTERPRETED, KERNEL_DEVICE, TILE_FULL, TILE_PARTIAL, TILE_SKIPPED, attention_flops, compare_methods,
+    INTERPRETED, KERNEL_DEVICE, TILE_FULL, TILE_PARTIAL, TILE_SKIPPED, forward_flops, compare_methods,
     flash_attention, naive_attention, online_attention, peak_cpu_bytes, reference_attention, refusal, tile_map,
     tile_steps, tiled_steps, two_pass_attention,
 )
@@ -269,7 +270,10 @@ def test_step_counters_add_up_to_the_whole_computation():
     q, k, v = _inputs(n, d, "float16")
     steps = list(tiled_steps(q, k, v, block_m=bm, block_n=bn))
     assert len(steps) == tile_steps(n, n, block_m=bm, block_n=bn, causal=False) == 3 * 5
-    assert sum(s.flops for s in steps) == attention_flops(n, n, d) == 4 * n * n * d
+    # for one head, attnviz.cost's attention term with d_model = d is the same 4 N^2 d
+    assert sum(s.flops for s in steps) == forward_flops(n, n, d)
+    assert forward_flops(n, n, d) == cost.attention_flops(seq_len=n, d_model=d)["attention"]
+    assert forward_flops(n, n, d, causal=True) == cost.attention_flops(seq_len=n, d_model=d, causal=True)["attention"]
     # Q read once, K and V once per query block (3 blocks), O written once; 2 bytes a value
     assert sum(s.bytes_loaded for s in steps) == (n * d + 3 * 2 * n * d) * 2
     assert sum(s.bytes_stored for s in steps) == n * d * 2

@@ -46,8 +46,9 @@ def tile_steps(n_query, n_key, *, block_m, block_n, causal, batch_heads=1) -> in
     return total * batch_heads
 
 
-def attention_flops(n_query, n_key, d, *, causal=False) -> float:
-    """4 n_query n_key d (q k^T and p v, a multiply-add = 2 FLOPs), halved when causal (FlashAttention-2's count)."""
+def forward_flops(n_query, n_key, d, *, causal=False) -> float:
+    """FLOPs of one head's attention forward pass: 4 n_query n_key d (q k^T and p v, a multiply-add = 2 FLOPs),
+    halved when causal, FlashAttention-2's count (attnviz.cost.attention_flops's "attention" term for one head)."""
     return 4.0 * n_query * n_key * d / (2.0 if causal else 1.0)
 
 
@@ -208,7 +209,7 @@ def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repe
         note = (f"functional simulation under the Triton interpreter: {seconds / steps * 1e3:.2f} ms per tile step, "
                 "not a speed")
     else:
-        tflops = attention_flops(n, n, head_dim, causal=causal) / seconds / 1e12
+        tflops = forward_flops(n, n, head_dim, causal=causal) / seconds / 1e12
         peak = device_peak_tflops(where, dtype)
         note = f"{tflops:.2f} TFLOPS on {where}"
         if peak:
