@@ -108,28 +108,25 @@ def load_model(name_or_path: str, *, device: str | None = None, progress: Progre
     if not name:
         raise ModelError("No model given: choose a model name, a local folder or a hub id.")
     report = progress or (lambda _msg: None)
+    device_map = "auto" if device == "auto" else None
     if name in _TOYS:
         loaded = _load_toy(name)
     elif name in _BUNDLED:
-        loaded = _load_bundled(name, report)
+        loaded = _load_bundled(name, report, device_map)
     elif name.startswith("lab/"):
-        loaded = _load_lab(name)
+        loaded = _load_lab(name, device_map)
     else:
-        loaded = _load_user(name, report, device)
-        return loaded
-    return _placed(loaded, device)
-
-
-def _placed(loaded: LoadedModel, device: str | None) -> LoadedModel:
-    target = _resolve_device(device)
-    if target == "auto":
-        target = "cuda" if torch.cuda.is_available() else "cpu"
-    loaded.model.to(target)
+        loaded = _load_user(name, report, device_map)
+    if getattr(loaded.model, "hf_device_map", None) is None:  # not spread by accelerate: one device
+        try:
+            loaded.model.to(_single_device(device))
+        except (RuntimeError, AssertionError, ValueError) as exc:
+            raise ModelError(f"Cannot put {name} on device {device!r}: {exc}") from exc
     return loaded
 
 
-def _resolve_device(device: str | None) -> str:
-    if device is None:
+def _single_device(device: str | None) -> str:
+    if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
 
@@ -186,7 +183,7 @@ def _bundled_spec(name: str) -> ModelSpec:
     return next(s for s in available_models() if s.name == name)
 
 
-def _load_bundled(name: str, report: Progress) -> LoadedModel:
+def _load_bundled(name: str, report: Progress, device_map: str | None) -> LoadedModel:
     spec = _bundled_spec(name)
     pkg = _package_dir(_BUNDLED[name].package)
     if pkg is None:
@@ -196,7 +193,7 @@ def _load_bundled(name: str, report: Progress) -> LoadedModel:
     else:
         folder = _converted_smollm2(pkg, report)
     report(f"Loading {name} from its safetensors folder…")
-    model, tokenizer = _from_folder(folder)
+    model, tokenizer = _from_folder(folder, device_map)
     return _finish(model, tokenizer, spec)
 
 
@@ -270,7 +267,7 @@ def _family_of(folder: Path) -> str:
         return "unknown"
 
 
-def _load_lab(name: str) -> LoadedModel:
+def _load_lab(name: str, device_map: str | None) -> LoadedModel:
     folder_name = name[len("lab/"):]
     if not folder_name or "/" in folder_name or folder_name.startswith("."):
         raise ModelError(f"{name!r} is not a toy-lab model name; use lab/<folder> as listed.")
@@ -278,14 +275,14 @@ def _load_lab(name: str) -> LoadedModel:
     if not (folder / "config.json").exists():
         raise ModelError(f"No toy-lab model called {folder_name!r}. Train one on the Toy lab page first.")
     spec = ModelSpec(name, _family_of(folder), "lab", True, None, f"Trained in the toy lab ({folder_name}).")
-    model, tokenizer = _from_folder(folder)
+    model, tokenizer = _from_folder(folder, device_map)
     return _finish(model, tokenizer, spec)
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _load_user(name: str, report: Progress, device: str | None) -> LoadedModel:
+def _load_user(name: str, report: Progress, device_map: str | None) -> LoadedModel:
     folder = Path(name).expanduser()
     if folder.is_dir():
         source = "local"
@@ -298,13 +295,10 @@ def _load_user(name: str, report: Progress, device: str | None) -> LoadedModel:
                          "and not a hub id of the form owner/name.")
     _check_safetensors(folder, name)
     report(f"Loading {name}…")
-    model, tokenizer = _from_folder(folder, device_map="auto" if device == "auto" else None)
+    model, tokenizer = _from_folder(folder, device_map)
     spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), source, True, None,
                      f"{'Local folder' if source == 'local' else 'Hub model'} {name}.")
-    loaded = _finish(model, tokenizer, spec)
-    if device != "auto":
-        loaded.model.to(_resolve_device(device))
-    return loaded
+    return _finish(model, tokenizer, spec)
 
 
 def _cached_hub_folder(repo_id: str) -> Path:

@@ -176,3 +176,14 @@ def test_conversion_runs_once_when_many_threads_ask(tmp_path, monkeypatch):
     folder = results[0]
     assert (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
     assert sorted(p.name for p in paths.converted_dir().iterdir() if p.is_dir()) == [folder.name]
+
+
+def test_device_choices(tmp_path):
+    assert load_model("toy-gpt2", device="cpu").model.device.type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="Cannot put toy-gpt2 on device 'cuda'"):
+            load_model("toy-gpt2", device="cuda")
+    _save_toy(tmp_path / "spread")
+    spread = load_model(str(tmp_path / "spread"), device="auto")  # accelerate's device_map="auto": all on the CPU here
+    assert spread.model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert capture_attention(spread, "abc").pattern.shape == (2, 4, 4, 4)
