@@ -28,6 +28,7 @@ class TileStep:
     alpha: [rows]         exp(m_prev - m_i), the factor the old l and acc are rescaled by
     acc_rescaled: [rows, d]  acc_prev * alpha;  acc: [rows, d] = acc_rescaled + p v
     out: [rows, d]        O = acc / l_i, only on the block's last step (last=True), else None
+    partial: the causal mask hides some of the tile's scores; first: the block's first key tile
     flops: 4 * rows * cols * d (q k^T and p v, a multiply-add counted as 2)
     bytes_loaded: K and V tiles, plus the Q tile on the block's first step; bytes_stored: the O tile on the last
     """

@@ -22,8 +22,6 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 MAX_HEAD_DIM = 128
 
 
@@ -67,7 +65,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
         m_i = m_ij
         if TRACE:
             trace_ptrs = trace_offset + (start_n // BLOCK_N) * BLOCK_M + tl.arange(0, BLOCK_M)
-            tl.store(TraceM + trace_ptrs, m_i * 0.6931471805599453, mask=offs_m < N_Q)
+            tl.store(TraceM + trace_ptrs, m_i * 0.6931471805599453, mask=offs_m < N_Q)  # ln 2: back to natural units
             tl.store(TraceL + trace_ptrs, l_i, mask=offs_m < N_Q)
     return acc, l_i, m_i
 
