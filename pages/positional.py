@@ -39,15 +39,16 @@ st.title("Positional encodings")
 st.markdown(
     "Attention by itself is blind to order: permute the tokens and every score moves with them. Position has to "
     "enter somewhere: **added to the input** (sinusoidal, Vaswani et al. 2017), **rotating q and k** (RoPE, "
-    "Su et al. 2021) or **biasing the scores** (ALiBi, Press et al. 2022). Each tab below computes one of them "
-    "from its formula; the last tab measures how real heads spread attention over distance."
+    "Su et al. 2021) or **biasing the scores** (ALiBi, Press et al. 2022). Each section below computes one of them "
+    "from its formula; the last one measures how real heads spread attention over distance."
 )
 
-tab_sin, tab_rope, tab_alibi, tab_cmp, tab_meas = st.tabs(
-    ["Sinusoidal", "RoPE", "ALiBi", "Compare", "Measured on models"])
+# one section at a time: only the chosen one is computed and drawn
+SECTIONS = ["Sinusoidal", "RoPE", "ALiBi", "Compare", "Measured on models"]
+section = st.radio("Section", SECTIONS, horizontal=True, key="pos_section", label_visibility="collapsed")
 
 # ---------------------------------------------------------------- sinusoidal
-with tab_sin:
+if section == "Sinusoidal":
     st.latex(r"PE_{p,2i} = \sin(p\,\omega_i),\quad PE_{p,2i+1} = \cos(p\,\omega_i),\quad "
              r"\omega_i = \mathrm{base}^{-2i/d}")
     c1, c2, c3 = st.columns(3)
@@ -91,7 +92,7 @@ with tab_sin:
                    "Negative positions are fine, the formula extends to them.")
 
 # ---------------------------------------------------------------- RoPE
-with tab_rope:
+if section == "RoPE":
     st.latex(r"f(x, m) = R_m x,\quad R_m = \mathrm{diag}_i\!\begin{pmatrix}\cos m\theta_i & -\sin m\theta_i"
              r"\\ \sin m\theta_i & \cos m\theta_i\end{pmatrix},\quad \theta_i = \mathrm{base}^{-2i/d}")
     st.latex(r"\langle R_m q,\ R_n k\rangle = q^\top R_m^\top R_n\, k = \langle q,\ R_{n-m}\, k\rangle")
@@ -173,7 +174,7 @@ with tab_rope:
                 f"max |rotate_half(Px) − P·interleaved(x)| = **{np.abs(a - b).max():.1e}** (d = {d_small}).")
 
 # ---------------------------------------------------------------- ALiBi
-with tab_alibi:
+if section == "ALiBi":
     st.latex(r"\mathrm{score}_{ij} = \frac{q_i\cdot k_j}{\sqrt{d}} - m_h\,(i-j),\qquad "
              r"m_h = 2^{-8h/n}\ (h = 1..n,\ n \text{ a power of two})")
     c1, c2, c3 = st.columns(3)
@@ -210,7 +211,7 @@ with tab_alibi:
               "Steep heads attend to the last few tokens only; the gentlest heads still see far back.")
 
 # ---------------------------------------------------------------- compare
-with tab_cmp:
+if section == "Compare":
     st.markdown("One query at the last position against the same key vector placed at every earlier position: "
                 "q and k are random, the projections are the identity, so only the positional scheme differs.")
     c1, c2, c3, c4, c5 = st.columns(5)
@@ -239,7 +240,7 @@ with tab_cmp:
               "tokens by different amounts.")
 
 # ---------------------------------------------------------------- measured
-with tab_meas:
+if section == "Measured on models":
     st.markdown(
         "Run a model on a text, capture every head's attention pattern, and average the weight each query gives "
         "to the key r tokens back, over queries and heads, one line per layer. **smollm2-135m** uses RoPE "
@@ -256,7 +257,7 @@ with tab_meas:
         st.session_state["pos_meas_done"] = (model_name, text)
     done = st.session_state.get("pos_meas_done")
     if done is None:
-        st.info("Press **Measure** to run the model; the theory tabs need no model.")
+        st.info("Press **Measure** to run the model; the other sections need no model.")
     elif not done[1].strip():
         st.warning("Type some text to measure: the text box is empty.")
     elif done[0] is None:

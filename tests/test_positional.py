@@ -441,20 +441,56 @@ def _values(y) -> np.ndarray:
     return np.asarray(y, dtype=float)
 
 
-def test_page_measures_a_toy_bloom_beside_the_alibi_theory():
-    """The page's 'Measured on models' tab, driven through AppTest: its per-layer lines are what an independent
-    capture of the same text gives, a per-layer loop over the captured pattern."""
-    import json
+def _page():
     from pathlib import Path
 
     from streamlit.testing.v1 import AppTest
 
-    from attnviz.capture import capture_attention
-    from attnviz.models import load_model
-
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180)
     at.run()
     at.switch_page("pages/positional.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_page_every_section_runs_and_the_shown_identities_hold():
+    at = _page()
+    sections = at.radio(key="pos_section").options
+    assert len(sections) == 5
+    for name in sections:
+        at.radio(key="pos_section").set_value(name).run()
+        assert not at.exception, f"{name}: {at.exception}"
+        if name != "Measured on models":
+            assert at.get("plotly_chart"), f"{name} shows no chart"
+    at.radio(key="pos_section").set_value("Sinusoidal").run()
+    at.slider(key="pos_sin_k").set_value(-37).run()
+    shown = " ".join(m.value for m in at.markdown)
+    assert "|M_k PE_p − PE_(p+k)|" in shown
+    errors = [float(x) for x in __import__("re").findall(r"= \*\*([0-9.e+-]+)\*\*", shown)]
+    assert len(errors) == 2 and max(errors) < 1e-12
+    at.radio(key="pos_section").set_value("RoPE").run()
+    at.slider(key="pos_rope_m").set_value(150).run()
+    table = at.dataframe[0].value
+    assert table["value"].iloc[0] == pytest.approx(table["value"].iloc[1], abs=1e-10)
+    assert table["value"].iloc[0] == pytest.approx(table["value"].iloc[2], abs=1e-10)
+    at.radio(key="pos_section").set_value("ALiBi").run()
+    at.slider(key="pos_alibi_heads").set_value(64).run()
+    at.slider(key="pos_alibi_head").set_value(63).run()
+    at.slider(key="pos_alibi_heads").set_value(3).run()  # the chosen head must follow the smaller range
+    assert not at.exception, at.exception
+    assert at.slider(key="pos_alibi_head").value == 2
+
+
+def test_page_measures_a_toy_bloom_beside_the_alibi_theory():
+    """The page's 'Measured on models' tab, driven through AppTest: its per-layer lines are what an independent
+    capture of the same text gives, a per-layer loop over the captured pattern."""
+    import json
+
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+
+    at = _page()
+    at.radio(key="pos_section").set_value("Measured on models").run()
     assert not at.exception, at.exception
     n_charts = len(at.get("plotly_chart"))
     at.selectbox(key="pos_meas_model").set_value("toy-bloom-alibi").run()
