@@ -268,14 +268,13 @@ def head_saturation(scores, scaling: float, temperature: float,
     scores: [layer, head, query, key] as captured. Returns {variant: [layer, head]}: the share of a head's rows
     whose largest weight exceeds threshold, over the rows with at least two valid keys.
     """
-    s = np.asarray(scores, dtype=np.float64)
-    keep = valid_keys(s) >= 2  # [layer, head, query]
-    rows = np.maximum(keep.sum(-1), 1)
-    out = {}
-    for name, pattern in head_variants(s, scaling, temperature).items():
-        saturated = (pattern.max(-1) > threshold) & keep
-        out[name] = saturated.sum(-1) / rows
-    return out
+    out: dict[str, list] = {}
+    for layer_scores in np.asarray(scores):  # one layer at a time keeps the float64 copies small
+        keep = valid_keys(layer_scores) >= 2  # [head, query]
+        rows = np.maximum(keep.sum(-1), 1)
+        for name, pattern in head_variants(layer_scores, scaling, temperature).items():
+            out.setdefault(name, []).append(((pattern.max(-1) > threshold) & keep).sum(-1) / rows)
+    return {name: np.stack(shares) for name, shares in out.items()}
 
 
 def scale_sweep(scores, scaling: float, factors, threshold: float = SATURATION_THRESHOLD) -> pd.DataFrame:

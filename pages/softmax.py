@@ -10,7 +10,8 @@ from attnviz.figures import softmax as figs
 
 N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
 ROWS_SHOWN = 12
-MAX_TOKENS = 256
+MAX_TOKENS = 256  # every head's three softmaxes are computed for the per-head grids
+MAX_CHARS = 1000
 DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)
 REAL_TEXT = "The cat sat on the mat because it was warm. The cat"
 TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]
@@ -33,7 +34,7 @@ def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
 
 def show_real_model(cap) -> None:
     """The real-model section, once a capture with scores [layer, head, query, key] is at hand."""
-    scores = np.asarray(cap.scores, dtype=np.float64)
+    scores = cap.scores  # [layer, head, query, key], float32, shared and read-only
     layers = list(cap.layers)
     scaling, head_dim = float(cap.scaling), int(cap.head_dim)
     tokens = [str(t) for t in cap.tokens]
@@ -47,7 +48,7 @@ def show_real_model(cap) -> None:
     st.caption(f"{cap.model_name}: head_dim = {head_dim}, the model's scaling = {scaling:.4g} "
                f"(1/√{head_dim} = {1 / math.sqrt(head_dim):.4g}); {len(tokens)} tokens.")
 
-    head_scores = scores[layer_pos, head]  # [query, key]
+    head_scores = scores[layer_pos, head].astype(np.float64)  # [query, key]
     patterns = sm.head_variants(head_scores, scaling, real_t)
     titles = {"own scale": f"Own scale (q·k × {scaling:.3g})", "unscaled": "Unscaled: raw q·k",
               "temperature": f"Own scale, T = {real_t:g}"}
@@ -99,10 +100,11 @@ def show_real_model(cap) -> None:
 
 st.title("Softmax saturation")
 st.markdown(
-    r"If the entries of $q$ and $k$ are independent with mean 0 and variance 1, then $q\cdot k=\sum_{i=1}^{d_k} q_i k_i$ "
-    r"has variance $d_k$. Without the $1/\sqrt{d_k}$ of $\mathrm{softmax}(QK^\top/\sqrt{d_k})$ the logits spread "
-    r"out as $d_k$ grows, one key takes nearly all the weight, and the softmax Jacobian "
-    r"$J=\mathrm{diag}(p)-pp^\top$ (the only way a gradient reaches $q$ and $k$) goes to zero. "
+    r"If the entries of $q$ and $k$ are independent with mean 0 and variance 1, then "
+    r"$q\cdot k=\sum_{i=1}^{d_k} q_i k_i$ has variance $d_k$. Without the $1/\sqrt{d_k}$ of "
+    r"$\mathrm{softmax}(QK^\top/\sqrt{d_k})$ the logits spread out as $d_k$ grows, one key takes nearly all the "
+    r"weight, and the softmax Jacobian $J=\mathrm{diag}(p)-pp^\top$ (the only way a gradient reaches $q$ and $k$) "
+    r"goes to zero. "
     rf"Below, {N_QUERIES} random queries each attend over the same random keys, with and without the scaling; "
     r"the temperature $T$ divides every logit in both."
 )
@@ -132,7 +134,8 @@ for column, variant in ((left, sm.SCALED), (right, sm.UNSCALED)):
         m3, m4 = st.columns(2)
         m1.metric("logit std", f"{scores.std():.3g}", help=f"Predicted: {math.sqrt(predicted_var[variant]):.3g}")
         m2.metric("mean max weight", f"{stats.max_weight.mean():.3f}", help=f"Uniform would be 1/{n_keys}.")
-        m3.metric("mean entropy (nats)", f"{stats.entropy.mean():.2f}", help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
+        m3.metric("mean entropy (nats)", f"{stats.entropy.mean():.2f}",
+                  help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
         m4.metric("saturated rows", f"{stats.saturated_share:.1%}", help="Rows whose largest weight exceeds 0.99.")
         st.plotly_chart(figs.logit_histogram(scores, predicted_var=predicted_var[variant],
                                              title=f"Logits, {scale_text[variant]}",
@@ -239,7 +242,7 @@ else:
     r1, r2 = st.columns([1, 2])
     with r1:
         model_name = ui.model_picker(key="softmax_model", default="smollm2-135m")
-    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", max_chars=2000)
+    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", max_chars=MAX_CHARS)
     request = (model_name, text)
     if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
         st.session_state["softmax_request"] = request
