@@ -162,7 +162,7 @@ table = pd.DataFrame({
     "how to read the time": [r["note"] for r in results],
 })
 st.dataframe(table, hide_index=True, width="stretch")
-st.caption("Measured in one run on this machine, on one CPU thread: a median of 3 calls, or one call for a method "
+st.caption("Measured in one run on this machine, on one CPU thread: a median of 5 calls, or one call for a method "
            "slower than 0.2 s (the interpreted kernel: one call). Errors are "
            f"against a float64 computation of the same {dtype} inputs.")
 speeds = [r for r in results if not (kn.INTERPRETED and r["method"] == "fused Triton kernel")]

@@ -160,7 +160,7 @@ class MethodResult:
     note: str
 
 
-def compare_methods(n, head_dim, *, block_m, block_n, causal, dtype="float32", seed=0, repeats=3,
+def compare_methods(n, head_dim, *, block_m, block_n, causal, dtype="float32", seed=0, repeats=5,
                     measure_memory=False):
     """Runs naive, torch SDPA, two-pass tiled, the online-softmax stepper and the Triton kernel on the same seeded
     inputs [1, 1, n, head_dim]; checks each against float64 and times each, in this one call.
