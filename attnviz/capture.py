@@ -38,6 +38,8 @@ from functools import partial
 import numpy as np
 import torch
 
+from attnviz.tokenizer import _BYTE_OF
+
 MAX_TOKENS = 2048
 MAX_CAPTURE_BYTES = 2 * 1024**3  # the captured arrays must fit comfortably in memory
 
@@ -189,12 +191,15 @@ def kv_head_of(config) -> list[int]:
 
 def readable_tokens(tokenizer, token_ids: list[int]) -> list[str]:
     """Each token decoded on its own, with whitespace made visible. A piece of a multi-byte character (which
-    decodes to U+FFFD) is shown by its vocabulary string instead."""
+    decodes alone to U+FFFD) is shown by its bytes, as <0xC3>, when its vocabulary string is byte-level (GPT-2's
+    byte-to-character table), else by that vocabulary string."""
     out = []
     for tid in token_ids:
         text = tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if "\ufffd" in text or text == "":
-            text = str(tokenizer.convert_ids_to_tokens(tid))
+            piece = str(tokenizer.convert_ids_to_tokens(tid))
+            raw = [_BYTE_OF.get(ch) for ch in piece]
+            text = "".join(f"<0x{b:02X}>" for b in raw) if None not in raw else piece
         out.append(text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍"))
     return out
 

@@ -257,3 +257,12 @@ def test_model_without_attention_weights_is_a_clear_error():
         handle.remove()
     with pytest.raises(CaptureError, match="No attention modules"):
         attention_modules(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_readable_tokens_show_whitespace_and_split_characters(toys):
+    from attnviz.capture import readable_tokens
+
+    tok = toys["toy-gpt2"].tokenizer
+    tokens = readable_tokens(tok, tok("a b\nï\t").input_ids)
+    expected_bytes = [f"<0x{b:02X}>" for b in "ï".encode("utf-8")]
+    assert tokens == ["<bos>", "a", "␣", "b", "↵", *expected_bytes, "⇥"]
