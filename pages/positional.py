@@ -82,8 +82,8 @@ if section == "Sinusoidal":
             mapped = m_k @ P.sinusoidal_encoding(p + 1, d_model, base_sin)[p]
             direct = np.empty(d_model)  # the formula evaluated at p + k, which may be negative
             direct[0::2], direct[1::2] = np.sin((p + k_shift) * w), np.cos((p + k_shift) * w)
-            table[f"M_k PE_{p}"] = mapped[:6]
-            table[f"PE_{p + k_shift} (formula)"] = direct[:6]
+            table[f"M_k·PE({p})"] = mapped[:6]
+            table[f"PE({p + k_shift})"] = direct[:6]
             errors[p] = float(np.abs(mapped - direct).max())
         st.dataframe(pd.DataFrame(table, index=[f"dim {i}" for i in range(6)]).style.format("{:.6f}"))
         st.markdown("\n".join(f"- p = {p}: max over all {d_model} dimensions of |M_k PE_p − PE_(p+k)| = "
@@ -121,10 +121,9 @@ if section == "RoPE":
         q_s = P.apply_rope(q[None], [m_pos + 1000], base_rope, interleaved=True)[0]
         k_s = P.apply_rope(k[None], [n_pos_k + 1000], base_rope, interleaved=True)[0]
         st.markdown("**The relative-position identity, with these numbers** (all d_head dimensions):")
-        st.dataframe(pd.DataFrame({
-            "quantity": ["⟨R_m q, R_n k⟩", "⟨q, R_(n−m) k⟩", "⟨R_(m+1000) q, R_(n+1000) k⟩", "⟨q, k⟩ (no RoPE)"],
-            "value": [qm @ kn, q @ k_rel, q_s @ k_s, q @ k],
-        }).style.format({"value": "{:.12f}"}), hide_index=True)
+        quantities = ["⟨R_m q, R_n k⟩", "⟨q, R_(n−m) k⟩", "⟨R_(m+1000) q, R_(n+1000) k⟩", "⟨q, k⟩ (no RoPE)"]
+        st.dataframe(pd.DataFrame({"quantity": quantities, "value": [qm @ kn, q @ k_rel, q_s @ k_s, q @ k]})
+                     .style.format({"value": "{:.12f}"}), hide_index=True)
         st.caption(f"|⟨R_m q, R_n k⟩ − ⟨q, R_(n−m) k⟩| = {abs(qm @ kn - q @ k_rel):.1e}: the score depends on "
                    f"n − m = {n_pos_k - m_pos} only. Norms are kept: |q| = {np.linalg.norm(q):.6f}, "
                    f"|R_m q| = {np.linalg.norm(qm):.6f}.")
@@ -301,9 +300,9 @@ if section == "Measured on models":
                                          relative_theory=relative, relative_name="RoFormer bound"),
                       f"Lines above the dotted one mean the layer prefers nearby tokens more than causal masking "
                       f"alone would; {theory_note}. Far distances average few queries, so they are noisier" +
-                      ("." if skip else "; a rise at the far right is the first token, which many heads use as "
-                       "an attention sink (only it is that far back from the last queries): leave it out with "
-                       "the toggle.") +
+                      ("." if skip else "; if the far right rises, that is usually the first token, which many "
+                       "heads use as an attention sink (only it is that far back from the last queries): leave it "
+                       "out with the toggle.") +
                       ("" if causal else " This model is not causal: keys after the query are left out here."))
                 per_head = P.attention_by_distance(pattern, per_head=True)
                 near = per_head[..., 1: min(9, n_tok)].sum(-1)  # weight within 8 tokens back, excluding itself
