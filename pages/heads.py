@@ -4,6 +4,7 @@ import streamlit as st
 from attnviz import ui
 from attnviz.capture import capture_to_bytes
 from attnviz.figures import heads as figs
+from attnviz.models import available_models
 from attnviz.sinks import without_sinks
 from attnviz.stats import COLUMNS, ROLES, head_stats, top_heads
 
@@ -24,7 +25,11 @@ def from_link() -> None:
     st.session_state["heads_from_link_done"] = True
     q = st.query_params
     if "model" in q:
-        st.session_state["heads_model"] = q["model"]
+        if q["model"] in {spec.name for spec in available_models()}:
+            st.session_state["heads_model"] = q["model"]
+        else:  # a local folder or hub id: it goes into the picker's text box, and is checked like a typed one
+            st.session_state["heads_model"] = ui.CUSTOM_MODEL
+            st.session_state["heads_model_custom"] = q["model"]
     if "text" in q:
         st.session_state["heads_text"] = q["text"][:ui.MAX_TEXT_CHARS]
     for name in ("layer", "head"):

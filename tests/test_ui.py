@@ -36,9 +36,16 @@ def test_link_reproduces_the_view():
 
 
 def test_bad_link_values_fall_back():
-    at = heads_page({"model": "no-such-model", "layer": "99", "head": "x"})
+    at = heads_page({"layer": "99", "head": "x"})
     assert at.selectbox(key="heads_model").value == "toy-gpt2"
     assert at.selectbox(key="heads_layer").value == 1  # nearest existing layer of toy-gpt2 (2 layers)
+    assert at.selectbox(key="heads_head").value == 0
+
+
+def test_link_to_an_unknown_model_says_so():
+    at = heads_page({"model": "no-such-model"})
+    assert at.text_input(key="heads_model_custom").value == "no-such-model"
+    assert any("Unknown model 'no-such-model'" in e.value for e in at.error)
 
 
 def test_empty_text_is_an_error_message():
