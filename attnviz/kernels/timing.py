@@ -8,6 +8,7 @@ halved when causal: a multiply-add counts as 2).
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ SLOW_CALL_S = 0.2
 # The stepper keeps every step's tiles for display: past this many steps the page would hold too much.
 MAX_STEPPER_STEPS = 4096
 MAX_N = 8192
+# torch.profiler is process-wide: one measurement at a time
+_PROFILER_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Dense peaks from NVIDIA's data sheets, TFLOPS: tensor cores for 16-bit inputs, CUDA cores for float32 (the kernel
 # computes float32 in IEEE precision, not TF32). Matched against torch.cuda.get_device_name(), first hit wins.
@@ -104,7 +107,7 @@ def peak_cpu_bytes(fn) -> int | None:
         from torch._C._profiler import _EventType
     except ImportError:
         return None
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _PROFILER_LOCK, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())

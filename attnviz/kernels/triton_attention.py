@@ -13,7 +13,9 @@ kernel compiles.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,6 +117,8 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, sm_scale,  #
 
 INTERPRETED = type(_attn_fwd).__name__ == "InterpretedFunction"
 KERNEL_DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda")
+# The interpreter patches triton.language while a kernel runs, so two threads (two app sessions) must take turns.
+_LAUNCH_LOCK = threading.Lock() if INTERPRETED else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -159,17 +163,18 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
         trace_m = trace_l = torch.empty(1, device=q.device)
     grid = (n_q_blocks, batch * heads)
     try:
-        _attn_fwd[grid](
-            q, k, v, out, trace_m, trace_l, scale,  #
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #
-            heads, n_query, n_key, n_key - n_query, n_k_blocks,  #
-            HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),  #
-            BLOCK_M=block_m, BLOCK_N=block_n,  #
-            CAUSAL=bool(causal), TRACE=bool(trace),
-            # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": 3}),
-        )
+        with _LAUNCH_LOCK:
+            _attn_fwd[grid](
+                q, k, v, out, trace_m, trace_l, scale,  #
+                *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #
+                heads, n_query, n_key, n_key - n_query, n_k_blocks,  #
+                HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),  #
+                BLOCK_M=block_m, BLOCK_N=block_n,  #
+                CAUSAL=bool(causal), TRACE=bool(trace),
+                # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": 3}),
+            )
     except OutOfResources as exc:
         raise ValueError(f"BLOCK_M = {block_m}, BLOCK_N = {block_n} with head dim {d} need more shared memory than "
                          f"this GPU has ({exc}): use smaller blocks") from exc
