@@ -102,8 +102,8 @@ def interleaved_to_half_permutation(d_head: int) -> np.ndarray:
     """Index p with x_half = x_interleaved[..., p]: [0, 2, 4, ..., d-2, 1, 3, ..., d-1]. Returns [d_head].
 
     The paper rotates adjacent pairs (x_2i, x_2i+1); transformers' rotate_half rotates (x_i, x_(i + d/2)).
-    Reordering the features of q and k by p (which is what the Llama checkpoint converters do to W_q and W_k)
-    turns one convention into the other: apply_rope(x[..., p]) == apply_rope(x, interleaved=True)[..., p].
+    Reordering the features of q and k by p (what transformers' GGUF loader does to the rows of llama.cpp's W_q and
+    W_k, head by head) turns one convention into the other: apply_rope(x[..., p]) == apply_rope(x, interleaved=True)[..., p].
     The inverse permutation is np.argsort(p).
     """
     d_head = _check_even(d_head, "d_head")
@@ -146,7 +146,7 @@ def apply_rope(x, positions=None, base: float = 10000.0, interleaved: bool = Fal
     theta = torch.as_tensor(scaled_rope_frequencies(d, base, scaling=scaling, factor=factor))  # [d/2]
     pos = torch.arange(n, dtype=torch.float64) if positions is None else \
         (positions if isinstance(positions, torch.Tensor) else torch.tensor(np.asarray(positions)))
-    angles = pos.to(torch.float64)[..., None] * theta  # [..., n, d/2]
+    angles = pos.detach().cpu().to(torch.float64)[..., None] * theta  # [..., n, d/2], on the CPU in float64
     work = torch.float64 if t.dtype == torch.float64 else torch.float32
     cos, sin = torch.cos(angles).to(t.device, work), torch.sin(angles).to(t.device, work)
     xw = t.to(work)

@@ -168,7 +168,8 @@ if section == "RoPE":
     with c3:
         chart(F.matrix_heatmap(np.eye(d_small)[perm], title="Permutation P: interleaved → rotate_half",
                                x_title="interleaved index", y_title="rotate_half index"),
-              f"Reorder the features by {perm.tolist()} (what Llama checkpoint converters do to W_q, W_k).")
+              f"Reorder the features by {perm.tolist()}: what transformers does to each head's W_q, W_k rows "
+              "when it loads a llama.cpp GGUF file.")
     st.markdown(f"With that reordering the two layouts give the same vector: "
                 f"max |rotate_half(Px) − P·interleaved(x)| = **{np.abs(a - b).max():.1e}** (d = {d_small}).")
 

@@ -145,6 +145,26 @@ def test_interleaved_and_rotate_half_agree_under_the_permutation():
                                P.rope_rotation_matrix(7.0, d, interleaved=True), atol=1e-15)
 
 
+def test_permutation_is_what_transformers_does_to_gguf_llama_q_and_k():
+    """llama.cpp stores W_q, W_k for the paper's interleaved pairs; transformers' GGUF loader reorders their rows for
+    rotate_half. Its reorder is our permutation, head by head, and RoPE then gives the same scores either way."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    n_head, d, hidden = 3, 8, 12
+    w_gguf = RNG.standard_normal((n_head * d, hidden))
+    processor = LlamaTensorProcessor(config={"num_attention_heads": n_head, "num_key_value_heads": n_head})
+    w_hf = processor.process(w_gguf.copy(), "blk.0.attn_q.weight").weights
+    perm = P.interleaved_to_half_permutation(d)
+    np.testing.assert_array_equal(w_hf.reshape(n_head, d, hidden), w_gguf.reshape(n_head, d, hidden)[:, perm])
+    x = RNG.standard_normal((5, hidden))  # 5 tokens
+    q_gguf = (x @ w_gguf.T).reshape(5, n_head, d).transpose(1, 0, 2)  # [head, n, d]
+    q_hf = (x @ w_hf.T).reshape(5, n_head, d).transpose(1, 0, 2)
+    pos = np.arange(5) * 3.0
+    paper, hf = P.apply_rope(q_gguf, pos, interleaved=True), P.apply_rope(q_hf, pos)
+    np.testing.assert_allclose(hf, paper[..., perm], atol=1e-13)
+    np.testing.assert_allclose(hf @ hf.transpose(0, 2, 1), paper @ paper.transpose(0, 2, 1), atol=1e-12)
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_apply_rope_preserves_norms(interleaved):
     x = RNG.standard_normal((3, 4, 40, 64))
