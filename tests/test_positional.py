@@ -530,3 +530,28 @@ def test_page_measures_a_toy_bloom_beside_the_alibi_theory():
     assert theory.shape == (n,) and theory[0] > theory[1] > theory[-1]
     at.toggle(key="pos_meas_skip").set_value(True).run()
     assert not at.exception, at.exception
+
+
+@pytest.mark.slow
+def test_apply_rope_reproduces_smollm2_layer0_attention(smollm2):
+    """Rebuild smollm2-135m's first-layer pattern from its own projections with apply_rope and rope_settings,
+    and compare it with the pattern captured from the model's eager forward pass."""
+    from attnviz.capture import capture_attention
+
+    capture = capture_attention(smollm2, "The cat sat on the mat, and then the dog sat on the cat.", layers=[0])
+    model = smollm2.model.model
+    config = smollm2.model.config
+    d_head, base = P.rope_settings(config)
+    assert (d_head, base) == (64, 100000.0)
+    ids = torch.tensor([capture.token_ids])
+    n = ids.shape[1]
+    attn = model.layers[0].self_attn
+    with torch.no_grad():
+        h = model.layers[0].input_layernorm(model.embed_tokens(ids)).double()
+        q = (h @ attn.q_proj.weight.double().T).view(1, n, -1, d_head).transpose(1, 2)  # [1, 9, n, 64]
+        k = (h @ attn.k_proj.weight.double().T).view(1, n, -1, d_head).transpose(1, 2)  # [1, 3, n, 64]
+    q, k = P.apply_rope(q, base=base), P.apply_rope(k, base=base)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # GQA: query head h reads KV head h // 3
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(d_head))[0]
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    np.testing.assert_allclose(torch.softmax(scores, -1).numpy(), capture.pattern[0], atol=2e-4)
