@@ -308,12 +308,14 @@ def uniform_causal_pattern(n: int) -> np.ndarray:
     return np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
 
 
-def uniform_causal_by_distance(n: int) -> np.ndarray:
+def uniform_causal_by_distance(n: int, *, exclude_keys: int = 0) -> np.ndarray:
     """The content-free, position-free baseline: query i spreads 1/(i+1) over its i+1 keys. By distance r, the mean
-    over queries i >= r of 1/(i+1). Returns [n]. Causal masking alone makes this fall with distance."""
+    over queries i >= r + exclude_keys of 1/(i+1), i.e. attention_by_distance(uniform_causal_pattern(n)[None],
+    exclude_keys=...) without the n x n pattern. Returns [n - exclude_keys]. Causal masking alone makes it fall."""
     inv = 1.0 / np.arange(1, n + 1, dtype=np.float64)
     tail_sums = np.cumsum(inv[::-1])[::-1]  # sum_{i >= r} 1/(i+1)
-    return tail_sums / (n - np.arange(n))
+    first = np.arange(n - int(exclude_keys)) + int(exclude_keys)
+    return tail_sums[first] / (n - first)
 
 
 def position_scheme(config) -> str:

@@ -281,8 +281,7 @@ if section == "Measured on models":
                 config = loaded.model.config
                 scheme = P.position_scheme(config)
                 causal = bool(capture.causal)
-                baseline = P.attention_by_distance(P.uniform_causal_pattern(n_tok)[None], exclude_keys=skip) \
-                    if causal else None  # [n, n] float64: at most 1500 tokens, 18 MB
+                baseline = P.uniform_causal_by_distance(n_tok, exclude_keys=skip) if causal else None
                 theory = relative = None
                 if scheme == "alibi":
                     theory = P.alibi_by_distance(config.n_head, n_tok, exclude_keys=skip)

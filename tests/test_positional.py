@@ -384,6 +384,9 @@ def test_uniform_causal_baseline():
     np.testing.assert_allclose(P.uniform_causal_pattern(n), pattern)
     np.testing.assert_allclose(P.uniform_causal_by_distance(n), P.attention_by_distance(pattern[None]))
     assert P.uniform_causal_by_distance(n)[-1] == pytest.approx(1 / n)
+    for skip in (1, 3):
+        np.testing.assert_allclose(P.uniform_causal_by_distance(n, exclude_keys=skip),
+                                   P.attention_by_distance(pattern[None], exclude_keys=skip))
 
 
 def test_tiny_bloom_without_content_follows_the_alibi_theory():
