@@ -1,7 +1,13 @@
+import math
+
 import numpy as np
+import pytest
 import torch
 
-from attnviz.sinks import without_sinks
+from attnviz import sinks
+from attnviz.sinks import (cache_positions, perplexity, rolling_cache_token_losses, rolling_mean, sink_head_share,
+                           sink_heads, sink_scores, streaming_experiment, streaming_token_losses, top_sink_keys,
+                           window_mask, without_sinks)
 
 
 def _causal_random_pattern(rng, shape):
@@ -10,6 +16,8 @@ def _causal_random_pattern(rng, shape):
     raw = rng.exponential(size=shape) * np.tril(np.ones((n, n)))
     return raw / raw.sum(axis=-1, keepdims=True)
 
+
+# ------------------------------------------------------------------ without_sinks
 
 def test_without_sinks_matches_loop_renormalisation():
     rng = np.random.default_rng(0)
@@ -32,3 +40,195 @@ def test_without_sinks_torch_in_torch_out_and_default_key():
     out = without_sinks(p)
     assert isinstance(out, torch.Tensor)
     torch.testing.assert_close(out, torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.25, 0.75]]))
+
+
+# ------------------------------------------------------------------ sink scores
+
+def test_sink_scores_causal_match_loops():
+    rng = np.random.default_rng(1)
+    pattern = _causal_random_pattern(rng, (2, 3, 7, 7))
+    alpha = sink_scores(pattern)
+    for idx in np.ndindex(pattern.shape[:-2]):
+        for k in range(7):
+            seen = [pattern[idx][t, k] for t in range(k, 7)]  # Gu et al.: queries t >= k
+            assert alpha[idx][k] == pytest.approx(sum(seen) / len(seen), abs=1e-12)
+
+
+def test_sink_scores_bidirectional_average_every_query():
+    rng = np.random.default_rng(2)
+    raw = rng.exponential(size=(2, 5, 5))
+    pattern = raw / raw.sum(-1, keepdims=True)
+    alpha = sink_scores(pattern, causal=False)
+    for h in range(2):
+        for k in range(5):
+            assert alpha[h, k] == pytest.approx(sum(pattern[h, t, k] for t in range(5)) / 5, abs=1e-12)
+
+
+def _planted_sink_pattern(n, c):
+    """Causal pattern: every query t >= 1 gives c to key 0 and spreads 1 - c evenly over keys 1..t."""
+    p = np.zeros((n, n))
+    p[0, 0] = 1.0
+    for t in range(1, n):
+        p[t, 0] = c
+        p[t, 1:t + 1] = (1 - c) / t
+    return p
+
+
+def test_sink_heads_threshold_and_share_per_layer():
+    n = 10
+    # alpha_0 = (1 + (n - 1) c) / n by hand: c = 0.1 -> 0.19 (not a sink head), c = 0.5 -> 0.55 (a sink head).
+    weak, strong = _planted_sink_pattern(n, 0.1), _planted_sink_pattern(n, 0.5)
+    pattern = np.stack([np.stack([weak, weak, strong]), np.stack([strong, strong, strong])])  # [layer 2, head 3]
+    alpha = sink_scores(pattern)
+    assert alpha[0, 0, 0] == pytest.approx((1 + (n - 1) * 0.1) / n)
+    assert alpha[0, 2, 0] == pytest.approx((1 + (n - 1) * 0.5) / n)
+    np.testing.assert_array_equal(sink_heads(alpha), [[False, False, True], [True, True, True]])
+    np.testing.assert_allclose(sink_head_share(alpha), [1 / 3, 1.0])
+
+
+def test_top_sink_keys_find_a_sink_that_is_not_token_zero():
+    n = 8
+    # Bidirectional (BERT-like): every query gives half its attention to key 3 ("[SEP]"), the rest evenly.
+    p = np.full((n, n), 0.5 / (n - 1))
+    p[:, 3] = 0.5
+    pattern = np.broadcast_to(p, (2, 4, n, n))
+    tokens = [f"t{i}" for i in range(n)]
+    top = top_sink_keys(sink_scores(pattern, causal=False), tokens, causal=False, top=2)
+    assert top[0].position == 3 and top[0].token == "t3"
+    assert top[0].mean_score == pytest.approx(0.5)
+    assert top[0].sink_heads == 8 and top[0].top_heads == 8
+    assert top[1].mean_score == pytest.approx(0.5 / (n - 1))
+
+
+def test_top_sink_keys_ignore_last_keys_seen_by_few_queries():
+    n = 12
+    # Causal: every query attends to itself only, so alpha_k = 1/(n - k): the last key scores 1.0 from one query.
+    pattern = np.broadcast_to(np.eye(n), (1, 2, n, n))
+    alpha = sink_scores(pattern)
+    assert alpha[0, 0, n - 1] == pytest.approx(1.0)
+    top = top_sink_keys(alpha, [str(i) for i in range(n)], top=3)
+    assert all(n - s.position >= n // 4 for s in top)
+
+
+# ------------------------------------------------------------------ masks and positions
+
+def test_window_mask_and_cache_positions_match_the_definition():
+    n, w, s = 11, 4, 2
+    mask = window_mask(n, w, s)
+    for t in range(n):
+        for j in range(n):
+            assert mask[t, j] == (j <= t and (t - j < w or j < s))
+    np.testing.assert_array_equal(window_mask(n, None), np.tril(np.ones((n, n), dtype=bool)))
+    # A cache of s + w slots: a query sits at its text position until the cache is full, then in the last slot.
+    assert list(cache_positions(n, w, s)) == [min(t, s + w - 1) for t in range(n)]
+
+
+def test_rolling_mean():
+    v = np.array([1.0, 3.0, 5.0, 7.0])
+    np.testing.assert_allclose(rolling_mean(v, 2), [1.0, 2.0, 4.0, 6.0])
+
+
+# ------------------------------------------------------------------ the experiment on a tiny Llama
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rope_theta=100.0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper attention than the default init, so positions matter
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
+    return model
+
+
+def _hf_token_losses(model, ids):
+    """Per-token cross-entropy from the model's own forward (transformers' attention and RoPE)."""
+    with torch.no_grad():
+        out = model(ids[None], labels=ids[None])
+    per_token = torch.nn.functional.cross_entropy(out.logits[0, :-1].double(), ids[1:], reduction="none")
+    return per_token.numpy(), out.loss.item()
+
+
+def test_full_attention_equals_the_models_own_loss(tiny_llama):
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1))
+    ours = streaming_token_losses(tiny_llama, ids)
+    theirs, mean_loss = _hf_token_losses(tiny_llama, ids)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    assert ours.mean() == pytest.approx(mean_loss, abs=1e-5)
+    # A window longer than the text evicts nothing: the same numbers.
+    np.testing.assert_allclose(streaming_token_losses(tiny_llama, ids, window=64, n_sinks=4), theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_sinks", [0, 2])
+def test_one_masked_pass_equals_the_rolling_cache(tiny_llama, n_sinks):
+    ids = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(2))
+    rolling = rolling_cache_token_losses(tiny_llama, ids, window=5, n_sinks=n_sinks)
+    for chunk in (4, 7, 256):  # chunking is an implementation detail: any size gives the same losses
+        one_pass = streaming_token_losses(tiny_llama, ids, window=5, n_sinks=n_sinks, query_chunk=chunk)
+        np.testing.assert_allclose(one_pass, rolling, atol=1e-5)
+    original = streaming_token_losses(tiny_llama, ids, window=5, n_sinks=n_sinks, positions="original")
+    if n_sinks == 0:
+        np.testing.assert_allclose(original, rolling, atol=1e-5)  # RoPE is relative: nothing moves
+    else:
+        # The sinks' distance differs once the cache is full (t > n_sinks + window - 1), and only then.
+        full = n_sinks + 5
+        np.testing.assert_allclose(original[:full - 1], rolling[:full - 1], atol=1e-5)
+        assert np.abs(original[full:] - rolling[full:]).max() > 1e-3
+
+
+def test_rolling_cache_without_eviction_is_full_attention(tiny_llama):
+    ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(3))
+    theirs, _ = _hf_token_losses(tiny_llama, ids)
+    np.testing.assert_allclose(rolling_cache_token_losses(tiny_llama, ids, window=12), theirs, atol=1e-5)
+
+
+def test_experiment_rejects_impossible_sizes(tiny_llama):
+    with pytest.raises(ValueError):
+        streaming_experiment(tiny_llama, torch.tensor([1]), window=4)
+    with pytest.raises(ValueError):
+        streaming_experiment(tiny_llama, torch.arange(10), window=0)
+
+
+def test_perplexity_is_exp_mean_loss():
+    assert perplexity([1.0, 2.0, 3.0]) == pytest.approx(math.exp(2.0))
+
+
+# ------------------------------------------------------------------ SmolLM2
+
+def test_shipped_text_is_long_enough_and_sourced(smollm2):
+    text = sinks.shipped_text()
+    assert len(smollm2.tokenizer(text)["input_ids"]) >= 2000
+    readme = (sinks.STREAMING_TEXT.parent / "README.md").read_text()
+    assert "public domain" in readme.lower() and sinks.STREAMING_TEXT.name in readme
+
+
+def test_smollm2_has_sink_heads_in_its_later_layers(smollm2):
+    from attnviz.capture import capture_attention
+
+    capture = capture_attention(smollm2, sinks.shipped_text()[:400])
+    alpha = sink_scores(capture.pattern)  # [layer, head, key]
+    share = sink_head_share(alpha)
+    assert alpha.shape[:2] == (30, 9)
+    assert share[15:].mean() >= 0.75, share
+    assert share[15:].mean() - share[:10].mean() >= 0.5, share
+    assert top_sink_keys(alpha[15:], capture.tokens, top=1)[0].position == 0
+
+
+def test_smollm2_eviction_experiment_on_a_short_text(smollm2):
+    ids = torch.as_tensor(smollm2.tokenizer(sinks.shipped_text())["input_ids"][:120])
+    result = streaming_experiment(smollm2.model, ids, window=16, n_sinks=4)
+    full, window_only, with_sinks = (result.perplexity[name] for name in sinks.SETTINGS)
+    assert all(math.isfinite(p) and p > 1 for p in (full, window_only, with_sinks))
+    assert window_only != pytest.approx(with_sinks, rel=1e-3)
+    assert window_only > with_sinks  # StreamingLLM's finding; on this text the gap is large
+    theirs, mean_loss = _hf_token_losses(smollm2.model, ids)
+    np.testing.assert_allclose(result.losses[sinks.SETTINGS[0]], theirs, atol=1e-4)
+    assert math.log(full) == pytest.approx(mean_loss, abs=1e-4)
+    # Before anything is evicted (the first `window` tokens) the three settings read the same keys.
+    for name in sinks.SETTINGS[1:]:
+        np.testing.assert_allclose(result.losses[name][:15], theirs[:15], atol=1e-4)
