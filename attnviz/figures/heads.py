@@ -134,7 +134,7 @@ def token_looks(weights: np.ndarray, tokens: Sequence[str], row_labels: Sequence
     z = np.asarray(weights, dtype=np.float64) ** gamma
     title = f"Where token {query} ({tokens[query]}) looks, head by head"
     colorbar = "weight" if gamma == 1 else f"weight^{gamma:g}"
-    height = min(1400, 120 + 16 * len(row_labels))
+    height = min(1400, max(340, 200 + 22 * len(row_labels)))
     if z.size <= HEATMAP_MAX_CELLS and n_keys <= 400:
         fig = heatmap(z, x_labels=[f"{i}: {t}" for i, t in enumerate(tokens[:n_keys])], y_labels=list(row_labels),
                       title=title, x_title="key token (position: token)", y_title="head (layer, head)",
