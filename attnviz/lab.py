@@ -196,6 +196,19 @@ def make_probe(segment_len: int, batch_size: int = PROBE_BATCH, seed: int = PROB
     return torch.cat([torch.full((batch_size, 1), BOS_ID, dtype=torch.long), letters], dim=1)
 
 
+def example_text(config: LabConfig) -> str:
+    """A short text in the task's own format to try a trained model on, e.g. "dbfagdbfag" for induction over 8
+    letters: a fixed scramble of up to 6 of its letters, then what the task makes of them."""
+    letters = ALPHABET[:config.n_letters]
+    k = min(len(letters), 6, config.segment_len)
+    segment = "".join(letters[(5 * i + 3) % len(letters)] for i in range(len(letters)))[:k]
+    if len(set(segment)) < k:                  # 5 and n share a factor: fall back to the letters in order
+        segment = letters[:k]
+    if config.task == "induction":
+        return segment + segment
+    return segment + SEPARATOR + (segment if config.task == "copy" else segment[::-1])
+
+
 def previous_token_score(pattern) -> np.ndarray:
     """Mean over queries i >= 1 of A[i, i-1]. pattern [..., query, key] -> [...]."""
     a = np.asarray(pattern, dtype=np.float64)
@@ -353,6 +366,8 @@ class LabRun:
         self._elapsed = 0.0
         self._error: str | None = None
         self._saved_as: str | None = None
+        self._probe = make_probe(config.segment_len, n_letters=config.n_letters)
+        self._checkpoint(0, float("nan"), self._probe)      # so every snapshot has the untrained scores
 
     def snapshot(self) -> RunSnapshot:
         with self._lock:
@@ -397,14 +412,13 @@ class LabRun:
     def _train(self) -> RunSnapshot:
         cfg = self.config
         data = torch.Generator().manual_seed(cfg.seed)
-        probe = make_probe(cfg.segment_len, n_letters=cfg.n_letters)
+        probe = self._probe
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
         warmup = max(1, min(50, cfg.steps // 10))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
         self.model.train()
         t0 = time.perf_counter()
-        self._checkpoint(0, float("nan"), probe)
         status = "done"
         try:
             for step in range(1, cfg.steps + 1):

@@ -11,9 +11,9 @@ from attnviz.figures import lab as figs
 st.title("Toy lab")
 st.markdown(
     "Train a 2-layer transformer on a task with a known answer, here on the server's CPU, and watch its heads "
-    "specialise. On the **induction** task every row is random letters with a segment repeated once "
-    "(`<bos> q w e r t q w e r t …`): the repeat is predictable only by finding where the current letter appeared "
-    "before and copying the letter after it. Two heads working together do exactly that: a **previous-token head** "
+    "specialise. On the **induction** task every row is a random string of letters, the same string again, then "
+    "random letters (`<bos> d a f c h d a f c h g b …`): the repeat is predictable only by finding where the "
+    "current letter appeared before and copying the letter after it. Two heads working together do exactly that: a **previous-token head** "
     "(each position looks one back) and an **induction head** (looks at the token after the earlier copy of the "
     "current one). Once trained, the model opens on every other page like any model.")
 
@@ -26,7 +26,7 @@ positional = c2.selectbox("Positions", lab.POSITIONAL, index=lab.POSITIONAL.inde
 seed = c3.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="lab_seed",
                        help="Same settings and seed, same weights and losses.")
 c1, c2, c3 = st.columns(3)
-steps = c1.slider("Training steps", 20, lab.MAX_STEPS, 600, step=20, key="lab_steps",
+steps = c1.slider("Training steps", 20, lab.MAX_STEPS, 1000, step=20, key="lab_steps",
                   help=f"At most {lab.MAX_STEPS} steps and {lab.MAX_SECONDS:.0f} s per run, so nobody holds the "
                        "server for long.")
 lr = c2.select_slider("Learning rate", [3e-4, 1e-3, 3e-3, 1e-2, 3e-2], value=3e-3, key="lab_lr",
@@ -78,7 +78,7 @@ if run is None:
     st.stop()
 
 
-@st.fragment(run_every=1.0 if running else None)
+@st.fragment(run_every=2.0 if running else None)
 def live_view(run: lab.LabRun, was_running: bool) -> None:
     snap = run.snapshot()
     cfg = snap.config
@@ -99,9 +99,10 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
         best = {name: [getattr(c, name).max() for c in ckpts] for name in ("previous_token", "induction", "sink")}
         st.plotly_chart(figs.best_heads_curve([c.step for c in ckpts], [c.loss for c in ckpts], best, chance,
                                               total_steps=cfg.steps), width="stretch")
-        st.caption("The best head's score for each statistic, measured on a fixed probe (random letters repeated "
-                   "twice). On the induction task the induction score jumps when the loss drops.")
-    statistic = st.selectbox("Score over training, per head", list(figs.SCORE_TITLES), key="lab_statistic",
+        st.caption("The best head's score for each statistic on a fixed probe (random strings of several lengths, "
+                   "each repeated twice). On the induction task the previous-token and induction scores rise "
+                   "together as the loss falls below chance: the two heads form as a pair.")
+    statistic = st.selectbox("Score over training, per head", list(figs.SCORE_TITLES), index=1, key="lab_statistic",
                              format_func=lambda s: figs.SCORE_TITLES[s])
     steps_axis = [c.step for c in snap.checkpoints]
     st.plotly_chart(figs.score_curves(steps_axis, np.stack([getattr(c, statistic) for c in snap.checkpoints]),
@@ -141,7 +142,9 @@ if snap.finished and snap.status != "failed":
             st.error(f"Not saved: {exc}")
     if snap.saved_as:
         st.success(f"Saved as the model **lab/{snap.saved_as}** (safetensors, in the attnviz cache).")
+        example = lab.example_text(snap.config)
         st.page_link("pages/heads.py", label=f"Open lab/{snap.saved_as} on the Heads page", icon="🧠",
-                     query_params={"model": f"lab/{snap.saved_as}"})
-        st.markdown("Pick it in the model list there and type a repeated string such as `abcdefgabcdefg` to see "
-                    "the induction head light up.")
+                     query_params={"model": f"lab/{snap.saved_as}", "text": example})
+        st.markdown(f"There, with the text `{example}` (or any text in the task's letters), the induction head "
+                    "of layer 1 looks from each repeated letter to the letter after its first copy, and the "
+                    "previous-token head of layer 0 looks one letter back.")

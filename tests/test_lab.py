@@ -114,6 +114,38 @@ def test_scores_match_their_definitions_on_ideal_and_random_patterns():
         lab.induction_score(previous, L + 1)
 
 
+def test_scores_agree_with_head_stats_on_the_probe():
+    """attnviz.stats finds induction targets by matching tokens; on each probe row cut after its second copy that
+    is exactly the key i-l+1 of the second-copy queries, so both modules must give the same numbers."""
+    from attnviz.stats import induction_targets, pattern_stats
+
+    model = lab.build_model(lab.LabConfig(d_model=32, n_letters=26))
+    probe = lab.make_probe(6, batch_size=4)
+    with torch.no_grad():
+        attentions = model(input_ids=probe, output_attentions=True).attentions
+    for b, l in enumerate(lab.probe_lengths(6, 4)):
+        n = 2 * l + 1
+        p = attentions[1][b, :, :n, :n].double().numpy()                 # [head, query, key]
+        theirs = pattern_stats(p, induction_targets(probe[b, :n].tolist()))
+        np.testing.assert_allclose(lab.induction_score(p, l), theirs["induction"], rtol=1e-12)
+        np.testing.assert_allclose(lab.previous_token_score(p), theirs["prev_token"], rtol=1e-12)
+        np.testing.assert_allclose(lab.sink_score(p), theirs["sink_mass"], rtol=1e-12)
+
+
+@pytest.mark.parametrize("task", lab.TASKS)
+@pytest.mark.parametrize("n_letters", [3, 8, 26])
+def test_example_text_follows_the_task(task, n_letters):
+    text = lab.example_text(lab.LabConfig(task=task, n_letters=n_letters, segment_len=3))
+    if task == "induction":
+        half = text[:len(text) // 2]
+        assert text == half + half
+    else:
+        src, out = text.split("=")
+        assert out == (src if task == "copy" else src[::-1])
+        half = src
+    assert len(set(half)) == len(half) == 3 and set(half) <= set(lab.ALPHABET[:n_letters])
+
+
 def test_chance_is_log_of_the_number_of_letters():
     assert lab.chance_loss() == pytest.approx(math.log(26)) and lab.chance_loss(8) == pytest.approx(math.log(8))
 

@@ -60,8 +60,10 @@ def score_curves(steps: Sequence[int], scores, *, statistic: str = "induction",
         fig.update_xaxes(range=[0, total_steps])
     fig.update_yaxes(range=[0, 1.02])
     title = SCORE_TITLES.get(statistic, statistic)
-    return apply_layout(fig, title=f"{title[0].upper() + title[1:]} of every head (Lx = layer, Hy = head)",
-                        x_title="training step", y_title=f"{title} (attention weight, 0–1)", height=360)
+    apply_layout(fig, title=f"{title[0].upper() + title[1:]} of every head (Lx = layer, Hy = head)",
+                 x_title="training step", y_title=f"{title} (attention weight, 0–1)", height=380)
+    fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.02))
+    return fig
 
 
 def best_heads_curve(steps: Sequence[int], losses: Sequence[float], best: dict[str, Sequence[float]],
@@ -79,10 +81,11 @@ def best_heads_curve(steps: Sequence[int], losses: Sequence[float], best: dict[s
                                  name=f"best {SCORE_TITLES.get(name, name)} (right axis)", yaxis="y2",
                                  line=dict(color=PALETTE[(i + 1) % len(PALETTE)]), marker=dict(size=4)))
     apply_layout(fig, title="As the loss falls, heads specialise", x_title="training step",
-                 y_title="loss (nats)", height=380)
+                 y_title="loss (nats)", height=420)
     fig.update_layout(yaxis2=dict(title=dict(text="highest score over heads (0–1)"), overlaying="y", side="right",
-                                  range=[0, 1.02], showgrid=False),
-                      yaxis=dict(rangemode="tozero"), margin=dict(r=70))
+                                  range=[0, 1.02], dtick=0.2, showgrid=False),
+                      yaxis=dict(rangemode="tozero"), margin=dict(r=70, b=110),
+                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0.0))
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
     return fig
