@@ -30,12 +30,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import time
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 SINK_THRESHOLD = 0.3  # Gu et al. 2025, the epsilon of their sink metric
 DEFAULT_SINKS = 4  # Xiao et al. 2024 keep four initial tokens
+DEFAULT_WINDOW = 256
+STREAMING_TEXT = Path(__file__).resolve().parent.parent / "data" / "declaration_and_lincoln.txt"
 
 
 def without_sinks(pattern, sink_keys=(0,)):
@@ -156,13 +160,15 @@ def cache_positions(n: int, window: int | None, n_sinks: int = 0) -> np.ndarray:
 
 @torch.no_grad()
 def streaming_token_losses(model, input_ids, *, window: int | None = None, n_sinks: int = 0,
-                           positions: str = "cache", query_chunk: int = 256) -> np.ndarray:
+                           positions: str = "cache", query_chunk: int = 256,
+                           progress: Callable[[float], None] | None = None) -> np.ndarray:
     """Per-token cross-entropy (nats) of a Llama-family causal LM that reads only the first n_sinks tokens and the
     last `window` tokens, in one forward pass. Returns [n - 1]: entry i is the loss of token i + 1.
 
     window=None is full attention (loss equal to the model's own labels= loss). positions="cache" scores sink keys
     as StreamingLLM does (query at its position inside the cache, see the module docstring); "original" keeps the
     text positions. input_ids: [n] or [1, n]. query_chunk bounds the memory of the score matrix.
+    progress(fraction) is called after every layer.
     """
     if positions not in ("cache", "original"):
         raise ValueError(f"positions must be 'cache' or 'original', not {positions!r}")
@@ -176,9 +182,11 @@ def streaming_token_losses(model, input_ids, *, window: int | None = None, n_sin
     if positions == "cache" and n_sinks > 0:
         rope_cache = inner.rotary_emb(h, torch.as_tensor(cache_positions(n, window, n_sinks))[None])
     chunks = None if window is None else _plan_chunks(n, window, n_sinks, query_chunk)
-    for layer in inner.layers:
+    for i, layer in enumerate(inner.layers):
         h = h + _attention_block(layer, h, rope, rope_cache, chunks)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if progress is not None:
+            progress((i + 1) / len(inner.layers))
     return _next_token_losses(model, inner.norm(h)[0], ids[0])
 
 
@@ -227,6 +235,11 @@ def rolling_cache_token_losses(model, input_ids, *, window: int, n_sinks: int = 
     return _next_token_losses(model, torch.stack(finals), ids)
 
 
+def shipped_text() -> str:
+    """The public-domain text of the eviction experiment (data/README.md says where it comes from)."""
+    return STREAMING_TEXT.read_text(encoding="utf-8")
+
+
 def perplexity(losses) -> float:
     """exp(mean per-token cross-entropy in nats)."""
     return float(np.exp(np.mean(np.asarray(losses, dtype=np.float64))))
@@ -259,10 +272,38 @@ class StreamingResult:
     perplexity: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def evicted_from(self) -> int:
-        """The first text position whose query no longer sees token 0 in the window-only setting."""
-        return self.window
+    @classmethod
+    def from_losses(cls, window: int, n_sinks: int, losses: dict, seconds: dict | None = None) -> StreamingResult:
+        n = len(next(iter(losses.values()))) + 1
+        return cls(window=window, n_sinks=n_sinks, n_tokens=n, positions=np.arange(1, n),
+                   losses={k: np.asarray(v, dtype=np.float64) for k, v in losses.items()},
+                   perplexity={k: perplexity(v) for k, v in losses.items()}, seconds=dict(seconds or {}))
+
+
+def describe_experiment(result: StreamingResult, model_name: str = "the model") -> str:
+    """One sentence saying what the three perplexities show, whatever they show."""
+    full, window_only, with_sinks = (result.perplexity[k] for k in SETTINGS)
+    w, s = result.window, result.n_sinks
+    if w >= result.n_tokens:
+        return (f"The window ({w} tokens) holds the whole text ({result.n_tokens} tokens), so nothing is evicted and "
+                f"the three settings agree (perplexity {full:.2f}); make the window smaller than the text.")
+    said = (f"Over {result.n_tokens:,} tokens with a window of {w}, {model_name} has perplexity {full:.2f} with full "
+            f"attention and {window_only:.2f} once the first tokens are evicted ({window_only / full:.2f}× full)")
+    if s == 0:
+        return said + "; with no sink tokens kept, the third setting is the second one."
+    said += f"; keeping the first {s} token{'s' if s > 1 else ''} gives {with_sinks:.2f} ({with_sinks / full:.2f}× full)"
+    gap = window_only - full
+    if window_only / full < 1.05:
+        return said + ": evicting the first tokens barely hurts here, so there is little for the sinks to repair."
+    repaired = (window_only - with_sinks) / gap
+    if repaired >= 0.9 and with_sinks <= full:
+        return said + (". StreamingLLM's finding holds: keeping the sink tokens repairs all of the damage, and here "
+                       "even edges out full attention.")
+    if repaired >= 0.9:
+        return said + f". StreamingLLM's finding holds: the sink tokens repair {repaired:.0%} of the damage."
+    if repaired > 0.1:
+        return said + f": the sink tokens repair {repaired:.0%} of the damage, not all of it."
+    return said + ": keeping the first tokens does not repair the damage here."
 
 
 def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAULT_SINKS,
@@ -270,10 +311,8 @@ def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAUL
                          positions: str = "cache") -> StreamingResult:
     """(a) full attention, (b) a window of the last `window` tokens, (c) the same window plus the first n_sinks
     tokens, on one text, each as one masked forward pass (see streaming_token_losses). full_losses, when given,
-    is reused for (a) (it does not depend on the window). progress(fraction, message) is called between passes.
+    is reused for (a) (it does not depend on the window). progress(fraction, message) is called after every layer.
     """
-    import time
-
     ids = torch.as_tensor(input_ids).reshape(-1)
     n = ids.shape[0]
     if n < 2:
@@ -283,16 +322,16 @@ def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAUL
     runs = [(SETTINGS[0], None, 0), (SETTINGS[1], window, 0), (SETTINGS[2], window, n_sinks)]
     losses, seconds = {}, {}
     for i, (name, w, s) in enumerate(runs):
-        if progress is not None:
-            progress(i / len(runs), f"{name} ({i + 1}/{len(runs)})")
         if name == SETTINGS[0] and full_losses is not None:
             losses[name] = np.asarray(full_losses, dtype=np.float64)
             continue
+        report = None
+        if progress is not None:
+            def report(f, i=i, name=name):
+                progress((i + f) / len(runs), f"{name} ({i + 1}/{len(runs)})")
         start = time.perf_counter()
-        losses[name] = streaming_token_losses(model, ids, window=w, n_sinks=s, positions=positions)
+        losses[name] = streaming_token_losses(model, ids, window=w, n_sinks=s, positions=positions, progress=report)
         seconds[name] = time.perf_counter() - start
-    if progress is not None:
-        progress(1.0, "done")
     return StreamingResult(window=window, n_sinks=n_sinks, n_tokens=n, positions=np.arange(1, n), losses=losses,
                            perplexity={k: perplexity(v) for k, v in losses.items()}, seconds=seconds)
 
@@ -390,11 +429,3 @@ def _next_token_losses(model, final_hidden, ids, chunk: int = 512) -> np.ndarray
         logits = model.lm_head(final_hidden[lo:hi]).float()  # [chunk, vocab]
         out.append(F.cross_entropy(logits, ids[lo + 1:hi + 1], reduction="none"))
     return torch.cat(out).double().numpy()
-
-
-STREAMING_TEXT = Path(__file__).resolve().parent.parent / "data" / "declaration_and_lincoln.txt"
-
-
-def shipped_text() -> str:
-    """The public-domain text of the eviction experiment (data/README.md says where it comes from)."""
-    return STREAMING_TEXT.read_text(encoding="utf-8")

@@ -1,6 +1,202 @@
+"""Attention sinks: where the attention mass goes, and what breaks when the first tokens are evicted."""
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pandas as pd
 import streamlit as st
 
-from attnviz import ui
+from attnviz import sinks, ui
+from attnviz.figures import sinks as figs
 
-st.title("Sinks")
-ui.placeholder("sink scores per head, the tokens that act as sinks, and a StreamingLLM-style eviction experiment on SmolLM2.")
+DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
+                "in Liberty, and dedicated to the proposition that all men are created equal.")
+MAX_CHARS = 2000  # ~450 smollm2 tokens: 30 x 9 patterns of that size stay near 200 MB
+EXPERIMENT_MODEL = "smollm2-135m"
+WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
+POSITIONS = {"inside the cache (StreamingLLM)": "cache", "as in the text": "original"}
+
+
+def chart(fig, caption: str) -> None:
+    st.plotly_chart(fig, width="stretch")
+    st.caption(caption)
+
+
+def choice_box(label: str, options: list[int], key: str, default: int) -> int:
+    """A selectbox over integers that keeps its value while it is still an option (another model, another text)."""
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default
+    return st.selectbox(label, options, key=key)
+
+
+@st.cache_resource(show_spinner=False)
+def loss_store() -> dict:
+    """Per-token losses already computed, shared by every session: (text hash, window, sinks, positions) -> losses.
+
+    A dict rather than st.cache_data because the computation reports progress to the page while it runs, and
+    st.cache_data would record and replay those progress updates."""
+    return {"lock": threading.Lock(), "losses": OrderedDict()}
+
+
+def cached_losses(loaded, text: str, window: int | None, n_sinks: int, positions: str, bar, label: str):
+    """streaming_token_losses on `text`, computed once per (text, window, sinks, positions), with a progress bar."""
+    store = loss_store()
+    key = (hashlib.sha256(text.encode()).hexdigest(), window, n_sinks if window else 0, positions if window else "")
+    with store["lock"]:
+        if key in store["losses"]:
+            store["losses"].move_to_end(key)
+            return store["losses"][key]
+    ids = loaded.tokenizer(text)["input_ids"]
+    losses = sinks.streaming_token_losses(loaded.model, ids, window=window, n_sinks=n_sinks, positions=positions,
+                                          progress=lambda f: bar.progress(f, text=f"{label}: {f:.0%} of the layers"))
+    with store["lock"]:
+        store["losses"][key] = losses
+        while len(store["losses"]) > 64:
+            store["losses"].popitem(last=False)
+    return losses
+
+
+def show_sink_scores() -> None:
+    left, right = st.columns([1, 2])
+    with left:
+        model = ui.model_picker("sinks_model", default=EXPERIMENT_MODEL)
+    with right:
+        text = ui.text_input("sinks_text", DEFAULT_TEXT, height=80)
+    if model is None:
+        return
+    if len(text) > MAX_CHARS:
+        st.error(f"The text is {len(text):,} characters; this page measures sinks on up to {MAX_CHARS:,}. "
+                 "Shorten it (the eviction experiment below runs on its own long text).")
+        return
+    capture = ui.get_capture(model, text)
+    if capture is None:
+        return
+    if capture.n_tokens < 2:
+        st.warning("The text is a single token: a sink needs at least two. Type a longer text.")
+        return
+    alpha = sinks.sink_scores(capture.pattern, causal=capture.causal)  # [layer, head, key]
+    share = sinks.sink_head_share(alpha)
+    top = sinks.top_sink_keys(alpha, capture.tokens, causal=capture.causal)
+    n_sink_heads = int(sinks.sink_heads(alpha).sum())
+    n_heads = alpha.shape[0] * alpha.shape[1]
+    hidden = [k.position for k in top if k.sink_heads >= max(1, 0.05 * n_heads)] or [0]  # sinks for 5% of heads
+    st.caption(f"{model}: {capture.n_tokens} tokens, {n_sink_heads} of {n_heads} heads are sink heads "
+               f"(α₀ > {sinks.SINK_THRESHOLD:g}). "
+               + ("Causal model: α_k averages over the queries t ≥ k that can see key k." if capture.causal else
+                  "Bidirectional model: every query sees every key, so α_k averages over all queries."))
+    if capture.n_tokens < 8:
+        st.info("With only a few tokens every key gets a large share by default (1/n for uniform attention): "
+                "use a longer text for a meaningful α₀.")
+
+    chart(figs.sink_score_grid(alpha[..., 0], capture.layers, threshold=sinks.SINK_THRESHOLD),
+          "Each cell is one head: the mean attention its queries give token 0. Bright rows are layers where almost "
+          "every head parks its attention on the first token, whatever that token says.")
+    chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
+          "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
+          "are sink heads; the toy models, with random weights, have none to speak of.")
+    chart(figs.key_score_bars(alpha.mean(axis=(0, 1)), capture.tokens, highlight=hidden),
+          "Which tokens are sinks: orange bars are keys with α_k > 0.3 in at least 5% of the heads. "
+          + ("The last keys are seen by few queries, so their α is noisy." if capture.causal else ""))
+    st.dataframe(pd.DataFrame([dict(position=k.position, token=k.token, mean_alpha=round(k.mean_score, 4),
+                                    sink_heads=k.sink_heads, heads_where_largest=k.top_heads) for k in top]),
+                 hide_index=True)
+    st.caption("The keys with the largest mean α: sink_heads counts the heads with α_k above "
+               f"{sinks.SINK_THRESHOLD:g}; heads_where_largest counts the heads for which this key gets more than "
+               "any other key.")
+
+    st.subheader("One head, with and without its sink")
+    li_default, head_default = (int(i) for i in np.unravel_index(np.argmax(alpha[..., 0]), alpha.shape[:2]))
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        layer = choice_box("Layer", list(capture.layers), "sinks_layer", capture.layers[li_default])
+    with c2:
+        head = choice_box("Head", list(range(alpha.shape[1])), "sinks_head", head_default)
+    with c3:
+        hide = st.toggle("Hide the sinks", key="sinks_hide",
+                         help=f"Zero the attention on the sink keys (positions {', '.join(map(str, hidden))}) and "
+                              "renormalise each row (attnviz.sinks.without_sinks), so the rest of the pattern shows.")
+    li = capture.layers.index(layer)
+    p = np.array(capture.pattern[li, head], dtype=float)
+    if hide:
+        p = sinks.without_sinks(p, sink_keys=hidden)
+    chart(figs.head_map(p, capture.tokens, title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
+                        + (f" (keys {', '.join(map(str, hidden))} hidden, rows renormalised)" if hide else "")),
+          "Rows are queries, columns keys. A bright first column is the sink; hide it and the map's colour scale "
+          "spreads over what the head reads besides the sink.")
+
+
+def show_experiment() -> None:
+    st.markdown(
+        "StreamingLLM (Xiao et al., ICLR 2024) keeps a fixed-size KV cache for endless text. The obvious cache, "
+        "a **sliding window** of the most recent tokens, breaks as soon as the first tokens leave it, because the "
+        "heads above have nowhere left to park their attention. Keeping just the **first 4 tokens** as sinks "
+        "repairs it. Here SmolLM2-135M reads the Declaration of Independence and two speeches of Lincoln "
+        "(public domain, shipped with attnviz) three ways: (a) full attention, (b) a window of the last W "
+        "tokens, (c) the same window plus the first tokens.")
+    c1, c2, c3, c4 = st.columns(4)
+    window = c1.select_slider("Window W (recent tokens kept)", WINDOWS, value=sinks.DEFAULT_WINDOW,
+                              key="sinks_window")
+    n_sinks = c2.slider("Sink tokens kept in (c)", 0, 16, sinks.DEFAULT_SINKS, key="sinks_n_sinks")
+    positions = POSITIONS[c3.radio("Positions of the sinks", list(POSITIONS), key="sinks_positions",
+                                   help="StreamingLLM numbers the cached tokens by their slot in the cache; the "
+                                        "other choice keeps their place in the text.")]
+    smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing")
+    if st.button("Run the eviction experiment", key="sinks_run", type="primary"):
+        st.session_state["sinks_experiment_on"] = True
+    if not st.session_state.get("sinks_experiment_on"):
+        st.info("Press the button to run it: three forward passes over 2,886 tokens, from half a minute to a few "
+                "minutes on a small shared CPU. Every result is cached, so moving a slider back is instant.")
+        return
+    loaded = ui.get_model(EXPERIMENT_MODEL)
+    if loaded is None:
+        return
+    text = sinks.shipped_text()
+    runs = [(sinks.SETTINGS[0], None, 0), (sinks.SETTINGS[1], window, 0), (sinks.SETTINGS[2], window, n_sinks)]
+    losses = {}
+    with st.status("Running the eviction experiment…", expanded=True) as status:
+        for i, (name, w, s) in enumerate(runs):
+            bar = st.progress(0.0, text=f"({'abc'[i]}) {name}")
+            losses[name] = cached_losses(loaded, text, w, s, positions, bar, f"({'abc'[i]}) {name}")
+            bar.progress(1.0, text=f"({'abc'[i]}) {name}: done")
+        status.update(label="Eviction experiment: done", state="complete", expanded=False)
+    result = sinks.StreamingResult.from_losses(window, n_sinks, losses)
+
+    cols = st.columns(3)
+    full = result.perplexity[sinks.SETTINGS[0]]
+    for col, (name, ppl) in zip(cols, result.perplexity.items()):
+        col.metric(f"Perplexity, {name}", f"{ppl:.2f}",
+                   delta=None if name == sinks.SETTINGS[0] else f"{ppl / full - 1:+.1%} vs full",
+                   delta_color="inverse")
+    st.markdown("**What SmolLM2 shows:** " + sinks.describe_experiment(result, "SmolLM2-135M"))
+    smoothed = {name: sinks.rolling_mean(v, smoothing) for name, v in result.losses.items()}
+    chart(figs.loss_curves(result.positions, smoothed, window=window, smoothing=smoothing),
+          "Before the dotted line the window still holds token 0, so the three curves coincide. After it, the gap "
+          "between (b) and (a) is the price of losing the sink, and (c) shows how much keeping the first tokens "
+          "wins back.")
+    with st.expander("How the eviction is computed, and why not token by token"):
+        st.markdown(
+            "StreamingLLM decodes one token at a time against a rolling KV cache and numbers the cached tokens by "
+            "their slot in the cache. Doing that literally costs one forward call per token: about 3,000 calls "
+            "per setting here, minutes to tens of minutes on a small CPU (`benchmarks/sinks.py` measures it). "
+            "attnviz gets the same numbers from **one forward pass per setting**:\n"
+            "- each query t may read only the sinks and keys t−W+1…t (a custom mask), so every token's keys and "
+            "values are exactly what they were when that token was the newest one in the cache;\n"
+            "- RoPE scores depend only on query–key distance: the window keys keep their distances, and the sink "
+            "columns are scored with the query rotated to its slot in the cache, min(t, sinks + W − 1).\n\n"
+            "The tests check this single pass against a literal token-by-token rolling cache, loss by loss, and "
+            "full attention against the model's own loss. *As in the text* keeps text positions for the sinks "
+            "(their distance to the query grows along the text), which is what a plain masked forward pass gives.")
+
+
+st.title("Attention sinks")
+st.markdown(
+    "Trained decoders pour a large share of their attention onto the **first token**, whatever it says. It is not "
+    "a bug of the heatmap: softmax makes every row sum to 1, so a head that has nothing useful to read must still "
+    "put its attention somewhere, and models learn to park it on a token every query can see. Gu et al. "
+    "(ICLR 2025, *When Attention Sink Emerges in Language Models*) measure it per head:")
+st.latex(r"\alpha_k = \frac{1}{T-k}\sum_{t=k}^{T-1} A_{t,k}\qquad\text{a sink head has } \alpha_0 > 0.3")
+show_sink_scores()
+st.header("Evict the first tokens: the StreamingLLM experiment")
+show_experiment()

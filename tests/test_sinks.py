@@ -232,3 +232,44 @@ def test_smollm2_eviction_experiment_on_a_short_text(smollm2):
     # Before anything is evicted (the first `window` tokens) the three settings read the same keys.
     for name in sinks.SETTINGS[1:]:
         np.testing.assert_allclose(result.losses[name][:15], theirs[:15], atol=1e-4)
+
+
+def _result(full, window_only, with_sinks, *, window=256, n_sinks=4, n=2000):
+    """A StreamingResult whose per-token losses are constant, so each perplexity is exactly the one asked for."""
+    losses = {name: np.full(n - 1, math.log(p)) for name, p in zip(sinks.SETTINGS, (full, window_only, with_sinks))}
+    return sinks.StreamingResult.from_losses(window, n_sinks, losses)
+
+
+def test_describe_experiment_says_what_the_numbers_show():
+    r = _result(20.0, 50.0, 20.5)
+    assert r.perplexity[sinks.SETTINGS[1]] == pytest.approx(50.0)
+    said = sinks.describe_experiment(r, "M")
+    assert "20.00" in said and "50.00" in said and "20.50" in said and "2.50×" in said
+    assert "StreamingLLM's finding holds" in said and "98%" in said  # (50 - 20.5) / (50 - 20) by hand
+    assert "edges out" in sinks.describe_experiment(_result(20.0, 50.0, 19.9))
+    assert "barely hurts" in sinks.describe_experiment(_result(20.0, 20.5, 20.2))
+    assert "50%" in sinks.describe_experiment(_result(20.0, 40.0, 30.0))
+    assert "does not repair" in sinks.describe_experiment(_result(20.0, 40.0, 41.0))
+    assert "nothing is evicted" in sinks.describe_experiment(_result(20.0, 20.0, 20.0, window=4096))
+    assert "no sink tokens" in sinks.describe_experiment(_result(20.0, 40.0, 40.0, n_sinks=0))
+
+
+def test_page_runs_the_experiment_on_a_short_text(monkeypatch, smollm2):
+    """The button path of pages/sinks.py, on the first ~100 tokens of the shipped text so it stays quick."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    short = sinks.shipped_text()[:450]
+    monkeypatch.setattr(sinks, "shipped_text", lambda: short)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages" / "sinks.py"), default_timeout=300)
+    at.run()
+    assert not at.exception, at.exception
+    at.select_slider(key="sinks_window").set_value(32)
+    at.button(key="sinks_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    labels = [m.label for m in at.metric]
+    assert [f"Perplexity, {name}" for name in sinks.SETTINGS] == labels
+    said = " ".join(md.value for md in at.markdown)
+    assert "What SmolLM2 shows" in said and "window of 32" in said

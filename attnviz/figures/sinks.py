@@ -1,0 +1,85 @@
+"""Figures for the attention-sinks page: sink scores per head, sink heads per layer, the keys that soak up attention,
+one head with or without its sink, and the loss curves of the StreamingLLM eviction experiment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from attnviz.figures.common import PALETTE, apply_layout, heatmap, line_chart
+
+MAX_LABELLED_TOKENS = 120  # above this a map's axes show positions, not token strings
+
+
+def sink_score_grid(alpha0, layers: Sequence[int], *, threshold: float) -> go.Figure:
+    """alpha0 [layer, head]: each head's sink score on token 0, one cell per head, the value written in the cell."""
+    alpha0 = np.asarray(alpha0, dtype=float)
+    fig = heatmap(alpha0, x_labels=[f"head {h}" for h in range(alpha0.shape[1])],
+                  y_labels=[f"layer {i}" for i in layers], zmin=0.0, zmax=1.0,
+                  title=f"Sink score α₀ of every head (a sink head has α₀ > {threshold:g})",
+                  x_title="head (query head index)", y_title="layer (0 = nearest the input)",
+                  colorbar_title="α₀ (share of attention)",
+                  hovertemplate="%{y}, %{x}<br>α₀ = %{z:.3f}<extra></extra>",
+                  height=max(320, 22 * alpha0.shape[0] + 120))
+    fig.update_traces(text=np.round(alpha0, 2), texttemplate="%{text:.2f}", textfont=dict(size=9))
+    return fig
+
+
+def sink_share_bars(share, layers: Sequence[int], *, threshold: float) -> go.Figure:
+    """share [layer]: the fraction of each layer's heads that are sink heads, as percentages."""
+    fig = go.Figure(go.Bar(x=list(layers), y=100 * np.asarray(share, dtype=float), marker_color=PALETTE[0],
+                           hovertemplate="layer %{x}<br>%{y:.0f}% of heads<extra></extra>"))
+    fig.update_yaxes(range=[0, 100])
+    return apply_layout(fig, title=f"Share of sink heads per layer (α₀ > {threshold:g})",
+                        x_title="layer (0 = nearest the input)", y_title="sink heads (% of the layer's heads)",
+                        height=320)
+
+
+def key_score_bars(mean_alpha, tokens: Sequence[str], *, highlight: Sequence[int] = ()) -> go.Figure:
+    """mean_alpha [key]: alpha_k averaged over every captured head, for every key position; highlighted keys
+    (the sinks) in a second colour."""
+    mean_alpha = np.asarray(mean_alpha, dtype=float)
+    colors = [PALETTE[1] if k in set(highlight) else PALETTE[0] for k in range(len(mean_alpha))]
+    labels = [f"{k}: {t}" for k, t in enumerate(tokens)]
+    fig = go.Figure(go.Bar(x=np.arange(len(mean_alpha)), y=mean_alpha, marker_color=colors, customdata=labels,
+                           hovertemplate="key %{customdata}<br>mean α = %{y:.3f}<extra></extra>"))
+    return apply_layout(fig, title="Mean attention each key receives (α_k averaged over every head)",
+                        x_title="key position (token index)", y_title="mean α_k (share of attention)", height=320)
+
+
+def head_map(pattern, tokens: Sequence[str], *, title: str) -> go.Figure:
+    """pattern [query, key] of one head; token labels on the axes when the text is short."""
+    pattern = np.asarray(pattern, dtype=float)
+    labelled = pattern.shape[0] <= MAX_LABELLED_TOKENS
+    return heatmap(pattern, x_labels=list(tokens) if labelled else None, y_labels=list(tokens) if labelled else None,
+                   zmin=0.0, zmax=float(max(pattern.max(), 1e-9)), title=title,
+                   x_title="key (token attended to)", y_title="query (token attending)",
+                   colorbar_title="weight (share of the row)",
+                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
+                   height=max(380, min(700, 6 * pattern.shape[0] + 150)))
+
+
+def loss_curves(positions, losses: Mapping[str, Sequence[float]], *, window: int, smoothing: int) -> go.Figure:
+    """Per-token loss (already smoothed) of each setting against the position of the predicted token, with the
+    first prediction made without token 0 in the window (position window + 1) marked."""
+    fig = line_chart(positions, losses, title="Next-token loss along the text",
+                     x_title="position of the predicted token (tokens)",
+                     y_title=f"loss (nats per token, mean of the last {smoothing})" if smoothing > 1
+                     else "loss (nats per token)", height=420)
+    fig.add_vline(x=window + 1, line=dict(color="#868e96", dash="dot"),
+                  annotation_text="from here the window has lost token 0", annotation_position="top right")
+    return fig
+
+
+def perplexity_bars(perplexity: Mapping[str, float]) -> go.Figure:
+    """One bar per setting: exp(mean loss) over the whole text."""
+    names = list(perplexity)
+    values = [perplexity[k] for k in names]
+    fig = go.Figure(go.Bar(x=names, y=values, marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(names))],
+                           text=[f"{v:.2f}" for v in values], textposition="outside",
+                           hovertemplate="%{x}<br>perplexity %{y:.2f}<extra></extra>"))
+    fig.update_yaxes(range=[0, 1.15 * max(values)])
+    return apply_layout(fig, title="Perplexity over the whole text", x_title="setting",
+                        y_title="perplexity (exp of mean loss in nats)", height=380)
