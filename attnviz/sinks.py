@@ -8,8 +8,9 @@ token 0 exceeds 0.3. Xiao et al., ICLR 2024, "Efficient Streaming Language Model
 How the eviction experiment runs. StreamingLLM decodes one token at a time against a cache holding the first
 `n_sinks` tokens and the `window` most recent ones, and gives every cached key its position *inside the cache*,
 not in the text. Decoding that way costs one forward call per token (`rolling_cache_token_losses`, kept as the
-reference: a few hundred milliseconds per token on a small shared CPU, so tens of minutes for a few thousand
-tokens and three settings). `streaming_token_losses` gets the same numbers from one forward pass:
+reference): each call pays for all the weights to process one token, tens of milliseconds on a quiet 2-core CPU
+and seconds on a busy one, so minutes to hours for a few thousand tokens and three settings
+(benchmarks/sinks.py measures it). `streaming_token_losses` gets the same numbers from one forward pass:
 
 - Token t's keys and values, at every layer, were computed when t was the newest token, so they depend only on
   what t could see then. A mask that lets query t see keys {j < n_sinks} and {t - window < j <= t} reproduces
@@ -26,11 +27,10 @@ Llama-family models (SmolLM2), whose layers it calls one by one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import time
 
 import numpy as np
 import torch
@@ -66,14 +66,10 @@ def without_sinks(pattern, sink_keys=(0,)):
     return out.numpy() if as_numpy else out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Sink scores from a captured pattern
-
-
 def sink_scores(pattern, *, causal: bool = True) -> np.ndarray:
     """alpha_k, the mean attention key k receives from the queries that can see it. Returns [..., key].
 
-    Gu et al. 2025, §3: alpha_k = 1/(T - k) * sum_{t=k}^{T-1} A[t, k] for a causal model (T tokens, 0-based).
+    Gu et al. 2025: alpha_k = 1/(T - k) * sum_{t=k}^{T-1} A[t, k] for a causal model (T tokens, 0-based).
     For a bidirectional encoder (BERT) every query sees every key, so causal=False averages over all T queries.
     pattern: [..., query, key] with query == key.
     """
@@ -129,10 +125,6 @@ def top_sink_keys(alpha, tokens: Sequence[str], *, top: int = 5, causal: bool = 
     return [SinkKey(position=int(k), token=str(tokens[k]), mean_score=float(mean[k]),
                     sink_heads=int((a[:, k] > threshold).sum()), top_heads=int((best == k).sum()))
             for k in order]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The StreamingLLM eviction experiment
 
 
 def window_mask(n: int, window: int | None, n_sinks: int = 0) -> np.ndarray:
@@ -195,7 +187,7 @@ def rolling_cache_token_losses(model, input_ids, *, window: int, n_sinks: int = 
                                progress: Callable[[float], None] | None = None) -> np.ndarray:
     """The StreamingLLM reference: decode one token at a time against a cache of the first n_sinks tokens and the
     last `window` tokens, keys stored before RoPE and rotated to their positions inside the cache at every step
-    (Xiao et al. 2024, §3.2). Slow (one forward call per token); streaming_token_losses gives the same numbers in
+    (Xiao et al. 2024, "rolling KV cache with attention sinks"). Slow (one forward call per token); streaming_token_losses gives the same numbers in
     one pass. Returns [n - 1] per-token cross-entropy in nats.
     """
     ids = torch.as_tensor(input_ids).reshape(-1)
@@ -254,12 +246,12 @@ def rolling_mean(values, width: int) -> np.ndarray:
     return (c[idx] - c[lo]) / (idx - lo)
 
 
-SETTINGS = ("full attention", "window, first tokens evicted", "window + sink tokens")
+SETTINGS = ("full attention", "window only", "window + sinks")
 
 
 @dataclass
 class StreamingResult:
-    """Per-token losses of the three settings of Xiao et al.'s Figure 3 on one text.
+    """Per-token losses of StreamingLLM's three settings on one text: full attention, window, window + sinks.
 
     positions: [n - 1] text position of each predicted token (1 .. n-1); losses: setting -> [n - 1] nats;
     perplexity: setting -> exp(mean loss); seconds: setting -> wall time of its forward pass.
@@ -334,10 +326,6 @@ def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAUL
         seconds[name] = time.perf_counter() - start
     return StreamingResult(window=window, n_sinks=n_sinks, n_tokens=n, positions=np.arange(1, n), losses=losses,
                            perplexity={k: perplexity(v) for k, v in losses.items()}, seconds=seconds)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Llama internals, called layer by layer
 
 
 def _llama_inner(model):

@@ -165,8 +165,8 @@ def show_experiment() -> None:
 
     cols = st.columns(3)
     full = result.perplexity[sinks.SETTINGS[0]]
-    for col, (name, ppl) in zip(cols, result.perplexity.items()):
-        col.metric(f"Perplexity, {name}", f"{ppl:.2f}",
+    for i, (col, (name, ppl)) in enumerate(zip(cols, result.perplexity.items())):
+        col.metric(f"({'abc'[i]}) {name}: perplexity", f"{ppl:.2f}",
                    delta=None if name == sinks.SETTINGS[0] else f"{ppl / full - 1:+.1%} vs full",
                    delta_color="inverse")
     st.markdown("**What SmolLM2 shows:** " + sinks.describe_experiment(result, "SmolLM2-135M"))
@@ -178,8 +178,9 @@ def show_experiment() -> None:
     with st.expander("How the eviction is computed, and why not token by token"):
         st.markdown(
             "StreamingLLM decodes one token at a time against a rolling KV cache and numbers the cached tokens by "
-            "their slot in the cache. Doing that literally costs one forward call per token: about 3,000 calls "
-            "per setting here, minutes to tens of minutes on a small CPU (`benchmarks/sinks.py` measures it). "
+            "their slot in the cache. Doing that literally costs one forward call per token, about 2,900 calls "
+            "per setting here, each paying for all the weights; `benchmarks/sinks.py` times it against the "
+            "single pass. "
             "attnviz gets the same numbers from **one forward pass per setting**:\n"
             "- each query t may read only the sinks and keys t−W+1…t (a custom mask), so every token's keys and "
             "values are exactly what they were when that token was the newest one in the cache;\n"

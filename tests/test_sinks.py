@@ -17,8 +17,6 @@ def _causal_random_pattern(rng, shape):
     return raw / raw.sum(axis=-1, keepdims=True)
 
 
-# ------------------------------------------------------------------ without_sinks
-
 def test_without_sinks_matches_loop_renormalisation():
     rng = np.random.default_rng(0)
     pattern = _causal_random_pattern(rng, (2, 3, 6, 6))
@@ -41,8 +39,6 @@ def test_without_sinks_torch_in_torch_out_and_default_key():
     assert isinstance(out, torch.Tensor)
     torch.testing.assert_close(out, torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.25, 0.75]]))
 
-
-# ------------------------------------------------------------------ sink scores
 
 def test_sink_scores_causal_match_loops():
     rng = np.random.default_rng(1)
@@ -110,8 +106,6 @@ def test_top_sink_keys_ignore_last_keys_seen_by_few_queries():
     assert all(n - s.position >= n // 4 for s in top)
 
 
-# ------------------------------------------------------------------ masks and positions
-
 def test_window_mask_and_cache_positions_match_the_definition():
     n, w, s = 11, 4, 2
     mask = window_mask(n, w, s)
@@ -127,8 +121,6 @@ def test_rolling_mean():
     v = np.array([1.0, 3.0, 5.0, 7.0])
     np.testing.assert_allclose(rolling_mean(v, 2), [1.0, 2.0, 4.0, 6.0])
 
-
-# ------------------------------------------------------------------ the experiment on a tiny Llama
 
 @pytest.fixture(scope="module")
 def tiny_llama():
@@ -197,8 +189,6 @@ def test_experiment_rejects_impossible_sizes(tiny_llama):
 def test_perplexity_is_exp_mean_loss():
     assert perplexity([1.0, 2.0, 3.0]) == pytest.approx(math.exp(2.0))
 
-
-# ------------------------------------------------------------------ SmolLM2
 
 def test_shipped_text_is_long_enough_and_sourced(smollm2):
     text = sinks.shipped_text()
@@ -270,6 +260,27 @@ def test_page_runs_the_experiment_on_a_short_text(monkeypatch, smollm2):
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     labels = [m.label for m in at.metric]
-    assert [f"Perplexity, {name}" for name in sinks.SETTINGS] == labels
+    assert [f"({abc}) {name}: perplexity" for abc, name in zip("abc", sinks.SETTINGS)] == labels
     said = " ".join(md.value for md in at.markdown)
     assert "What SmolLM2 shows" in said and "window of 32" in said
+
+
+@pytest.mark.parametrize("model, text, expect", [
+    ("minilm-l6", "The cat sat on the mat.", "Bidirectional model"),
+    ("toy-gpt2", "x", "With only a few tokens"),
+])
+def test_page_handles_other_models_and_tiny_texts(model, text, expect):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages" / "sinks.py"), default_timeout=120)
+    at.session_state["sinks_model"] = model
+    at.session_state["sinks_text"] = text
+    at.run()
+    assert not at.exception, at.exception
+    shown = " ".join(str(e.value) for e in [*at.caption, *at.warning, *at.info])
+    assert expect in shown
+    if model == "minilm-l6":
+        at.toggle(key="sinks_hide").set_value(True).run()
+        assert not at.exception, at.exception
