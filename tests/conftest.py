@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import attnviz  # noqa: E402,F401  (chooses the Triton backend before any test module can import triton)
 
 
 @pytest.fixture(scope="session")

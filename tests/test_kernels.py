@@ -242,6 +242,25 @@ def test_interpreter_is_chosen_on_import_without_cuda():
     assert result.stdout.strip().endswith("True"), result.stderr
 
 
+def test_kernel_runs_when_torch_imported_triton_before_the_kernels():
+    """The app imports attnviz first, then torch and transformers, which may import triton.language (and decorate
+    its standard library) long before attnviz.kernels: the interpreter must already be chosen by then."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = ("import attnviz, torch\n"
+            "from torch.utils.flop_counter import FlopCounterMode\n"
+            "import triton.language\n"
+            "from attnviz.kernels import flash_attention, naive_attention\n"
+            "q = torch.randn(1, 1, 20, 16)\n"
+            "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "q = q.to(device)\n"
+            "err = (flash_attention(q, q, q, block_m=16, block_n=16) - naive_attention(q, q, q)).abs().max().item()\n"
+            "print('max error', err)\n")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert float(result.stdout.split()[-1]) < 1e-5
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_naive_and_two_pass_match_float64_reference(causal):
     q, k, v = _inputs(75, 32, "float32")
