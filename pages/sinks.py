@@ -14,6 +14,7 @@ from attnviz.figures import sinks as figs
 DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
 MAX_CHARS = 2000  # ~450 smollm2 tokens: 30 x 9 patterns of that size stay near 200 MB
+MAX_MAP_TOKENS = 160  # one head's map is drawn for at most this many tokens (the sinks are at the start)
 EXPERIMENT_MODEL = "smollm2-135m"
 WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
 POSITIONS = {"inside the cache (StreamingLLM)": "cache", "as in the text": "original"}
@@ -121,10 +122,13 @@ def show_sink_scores() -> None:
     p = np.array(capture.pattern[li, head], dtype=float)
     if hide:
         p = sinks.without_sinks(p, sink_keys=hidden)
-    chart(figs.head_map(p, capture.tokens, title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
+    shown = min(capture.n_tokens, MAX_MAP_TOKENS)
+    chart(figs.head_map(p[:shown, :shown], capture.tokens[:shown],
+                        title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
                         + (f" (keys {', '.join(map(str, hidden))} hidden, rows renormalised)" if hide else "")),
           "Rows are queries, columns keys. A bright first column is the sink; hide it and the map's colour scale "
-          "spreads over what the head reads besides the sink.")
+          "spreads over what the head reads besides the sink."
+          + (f" Only the first {shown} of {capture.n_tokens} tokens are drawn." if shown < capture.n_tokens else ""))
 
 
 def show_experiment() -> None:

@@ -284,3 +284,23 @@ def test_page_handles_other_models_and_tiny_texts(model, text, expect):
     if model == "minilm-l6":
         at.toggle(key="sinks_hide").set_value(True).run()
         assert not at.exception, at.exception
+
+
+def test_every_figure_has_a_title_and_axis_titles_with_units():
+    from attnviz.figures import sinks as figs
+
+    rng = np.random.default_rng(3)
+    alpha = sink_scores(_causal_random_pattern(rng, (3, 2, 6, 6)))
+    tokens = list("abcdef")
+    figures = [
+        figs.sink_score_grid(alpha[..., 0], [0, 1, 2], threshold=0.3),
+        figs.sink_share_bars(sink_head_share(alpha), [0, 1, 2], threshold=0.3),
+        figs.key_score_bars(alpha.mean(axis=(0, 1)), tokens, highlight=[0]),
+        figs.head_map(_causal_random_pattern(rng, (6, 6)), tokens, title="one head"),
+        figs.loss_curves(np.arange(1, 6), {"a": np.ones(5), "b": np.ones(5) * 2}, window=3, smoothing=1),
+    ]
+    for fig in figures:
+        assert fig.layout.title.text
+        assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+        assert "(" in fig.layout.yaxis.title.text  # a unit or a scale in brackets
+    np.testing.assert_allclose(figures[1].data[0].y, 100 * sink_head_share(alpha))

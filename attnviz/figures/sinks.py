@@ -72,14 +72,3 @@ def loss_curves(positions, losses: Mapping[str, Sequence[float]], *, window: int
                   annotation_text="from here the window has lost token 0", annotation_position="top right")
     return fig
 
-
-def perplexity_bars(perplexity: Mapping[str, float]) -> go.Figure:
-    """One bar per setting: exp(mean loss) over the whole text."""
-    names = list(perplexity)
-    values = [perplexity[k] for k in names]
-    fig = go.Figure(go.Bar(x=names, y=values, marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(names))],
-                           text=[f"{v:.2f}" for v in values], textposition="outside",
-                           hovertemplate="%{x}<br>perplexity %{y:.2f}<extra></extra>"))
-    fig.update_yaxes(range=[0, 1.15 * max(values)])
-    return apply_layout(fig, title="Perplexity over the whole text", x_title="setting",
-                        y_title="perplexity (exp of mean loss in nats)", height=380)
