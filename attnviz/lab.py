@@ -1,7 +1,7 @@
 """The toy lab: train a small real-architecture transformer on a synthetic task and watch its heads form.
 
-Three tasks with a known answer, over the lowercase letters of the byte-level tokenizer (token id = byte value,
-<bos> = 256 first), so a trained model reads text a person can type ("abcdefabcdef"):
+Three tasks with a known answer, over the first n lowercase letters (8 by default) of the byte-level tokenizer
+(token id = byte value, <bos> = 256 first), so a trained model reads text a person can type ("dafchedafche"):
 
 - induction: a random segment x_1..x_l of distinct letters, the same segment again, then random letters; l varies
   from row to row (3..L). Every letter of the repeat after its first is predictable, but only by finding the
@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -197,7 +197,7 @@ def make_probe(segment_len: int, batch_size: int = PROBE_BATCH, seed: int = PROB
 
 
 def example_text(config: LabConfig) -> str:
-    """A short text in the task's own format to try a trained model on, e.g. "dbfagdbfag" for induction over 8
+    """A short text in the task's own format to try a trained model on, e.g. "dafchedafche" for induction over 8
     letters: a fixed scramble of up to 6 of its letters, then what the task makes of them."""
     letters = ALPHABET[:config.n_letters]
     k = min(len(letters), 6, config.segment_len)
