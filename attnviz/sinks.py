@@ -329,10 +329,10 @@ def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAUL
 
 
 def _llama_inner(model):
+    """The decoder stack of a transformers LlamaForCausalLM, whose layers these functions call one by one."""
     inner = getattr(model, "model", None)
-    needed = ("embed_tokens", "rotary_emb", "layers", "norm")
-    if inner is None or not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
-        raise ValueError("the eviction experiment needs a Llama-family causal LM (e.g. smollm2-135m)")
+    if getattr(model.config, "model_type", None) != "llama" or inner is None or not hasattr(model, "lm_head"):
+        raise ValueError("the eviction experiment needs a Llama causal LM (e.g. smollm2-135m)")
     return inner
 
 
@@ -400,9 +400,10 @@ def _attention_block(layer, h, rope, rope_cache, chunks: list[_Chunk] | None):
         v_c = torch.cat([v[:, :, :s], v[:, :, c.start:c.hi]], dim=2)
         bias = c.bias
         if q_sink is not None and s > 0:
-            sink_scores_ = q_sink[:, :, c.lo:c.hi] @ k_c[:, :, :s].transpose(-1, -2) * attn.scaling  # [1, head, chunk, s]
+            # [1, head, chunk, s]: the sink columns, scored with the query at its slot in the cache
+            scores_on_sinks = q_sink[:, :, c.lo:c.hi] @ k_c[:, :, :s].transpose(-1, -2) * attn.scaling
             bias = bias.expand(1, n_heads, *bias.shape).clone()  # [1, head, chunk, m]
-            bias[..., :s] += sink_scores_
+            bias[..., :s] += scores_on_sinks
             k_c[:, :, :s] = 0.0
         out[:, :, c.lo:c.hi] = F.scaled_dot_product_attention(q[:, :, c.lo:c.hi], k_c, v_c, attn_mask=bias,
                                                               scale=attn.scaling)

@@ -304,3 +304,11 @@ def test_every_figure_has_a_title_and_axis_titles_with_units():
         assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
         assert "(" in fig.layout.yaxis.title.text  # a unit or a scale in brackets
     np.testing.assert_allclose(figures[1].data[0].y, 100 * sink_head_share(alpha))
+
+
+def test_experiment_refuses_a_model_it_cannot_run():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=32)).eval()
+    with pytest.raises(ValueError, match="Llama"):
+        streaming_token_losses(gpt2, torch.arange(8), window=4)
