@@ -187,8 +187,8 @@ def rolling_cache_token_losses(model, input_ids, *, window: int, n_sinks: int = 
                                progress: Callable[[float], None] | None = None) -> np.ndarray:
     """The StreamingLLM reference: decode one token at a time against a cache of the first n_sinks tokens and the
     last `window` tokens, keys stored before RoPE and rotated to their positions inside the cache at every step
-    (Xiao et al. 2024, "rolling KV cache with attention sinks"). Slow (one forward call per token); streaming_token_losses gives the same numbers in
-    one pass. Returns [n - 1] per-token cross-entropy in nats.
+    (Xiao et al. 2024, "rolling KV cache with attention sinks"). Slow (one forward call per token);
+    streaming_token_losses gives the same numbers in one pass. Returns [n - 1] per-token cross-entropy in nats.
     """
     ids = torch.as_tensor(input_ids).reshape(-1)
     n = ids.shape[0]
@@ -283,7 +283,8 @@ def describe_experiment(result: StreamingResult, model_name: str = "the model") 
             f"attention and {window_only:.2f} once the first tokens are evicted ({window_only / full:.2f}× full)")
     if s == 0:
         return said + "; with no sink tokens kept, the third setting is the second one."
-    said += f"; keeping the first {s} token{'s' if s > 1 else ''} gives {with_sinks:.2f} ({with_sinks / full:.2f}× full)"
+    tokens = f"{s} token{'s' if s > 1 else ''}"
+    said += f"; keeping the first {tokens} gives {with_sinks:.2f} ({with_sinks / full:.2f}× full)"
     gap = window_only - full
     if window_only / full < 1.05:
         return said + ": evicting the first tokens barely hurts here, so there is little for the sinks to repair."
