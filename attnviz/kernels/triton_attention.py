@@ -25,6 +25,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 MAX_HEAD_DIM = 128
+# software-pipelining depth on a GPU: K and V tiles for this many key blocks are held in shared memory at once
+NUM_STAGES = 3
 
 
 @triton.jit
@@ -173,7 +175,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
                 CAUSAL=bool(causal), TRACE=bool(trace),
                 # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": 3}),
+                **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": NUM_STAGES}),
             )
     except OutOfResources as exc:
         raise ValueError(f"BLOCK_M = {block_m}, BLOCK_N = {block_n} with head dim {d} need more shared memory than "
