@@ -438,3 +438,44 @@ def test_gpu_kernel_matches_reference_at_larger_sizes(dtype, tolerance):
     for causal in (False, True):
         out = flash_attention(q, k, v, causal=causal, block_m=128, block_n=64)
         assert (out.double().cpu() - reference_attention(q, k, v, causal=causal)).abs().max() < tolerance
+
+
+def test_one_cpu_thread_restores_the_count_when_sessions_overlap():
+    import threading
+
+    from attnviz.kernels.timing import one_cpu_thread
+
+    original = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+        seen = {}
+
+        def session_a():  # enters first, leaves first, while b is still inside
+            with one_cpu_thread():
+                a_in.set()
+                b_in.wait(5)
+                seen["a"] = torch.get_num_threads()
+            a_out.set()
+
+        def session_b():  # enters second (after a set 1 thread), leaves last
+            a_in.wait(5)
+            with one_cpu_thread():
+                b_in.set()
+                a_out.wait(5)
+                seen["b after a left"] = torch.get_num_threads()
+
+        threads = [threading.Thread(target=session_a), threading.Thread(target=session_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert seen == {"a": 1, "b after a left": 1}
+        # without a shared count, b would have saved "1" on entry and left the process at one thread
+        assert torch.get_num_threads() == 2
+        # an exception inside still restores it
+        with pytest.raises(RuntimeError), one_cpu_thread():
+            raise RuntimeError
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(original)

@@ -222,16 +222,30 @@ def compare_methods(n, head_dim, *, block_m, block_n, causal, dtype="float32", s
                                 repeats=repeats, measure_memory=measure_memory)
 
 
+_THREADS_LOCK = threading.Lock()
+_thread_users = 0  # how many one_cpu_thread blocks are running now, in any thread
+_saved_threads = None  # torch's thread count before the first of them began
+
+
 @contextmanager
 def one_cpu_thread():
     """Runs the block on one torch CPU thread: on a small shared machine two threads wait on each other and CPU
-    times swing tenfold. torch's thread count is process-wide, so it is restored on the way out."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    times swing tenfold. torch's thread count is process-wide, so concurrent blocks (two app sessions) share one
+    use count under a lock: the first saves the count, the last restores it, whatever order they leave in."""
+    global _thread_users, _saved_threads
+    with _THREADS_LOCK:
+        if _thread_users == 0:
+            _saved_threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _thread_users += 1
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        with _THREADS_LOCK:
+            _thread_users -= 1
+            if _thread_users == 0:
+                torch.set_num_threads(_saved_threads)
+                _saved_threads = None
 
 
 def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repeats, measure_memory):
