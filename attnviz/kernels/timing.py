@@ -26,7 +26,7 @@ INTERPRETED_ELEMENT_S = 14e-9
 MAX_INTERPRETED_SECONDS = 5.0
 # kept for callers that quote a step count: the most 16 x 16 x 16 steps MAX_INTERPRETED_SECONDS allows
 MAX_INTERPRETED_STEPS = int(MAX_INTERPRETED_SECONDS / (INTERPRETED_STEP_S + INTERPRETED_ELEMENT_S * 16 ** 3))
-# A call slower than this is timed once (its first call, which also gave its output), not as a median of several.
+# A warm call slower than this is timed once, not as a median of several (after the untimed warm-up call).
 SLOW_CALL_S = 0.2
 # The stepper keeps every step's tiles for display: past this many steps the page would hold too much.
 MAX_STEPPER_STEPS = 4096
@@ -255,19 +255,16 @@ def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repe
     where = "the CPU" if KERNEL_DEVICE.type == "cpu" else torch.cuda.get_device_name()
     results = []
     for name, (how, fn, tiled) in _torch_methods(q, k, v, causal=causal, block_m=block_m, block_n=block_n).items():
-        seconds, out = _timed(fn)
+        seconds, out = measure(fn, repeats=repeats)
         error = (out.double().cpu() - reference).abs().max().item()
-        if seconds < SLOW_CALL_S:  # cheap: a median of several; slow (Python loops over many tiles): that one call
-            seconds = time_call(fn, repeats=repeats, warmup=0)
         peak = peak_bytes(fn, "cpu" if name.startswith("online") else KERNEL_DEVICE) if measure_memory else None
         on = "the CPU (the stepper always runs there)" if name.startswith("online") else where
         results.append(MethodResult(name, how, error, seconds, steps if tiled else None, peak, f"wall time on {on}"))
     kernel = lambda: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n)  # noqa: E731
-    if INTERPRETED:  # one call, checked and timed: each costs ~4 ms per tile step
+    if INTERPRETED:  # one call, checked and timed: nothing is compiled, and each call costs ~8 ms per tile step
         seconds, out = _timed(kernel)
-    else:
-        out = kernel()
-        seconds = time_call(kernel, repeats=repeats)
+    else:  # the first call compiles the kernel: untimed
+        seconds, out = measure(kernel, repeats=repeats)
     error = (out.double().cpu() - reference).abs().max().item()
     if INTERPRETED:
         note = (f"functional simulation under the Triton interpreter: {seconds / steps * 1e3:.2f} ms per tile step, "
@@ -318,6 +315,17 @@ def peak_memory_at(n, head_dim, *, block_m, block_n, causal, dtype="float32", se
     q, k, v = make_inputs(n, head_dim, dtype=dtype, seed=seed)
     methods = _torch_methods(q, k, v, causal=causal, block_m=block_m, block_n=block_n)
     return {name: peak_cpu_bytes(fn) for name, (_, fn, _) in methods.items()}
+
+
+def measure(fn, *, repeats=5):
+    """(seconds, output) of fn: one untimed warm-up call first (on a GPU it compiles kernels and warms the
+    allocator; its output is returned for checking), then one timed warm call; when that took under SLOW_CALL_S,
+    the median of `repeats` more. CUDA is synchronised around every timed call."""
+    out = fn()
+    seconds, _ = _timed(fn)
+    if seconds < SLOW_CALL_S:
+        seconds = time_call(fn, repeats=repeats, warmup=0)
+    return seconds, out
 
 
 def _timed(fn):
