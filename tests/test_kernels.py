@@ -506,3 +506,21 @@ def test_measure_times_warm_calls_only_and_keeps_the_first_output(monkeypatch):
     slow_calls = []
     seconds, _ = timing.measure(lambda: slow_calls.append(time.sleep(0.25)), repeats=3)
     assert seconds >= 0.25 and len(slow_calls) == 2  # a slow warm call is timed once, after the warm-up
+
+
+@pytest.mark.parametrize("name,dtype,peak", [
+    ("NVIDIA L4", "float16", 121.0),  # L4 data sheet: 242 TFLOPS FP16 with sparsity
+    ("NVIDIA L40S", "float16", 362.05),  # not the L4's: 733 with sparsity
+    ("NVIDIA L40S", "float32", 91.6),
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.4),  # SXM: 1,979 with sparsity
+    ("NVIDIA H100 PCIe", "float16", 756.0),  # 1,513 with sparsity
+    ("NVIDIA H100 NVL", "float32", 60.0),  # not the SXM's 67
+    ("NVIDIA H200", "float32", 66.9),
+    ("NVIDIA A100-SXM4-80GB", "float32", 19.5),  # a hyphen ends the word
+    ("NVIDIA GH200 480GB", "float16", None),  # not an H200 by substring
+    ("NVIDIA GeForce RTX 4090", "float16", None),
+])
+def test_device_peak_tflops_matches_whole_names_longest_first(name, dtype, peak):
+    from attnviz.kernels import device_peak_tflops
+
+    assert device_peak_tflops(name, dtype) == peak

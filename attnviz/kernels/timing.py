@@ -7,6 +7,7 @@ halved when causal: a multiply-add counts as 2).
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
@@ -38,12 +39,15 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _PROFILER_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Dense peaks from NVIDIA's data sheets, TFLOPS: tensor cores for 16-bit inputs, CUDA cores for float32 (the kernel
-# computes float32 in IEEE precision, not TF32). Matched against torch.cuda.get_device_name(), first hit wins.
+# computes float32 in IEEE precision, not TF32); data sheets quote tensor peaks with sparsity, halved here.
+# Matched against torch.cuda.get_device_name() as whole words, the longest name first ("L40S" is not "L4").
 PEAK_TFLOPS = (
     ("H100 PCIe", {"float16": 756.0, "bfloat16": 756.0, "float32": 51.0}),
+    ("H100 NVL", {"float16": 835.5, "bfloat16": 835.5, "float32": 60.0}),
     ("H100", {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9}),
     ("H200", {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9}),
     ("A100", {"float16": 312.0, "bfloat16": 312.0, "float32": 19.5}),
+    ("L40S", {"float16": 362.05, "bfloat16": 362.05, "float32": 91.6}),
     ("L4", {"float16": 121.0, "bfloat16": 121.0, "float32": 30.3}),
 )
 
@@ -124,9 +128,11 @@ def interpreted_seconds(steps, head_dim, *, block_m, block_n) -> float:
 
 
 def device_peak_tflops(device_name: str, dtype: str) -> float | None:
-    """The data-sheet peak for this GPU and dtype (PEAK_TFLOPS), or None for a GPU not in the table."""
-    for key, peaks in PEAK_TFLOPS:
-        if key in device_name:
+    """The data-sheet peak for this GPU and dtype (PEAK_TFLOPS), or None for a GPU not in the table. A table name
+    matches as whole words ("NVIDIA L40S" is not an L4, "NVIDIA GH200" not an H200), the longest match winning
+    ("NVIDIA H100 NVL" is the NVL, not the SXM H100)."""
+    for key, peaks in sorted(PEAK_TFLOPS, key=lambda row: -len(row[0])):
+        if re.search(r"(?<![A-Za-z0-9])" + re.escape(key) + r"(?![A-Za-z0-9])", device_name, re.IGNORECASE):
             return peaks.get(dtype)
     return None
 
