@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -205,3 +206,29 @@ def test_kv_head_of_matches_transformers_repeat_kv():
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_values_and_their_transformers_config_give_the_same_architecture(name):
     assert arch_from_config(preset_config(name), name=name) == preset_arch(name)
+
+
+@pytest.mark.parametrize("n,text", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"), (10 * 2**20, "10.00 MiB"),
+    (1.25 * 2**30, "1.25 GiB"),  # Llama-2-70B's KV cache at 4096 tokens (test above)
+    (3 * 2**40, "3.00 TiB"), (2**60, "1024.00 PiB"),  # past the largest unit it stays in PiB
+    (-2048, "-2.00 KiB"),
+])
+def test_format_bytes_uses_binary_units(n, text):
+    from attnviz.cost import format_bytes
+
+    assert format_bytes(n) == text
+
+
+def test_kv_cache_curve_is_the_cache_at_each_length_for_llama_2_70b():
+    from attnviz.cost import kv_cache_curve
+
+    arch = preset_arch("Llama-2-70B")
+    # Touvron et al. 2023b: 80 layers, 8 KV heads (GQA) of 128 dims
+    assert (arch.layers, arch.kv_heads, arch.head_dim) == (80, 8, 128)
+    # by hand: K and V x 80 layers x 8 heads x 128 numbers = 163,840 numbers per token and sequence
+    curve = kv_cache_curve(arch, [0, 1, 4096], batch=2, bytes_per_value=1)
+    assert curve.dtype == np.float64 and curve.shape == (3,)
+    assert curve.tolist() == [0.0, 2 * 163_840, 2 * 163_840 * 4096]
+    # fp16 default, batch 1: 4096 tokens are 1.25 GiB
+    assert kv_cache_curve(arch, [4096])[0] == 1.25 * 2**30

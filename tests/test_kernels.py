@@ -524,3 +524,20 @@ def test_device_peak_tflops_matches_whole_names_longest_first(name, dtype, peak)
     from attnviz.kernels import device_peak_tflops
 
     assert device_peak_tflops(name, dtype) == peak
+
+
+def test_naive_traffic_by_hand_and_by_the_tensors_naive_attention_makes():
+    from attnviz.kernels import naive_traffic
+
+    # Unfused naive attention: S = Q K^T reads Q, K and writes S; softmax reads S and writes P; P V reads P, V and
+    # writes O. By hand for N_q = 3, N_k = 5, d = 4, 2-byte values: reads 24 (Q) + 40 (K) + 30 (S) + 30 (P) + 40 (V)
+    # = 164 B = (N_q + 2 N_k) d b + 2 N_q N_k b; writes 30 (S) + 30 (P) + 24 (O) = 84 B = N_q d b + 2 N_q N_k b.
+    assert naive_traffic(3, 5, 4, 2) == {"read": 164, "written": 84}
+    # the same from the nbytes of the tensors each step of naive attention reads and writes
+    q, k, v = torch.randn(1, 1, 37, 16), torch.randn(1, 1, 53, 16), torch.randn(1, 1, 53, 16)
+    s = q @ k.transpose(-2, -1)
+    p = torch.softmax(s, dim=-1)
+    o = p @ v
+    reads = q.nbytes + k.nbytes + s.nbytes + p.nbytes + v.nbytes
+    writes = s.nbytes + p.nbytes + o.nbytes
+    assert naive_traffic(37, 53, 16, 4) == {"read": reads, "written": writes}
