@@ -209,6 +209,31 @@ def example_text(config: LabConfig) -> str:
     return segment + SEPARATOR + (segment if config.task == "copy" else segment[::-1])
 
 
+def target_patterns(text: str) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The patterns a perfect previous-token head and a perfect induction head would have on <bos> + text.
+
+    previous-token: query i puts all its weight on key i - 1 (<bos> on itself). induction: query i splits its weight
+    over the keys just after earlier occurrences of its own token (attnviz.stats.induction_targets); a query whose
+    token has not occurred before has nothing to copy and parks its weight on <bos>, as trained heads do.
+    Returns (tokens, {"previous-token": [n, n], "induction": [n, n]}), n = len(text) + 1, rows summing to 1.
+    """
+    from attnviz.stats import induction_targets
+    from attnviz.tokenizer import BOS
+
+    tokens = [BOS] + list(text)
+    n = len(tokens)
+    previous = np.zeros((n, n))
+    previous[0, 0] = 1.0
+    previous[np.arange(1, n), np.arange(n - 1)] = 1.0
+    induction = np.zeros((n, n))
+    for q, keys in enumerate(induction_targets([BOS_ID] + [ord(c) for c in text])):
+        if keys:
+            induction[q, keys] = 1.0 / len(keys)
+        else:
+            induction[q, 0] = 1.0
+    return tokens, {"previous-token": previous, "induction": induction}
+
+
 def previous_token_score(pattern) -> np.ndarray:
     """Mean over queries i >= 1 of A[i, i-1]. pattern [..., query, key] -> [...]."""
     a = np.asarray(pattern, dtype=np.float64)

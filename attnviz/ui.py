@@ -18,22 +18,22 @@ class PageInfo:
 
 
 PAGES: tuple[PageInfo, ...] = (
-    PageInfo("pages/home.py", "Home", "🏠", "home", "What attnviz shows and where.", default=True),
-    PageInfo("pages/heads.py", "Heads", "🧠", "heads",
+    PageInfo("app_pages/home.py", "Home", "🏠", "home", "What attnviz shows and where.", default=True),
+    PageInfo("app_pages/heads.py", "Heads", "🧠", "heads",
              "Run a real or toy model on your text and explore every head's attention map and statistics."),
-    PageInfo("pages/sinks.py", "Attention sinks", "🕳️", "sinks",
+    PageInfo("app_pages/sinks.py", "Attention sinks", "🕳️", "sinks",
              "Where the first token soaks up attention, and what breaks when it is evicted from the cache."),
-    PageInfo("pages/positional.py", "Positional encodings", "📐", "positional",
+    PageInfo("app_pages/positional.py", "Positional encodings", "📐", "positional",
              "Sinusoidal, RoPE and ALiBi: distance decay in theory and measured in real heads."),
-    PageInfo("pages/softmax.py", "Softmax saturation", "🌡️", "softmax",
+    PageInfo("app_pages/softmax.py", "Softmax saturation", "🌡️", "softmax",
              "Why attention divides by sqrt(d_k): saturation and vanishing gradients without it."),
-    PageInfo("pages/variants.py", "MHA, GQA, MQA", "🧮", "variants",
+    PageInfo("app_pages/variants.py", "MHA, GQA, MQA", "🧮", "variants",
              "How query heads share key/value heads, and what that saves in KV cache and FLOPs."),
-    PageInfo("pages/worked_example.py", "Worked example", "✏️", "worked-example",
+    PageInfo("app_pages/worked_example.py", "Worked example", "✏️", "worked-example",
              "Every number of scaled dot-product attention on a small example you can edit."),
-    PageInfo("pages/kernel.py", "Tiled kernel", "🧱", "kernel",
+    PageInfo("app_pages/kernel.py", "Tiled kernel", "🧱", "kernel",
              "A FlashAttention-style Triton kernel, tile by tile, checked and timed against naive attention."),
-    PageInfo("pages/toy_lab.py", "Toy lab", "🧪", "toy-lab",
+    PageInfo("app_pages/toy_lab.py", "Toy lab", "🧪", "toy-lab",
              "Train a small transformer in the browser and watch previous-token and induction heads form."),
 )
 

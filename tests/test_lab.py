@@ -353,3 +353,18 @@ def test_auto_save_after_a_background_run(cache):
     snap = lab.LabRun(cfg, auto_save=cfg.default_name()).start().join(timeout=60)
     assert snap.status == "done" and snap.saved_as == cfg.default_name()
     assert (cache / "trained" / cfg.default_name() / "config.json").exists()
+
+
+def test_target_patterns_score_perfectly_on_a_repeat():
+    text = "dafchdafch"
+    tokens, targets = lab.target_patterns(text)
+    assert tokens[0] == "<bos>" and tokens[1:] == list(text)
+    for p in targets.values():
+        np.testing.assert_allclose(p.sum(axis=1), 1.0)
+        assert np.all(np.triu(p, k=1) == 0), "a causal target never looks ahead"
+    assert lab.previous_token_score(targets["previous-token"]) == pytest.approx(1.0)
+    assert lab.induction_score(targets["induction"], repeat_len=5) == pytest.approx(1.0)
+    # Hand-derived: the second 'a' (query 7) copies from the key after the first 'a', position 3.
+    assert targets["induction"][7, 3] == 1.0
+    # First-copy queries have nothing earlier to copy and rest on <bos>.
+    assert np.all(targets["induction"][1:6, 0] == 1.0)

@@ -70,9 +70,9 @@ def test_page_runs_with_defaults_and_after_a_widget_change(page):
 
 
 def test_home_links_every_page():
-    at = _run_page("pages/home.py")
+    at = _run_page("app_pages/home.py")
     linked = {link.proto.page for link in at.get("page_link")}
-    expected = {Path(p.script).stem for p in PAGES if not p.default}
+    expected = {p.url_path for p in PAGES if not p.default}
     assert linked == expected
 
 
@@ -80,7 +80,7 @@ def test_home_lists_a_missing_bundled_model_with_its_install_command(monkeypatch
     import attnviz.models
 
     monkeypatch.setattr(attnviz.models, "_package_dir", lambda package: None)
-    at = _run_page("pages/home.py")
+    at = _run_page("app_pages/home.py")
     assert not at.exception
     warnings = " ".join(w.value for w in at.warning)
     for spec in attnviz.models.available_models():

@@ -471,7 +471,7 @@ def _page():
 
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180)
     at.run()
-    at.switch_page("pages/positional.py").run()
+    at.switch_page("app_pages/positional.py").run()
     assert not at.exception, at.exception
     return at
 

@@ -245,14 +245,14 @@ def test_describe_experiment_says_what_the_numbers_show():
 
 
 def test_page_runs_the_experiment_on_a_short_text(monkeypatch, smollm2):
-    """The button path of pages/sinks.py, on the first ~100 tokens of the shipped text so it stays quick."""
+    """The button path of app_pages/sinks.py, on the first ~100 tokens of the shipped text so it stays quick."""
     from pathlib import Path
 
     from streamlit.testing.v1 import AppTest
 
     short = sinks.shipped_text()[:450]
     monkeypatch.setattr(sinks, "shipped_text", lambda: short)
-    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages" / "sinks.py"), default_timeout=300)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"), default_timeout=300)
     at.run()
     assert not at.exception, at.exception
     at.select_slider(key="sinks_window").set_value(32)
@@ -274,7 +274,7 @@ def test_page_handles_other_models_and_tiny_texts(model, text, expect):
 
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages" / "sinks.py"), default_timeout=120)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"), default_timeout=120)
     at.session_state["sinks_model"] = model
     at.session_state["sinks_text"] = text
     at.run()

@@ -321,7 +321,7 @@ def test_page_real_model_section_with_a_toy_model():
     app = str(Path(__file__).resolve().parent.parent / "app.py")
     at = AppTest.from_file(app, default_timeout=180)
     at.run()
-    at.switch_page("pages/softmax.py").run()
+    at.switch_page("app_pages/softmax.py").run()
     assert not at.exception, at.exception
     at.selectbox(key="softmax_model").set_value("toy-gpt2").run()
     at.button(key="softmax_capture").click().run()

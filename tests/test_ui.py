@@ -19,7 +19,7 @@ def heads_page(query: dict | None = None) -> AppTest:
     at.run()
     for key, value in (query or {}).items():
         at.query_params[key] = value
-    at.switch_page("pages/heads.py")
+    at.switch_page("app_pages/heads.py")
     at.run()
     assert not at.exception, at.exception
     return at

@@ -99,3 +99,11 @@ def final_scores_heatmap(scores, statistic: str) -> go.Figure:
                    title=f"Final {title}", x_title="head", y_title="layer", zmin=0.0, zmax=1.0,
                    colorbar_title="score (0–1)", height=260,
                    hovertemplate="layer %{y} head %{x}<br>score %{z:.3f}<extra></extra>")
+
+
+def target_pattern_heatmaps(tokens: Sequence[str], patterns) -> list[go.Figure]:
+    """One heatmap per named target pattern [query, key], token labels on both axes."""
+    return [heatmap(p, x_labels=tokens, y_labels=tokens, title=f"A perfect {name} head", x_title="key token",
+                    y_title="query token", zmin=0.0, zmax=1.0, colorbar_title="weight", height=360,
+                    hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.2f}<extra></extra>")
+            for name, p in patterns.items()]

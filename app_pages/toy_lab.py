@@ -77,6 +77,16 @@ if run is None:
             f"minute, depending on how busy the server is. The loss soon reaches log {n_letters} = "
             f"{lab.chance_loss(n_letters):.2f} nats (guessing among the letters) and, on the induction task, "
             "drops further once heads find the earlier copy.")
+    st.subheader("What to look for")
+    example = lab.example_text(config) if config.task == "induction" else lab.example_text(
+        lab.LabConfig(task="induction", n_letters=config.n_letters, segment_len=config.segment_len))
+    tokens, targets = lab.target_patterns(example)
+    st.caption(f"On the text `{example}`, the two patterns training should produce, computed from their definitions. "
+               "A previous-token head is the stripe just below the diagonal; an induction head is the stripe "
+               "offset by the repeat length, in the second half, with the first copy's queries resting on <bos>. "
+               "After training, compare them with the real heads (here and on the Heads page).")
+    for column, fig in zip(st.columns(2), figs.target_pattern_heatmaps(tokens, targets)):
+        column.plotly_chart(fig, width="stretch")
     st.stop()
 
 
@@ -145,7 +155,7 @@ if snap.finished and snap.status != "failed":
     if snap.saved_as:
         st.success(f"Saved as the model **lab/{snap.saved_as}** (safetensors, in the attnviz cache).")
         example = lab.example_text(snap.config)
-        st.page_link("pages/heads.py", label=f"Open lab/{snap.saved_as} on the Heads page", icon="🧠",
+        st.page_link("app_pages/heads.py", label=f"Open lab/{snap.saved_as} on the Heads page", icon="🧠",
                      query_params={"model": f"lab/{snap.saved_as}", "text": example})
         st.markdown(f"There, with the text `{example}` (or any text in the task's letters), the induction head "
                     "of layer 1 looks from each repeated letter to the letter after its first copy, and the "

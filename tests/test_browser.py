@@ -1,0 +1,144 @@
+"""The app in a real browser: Debian's Chromium driven by playwright, Streamlit on 127.0.0.1 on a free port.
+
+Every page is opened by deep link, the first of them on the freshly started server (where Streamlit's legacy
+pages/ navigation could take over), waited on until its script has finished and its charts are drawn, and checked
+for Streamlit exception blocks and browser console errors. A screenshot of every page is saved for the README tour
+(docs/screenshots/, or $ATTNVIZ_SCREENSHOTS).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from attnviz.ui import PAGES
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = Path(os.environ.get("ATTNVIZ_SCREENSHOTS", ROOT / "docs" / "screenshots"))
+PAGE_TIMEOUT_S = 240
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.browser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A fresh Streamlit server, stopped by its own PID when the module's tests are done."""
+    port = _free_port()
+    log = open(ROOT / ".pytest_cache" / "streamlit-browser-test.log", "w") if (ROOT / ".pytest_cache").is_dir() \
+        else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
+         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail("Streamlit did not start")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("chromium is not installed: run `bash scripts/setup.sh --dev` (installs it with apt-get)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _wait_until_done(page, timeout_s: float) -> None:
+    """Waits until the script run has finished (the app reports notRunning three polls in a row) and every chart
+    is drawn."""
+    deadline = time.time() + timeout_s
+    page.wait_for_selector('[data-testid="stSidebarNav"]', timeout=timeout_s * 1000)
+    quiet = 0
+    while quiet < 3:
+        if time.time() > deadline:
+            raise AssertionError(f"page still running after {timeout_s} s")
+        done = page.query_selector('[data-testid="stApp"][data-test-script-state="notRunning"]') is not None \
+            and page.query_selector('[data-testid="stSkeleton"]') is None
+        quiet = quiet + 1 if done else 0
+        time.sleep(0.5)
+    for chart in page.query_selector_all('[data-testid="stPlotlyChart"]'):
+        if not chart.is_visible():  # in a tab that is not open
+            continue
+        chart.scroll_into_view_if_needed()
+        chart.wait_for_selector(".main-svg", timeout=max(1.0, deadline - time.time()) * 1000)
+
+
+# The first page opened is a deep link on the fresh server: the case where legacy navigation can take over.
+ORDER = sorted(PAGES, key=lambda p: p.default)
+
+
+@pytest.mark.parametrize("info", ORDER, ids=[p.url_path for p in ORDER])
+def test_page_opens_by_deep_link(server, browser, info):
+    context = browser.new_context(viewport={"width": 1400, "height": 1300})
+    page = context.new_page()
+    errors: list[str] = []
+    # Streamlit's frontend first probes /<page>/_stcore/* on a deep link, gets 404 and falls back to the root:
+    # its own behaviour, not an error of the app.
+    path = "" if info.default else info.url_path  # the default page lives at the root
+    probe = f"{server}/{path}/_stcore/"
+
+    def on_console(m):
+        if m.type == "error" and not (m.location or {}).get("url", "").startswith(probe):
+            errors.append(f"{m.text} ({(m.location or {}).get('url', '')})")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{server}/{path}", wait_until="domcontentloaded")
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.evaluate("document.querySelectorAll('*').forEach(e => { if (e.scrollTop) e.scrollTop = 0; })")
+        time.sleep(0.5)
+        page.screenshot(path=str(SHOTS / f"{info.url_path}.png"), full_page=True)
+        nav = [e.inner_text().split("\n")[-1].strip()
+               for e in page.query_selector_all('[data-testid="stSidebarNavLink"]')]
+        assert nav == [p.title for p in PAGES], f"not the app's own navigation: {nav}"
+        exceptions = [e.inner_text() for e in page.query_selector_all('[data-testid="stException"]')]
+        assert not exceptions, exceptions
+        assert page.query_selector("h1") is not None, "page shows no title"
+        if not info.default and not page.query_selector('[data-testid="stAlertContentWarning"]:has-text("coming")'):
+            assert page.query_selector_all('[data-testid="stPlotlyChart"]'), f"{info.title} shows no chart"
+        assert not errors, f"browser console errors: {errors}"
+    finally:
+        context.close()
