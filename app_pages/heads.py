@@ -19,11 +19,13 @@ def stats_of(model: str, text: str, layers: tuple[int, ...] | None, _capture):
 
 
 def from_link() -> None:
-    """Once per session: model, text, layer and head from the URL query, so a shared link reproduces the view."""
-    if st.session_state.get("heads_from_link_done"):
-        return
-    st.session_state["heads_from_link_done"] = True
+    """Model, text, layer and head from the URL query, so a shared link reproduces the view. Applied whenever the
+    query is not the one this page last wrote (a new link, or a link from another page), never over the user's
+    own choices on a rerun."""
     q = st.query_params
+    if _link_key(q.to_dict()) == st.session_state.get("heads_link_seen"):
+        return
+    st.session_state["heads_link_seen"] = _link_key(q.to_dict())
     if "model" in q:
         if q["model"] in {spec.name for spec in available_models()}:
             st.session_state["heads_model"] = q["model"]
@@ -35,6 +37,10 @@ def from_link() -> None:
     for name in ("layer", "head"):
         if q.get(name, "").isdigit():
             st.session_state[f"heads_{name}"] = int(q[name])
+
+
+def _link_key(query: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in query.items() if k in ("model", "text", "layer", "head")))
 
 
 def choice_box(label: str, options: list[int], key: str) -> int:
@@ -98,6 +104,7 @@ if len(text) <= URL_TEXT_LIMIT:
     view["text"] = text
 if {k: st.query_params.get(k) for k in view} != view:
     st.query_params.from_dict(view)
+st.session_state["heads_link_seen"] = _link_key(view)
 
 
 def shown(p):

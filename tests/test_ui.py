@@ -35,6 +35,25 @@ def test_link_reproduces_the_view():
     assert at.query_params["head"] in ("2", ["2"]) and at.query_params["model"] in ("toy-llama-gqa", ["toy-llama-gqa"])
 
 
+def test_a_second_link_in_the_same_session_switches_the_view():
+    """The toy lab links to the Heads page with its model: that must work after Heads was already open."""
+    at = heads_page()
+    assert at.selectbox(key="heads_model").value == "toy-gpt2"
+    at.selectbox(key="heads_head").set_value(1).run()
+    at.switch_page("app_pages/home.py").run()
+    at.query_params.clear()
+    for key, value in {"model": "toy-llama-gqa", "text": "xyzxyz", "layer": "0", "head": "2"}.items():
+        at.query_params[key] = value
+    at.switch_page("app_pages/heads.py").run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="heads_model").value == "toy-llama-gqa"
+    assert at.text_area(key="heads_text").value == "xyzxyz"
+    assert at.selectbox(key="heads_head").value == 2
+    # A rerun with the page's own query keeps the user's later choice.
+    at.selectbox(key="heads_head").set_value(3).run()
+    assert at.selectbox(key="heads_head").value == 3
+
+
 def test_bad_link_values_fall_back():
     at = heads_page({"layer": "99", "head": "x"})
     assert at.selectbox(key="heads_model").value == "toy-gpt2"
