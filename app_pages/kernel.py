@@ -66,8 +66,14 @@ if reason:
     st.error(f"Not run: {reason}")
     st.stop()
 
-with st.spinner("Running the stepper and the Triton kernel…"):
-    steps, kernel_out, trace, reference = run_stepper(n, d, block_m, block_n, causal, dtype, seed)
+BLOCKS_TOO_BIG = ("Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head dim, or float16, and it will "
+                  "run.")
+try:
+    with st.spinner("Running the stepper and the Triton kernel…"):
+        steps, kernel_out, trace, reference = run_stepper(n, d, block_m, block_n, causal, dtype, seed)
+except ValueError as exc:  # the kernel's refusals, e.g. blocks that need more shared memory than the GPU has
+    st.error(BLOCKS_TOO_BIG.format(exc))
+    st.stop()
 
 st.header("1. Step through the kernel")
 st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
@@ -152,8 +158,12 @@ st.markdown(
     "(the stepper above).\n"
     "- **fused Triton kernel**: the same loop as one GPU kernel, tiles held on chip."
 )
-with st.spinner("Running and timing the five methods…"):
-    results = run_comparison(n, d, block_m, block_n, causal, dtype, seed)
+try:
+    with st.spinner("Running and timing the five methods…"):
+        results = run_comparison(n, d, block_m, block_n, causal, dtype, seed)
+except ValueError as exc:
+    st.error(BLOCKS_TOO_BIG.format(exc))
+    st.stop()
 table = pd.DataFrame({
     "method": [r["method"] for r in results],
     "max |O − O_float64|": [f"{r['error']:.1e}" for r in results],

@@ -387,9 +387,10 @@ def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
     monkeypatch.setattr(kn, "flash_attention", refuse)
     st.cache_resource.clear()
     st.cache_data.clear()
+    from attnviz.ui import PAGES
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    page = next(os.path.join(root, d, "kernel.py") for d in ("app_pages", "pages")
-                if os.path.exists(os.path.join(root, d, "kernel.py")))
+    page = os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel"))
     at = AppTest.from_file(page, default_timeout=120)
     at.run()
     st.cache_resource.clear()
