@@ -8,7 +8,8 @@ from attnviz.figures import kernel as figs
 MEMORY_SIZES = (128, 256, 512, 1024, 2048)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
+# every TileStep keeps its tiles (up to 4096 steps of 128 x 128 scores): hold only the last two sizes
+@st.cache_resource(max_entries=2, show_spinner=False)
 def run_stepper(n, d, block_m, block_n, causal, dtype, seed):
     q, k, v = kn.make_inputs(n, d, dtype=dtype, seed=seed)
     steps = list(kn.tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n))
