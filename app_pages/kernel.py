@@ -173,15 +173,24 @@ table = pd.DataFrame({
     "how to read the time": [r["note"] for r in results],
 })
 st.dataframe(table, hide_index=True, width="stretch")
-st.caption("Measured in one run on this machine, on one CPU thread: a median of 5 calls, or one call for a method "
-           "slower than 0.2 s (the interpreted kernel: one call). Errors are "
+where = ("on one CPU thread" if kn.INTERPRETED else
+         f"on the GPU ({kn.KERNEL_DEVICE}), the stepper on one CPU thread")
+kernel_timing = ("the interpreted kernel: one call, as nothing is compiled" if kn.INTERPRETED else
+                 "the Triton kernel's first call, which compiles it, is not timed")
+st.caption(f"Measured in one run on this machine, {where}: after one untimed warm-up call, a median of 5 calls, or "
+           f"one call for a method slower than {kn.timing.SLOW_CALL_S:g} s ({kernel_timing}). Errors are "
            f"against a float64 computation of the same {dtype} inputs.")
 speeds = [r for r in results if not (kn.INTERPRETED and r["method"] == "fused Triton kernel")]
 st.plotly_chart(figs.timing_figure([r["method"] for r in speeds], [r["seconds"] * 1e3 for r in speeds]),
                 width="stretch")
-st.caption("On a CPU the Python-loop tiled versions lose to one big matmul: tiling pays off on a GPU, where the "
-           "N × N matrix would have to go through slow main memory." +
-           (" The interpreted Triton kernel is left out: its time is not a speed." if kn.INTERPRETED else ""))
+if kn.INTERPRETED:
+    st.caption("On a CPU the Python-loop tiled versions lose to one big matmul: tiling pays off on a GPU, where the "
+               "N × N matrix would have to go through slow main memory. The interpreted Triton kernel is left out: "
+               "its time is not a speed.")
+else:
+    st.caption("Compare the fused Triton kernel with torch SDPA (both fused GPU kernels) and with naive, which "
+               "sends the N × N matrix through GPU memory; the two Python-loop tiled versions pay one launch per "
+               "tile, and the stepper runs on the CPU.")
 
 st.header("3. Peak memory, naive vs tiled")
 st.markdown("Measured with torch.profiler's allocation events: the most bytes torch's CPU allocator held during "
