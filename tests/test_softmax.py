@@ -344,3 +344,40 @@ def test_page_real_model_section_with_a_toy_model():
         assert table["saturated rows"].iloc[row] == pytest.approx((top > 0.99).double().mean().item())
     at.select_slider(key="softmax_real_temperature").set_value(0.5).run()
     assert not at.exception, at.exception
+
+
+def test_page_real_model_sweeps_are_not_recomputed_on_a_rerun(monkeypatch):
+    """Changing only the query row reruns the page but not the sweep over scales nor the all-heads grid."""
+    from pathlib import Path
+
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    import attnviz.softmax as sm
+
+    calls = {"scale_sweep": 0, "head_saturation": 0}
+    for name in calls:
+        original = getattr(sm, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(sm, name, counted)
+    from attnviz.ui import PAGES
+
+    st.cache_data.clear()
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180)
+    at.run()
+    at.switch_page(next(p.script for p in PAGES if p.url_path == "softmax")).run()
+    at.selectbox(key="softmax_model").set_value("toy-gpt2").run()
+    at.button(key="softmax_capture").click().run()
+    assert not at.exception, at.exception
+    assert calls == {"scale_sweep": 1, "head_saturation": 1}
+    at.selectbox(key="softmax_query").set_value(0).run()
+    at.selectbox(key="softmax_query").set_value(1).run()
+    assert not at.exception, at.exception
+    assert calls == {"scale_sweep": 1, "head_saturation": 1}
+    at.selectbox(key="softmax_head").set_value(1).run()  # a new head: a new sweep, the same grid
+    assert calls == {"scale_sweep": 2, "head_saturation": 1}
+    st.cache_data.clear()
