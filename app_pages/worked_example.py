@@ -77,7 +77,7 @@ st.markdown("Each row becomes weights that are positive and sum to 1: subtract t
             "changes nothing but keeps exp from overflowing), exponentiate, divide by the row's sum.")
 for i in range(n_q):
     row = steps.masked[i]
-    exps = ", ".join(r"e^{-\infty}=0" if math.isinf(s) else rf"e^{{{f(s)}-{f(steps.row_max[i])}}}={f(e)}"
+    exps = ", ".join(r"e^{-\infty}=0" if math.isinf(s) else rf"e^{{{we.difference(s, steps.row_max[i], digits)}}}={f(e)}"
                      for s, e in zip(row, steps.exp[i]))
     st.latex(rf"\text{{row }}{i + 1}:\ {exps};\ \ \Sigma={f(steps.row_sum[i])};\ \ "
              rf"p_{i + 1} = {M(steps.pattern[i][None])}")
@@ -93,7 +93,4 @@ for i in range(n_q):
     terms = " + ".join(rf"{f(p)}\,{M(steps.v[j][None])}" for j, p in enumerate(steps.pattern[i]) if p != 0)
     st.latex(rf"o_{i + 1} = {terms or '0'} = {M(steps.output[i][None])}")
 st.latex(rf"\mathrm{{Attention}}(Q,K,V) = {M(steps.output)}")
-if example == "3 tokens, d_k = 2" and not causal and scaled:
-    st.caption("Printed copies of this example give other softmax rows; the ones above are computed. Note that "
-               "q₁ and q₂ mirror each other, and so do their rows.")
 st.caption("The weights and the output come from attnviz.attention.scaled_dot_product_attention, in float64.")

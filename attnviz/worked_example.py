@@ -17,8 +17,7 @@ from attnviz.attention import attention_scores, causal_mask, scaled_dot_product_
 
 MAX_SIZE = 8  # rows and columns a hand-typed matrix may have: every number is shown on the page
 
-# Q, K, V as text, one row per line. The 2 x 2 one is the walkthrough of a widely read article; the 3-token,
-# d_k = 2 one is a textbook's, whose printed softmax rows are wrong (the page shows the computed ones).
+# Q, K, V as text, one row per line: small enough to check every number by hand.
 EXAMPLES: dict[str, tuple[str, str, str]] = {
     "2 × 2": ("1, 2\n0, -1", "2, 0\n1, 1", "10, 20\n30, 40"),
     "3 × 3": ("1, 0, 1\n0, 2, 0\n1, 1, 0", "1, 1, 0\n0, 1, 1\n1, 0, 1", "1, 0, 0\n0, 1, 0\n0, 0, 1"),
@@ -119,6 +118,12 @@ def fmt(x: float, digits: int = 3) -> str:
     if float(x).is_integer() and abs(x) < 1e9:
         return str(int(x))
     return f"{x:.{digits}f}"
+
+
+def difference(a: float, b: float, digits: int = 3) -> str:
+    """a − b as the page writes it (LaTeX), a negative b in parentheses: 1 − (−2), never 1--2."""
+    right = fmt(b, digits)
+    return f"{fmt(a, digits)}-" + (f"({right})" if right.startswith("-") else right)
 
 
 def latex_matrix(a: np.ndarray, digits: int = 3) -> str:

@@ -82,3 +82,35 @@ def test_mismatched_shapes_are_refused():
         check_shapes(np.ones((2, 3)), np.ones((2, 2)), np.ones((2, 2)))
     with pytest.raises(ValueError, match="rows"):
         worked_steps(np.ones((2, 2)), np.ones((3, 2)), np.ones((2, 2)))
+
+
+@pytest.mark.parametrize("a,b,text", [
+    (-1.0, -2.0, "-1-(-2)"),  # not "-1--2"
+    (0.5, 0.25, "0.500-0.250"),
+    (1.0, 0.0, "1-0"),
+    (-3.0, 2.0, "-3-2"),
+    (0.0, -0.0001, "0-(-0.000)"),  # rounds to -0.000: still a minus sign to bracket
+])
+def test_difference_brackets_a_negative_subtrahend(a, b, text):
+    from attnviz.worked_example import difference
+
+    assert difference(a, b, 3) == text
+
+
+def test_page_softmax_exponents_never_show_a_double_minus():
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.ui import PAGES
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page(next(p.script for p in PAGES if p.url_path == "worked-example")).run()
+    # every score negative: each row's max is negative, so each exponent subtracts a negative number
+    at.text_area(key="worked_q").set_value("-1, 0\n0, -1").run()
+    at.text_area(key="worked_k").set_value("1, 0\n2, 1").run()
+    assert not at.exception, at.exception
+    latex = " ".join(x.value for x in at.latex)
+    assert "e^{" in latex and "--" not in latex.replace(r"-\infty", "")
+    assert "-(-" in latex
