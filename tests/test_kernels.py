@@ -1,7 +1,7 @@
 """attnviz.kernels: the Triton kernel, the stepper and the two-pass version against a float64 reference
 (attnviz.attention in float64), the kernel's own trace against the stepper, and the kernel's edge cases.
 
-Without CUDA every kernel call here runs under the Triton interpreter (~4 ms per tile step), so the parameter grid
+Without CUDA every kernel call here runs under the Triton interpreter (~8 ms per tile step on this machine), so the parameter grid
 is a pairwise covering set rather than the full cross product: 24 cases in which every pair of values of
 (N, head dim, BLOCK_M vs BLOCK_N, causal, dtype) occurs at least once (checked by test_cases_cover_every_pair).
 """
