@@ -60,7 +60,7 @@ from_link()
 
 left, right = st.columns([1, 2])
 with left:
-    model = ui.model_picker("heads_model", default="toy-gpt2")
+    model = ui.model_picker("heads_model", default="smollm2-135m")
 with right:
     text = ui.text_input("heads_text", DEFAULT_TEXT, height=80)
 if model is None:

@@ -67,8 +67,8 @@ def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", a
             return name
         return f"{name} ({spec.family}, {spec.source})" + ("" if spec.installed else " — not installed")
 
-    if st.session_state.get(key) not in options:
-        st.session_state[key] = default if default in options else options[0]
+    if st.session_state.get(key) not in options:  # a missing default falls back to the first installed model
+        st.session_state[key] = default if default in installed else options[0]
     choice = st.selectbox(label, options, key=key, format_func=label_of,
                           help="Toy models are instant; bundled real models load in about a second once converted.")
     if choice == CUSTOM_MODEL:

@@ -37,7 +37,7 @@ def test_link_reproduces_the_view():
 
 def test_a_second_link_in_the_same_session_switches_the_view():
     """The toy lab links to the Heads page with its model: that must work after Heads was already open."""
-    at = heads_page()
+    at = heads_page({"model": "toy-gpt2"})
     assert at.selectbox(key="heads_model").value == "toy-gpt2"
     at.selectbox(key="heads_head").set_value(1).run()
     at.switch_page("app_pages/home.py").run()
@@ -55,10 +55,20 @@ def test_a_second_link_in_the_same_session_switches_the_view():
 
 
 def test_bad_link_values_fall_back():
-    at = heads_page({"layer": "99", "head": "x"})
+    at = heads_page({"model": "toy-gpt2", "layer": "99", "head": "x"})
     assert at.selectbox(key="heads_model").value == "toy-gpt2"
     assert at.selectbox(key="heads_layer").value == 1  # nearest existing layer of toy-gpt2 (2 layers)
     assert at.selectbox(key="heads_head").value == 0
+
+
+def test_heads_opens_on_the_real_decoder_and_falls_back_when_it_is_missing(monkeypatch):
+    assert heads_page().selectbox(key="heads_model").value == "smollm2-135m"
+    from attnviz import models
+
+    monkeypatch.setattr(models, "_package_dir", lambda package: None)
+    at = heads_page()
+    assert at.selectbox(key="heads_model").value == "toy-gpt2"  # the first installed model, not a warning
+    assert not at.warning
 
 
 def test_link_to_an_unknown_model_says_so():
