@@ -50,7 +50,7 @@ def without_sinks(pattern, sink_keys=(0,)):
     keys) stays all zero rather than NaN. Shows the rest of a map whose colour scale the sink would swamp.
     """
     as_numpy = not isinstance(pattern, torch.Tensor)
-    p = torch.as_tensor(np.asarray(pattern)) if as_numpy else pattern
+    p = torch.tensor(np.asarray(pattern)) if as_numpy else pattern  # a copy: cached patterns are read-only
     if not p.is_floating_point():
         p = p.to(torch.float64)
     n_key = p.shape[-1]

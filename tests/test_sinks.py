@@ -312,3 +312,15 @@ def test_experiment_refuses_a_model_it_cannot_run():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=32)).eval()
     with pytest.raises(ValueError, match="Llama"):
         streaming_token_losses(gpt2, torch.arange(8), window=4)
+
+
+def test_without_sinks_takes_a_read_only_cached_pattern_silently():
+    import warnings
+
+    p = np.full((2, 3, 3), 1 / 3)
+    p.flags.writeable = False  # as attnviz.ui shares captures between sessions
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = without_sinks(p)
+    np.testing.assert_allclose(out[..., 0], 0.0)
+    np.testing.assert_allclose(out.sum(-1), 1.0)
