@@ -38,16 +38,6 @@ PAGES: tuple[PageInfo, ...] = (
 )
 
 
-def placeholder(what_is_coming: str) -> None:
-    """An honest notice for a page that is not built yet."""
-    st.warning(f"🚧 This page is coming: it is not built yet. It will show {what_is_coming}")
-
-
-CUSTOM_MODEL = "Other: a local folder or hub id…"
-DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
-MAX_TEXT_CHARS = 20_000
-
-
 def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", allow_custom: bool = True) -> str | None:
     """A model selectbox: installed models first, then missing bundled ones with their install command.
 

@@ -137,7 +137,7 @@ def test_page_opens_by_deep_link(server, browser, info):
         exceptions = [e.inner_text() for e in page.query_selector_all('[data-testid="stException"]')]
         assert not exceptions, exceptions
         assert page.query_selector("h1") is not None, "page shows no title"
-        if not info.default and not page.query_selector('[data-testid="stAlertContentWarning"]:has-text("coming")'):
+        if not info.default:
             assert page.query_selector_all('[data-testid="stPlotlyChart"]'), f"{info.title} shows no chart"
         assert not errors, f"browser console errors: {errors}"
     finally:
