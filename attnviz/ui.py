@@ -38,6 +38,11 @@ PAGES: tuple[PageInfo, ...] = (
 )
 
 
+CUSTOM_MODEL = "Other: a local folder or hub id…"
+DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
+MAX_TEXT_CHARS = 20_000
+
+
 def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", allow_custom: bool = True) -> str | None:
     """A model selectbox: installed models first, then missing bundled ones with their install command.
 
