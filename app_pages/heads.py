@@ -69,7 +69,7 @@ loaded = ui.get_model(model)
 if loaded is None:
     st.stop()
 
-n_model_layers = int(getattr(loaded.model.config, "num_hidden_layers", 0) or getattr(loaded.model.config, "n_layer"))
+n_model_layers = int(getattr(loaded.model.config, "num_hidden_layers", 0) or getattr(loaded.model.config, "n_layer", 0))
 layers = None
 if n_model_layers > 12:
     first, last = st.slider("Layers to capture (fewer layers = less memory for long texts)", 0, n_model_layers - 1,

@@ -99,6 +99,9 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     if not isinstance(text, str) or not text.strip():
         raise CaptureError("The text is empty: type some text to run the model on.")
     model, tokenizer = loaded.model, loaded.tokenizer
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise CaptureError(f"{loaded.spec.name} is an encoder-decoder model; attnviz captures decoder-only and "
+                           "encoder-only models.")
     modules = attention_modules(model)
     wanted = _wanted_layers(layers, len(modules))
     dtype = np.dtype(dtype)
@@ -108,6 +111,9 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     encoded = tokenizer(text, return_tensors="pt")
     ids = encoded.input_ids
     n = int(ids.shape[1])
+    if n == 0:
+        raise CaptureError(f"{loaded.spec.name}'s tokenizer turned the text into no tokens; try another text or "
+                           "check the model folder's tokenizer files.")
     limit = min(max_tokens, _position_limit(model.config))
     if n > limit:
         raise CaptureError(f"The text is {n:,} tokens long; the limit for {loaded.spec.name} here is {limit:,} "
@@ -129,6 +135,10 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
             runner(input_ids=ids.to(device), attention_mask=encoded.attention_mask.to(device), use_cache=False)
         except _StopForward:
             pass
+        except CaptureError:
+            raise
+        except Exception as exc:  # a user's model that cannot run this text: a message, not a traceback
+            raise CaptureError(f"{loaded.spec.name} failed on this text: {type(exc).__name__}: {exc}") from exc
     missing = [i for i in wanted if i not in recorder.pattern]
     if missing:
         raise CaptureError(f"{loaded.spec.name} did not return attention weights for layers {missing}.")

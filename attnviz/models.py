@@ -340,6 +340,6 @@ def _from_folder(folder: Path, device_map: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
     except ModelError:
         raise
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"transformers could not load {folder.name!r}: {exc}") from exc
+    except Exception as exc:  # a corrupt or mismatched folder raises all sorts; the page must get a message
+        raise ModelError(f"transformers could not load {folder.name!r}: {type(exc).__name__}: {exc}") from exc
     return model, tokenizer

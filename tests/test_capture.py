@@ -205,7 +205,7 @@ def test_hooks_are_removed_after_errors(toys):
     def fail(*_args, **_kwargs):
         raise RuntimeError("boom")
 
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(CaptureError, match="RuntimeError: boom"):  # a message for the page, the cause chained
         handle = attention_modules(loaded.model)[1].register_forward_hook(fail)
         try:
             capture_attention(loaded, TEXT)
@@ -266,3 +266,27 @@ def test_readable_tokens_show_whitespace_and_split_characters(toys):
     tokens = readable_tokens(tok, tok("a b\nï\t").input_ids)
     expected_bytes = [f"<0x{b:02X}>" for b in "ï".encode("utf-8")]
     assert tokens == ["<bos>", "a", "␣", "b", "↵", *expected_bytes, "⇥"]
+
+
+def test_a_model_that_fails_on_the_text_gives_a_capture_error(monkeypatch):
+    loaded = load_model("toy-gpt2")
+    runner = loaded.model.base_model
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("cannot reshape tensor of 0 elements")
+
+    monkeypatch.setattr(runner, "forward", broken)
+    with pytest.raises(CaptureError, match="failed on this text: RuntimeError"):
+        capture_attention(loaded, "hello")
+
+
+def test_encoder_decoder_models_are_refused_with_a_message():
+    from transformers import T5Config, T5Model
+
+    from attnviz.models import LoadedModel, ModelSpec
+    from attnviz.tokenizer import byte_tokenizer
+
+    config = T5Config(vocab_size=257, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)
+    loaded = LoadedModel(T5Model(config).eval(), byte_tokenizer(), ModelSpec("t5", "t5", "local", True, None, ""))
+    with pytest.raises(CaptureError, match="encoder-decoder"):
+        capture_attention(loaded, "hello")

@@ -187,3 +187,11 @@ def test_device_choices(tmp_path):
     spread = load_model(str(tmp_path / "spread"), device="auto")  # accelerate's device_map="auto": all on the CPU here
     assert spread.model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert capture_attention(spread, "abc").pattern.shape == (2, 4, 4, 4)
+
+
+def test_corrupt_safetensors_folder_is_a_model_error_not_a_traceback(tmp_path):
+    folder = tmp_path / "corrupt"
+    _save_toy(folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelError, match="could not load"):
+        load_model(str(folder))
