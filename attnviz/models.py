@@ -157,6 +157,9 @@ def toy_config(name: str):
     raise ModelError(f"Unknown toy model {name!r}; toys are: {', '.join(_TOYS)}.")
 
 
+_toy_lock = threading.Lock()
+
+
 def _load_toy(name: str) -> LoadedModel:
     from transformers import AutoModelForCausalLM
 
@@ -164,7 +167,9 @@ def _load_toy(name: str) -> LoadedModel:
 
     config = toy_config(name)
     config._attn_implementation = "eager"
-    with torch.random.fork_rng(devices=[]):
+    # from_config draws from torch's global generator: the lock keeps two toys built at once (two sessions) from
+    # interleaving their draws, so a toy's weights are always the seeded ones.
+    with _toy_lock, torch.random.fork_rng(devices=[]):
         torch.manual_seed(TOY_SEED)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     family, desc = _TOYS[name]

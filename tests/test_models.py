@@ -195,3 +195,22 @@ def test_corrupt_safetensors_folder_is_a_model_error_not_a_traceback(tmp_path):
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelError, match="could not load"):
         load_model(str(folder))
+
+
+def test_toys_built_at_once_from_several_threads_have_the_seeded_weights():
+    import threading
+
+    reference = {name: load_model(name).model.state_dict() for name in ("toy-gpt2", "toy-llama-gqa")}
+    results: dict[tuple[str, int], dict] = {}
+
+    def build(name: str, i: int) -> None:
+        results[(name, i)] = load_model(name).model.state_dict()
+
+    threads = [threading.Thread(target=build, args=(name, i)) for i in range(3) for name in reference]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (name, _), state in results.items():
+        for key, value in reference[name].items():
+            assert torch.equal(state[key], value), (name, key)
