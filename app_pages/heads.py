@@ -29,9 +29,10 @@ def from_link() -> None:
     if "model" in q:
         if q["model"] in {spec.name for spec in available_models()}:
             st.session_state["heads_model"] = q["model"]
-        else:  # a local folder or hub id: it goes into the picker's text box, and is checked like a typed one
+        else:  # a local folder or hub id: it goes into the picker's text box, loaded only once the user confirms
             st.session_state["heads_model"] = ui.CUSTOM_MODEL
             st.session_state["heads_model_custom"] = q["model"]
+            st.session_state["heads_link_model_pending"] = q["model"]
     if "text" in q:
         st.session_state["heads_text"] = q["text"][:ui.MAX_TEXT_CHARS]
     for name in ("layer", "head"):
@@ -65,6 +66,12 @@ with right:
     text = ui.text_input("heads_text", DEFAULT_TEXT, height=80)
 if model is None:
     st.stop()
+if model == st.session_state.get("heads_link_model_pending"):
+    # A link must not make the server load any folder it names: the visitor confirms first.
+    st.info(f"This link asks to load the model `{model}` from this server's disk or Hugging Face cache.")
+    if not st.button("Load it", key="heads_link_model_confirm"):
+        st.stop()
+    del st.session_state["heads_link_model_pending"]
 loaded = ui.get_model(model)
 if loaded is None:
     st.stop()

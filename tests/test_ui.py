@@ -74,6 +74,8 @@ def test_heads_opens_on_the_real_decoder_and_falls_back_when_it_is_missing(monke
 def test_link_to_an_unknown_model_says_so():
     at = heads_page({"model": "no-such-model"})
     assert at.text_input(key="heads_model_custom").value == "no-such-model"
+    assert not at.error, "a folder named by a link is not loaded before the visitor confirms"
+    at.button(key="heads_link_model_confirm").click().run()
     assert any("Unknown model 'no-such-model'" in e.value for e in at.error)
 
 
