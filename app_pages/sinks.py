@@ -1,8 +1,6 @@
 """Attention sinks: where the attention mass goes, and what breaks when the first tokens are evicted."""
 
 import hashlib
-import threading
-from collections import OrderedDict
 
 import numpy as np
 import pandas as pd
@@ -33,30 +31,28 @@ def choice_box(label: str, options: list[int], key: str, default: int) -> int:
 
 
 @st.cache_resource(show_spinner=False)
-def loss_store() -> dict:
+def loss_store() -> sinks.ComputeOnce:
     """Per-token losses already computed, shared by every session: (text hash, window, sinks, positions) -> losses.
 
-    A dict rather than st.cache_data because the computation reports progress to the page while it runs, and
-    st.cache_data would record and replay those progress updates."""
-    return {"lock": threading.Lock(), "losses": OrderedDict()}
+    A sinks.ComputeOnce rather than st.cache_data because the computation reports progress to the page while it
+    runs, and st.cache_data would record and replay those progress updates. Two sessions asking for the same
+    setting at once compute it once: the second waits for the first one's result."""
+    return sinks.ComputeOnce(max_items=64)
 
 
 def cached_losses(loaded, text: str, window: int | None, n_sinks: int, positions: str, bar, label: str):
     """streaming_token_losses on `text`, computed once per (text, window, sinks, positions), with a progress bar."""
-    store = loss_store()
     key = (hashlib.sha256(text.encode()).hexdigest(), window, n_sinks if window else 0, positions if window else "")
-    with store["lock"]:
-        if key in store["losses"]:
-            store["losses"].move_to_end(key)
-            return store["losses"][key]
-    ids = loaded.tokenizer(text)["input_ids"]
-    losses = sinks.streaming_token_losses(loaded.model, ids, window=window, n_sinks=n_sinks, positions=positions,
-                                          progress=lambda f: bar.progress(f, text=f"{label}: {f:.0%} of the layers"))
-    with store["lock"]:
-        store["losses"][key] = losses
-        while len(store["losses"]) > 64:
-            store["losses"].popitem(last=False)
-    return losses
+
+    def compute():
+        ids = loaded.tokenizer(text)["input_ids"]
+        return sinks.streaming_token_losses(loaded.model, ids, window=window, n_sinks=n_sinks, positions=positions,
+                                            progress=lambda f: bar.progress(f, text=f"{label}: {f:.0%} of the layers"))
+
+    def waiting(seconds: float) -> None:
+        bar.progress(0.0, text=f"{label}: another visitor is computing this setting; waiting for it ({seconds:.0f} s)")
+
+    return loss_store().get(key, compute, on_wait=waiting, poll_seconds=1.0)
 
 
 def show_sink_scores() -> None:
@@ -91,9 +87,14 @@ def show_sink_scores() -> None:
         st.info("With only a few tokens every key gets a large share by default (1/n for uniform attention): "
                 "use a longer text for a meaningful α₀.")
 
+    n = capture.n_tokens
+    relation = (f" α₀ counts query 0, which can only attend to token 0, while the Heads page's sink_mass leaves it "
+                f"out: α₀ = (1 + (n − 1) · sink_mass) / n, here n = {n}." if capture.causal else
+                f" α₀ averages all n queries, while the Heads page's sink_mass leaves query 0 out: "
+                f"α₀ = (A₀₀ + (n − 1) · sink_mass) / n, A₀₀ being query 0's attention on itself, here n = {n}.")
     chart(figs.sink_score_grid(alpha[..., 0], capture.layers, threshold=sinks.SINK_THRESHOLD),
           "Each cell is one head: the mean attention its queries give token 0. Bright rows are layers where almost "
-          "every head parks its attention on the first token, whatever that token says.")
+          "every head parks its attention on the first token, whatever that token says." + relation)
     chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")

@@ -281,6 +281,9 @@ def test_page_handles_other_models_and_tiny_texts(model, text, expect):
     assert not at.exception, at.exception
     shown = " ".join(str(e.value) for e in [*at.caption, *at.warning, *at.info])
     assert expect in shown
+    # where alpha_0 is drawn, the page says how it relates to the Heads page's sink_mass (derived in the test above)
+    relation = "α₀ = (1 + (n − 1) · sink_mass) / n" if model == "toy-gpt2" else "α₀ = (A₀₀ + (n − 1) · sink_mass) / n"
+    assert relation in shown
     if model == "minilm-l6":
         at.toggle(key="sinks_hide").set_value(True).run()
         assert not at.exception, at.exception
@@ -324,3 +327,166 @@ def test_without_sinks_takes_a_read_only_cached_pattern_silently():
         out = without_sinks(p)
     np.testing.assert_allclose(out[..., 0], 0.0)
     np.testing.assert_allclose(out.sum(-1), 1.0)
+
+
+# ---------------------------------------------------------------- ComputeOnce: one computation per key
+
+
+def _in_threads(targets):
+    """Start one thread per callable and return them (already started)."""
+    import threading
+
+    threads = [threading.Thread(target=t, daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_compute_once_same_key_from_many_threads_computes_once():
+    import threading
+
+    cache = sinks.ComputeOnce(max_items=8)
+    calls = []
+    waiting = set()
+    waiting_lock = threading.Lock()
+    all_waiting = threading.Event()
+
+    def note_wait(_seconds):
+        with waiting_lock:
+            waiting.add(threading.get_ident())
+            if len(waiting) == 3:
+                all_waiting.set()
+
+    def compute():
+        calls.append(threading.get_ident())
+        assert all_waiting.wait(10), "the other three callers never waited"  # they arrive while this one runs
+        return object()
+
+    results = []
+    threads = _in_threads([lambda: results.append(cache.get("k", compute, on_wait=note_wait, poll_seconds=0.01))
+                           for _ in range(4)])
+    for t in threads:
+        t.join(20)
+    assert len(calls) == 1
+    assert len(results) == 4 and all(r is results[0] for r in results)
+    assert cache.get("k", compute) is results[0] and len(calls) == 1  # later callers get the cached value
+    assert cache._key_locks == {}  # no per-key lock outlives its callers
+
+
+def test_compute_once_different_keys_do_not_wait_for_each_other():
+    import threading
+
+    cache = sinks.ComputeOnce()
+    release_a = threading.Event()
+    a_started = threading.Event()
+    got = {}
+
+    def slow_a():
+        a_started.set()
+        assert release_a.wait(10)
+        return "a"
+
+    (thread_a,) = _in_threads([lambda: got.setdefault("a", cache.get("a", slow_a))])
+    assert a_started.wait(10)
+    (thread_b,) = _in_threads([lambda: got.setdefault("b", cache.get("b", lambda: "b"))])
+    thread_b.join(5)
+    assert got == {"b": "b"}, "key b waited for key a"  # a is still computing
+    release_a.set()
+    thread_a.join(10)
+    assert got == {"a": "a", "b": "b"}
+
+
+class _Interrupted(BaseException):
+    """Like Streamlit's StopException: a BaseException raised inside a computation when a visitor moves on."""
+
+
+@pytest.mark.parametrize("error", [RuntimeError("out of memory"), _Interrupted()])
+def test_compute_once_failure_does_not_poison_the_key(error):
+    import threading
+
+    cache = sinks.ComputeOnce()
+    calls = []
+    second_waits = threading.Event()
+
+    def failing():
+        calls.append("first")
+        assert second_waits.wait(10)  # fail only once the second caller is waiting for this result
+        raise error
+
+    def working():
+        calls.append("second")
+        return 42
+
+    outcome = {}
+
+    def first():
+        try:
+            cache.get("k", failing)
+        except BaseException as exc:  # noqa: B036 - the test raises a BaseException on purpose
+            outcome["first"] = exc
+
+    def second():
+        outcome["second"] = cache.get("k", working, on_wait=lambda s: second_waits.set(), poll_seconds=0.01)
+
+    (t1,) = _in_threads([first])
+    while not calls:  # the first caller holds the key before the second one asks
+        threading.Event().wait(0.005)
+    (t2,) = _in_threads([second])
+    t1.join(20)
+    t2.join(20)
+    assert outcome["first"] is error  # the error goes to the caller whose computation failed
+    assert outcome["second"] == 42 and calls == ["first", "second"]  # the waiter computed it itself
+    assert cache.get("k", failing) == 42 and calls == ["first", "second"]
+    # a failure with nobody waiting leaves nothing behind either: the next caller computes
+    with pytest.raises(ZeroDivisionError):
+        cache.get("z", lambda: 1 / 0)
+    assert "z" not in cache and cache.get("z", lambda: "ok") == "ok"
+    assert cache._key_locks == {}
+
+
+def test_compute_once_keeps_the_most_recently_used():
+    cache = sinks.ComputeOnce(max_items=2)
+    calls = []
+
+    def make(v):
+        def compute():
+            calls.append(v)
+            return v
+        return compute
+
+    cache.get("a", make("a"))
+    cache.get("b", make("b"))
+    cache.get("a", make("a"))  # a is now the most recently used
+    cache.get("c", make("c"))  # evicts b
+    assert len(cache) == 2 and "a" in cache and "c" in cache and "b" not in cache
+    cache.get("b", make("b"))
+    assert calls == ["a", "b", "c", "b"]
+    with pytest.raises(ValueError):
+        sinks.ComputeOnce(max_items=0)
+
+
+def test_alpha0_and_the_heads_pages_sink_mass_relation():
+    """The relation the Sinks page states: alpha_0 averages all n queries (Gu et al., T - k = n for k = 0) while
+    attnviz.stats' sink_mass averages queries 1..n-1; in a causal model query 0 sees only token 0 (weight 1), so
+    alpha_0 = (1 + (n - 1) sink_mass) / n; in an encoder query 0's own A[0, 0] takes the place of the 1."""
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.stats import head_stats, pattern_stats
+
+    rng = np.random.default_rng(7)
+    n = 9
+    p = _causal_random_pattern(rng, (4, n, n))  # [head, query, key]
+    hand = np.array([(1.0 + sum(p[h, t, 0] for t in range(1, n))) / n for h in range(4)])
+    np.testing.assert_allclose(sink_scores(p)[:, 0], hand, atol=1e-12)
+    mass = pattern_stats(p)["sink_mass"]
+    np.testing.assert_allclose(sink_scores(p)[:, 0], (1 + (n - 1) * mass) / n, atol=1e-12)
+    raw = rng.exponential(size=(4, n, n))
+    b = raw / raw.sum(-1, keepdims=True)  # bidirectional
+    np.testing.assert_allclose(sink_scores(b, causal=False)[:, 0],
+                               (b[:, 0, 0] + (n - 1) * pattern_stats(b)["sink_mass"]) / n, atol=1e-12)
+    # and on a real capture, the two pages' numbers for every head
+    cap = capture_attention(load_model("toy-gpt2"), "Attention sinks sit on the first token.")
+    frame = head_stats(cap)
+    alpha0 = sink_scores(cap.pattern, causal=cap.causal)[..., 0].reshape(-1)
+    m = cap.n_tokens
+    np.testing.assert_allclose(alpha0, (1 + (m - 1) * frame["sink_mass"].to_numpy()) / m, atol=1e-6)
