@@ -16,6 +16,14 @@ MEASURE_TEXT = (
     "rang the bell again and again until the sailors turned away from the danger. In the morning the sea was calm, "
     "and the keeper climbed down the stairs, made his tea, and wrote a single line in his logbook."
 )
+SCHEME_NAMES = {
+    "rope": "RoPE, rotating q and k in every layer",
+    "alibi": "ALiBi, a linear bias on the scores in every layer",
+    "sinusoidal": "sinusoidal vectors (Vaswani et al. 2017) added to the token embeddings once, at the input "
+                  "(a toy-lab model trained with the GPT-2 position table frozen to them)",
+    "learned": "learned absolute position vectors added to the token embeddings once, at the input (GPT-2 style)",
+    "other": "not RoPE or ALiBi (learned or fixed vectors added at the input, or none)",
+}
 MAX_MEASURE_CHARS = 1500  # ~350 smollm2 tokens: its 30 x 9 patterns stay near 130 MB
 
 
@@ -279,7 +287,7 @@ if section == "Measured on models":
                 per_layer = P.attention_by_distance(pattern, exclude_keys=skip)
                 n_dist = per_layer.shape[-1]
                 config = loaded.model.config
-                scheme = P.position_scheme(config)
+                scheme = P.loaded_position_scheme(loaded)
                 causal = bool(capture.causal)
                 baseline = P.uniform_causal_by_distance(n_tok, exclude_keys=skip) if causal else None
                 theory = relative = None
@@ -292,8 +300,16 @@ if section == "Measured on models":
                     relative = bound / bound[0]
                     theory_note = (f"the dashed line (right axis) is the RoFormer bound for d_head = {d_head}, "
                                    f"base = {rope_base:g}, divided by its value at distance 0")
+                elif scheme in ("sinusoidal", "learned"):
+                    added = ("the sinusoidal encoding of Vaswani et al." if scheme == "sinusoidal" else
+                             "a learned position table")
+                    theory_note = (f"this model adds {added} to its token embeddings once, at the input, so how "
+                                   "attention falls with distance depends on the trained weights (W_q, W_k) and no "
+                                   "formula predicts it: no theory curve is drawn, and the RoPE bound and ALiBi "
+                                   "curves do not apply")
                 else:
                     theory_note = "this model's positions are not RoPE or ALiBi, so no theory curve is drawn"
+                st.caption(f"How {done[0]} encodes position: {SCHEME_NAMES[scheme]}.")
                 chart(F.distance_profile(per_layer, layers=list(capture.layers),
                                          title=f"{capture.model_name}: attention against distance, {n_tok} tokens",
                                          theory=theory, theory_name="ALiBi alone (theory)", baseline=baseline,

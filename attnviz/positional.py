@@ -318,15 +318,60 @@ def uniform_causal_by_distance(n: int, *, exclude_keys: int = 0) -> np.ndarray:
     return tail_sums[first] / (n - first)
 
 
-def position_scheme(config) -> str:
+SCHEMES = ("rope", "alibi", "learned", "sinusoidal", "other")
+LAB_FILE = "lab.json"  # what attnviz.lab saves beside a toy-lab model's weights; its config names the scheme
+
+
+def position_scheme(config, folder=None) -> str:
     """How a transformers config encodes position: "alibi" (BLOOM, or an `alibi` flag as in MPT/Falcon), "rope"
-    (a RoPE base in the config, as in Llama, Mistral, Qwen) or "other" (learned absolute, sinusoidal, none)."""
+    (a RoPE base in the config, as in Llama, Mistral, Qwen) or "other" (learned absolute, sinusoidal, none).
+
+    folder: the model's folder, if it has one. A toy-lab folder (one holding lab.json, see attnviz.lab) says which
+    of "learned" or "sinusoidal" its GPT-2 uses: both are GPT2LMHeadModel with the same config, the sinusoidal one
+    with its position table wpe set to the Vaswani et al. encoding and frozen, which only lab.json records. Either
+    way the positions are added to the token embeddings. The config decides whenever it says RoPE or ALiBi.
+    """
     if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
         return "alibi"
     params = getattr(config, "rope_parameters", None)
     if (isinstance(params, dict) and "rope_theta" in params) or getattr(config, "rope_theta", None):
         return "rope"
-    return "other"
+    lab = lab_positional(folder) if folder is not None else None
+    return lab if lab in ("learned", "sinusoidal") else "other"
+
+
+def lab_positional(folder) -> str | None:
+    """The positional scheme a toy-lab folder's lab.json records (config.positional: "learned", "sinusoidal",
+    "rope" or "alibi"), or None when the folder has no readable lab.json or it names no known scheme."""
+    import json
+    from pathlib import Path
+
+    try:
+        info = json.loads((Path(folder) / LAB_FILE).read_text(encoding="utf-8"))
+        scheme = info["config"]["positional"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return scheme if scheme in ("learned", "sinusoidal", "rope", "alibi") else None
+
+
+def model_folder(loaded):
+    """The folder an attnviz LoadedModel was read from, when it is a toy-lab model ("lab/<folder>", under
+    attnviz.paths.trained_dir()) or a local folder; None for toys, bundled and hub models."""
+    from pathlib import Path
+
+    from attnviz.paths import trained_dir
+
+    spec = loaded.spec
+    if spec.source == "lab":
+        return trained_dir() / spec.name[len("lab/"):]
+    if spec.source == "local":
+        return Path(spec.name).expanduser()
+    return None
+
+
+def loaded_position_scheme(loaded) -> str:
+    """position_scheme of an attnviz LoadedModel, reading lab.json when it comes from a folder (model_folder)."""
+    return position_scheme(loaded.model.config, model_folder(loaded))
 
 
 def rope_settings(config) -> tuple[int, float]:

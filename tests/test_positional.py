@@ -558,3 +558,84 @@ def test_apply_rope_reproduces_smollm2_layer0_attention(smollm2):
     scores = (q @ k.transpose(-1, -2) / math.sqrt(d_head))[0]
     scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
     np.testing.assert_allclose(torch.softmax(scores, -1).numpy(), capture.pattern[0], atol=2e-4)
+
+
+
+# ---------------------------------------------------------------- toy-lab models: learned or sinusoidal
+
+
+@pytest.fixture(scope="module")
+def lab_models(tmp_path_factory):
+    """Two tiny toy-lab GPT-2s, trained 2 steps and saved to a temporary ATTNVIZ_CACHE_DIR: "pos-sinusoidal" with sinusoidal
+    positions, "pos-learned" with learned ones. Their configs are the same; only lab.json tells them apart."""
+    from attnviz.lab import LabConfig, LabRun
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path_factory.mktemp("attnviz-cache")))
+        for name, positional in (("pos-sinusoidal", "sinusoidal"), ("pos-learned", "learned")):
+            run = LabRun(LabConfig(task="copy", positional=positional, steps=2, batch_size=4, segment_len=3,
+                                   n_letters=4, n_layers=1, n_heads=2, d_model=16, eval_every=1))
+            assert run.run().step == 2
+            run.save(name)
+        yield
+
+
+def test_position_scheme_of_lab_models_reads_lab_json(lab_models, tmp_path):
+    import json
+
+    from transformers import GPT2Config, LlamaConfig
+
+    from attnviz.models import load_model
+
+    sin, learned = load_model("lab/pos-sinusoidal"), load_model("lab/pos-learned")
+    # the configs cannot tell them apart...
+    assert P.position_scheme(sin.model.config) == P.position_scheme(learned.model.config) == "other"
+    # ...the weights show which is which: the sinusoidal table of Vaswani et al., written out with math.sin/cos
+    wpe_sin = sin.model.transformer.wpe.weight.detach().double().numpy()
+    np.testing.assert_allclose(wpe_sin, _pe_loop(wpe_sin.shape[0], wpe_sin.shape[1]), atol=1e-6)
+    wpe_learned = learned.model.transformer.wpe.weight.detach().double().numpy()
+    assert np.abs(wpe_learned - _pe_loop(*wpe_learned.shape)).max() > 0.5
+    # ...and so does lab.json, which the model-aware functions read
+    assert P.loaded_position_scheme(sin) == "sinusoidal"
+    assert P.loaded_position_scheme(learned) == "learned"
+    assert P.position_scheme(sin.model.config, P.model_folder(sin)) == "sinusoidal"
+    assert P.loaded_position_scheme(load_model("toy-gpt2")) == "other"  # no folder, no lab.json
+    # a local folder holding lab.json counts too; a missing or broken lab.json changes nothing
+    assert P.position_scheme(GPT2Config(), tmp_path) == "other"
+    (tmp_path / "lab.json").write_text("{not json")
+    assert P.lab_positional(tmp_path) is None and P.position_scheme(GPT2Config(), tmp_path) == "other"
+    (tmp_path / "lab.json").write_text(json.dumps({"config": {"positional": "sinusoidal"}}))
+    assert P.position_scheme(GPT2Config(), tmp_path) == "sinusoidal"
+    assert P.position_scheme(LlamaConfig(), tmp_path) == "rope"  # the config wins when it names RoPE
+
+
+def test_page_measures_a_sinusoidal_lab_model_without_rope_or_alibi_theory(lab_models):
+    """The 'Measured on models' tab on a sinusoidal toy-lab model: it says the positions are sinusoidal and added
+    to the input, draws no RoPE or ALiBi curve, and its per-layer lines are what the model's own
+    output_attentions give, averaged by distance in a loop."""
+    import json
+
+    from attnviz.models import load_model
+
+    at = _page()
+    at.radio(key="pos_section").set_value("Measured on models").run()
+    at.selectbox(key="pos_meas_model").set_value("lab/pos-sinusoidal").run()
+    text = "abcd=abcd abca"
+    at.text_area(key="pos_meas_text").set_value(text).run()
+    at.button(key="pos_meas_go").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    captions = " ".join(c.value for c in at.caption)
+    assert "How lab/pos-sinusoidal encodes position: sinusoidal" in captions
+    assert "no theory curve is drawn" in captions and "RoFormer bound for" not in captions
+    traces = {t["name"]: t for t in json.loads(at.get("plotly_chart")[-1].proto.spec)["data"]}
+    assert not any("ALiBi" in name or "RoFormer" in name for name in traces), list(traces)
+    loaded = load_model("lab/pos-sinusoidal")
+    ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        attentions = loaded.model(ids, output_attentions=True).attentions  # per layer [1, head, query, key]
+    n = ids.shape[1]
+    for layer, a in enumerate(attentions):
+        a = a[0].double().numpy()
+        expected = [np.mean([a[h, i, i - r] for h in range(a.shape[0]) for i in range(r, n)]) for r in range(n)]
+        np.testing.assert_allclose(_values(traces[f"layer {layer}"]["y"]), expected, rtol=1e-5, atol=1e-7)
