@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import streamlit as st
 
@@ -82,36 +84,89 @@ def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", a
     return choice
 
 
+def model_version(name: str | None) -> tuple:
+    """A token that changes whenever the files behind `name` change on disk, for cache keys next to the name.
+
+    A toy-lab model ("lab/<folder>", replaced in place when the lab saves under a name already used) and a local
+    folder: the folder, then (file name, inode, size, mtime_ns) of each file in it. A hub id: the commit its "main"
+    ref points to in the local Hugging Face cache. Toy and bundled models: () (built from a seed, or read from an
+    installed package and converted once: their weights cannot change while the server runs). A save replaces the
+    lab folder with freshly written files, so their inodes differ even when size and mtime (coarse on some file
+    systems) do not. Costs one directory listing.
+    """
+    from attnviz import paths
+    from attnviz.models import _HUB_ID
+
+    if not name:
+        return ()
+    if name.startswith("lab/"):
+        folder_name = name[len("lab/"):]
+        if not folder_name or "/" in folder_name or folder_name.startswith("."):
+            return ()
+        return _folder_version(paths.trained_dir() / folder_name)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return _folder_version(folder)
+    if _HUB_ID.match(name):
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        ref = Path(HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "refs" / "main"
+        try:
+            return ("hub", ref.read_text().strip())
+        except OSError:
+            return ()
+    return ()
+
+
+def _folder_version(folder: Path) -> tuple:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        files = []
+        for entry in entries:
+            if entry.is_file():  # follows links: a hub snapshot's files are links to its blobs
+                info = entry.stat()
+                files.append((entry.name, info.st_ino, info.st_size, info.st_mtime_ns))
+    except OSError:  # no such folder (yet): loading it will say so
+        return (str(folder),)
+    return (str(folder), *files)
+
+
 @st.cache_resource(show_spinner=False, max_entries=4)
-def _cached_model(name: str):
+def _cached_model(name: str, version: tuple):
+    """Keyed on the name and model_version(name): a toy-lab model saved again under its name is loaded afresh."""
     from attnviz.models import load_model
 
     return load_model(name)
 
 
 def get_model(name: str | None):
-    """The LoadedModel for `name`, loaded once per process and shared by every session (read-only!).
+    """The LoadedModel for `name`, loaded once per process (per version of its files: model_version) and shared
+    by every session (read-only!).
 
     Shows a spinner while loading; on a ModelError shows st.error and returns None.
     """
-    from attnviz.models import ModelError
-
     if not name:
         return None
+    return _get_model(name, model_version(name))
+
+
+def _get_model(name: str, version: tuple):
+    from attnviz.models import ModelError
+
     note = " The first load of smollm2-135m converts its GGUF once (about 20 s)." if name == "smollm2-135m" else ""
     try:
         with st.spinner(f"Loading {name}…{note}"):
-            return _cached_model(name)
+            return _cached_model(name, version)
     except ModelError as exc:
         st.error(str(exc))
         return None
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)  # a long smollm2 capture is ~1 GB
-def _cached_capture(name: str, text: str, layers: tuple[int, ...] | None, with_scores: bool):
+def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...] | None, with_scores: bool):
     from attnviz.capture import capture_attention
 
-    capture = capture_attention(_cached_model(name), text, layers=layers, with_scores=with_scores)
+    capture = capture_attention(_cached_model(name, version), text, layers=layers, with_scores=with_scores)
     for array in (capture.pattern, capture.scores):
         if array is not None:
             array.flags.writeable = False  # shared by every session: nobody may change it in place
@@ -119,10 +174,12 @@ def _cached_capture(name: str, text: str, layers: tuple[int, ...] | None, with_s
 
 
 def get_capture(name: str | None, text: str, layers=None, with_scores: bool = False):
-    """The AttentionCapture of `text` through `name`, cached on all arguments and shared between sessions.
+    """The AttentionCapture of `text` through `name`, cached on all arguments and on model_version(name), and
+    shared between sessions.
 
     Its arrays are read-only. On bad input (empty or too long text, unknown layer, unloadable model) shows
-    st.error and returns None.
+    st.error and returns None. A page that caches results computed from the capture should key them on
+    model_version(name) too, or a toy-lab model saved again under the same name shows stale results.
     """
     from attnviz.capture import CaptureError
     from attnviz.models import ModelError
@@ -135,12 +192,13 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
     if len(text) > MAX_TEXT_CHARS:
         st.error(f"The text is {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}. Shorten it.")
         return None
-    if get_model(name) is None:
+    version = model_version(name)
+    if _get_model(name, version) is None:
         return None
     key_layers = None if layers is None else tuple(sorted({int(i) for i in layers}))
     try:
         with st.spinner(f"Running {name} and capturing every head…"):
-            return _cached_capture(name, text, key_layers, bool(with_scores))
+            return _cached_capture(name, version, text, key_layers, bool(with_scores))
     except (CaptureError, ModelError) as exc:
         st.error(str(exc))
         return None

@@ -146,3 +146,58 @@ def test_max_pool_keeps_thin_stripes():
 def test_max_pool_is_identity_when_small(n):
     p = np.random.default_rng(1).random((2, n, n))
     assert np.array_equal(max_pool(p, 48), p)
+
+
+@pytest.fixture()
+def lab_cache(tmp_path, monkeypatch):
+    """Toy-lab models are saved to a temporary cache."""
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _attention_of(model, token_ids) -> np.ndarray:
+    """[layer, head, query, key] straight from the model's own output_attentions, in float64."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([token_ids]), output_attentions=True)
+    return torch.stack([a[0] for a in out.attentions]).double().numpy()
+
+
+def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache):
+    import torch
+
+    from attnviz import lab, ui
+
+    text = "abcdabcdabcd"
+    first = lab.LabRun(lab.LabConfig(seed=0, d_model=32))
+    first.save("same")
+    old_model, old_capture = ui.get_model("lab/same"), ui.get_capture("lab/same", text)
+    np.testing.assert_allclose(old_capture.pattern, _attention_of(first.model, old_capture.token_ids), atol=1e-6)
+    version = ui.model_version("lab/same")
+    assert ui.model_version("lab/same") == version  # nothing changed on disk: same key, the cached model is reused
+    assert ui.get_model("lab/same") is old_model
+
+    second = lab.LabRun(lab.LabConfig(seed=1, d_model=32))  # same architecture, other weights, same name
+    second.save("same")
+    assert ui.model_version("lab/same") != version
+    new_model, new_capture = ui.get_model("lab/same"), ui.get_capture("lab/same", text)
+    assert new_model is not old_model
+    want = second.model.state_dict()
+    for name, tensor in new_model.model.state_dict().items():
+        torch.testing.assert_close(tensor, want[name], rtol=0, atol=0)
+    np.testing.assert_allclose(new_capture.pattern, _attention_of(second.model, new_capture.token_ids), atol=1e-6)
+    assert np.abs(new_capture.pattern - old_capture.pattern).max() > 1e-3  # the two saves really differ
+
+
+def test_model_version_is_empty_for_models_that_cannot_change_and_tracks_local_folders(tmp_path):
+    from attnviz import ui
+
+    assert ui.model_version("toy-gpt2") == () and ui.model_version("smollm2-135m") == ()
+    assert ui.model_version("lab/../escape") == ()
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    before = ui.model_version(str(folder))
+    (folder / "model.safetensors").write_bytes(b"x")
+    assert ui.model_version(str(folder)) != before
