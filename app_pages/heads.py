@@ -12,10 +12,22 @@ DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
 
 
+# The capture is determined by (model, version, text, layers): ui.model_version changes when a toy-lab model is
+# saved again under its name. The capture itself (underscored) is not hashed. cache_data hands every session its
+# own copy of the result, so nothing cached here is shared.
 @st.cache_data(show_spinner=False, max_entries=16)
-def stats_of(model: str, text: str, layers: tuple[int, ...] | None, _capture):
-    """head_stats, cached on what determines the capture (the capture itself is not hashed)."""
+def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, _capture):
+    """head_stats of the capture."""
     return head_stats(_capture)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
+def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, hide_sink: bool, gamma: float,
+            tile: int, _capture):
+    """The grid of all heads, with the sink hidden layer by layer when asked: a rerun that moves only the detail
+    view neither renormalises the whole capture nor pools it again."""
+    layer_map = (lambda p: without_sinks(p, sink_keys=(0,))) if hide_sink else None
+    return figs.head_grid(_capture.pattern, _capture.layers, gamma=gamma, tile=tile, layer_map=layer_map)
 
 
 def from_link() -> None:
@@ -85,8 +97,9 @@ if n_model_layers > 12:
 capture = ui.get_capture(model, text, layers=layers)
 if capture is None:
     st.stop()
+version = ui.model_version(model)
 with st.spinner("Computing the statistics of every head…"):
-    stats = stats_of(model, text, layers, capture)
+    stats = stats_of(model, version, text, layers, capture)
 n = capture.n_tokens
 st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads} heads captured"
            + (f"; query heads share {len(set(capture.kv_head_of))} key/value heads" if
@@ -115,15 +128,18 @@ st.session_state["heads_link_seen"] = _link_key(view)
 
 
 def shown(p):
-    """The pattern as displayed: with the first-token sink hidden when asked (on a copy: the capture is shared)."""
-    return without_sinks(np.array(p), sink_keys=(0,)) if hide_sink else p
+    """A slice of the pattern as displayed: with the first-token sink hidden when asked (without_sinks returns a
+    copy: the capture is shared)."""
+    return without_sinks(p, sink_keys=(0,)) if hide_sink else p
 
 
 tab_grid, tab_head, tab_token, tab_stats, tab_compare, tab_export = st.tabs(
     ["All heads", "One head", "Where a token looks", "Statistics", "Compare", "Export"])
 
 with tab_grid:
-    st.plotly_chart(figs.head_grid(shown(capture.pattern), capture.layers, gamma=0.5), width="stretch")
+    with st.spinner("Drawing every head…"):
+        grid = grid_of(model, version, text, layers, hide_sink, 0.5, figs.GRID_TILE, capture)
+    st.plotly_chart(grid, width="stretch")
     st.write("Each small map is one head (query down, key across, max-pooled to 48 px). A bright left column is a "
              "sink; a bright diagonal is a self head; a stripe just below it is a previous-token head.")
 

@@ -201,3 +201,73 @@ def test_model_version_is_empty_for_models_that_cannot_change_and_tracks_local_f
     before = ui.model_version(str(folder))
     (folder / "model.safetensors").write_bytes(b"x")
     assert ui.model_version(str(folder)) != before
+
+
+def test_heads_page_statistics_follow_a_lab_model_saved_again(lab_cache):
+    from attnviz import lab
+
+    text = "abcdefabcdef"
+
+    def shown_self_column(at) -> np.ndarray:
+        table = next(d.value for d in at.dataframe if {"entropy", "self"} <= set(d.value.columns))
+        return table.sort_values(["layer", "head"])["self"].to_numpy()
+
+    def self_share(model) -> np.ndarray:  # mean over queries of P[q, q], from the model's own output
+        from attnviz.tokenizer import byte_tokenizer
+
+        p = _attention_of(model, byte_tokenizer()(text)["input_ids"])
+        return np.einsum("lhqq->lhq", p).mean(-1).ravel()
+
+    first = lab.LabRun(lab.LabConfig(seed=0, d_model=32))
+    first.save("again")
+    at = heads_page({"model": "lab/again", "text": text})
+    assert at.selectbox(key="heads_model").value == "lab/again"
+    np.testing.assert_allclose(shown_self_column(at), self_share(first.model), atol=1e-5)
+    second = lab.LabRun(lab.LabConfig(seed=1, d_model=32))
+    second.save("again")
+    at.run()
+    assert not at.exception, at.exception
+    np.testing.assert_allclose(shown_self_column(at), self_share(second.model), atol=1e-5)
+
+
+def test_a_rerun_that_moves_the_detail_view_neither_renormalises_nor_pools_the_whole_capture(monkeypatch):
+    from attnviz import sinks
+    from attnviz.figures import heads as figs
+
+    calls = {"without_sinks": [], "max_pool": 0}
+    real_without, real_pool = sinks.without_sinks, figs.max_pool
+
+    def spy_without(pattern, *args, **kwargs):
+        calls["without_sinks"].append(np.shape(pattern))
+        return real_without(pattern, *args, **kwargs)
+
+    def spy_pool(p, size):
+        calls["max_pool"] += 1
+        return real_pool(p, size)
+
+    monkeypatch.setattr(sinks, "without_sinks", spy_without)
+    monkeypatch.setattr(figs, "max_pool", spy_pool)
+    at = heads_page({"model": "toy-llama-gqa", "text": "a rerun moves only the detail view, a rerun"})
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception, at.exception
+    n = len(at.selectbox(key="heads_query").options)
+    calls["without_sinks"].clear()
+    calls["max_pool"] = 0
+    at.selectbox(key="heads_head").set_value(2).run()
+    assert not at.exception, at.exception
+    assert calls["max_pool"] == 0, "the grid of all heads was pooled again"
+    assert calls["without_sinks"], "the detail view of one head still hides the sink"
+    assert all(np.prod(shape) <= n * n for shape in calls["without_sinks"]), \
+        f"a rerun renormalised more than one head's map: {calls['without_sinks']}"
+
+
+def test_grid_with_a_layer_map_equals_the_grid_of_the_mapped_pattern():
+    from attnviz.sinks import without_sinks
+
+    rng = np.random.default_rng(2)
+    p = rng.random((3, 2, 70, 70)).astype(np.float32)
+    p /= p.sum(-1, keepdims=True)
+    layer_by_layer = head_grid(p, [0, 1, 2], tile=16, layer_map=lambda x: without_sinks(x, sink_keys=(0,)))
+    whole = head_grid(without_sinks(p, sink_keys=(0,)), [0, 1, 2], tile=16)
+    assert layer_by_layer.data[0].source == whole.data[0].source
+    assert layer_by_layer.data[0].source != head_grid(p, [0, 1, 2], tile=16).data[0].source

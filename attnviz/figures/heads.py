@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -76,17 +76,20 @@ def max_pool(p: np.ndarray, size: int) -> np.ndarray:
     return np.maximum.reduceat(rows, edges[:-1], axis=-1)
 
 
-def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5, tile: int = GRID_TILE) -> go.Figure:
+def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5, tile: int = GRID_TILE,
+              layer_map: Callable[[np.ndarray], np.ndarray] | None = None) -> go.Figure:
     """All heads at a glance: pattern [layer, head, query, key] as a layer x head mosaic of small maps.
 
     Each map is max-pooled to at most `tile` pixels and coloured by weight**gamma (gamma 0.5 lifts the small weights
-    so previous-token stripes show next to bright sinks)."""
+    so previous-token stripes show next to bright sinks). layer_map, if given, maps each layer [head, query, key]
+    before it is pooled (hiding the sink, say), one layer at a time: no changed copy of the whole pattern is made."""
     n_layers, n_heads, n, _ = pattern.shape
     m = min(n, tile)
     gap = 2
     mosaic = np.full((n_layers * (m + gap) - gap, n_heads * (m + gap) - gap), np.nan)
     for li in range(n_layers):
-        pooled = max_pool(np.asarray(pattern[li], dtype=np.float32), m) ** gamma  # [head, m, m]
+        maps = pattern[li] if layer_map is None else layer_map(pattern[li])
+        pooled = max_pool(np.asarray(maps, dtype=np.float32), m) ** gamma  # [head, m, m]
         for h in range(n_heads):
             mosaic[li * (m + gap): li * (m + gap) + m, h * (m + gap): h * (m + gap) + m] = pooled[h]
     centers = lambda count: [i * (m + gap) + (m - 1) / 2 for i in range(count)]  # noqa: E731
