@@ -10,6 +10,9 @@ from attnviz.stats import COLUMNS, ROLES, head_stats, top_heads
 
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
+SINK_MASS_NOTE = ("sink_mass is the mean of P[q, 0], the weight query q gives token 0, over the queries "
+                  "q = 1 … n−1; the Sinks page's α₀ also counts query 0, so α₀ = (P[0, 0] + (n−1)·sink_mass)/n, "
+                  "which is (1 + (n−1)·sink_mass)/n in a causal model, where query 0 sees only itself.")
 
 
 # The capture is determined by (model, version, text, layers): ui.model_version changes when a toy-lab model is
@@ -173,6 +176,7 @@ with tab_stats:
                 st.caption("No score: the text has no repeated token." if column == "induction" else "No score.")
             else:
                 st.dataframe(top, hide_index=True, width="stretch")
+    st.caption(SINK_MASS_NOTE)
     column = st.selectbox("Statistic to map", list(COLUMNS), key="heads_stat")
     units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
     st.plotly_chart(figs.stat_grid(stats, column, title=f"{column} of every head", colorbar_title=f"{column} "
@@ -180,9 +184,9 @@ with tab_stats:
     st.write("The same statistic for every head: a role shows up as a bright cell (definitions below).")
     st.dataframe(stats, hide_index=True, width="stretch")
     st.caption("Click a column header to sort. entropy: nats, averaged over query rows; sink_mass: attention on "
-               "token 0 (queries after the first); mean_distance: expected |query − key| in tokens; prev_token / "
-               "self: attention on the key just before / at the query; induction: attention on the token that "
-               "followed an earlier copy of the query's token (empty when nothing repeats).")
+               "token 0 over queries 1 … n−1 (above); mean_distance: expected |query − key| in tokens; "
+               "prev_token / self: attention on the key just before / at the query; induction: attention on the "
+               "token that followed an earlier copy of the query's token (empty when nothing repeats).")
 
 with tab_compare:
     mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,

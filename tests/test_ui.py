@@ -271,3 +271,22 @@ def test_grid_with_a_layer_map_equals_the_grid_of_the_mapped_pattern():
     whole = head_grid(without_sinks(p, sink_keys=(0,)), [0, 1, 2], tile=16)
     assert layer_by_layer.data[0].source == whole.data[0].source
     assert layer_by_layer.data[0].source != head_grid(p, [0, 1, 2], tile=16).data[0].source
+
+
+def test_sink_mass_note_is_shown_and_its_relation_to_alpha_0_holds(minilm):
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.stats import head_stats
+
+    at = heads_page({"model": "toy-gpt2"})
+    assert any("α₀ = (P[0, 0] + (n−1)·sink_mass)/n" in c.value and "(1 + (n−1)·sink_mass)/n in a causal model"
+               in c.value for c in at.caption)
+    for loaded in (load_model("toy-gpt2"), minilm):  # causal, then bidirectional
+        capture = capture_attention(loaded, "The cat sat on the mat.")
+        p = capture.pattern.astype(np.float64)
+        n = p.shape[-1]
+        sink_mass = head_stats(capture)["sink_mass"].to_numpy().reshape(p.shape[:2])
+        alpha_0 = p[..., :, 0].mean(-1)  # Gu et al.: every query t >= 0 sees key 0
+        np.testing.assert_allclose(alpha_0, (p[..., 0, 0] + (n - 1) * sink_mass) / n, atol=1e-12)
+        if capture.causal:
+            np.testing.assert_allclose(alpha_0, (1 + (n - 1) * sink_mass) / n, atol=1e-6)
