@@ -1,7 +1,8 @@
 """Naive attention vs torch's SDPA vs the Triton kernel (attnviz.kernels), every figure measured in this one run.
 
 On a GPU: TFLOPS for N = 256 ... 8192 (d = 64, float16, batch 4 x 16 heads), with FLOPs = 4 N^2 d per head,
-halved when causal, and the goal at N = 4096: Triton >= 5x naive and >= 0.8x SDPA.
+halved when causal, and the goal at N = 4096: Triton >= 5x naive and >= 0.8x SDPA. The Triton kernel is timed with
+each of a few launch configs and the fastest is reported with its config.
 Without a GPU the kernel runs under the Triton interpreter, so it prints the interpreter's cost per tile step (a
 functional simulation, not a speed), then naive vs SDPA wall time and measured peak memory on the CPU.
 
@@ -62,30 +63,46 @@ def cpu_benchmark(threads=1):
         print(f"{n:>6} {peaks[0]:>11.2f} {peaks[1]:>11.2f} {peaks[2]:>25.2f} {peaks[0] / peaks[2]:>11.1f}x")
 
 
-def gpu_benchmark(batch=4, heads=16, d=64, dtype="float16"):
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried at every size, as the Triton tutorial's autotuner does
+GPU_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
+
+
+def gpu_benchmark(batch=4, heads=16, d=64, dtype="float16", sizes=(256, 512, 1024, 2048, 4096, 8192),
+                  device="cuda"):
     from triton.testing import do_bench
 
     name = torch.cuda.get_device_name()
     peak = device_peak_tflops(name, dtype)
     memory = torch.cuda.get_device_properties(0).total_memory
     print(f"GPU: {name}; torch {torch.__version__}; batch {batch} x {heads} heads, d = {d}, {dtype}; "
-          f"Triton BLOCK_M = 128, BLOCK_N = 64; TFLOPS = 4 N^2 d per head (halved when causal) / time")
-    print("     N  causal  naive TFLOPS  SDPA TFLOPS  Triton TFLOPS  Triton/naive  Triton/SDPA  max|Triton-SDPA|")
+          f"TFLOPS = 4 N^2 d per head (halved when causal) / time; Triton: the fastest of {len(GPU_CONFIGS)} "
+          "launch configs (BLOCK_M x BLOCK_N / warps / stages)")
+    print("     N  causal  naive TFLOPS  SDPA TFLOPS  Triton TFLOPS  Triton config  Triton/naive  Triton/SDPA"
+          "  max|Triton-SDPA|")
     goal = None
     for causal in (False, True):
-        for n in (256, 512, 1024, 2048, 4096, 8192):
-            q, k, v = make_inputs(n, d, dtype=dtype, batch=batch, heads=heads, device="cuda")
+        for n in sizes:
+            q, k, v = make_inputs(n, d, dtype=dtype, batch=batch, heads=heads, device=device)
             flops = forward_flops(n, n, d, causal=causal) * batch * heads
-            triton_ms = do_bench(lambda: flash_attention(q, k, v, causal=causal, block_m=128, block_n=64))
+            timed = {}
+            for bm, bn, warps, stages in GPU_CONFIGS:
+                def run(bm=bm, bn=bn, warps=warps, stages=stages):
+                    return flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, num_warps=warps,
+                                           num_stages=stages)
+                try:
+                    timed[(bm, bn, warps, stages)] = (do_bench(run), run)
+                except ValueError:  # more shared memory than this GPU has
+                    continue
+            config, (triton_ms, best) = min(timed.items(), key=lambda item: item[1][0])
             sdpa_ms = do_bench(lambda: sdpa(q, k, v, is_causal=causal))
             # naive holds ~14 bytes per score (fp16 scores, fp32 softmax, fp16 pattern): skip it when that won't fit
             naive_fits = 14 * batch * heads * n * n < 0.5 * memory
             naive_ms = do_bench(lambda: naive_attention(q, k, v, causal=causal)) if naive_fits else float("nan")
-            error = (flash_attention(q, k, v, causal=causal, block_m=128, block_n=64).float()
-                     - sdpa(q, k, v, is_causal=causal).float()).abs().max().item()
+            error = (best().float() - sdpa(q, k, v, is_causal=causal).float()).abs().max().item()
             t = [flops / ms / 1e9 for ms in (naive_ms, sdpa_ms, triton_ms)]
-            print(f"{n:>6} {causal!s:>7} {t[0]:>13.1f} {t[1]:>12.1f} {t[2]:>14.1f} {naive_ms / triton_ms:>12.1f}x "
-                  f"{sdpa_ms / triton_ms:>11.2f}x {error:>17.1e}")
+            label = f"{config[0]}x{config[1]}/{config[2]}/{config[3]}"
+            print(f"{n:>6} {causal!s:>7} {t[0]:>13.1f} {t[1]:>12.1f} {t[2]:>14.1f} {label:>14} "
+                  f"{naive_ms / triton_ms:>12.1f}x {sdpa_ms / triton_ms:>11.2f}x {error:>17.1e}")
             if n == 4096 and not causal:
                 goal = (naive_ms / triton_ms, sdpa_ms / triton_ms, t[2])
     if goal:

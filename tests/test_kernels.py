@@ -179,6 +179,16 @@ def test_different_query_and_key_lengths(n_query, n_key):
         assert (stepped.double() - reference).abs().max() < 1e-5
 
 
+def test_unmasked_and_masked_stages_meet_at_every_diagonal_offset():
+    # The kernel runs key blocks left of the causal diagonal without masks and the rest with them; the boundary
+    # depends on (n_key - n_query) mod BLOCK_N, so every offset from -BLOCK_N to +BLOCK_N is checked.
+    n_query, bm, bn = 48, 32, 16
+    for n_key in range(n_query - bn, n_query + bn + 1):
+        q, k, v = _inputs(n_query, 16, "float32", n_key=n_key, seed=n_key)
+        out = flash_attention(q, k, v, causal=True, block_m=bm, block_n=bn)
+        assert (out.double() - reference_attention(q, k, v, causal=True)).abs().max() < 1e-5, n_key
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_values_all_one_give_output_all_one(causal):
     # each output row is a convex combination of value rows, so V = 1 must give O = 1 whatever the scores
@@ -352,7 +362,8 @@ def test_refusal_refuses_blocks_that_need_more_shared_memory_than_the_gpu_has():
     reason = refusal(256, 128, block_m=128, block_n=128, causal=True, dtype="float32", interpreted=False,
                      shared_memory_bytes=H100_SHARED)
     assert reason is not None and "shared memory" in reason and "384 KiB" in reason and "227 KiB" in reason
-    # 3 x 2 x 64 x 128 x 4 = 196,608 B fits; float16 halves the tile: 3 x 2 x 128 x 128 x 2 = 196,608 B fits
+    # 3 x 2 x 64 x 128 x 4 = 196,608 B fits; float16 halves the tile but adds the Q tile on Hopper:
+    # 3 x 2 x 128 x 128 x 2 + 128 x 128 x 2 = 229,376 B, just fits
     assert refusal(256, 128, block_m=128, block_n=64, causal=True, dtype="float32", interpreted=False,
                    shared_memory_bytes=H100_SHARED) is None
     assert refusal(256, 128, block_m=128, block_n=128, causal=True, dtype="float16", interpreted=False,
@@ -405,24 +416,44 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnviz.kernels import triton_attention as ta
+from attnviz.kernels.timing import shared_memory_estimate
 fn = ta._attn_fwd
 CONSTEXPRS = ("HEAD_DIM", "D_PAD", "BLOCK_M", "BLOCK_N", "CAUSAL", "TRACE", "PRECISION")
+# What Triton's launcher specialises for contiguous [b, h, n, d] tensors: an integer argument equal to 1 becomes a
+# constant, pointers and integers that are multiples of 16 are marked so; without it loads cannot be vectorised
+UNIT_STRIDES = {"stride_qk": 1, "stride_kk": 1, "stride_vk": 1, "stride_ok": 1}
+ALIGNED = [p for p in fn.arg_names if p in ("Q", "K", "V", "Out", "TraceM", "TraceL")
+           or (p.startswith("stride") and p not in UNIT_STRIDES)]
 for dtype, d, block_m, block_n, causal, trace, precision in [
-        ("fp16", 64, 128, 64, True, False, "tf32"), ("fp32", 48, 64, 32, False, True, "ieee"),
-        ("bf16", 128, 128, 64, True, False, "tf32")]:
-    signature = {p: "*" + dtype if p in ("Q", "K", "V", "Out") else "*fp32" if p.startswith("Trace")
-                 else "fp32" if p == "sm_scale" else "constexpr" if p in CONSTEXPRS else "i32" for p in fn.arg_names}
+        ("fp16", 64, 128, 64, True, False, "tf32"), ("fp16", 64, 128, 64, False, False, "tf32"),
+        ("fp32", 48, 64, 32, False, True, "ieee"), ("bf16", 128, 128, 64, True, False, "tf32")]:
     values = dict(zip(CONSTEXPRS, (d, triton.next_power_of_2(d), block_m, block_n, causal, trace, precision)))
+    values.update(UNIT_STRIDES)
+    signature = {p: "*" + dtype if p in ("Q", "K", "V", "Out") else "*fp32" if p.startswith("Trace")
+                 else "fp32" if p == "sm_scale" else "constexpr" if p in values else "i32" for p in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature,
-                       constexprs={(fn.arg_names.index(k),): v for k, v in values.items()})
+                       constexprs={(fn.arg_names.index(k),): v for k, v in values.items()},
+                       attrs={(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in ALIGNED})
     for arch in (80, 90) if dtype == "fp16" else (90,):
-        kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 3})
+        kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": 4, "num_stages": ta.NUM_STAGES})
+        ptx = kernel.asm["ptx"]
         assert kernel.asm["cubin"], (dtype, arch)
+        if dtype == "fp16":
+            # tensor cores (mma.sync on Ampere, warp-group wgmma on Hopper) and K/V tiles copied to shared memory
+            # asynchronously, ahead of use (software pipelining): without them the kernel is several times slower
+            assert ("wgmma.mma_async" if arch == 90 else "mma.sync") in ptx, (dtype, arch, causal)
+            assert "cp.async" in ptx, (dtype, arch, causal)
+        if arch == 90 and dtype != "fp32":
+            # the page's shared-memory check uses this estimate; Triton's compile is the independent figure
+            estimate = shared_memory_estimate(d, block_n=block_n, block_m=block_m,
+                                              dtype="float16" if dtype == "fp16" else "bfloat16")
+            assert kernel.metadata.shared == estimate, (dtype, d, block_m, block_n, kernel.metadata.shared, estimate)
 print("compiled")
 """
 
 
-def test_the_same_kernel_compiles_for_cuda_gpus():
+def test_the_same_kernel_compiles_for_cuda_gpus_with_tensor_cores_and_pipelined_loads():
     # Triton compiles ahead of time for a named target (sm_80, sm_90) with its bundled ptxas: no GPU needed
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU], capture_output=True, text=True, timeout=300,

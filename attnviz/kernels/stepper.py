@@ -2,7 +2,9 @@
 
 tiled_steps mirrors _attn_fwd_inner line for line, with one change of units: the kernel keeps scores in log2 units
 and uses exp2 (exp(x) = exp2(x log2 e)); the stepper keeps them in natural units and uses exp, so m_i reads like the
-scores. Its state equals the kernel's trace. FlashAttention-2: Dao, 2023, Algorithm 1.
+scores. The kernel skips the masks on tiles that every query of the block sees in full (TILE_FULL) and the stepper
+masks every tile; a mask that hides nothing changes nothing, so its state equals the kernel's trace.
+FlashAttention-2: Dao, 2023, Algorithm 1.
 """
 
 from __future__ import annotations

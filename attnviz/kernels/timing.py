@@ -67,13 +67,18 @@ def forward_flops(n_query, n_key, d, *, causal=False) -> float:
     return 4.0 * n_query * n_key * d / (2.0 if causal else 1.0)
 
 
-def shared_memory_estimate(head_dim, *, block_n, dtype, num_stages=NUM_STAGES) -> int:
+def shared_memory_estimate(head_dim, *, block_n, dtype, num_stages=NUM_STAGES, block_m=None) -> int:
     """Bytes of shared memory the compiled kernel needs, estimated: the software pipeline keeps a K tile and a V
     tile ([BLOCK_N, d padded to a power of two >= 16], input dtype) for each of its num_stages key blocks,
-    num_stages * 2 * BLOCK_N * d_pad * itemsize. For float32 on sm_90 this is what Triton allocates (e.g. d = 128,
-    BLOCK_N = 128: 393,216 B); for 16-bit inputs Triton needs less, so the estimate errs towards running."""
+    num_stages * 2 * BLOCK_N * d_pad * itemsize, and for 16-bit inputs Hopper's warp-group MMA also reads the Q tile
+    ([BLOCK_M, d_pad]) from shared memory. For 16-bit inputs on sm_90 this is exactly what Triton allocates (a test
+    compiles the kernel to check); Ampere keeps Q in registers and needs the Q tile less. For float32 (no tensor
+    cores) Triton allocates between 0.6x and 1.2x of the K/V term, which is what is returned."""
     d_pad = max(16, 1 << (int(head_dim) - 1).bit_length())
-    return num_stages * 2 * block_n * d_pad * ITEMSIZE[dtype]
+    need = num_stages * 2 * block_n * d_pad * ITEMSIZE[dtype]
+    if ITEMSIZE[dtype] == 2 and block_m is not None:
+        need += block_m * d_pad * 2
+    return need
 
 
 def shared_memory_limit() -> int:
@@ -101,11 +106,12 @@ def refusal(n, head_dim, *, block_m, block_n, causal, dtype, interpreted=INTERPR
         return ("bfloat16 is refused under the Triton interpreter, which computes bfloat16 tl.dot wrongly: "
                 "pick float16 or float32 (bfloat16 works on a GPU).")
     if not interpreted:
-        need = shared_memory_estimate(head_dim, block_n=block_n, dtype=dtype)
+        need = shared_memory_estimate(head_dim, block_n=block_n, dtype=dtype, block_m=block_m)
+        q_tile = " and the Q tile" if ITEMSIZE[dtype] == 2 else ""
         limit = shared_memory_limit() if shared_memory_bytes is None else shared_memory_bytes
         if need > limit:
             return (f"BLOCK_N = {block_n} with head dim {head_dim} in {dtype} needs about {need / 1024:,.0f} KiB of "
-                    f"shared memory ({NUM_STAGES} pipeline stages of a K and a V tile), more than the "
+                    f"shared memory ({NUM_STAGES} pipeline stages of a K and a V tile{q_tile}), more than the "
                     f"{limit / 1024:,.0f} KiB this GPU gives one block: lower BLOCK_N, the head dim, or use float16.")
     steps = tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal)
     if interpreted:

@@ -3,7 +3,9 @@
 Written in the style of the Triton tutorial 06-fused-attention.py: one program per (query block, batch*head), a loop
 over key blocks keeping the running row max m_i, the running row sum l_i and the accumulator acc, with the old state
 rescaled by alpha = 2^(m_old - m_new) whenever the max grows. Scores are kept in log2 units (s * log2 e) so the
-exponentials are exp2, as in the tutorial; the trace converts m_i back to natural units.
+exponentials are exp2, as in the tutorial; the trace converts m_i back to natural units. As in the tutorial, the loop
+runs in two stages: the key blocks that every query of the block sees in full go first, without any mask; the
+blocks on the causal diagonal and the ragged last block follow, masked.
 
 Loads and stores are masked, so N need not be a multiple of the block sizes and the head dim is padded to a power
 of two. On a machine without CUDA this module must be imported with TRITON_INTERPRET=1 already set (the package
@@ -33,38 +35,54 @@ NUM_STAGES = 3
 def _attn_fwd_inner(acc, l_i, m_i, q,  #
                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
                     TraceM, TraceL, trace_offset,  #
-                    start_m, qk_scale, N_Q, N_K, causal_offset,  #
+                    lo, hi, qk_scale, N_Q, N_K, causal_offset,  #
                     offs_m, offs_d,  #
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,  #
-                    CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,  #
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr):
+    """Key blocks lo, lo + BLOCK_N, ... < hi. MASKED=False is the fast path for blocks that lie wholly inside the
+    keys and wholly left of the causal diagonal, so no load and no score needs a mask (the tutorial's stage 1);
+    MASKED=True checks every key against N_K and the causal mask (the diagonal and the ragged last block)."""
     offs_n = tl.arange(0, BLOCK_N)
-    if CAUSAL:
-        # key blocks wholly right of the diagonal are never loaded: no query of this block may see them
-        hi = tl.minimum(tl.minimum((start_m + 1) * BLOCK_M, N_Q) + causal_offset, N_K)
-    else:
-        hi = N_K
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
+        k_ptrs = K + cols[None, :] * stride_kn + offs_d[:, None] * stride_kk
+        v_ptrs = V + cols[:, None] * stride_vn + offs_d[None, :] * stride_vk
         # -- compute qk --
-        k_mask = (cols[None, :] < N_K) & (offs_d[:, None] < HEAD_DIM)
-        k = tl.load(K + cols[None, :] * stride_kn + offs_d[:, None] * stride_kk, mask=k_mask, other=0.0)
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
-        visible = cols[None, :] < N_K
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-        qk = tl.where(visible, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        # a row that has seen no visible key yet keeps m = -inf; shifting by 0 then gives p = 0, not NaN
-        m_shift = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-        p = tl.math.exp2(qk - m_shift[:, None])
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(cols[None, :] < N_K) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        elif D_PAD != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        qk = tl.dot(q, k, input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], q . k
+        if MASKED:
+            qk = qk * qk_scale  # log2 units
+            visible = cols[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            qk = tl.where(visible, qk, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            # a row that has seen no visible key yet keeps m = -inf; shifting by 0 then gives p = 0, not NaN
+            m_shift = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+            p = tl.math.exp2(qk - m_shift[:, None])
+        else:
+            # every key of the block is visible to every row, so the new max is finite; the scale goes into one
+            # fused multiply-add, as in the tutorial (scale > 0, so max(s * x) = s * max(x))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_shift = m_ij
+            p = tl.math.exp2(qk * qk_scale - m_shift[:, None])
         l_ij = tl.sum(p, 1)
         # -- update m_i and l_i --
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + l_ij
         # -- update output accumulator --
         acc = acc * alpha[:, None]
-        v_mask = (cols[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-        v = tl.load(V + cols[:, None] * stride_vn + offs_d[None, :] * stride_vk, mask=v_mask, other=0.0)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=(cols[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif D_PAD != HEAD_DIM:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_ij
         if TRACE:
@@ -104,12 +122,29 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, sm_scale,  #
     q_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
     trace_offset = (off_bh * tl.num_programs(0) + start_m) * N_K_BLOCKS * BLOCK_M
+    # Stage 1, no masks: key blocks wholly inside the keys and, when causal, wholly left of the diagonal for every
+    # query of this block (key j is visible to query i when j <= i + causal_offset).
+    full_blocks = N_K // BLOCK_N
+    if CAUSAL:
+        full_blocks = tl.minimum(full_blocks, tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N)
+        # key blocks wholly right of the diagonal are never loaded: no query of this block may see them
+        hi = tl.maximum(tl.minimum(tl.minimum((start_m + 1) * BLOCK_M, N_Q) + causal_offset, N_K), 0)
+    else:
+        hi = N_K
+    mid = full_blocks * BLOCK_N
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
                                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
                                     TraceM, TraceL, trace_offset,  #
-                                    start_m, qk_scale, N_Q, N_K, causal_offset,  #
+                                    0, mid, qk_scale, N_Q, N_K, causal_offset,  #
                                     offs_m, offs_d,  #
-                                    BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, TRACE, PRECISION)
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, False, CAUSAL, TRACE, PRECISION)
+    # Stage 2, masked: the blocks on the causal diagonal and the ragged last block of keys
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
+                                    K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
+                                    TraceM, TraceL, trace_offset,  #
+                                    mid, hi, qk_scale, N_Q, N_K, causal_offset,  #
+                                    offs_m, offs_d,  #
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, True, CAUSAL, TRACE, PRECISION)
     # epilogue: O = acc / l; a row that saw no key at all (l = 0) gets 0, as attnviz.attention gives
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
@@ -138,13 +173,16 @@ class KernelTrace:
     block_n: int
 
 
-def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32, trace=False, out=None):
+def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32, trace=False, out=None,
+                    num_warps=None, num_stages=None):
     """softmax(q k^T * scale) v by the fused tiled kernel, never materialising the [n_query, n_key] matrix.
 
     q: [batch, head, n_query, d], k and v: [batch, head, n_key, d], float16 or float32 (bfloat16 on a GPU only);
     d from 1 to 128. causal: query i sees key j <= i + (n_key - n_query), as attnviz.attention.causal_mask.
     scale=None means 1/sqrt(d). block_m, block_n: powers of two, 16 to 256.
     out: optional tensor [batch, head, n_query, d] on the kernel's device to write into (any strides).
+    num_warps, num_stages: GPU launch settings (default 4 warps up to d = 64, else 8; NUM_STAGES stages); the
+    interpreter ignores them.
     Returns the output [batch, head, n_query, d] on q's device, and a KernelTrace as well when trace=True.
     """
     _check_inputs(q, k, v, block_m, block_n)
@@ -175,7 +213,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
                 CAUSAL=bool(causal), TRACE=bool(trace),
                 # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                **({} if INTERPRETED else {"num_warps": 4 if d <= 64 else 8, "num_stages": NUM_STAGES}),
+                **({} if INTERPRETED else {"num_warps": num_warps or (4 if d <= 64 else 8),
+                                           "num_stages": num_stages or NUM_STAGES}),
             )
     except OutOfResources as exc:
         raise ValueError(f"BLOCK_M = {block_m}, BLOCK_N = {block_n} with head dim {d} need more shared memory than "
