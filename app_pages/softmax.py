@@ -32,16 +32,18 @@ def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
     return sm.saturation_sweep(DIMS, n_queries=N_QUERIES, n_keys=n_keys, seed=seed, temperature=temperature)
 
 
-# The real-model sweeps are keyed on what determines them (model, text, layer, head, T); the scores themselves
-# (underscored: not hashed) follow from the model and the text.
+# The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
+# layer, head, T); the scores themselves (underscored: not hashed) follow from those.
 @st.cache_data(show_spinner=False, max_entries=32)
-def real_scale_sweep(model_name: str, text: str, layer_pos: int, head: int, scaling: float, _head_scores):
+def real_scale_sweep(model_name: str, version: tuple, text: str, layers: tuple, layer_pos: int, head: int,
+                     scaling: float, _head_scores):
     factors = np.geomspace(scaling / 8, 8.0, 61)
     return sm.scale_sweep(_head_scores, scaling, factors)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def real_head_saturation(model_name: str, text: str, scaling: float, temperature: float, _scores):
+def real_head_saturation(model_name: str, version: tuple, text: str, layers: tuple, scaling: float, temperature: float,
+                         _scores):
     return sm.head_saturation(_scores, scaling, temperature)
 
 
@@ -92,7 +94,8 @@ def show_real_model(cap, text: str) -> None:
     st.caption("The bars show where one query puts its weight under each softmax; the dots, how much gradient "
                "each row of this head would let through.")
 
-    sweep_table = real_scale_sweep(cap.model_name, text, layer_pos, head, scaling, head_scores)
+    sweep_table = real_scale_sweep(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers), layer_pos,
+                                   head, scaling, head_scores)
     st.plotly_chart(figs.scale_sweep_chart(sweep_table, own_factor=scaling,
                                            temperature_factor=scaling / real_t,
                                            title=f"Layer {layers[layer_pos]}, head {head}, as the factor on raw q·k "
@@ -100,7 +103,8 @@ def show_real_model(cap, text: str) -> None:
                     width="stretch", key="softmax_real_sweep")
     st.caption("Left of 'own scale' the head flattens, right of it it sharpens; 'unscaled' is factor 1.")
 
-    shares = real_head_saturation(cap.model_name, text, scaling, real_t, scores)
+    shares = real_head_saturation(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers), scaling,
+                                  real_t, scores)
     g1, g2 = st.columns(2)
     g1.plotly_chart(figs.head_share_grid(shares["own scale"], layers, title="Saturated rows per head, own scale"),
                     width="stretch", key="softmax_grid_own")
