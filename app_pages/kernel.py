@@ -99,7 +99,8 @@ left.plotly_chart(figs.tile_map_figure(states, q_edges, k_edges, causal=causal,
                   width="stretch")
 left.caption("Orange is the tile this step computes; blue tiles are done, grey ones to do, yellow ones cut by the "
              "causal diagonal. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which "
-             "is where causal attention saves half the work.")
+             "is where causal attention saves half the work. The kernel runs the whole tiles first with no mask at "
+             "all, then the yellow ones and a ragged last column of keys with masks.")
 right.plotly_chart(figs.tile_scores_figure(
     step.scores, step.q_start, step.k_start,
     title=f"S tile: queries {step.q_start}–{step.q_stop - 1}, keys {step.k_start}–{step.k_stop - 1}"),
