@@ -7,6 +7,7 @@ import streamlit as st
 from attnviz import positional as P
 from attnviz import ui
 from attnviz.figures import positional as F
+from attnviz.lab import N_POSITIONS as LAB_POSITIONS
 
 BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
 HEAD_DIMS = [8, 16, 32, 64, 128, 256]
@@ -254,7 +255,9 @@ if section == "Measured on models":
         "to the key r tokens back, over queries and heads, one line per layer. **smollm2-135m** uses RoPE "
         "(its bound is drawn against the right axis); **toy-bloom-alibi** uses ALiBi (its position-only "
         "prediction is in attention-weight units). The dotted line is what causal masking alone gives: uniform "
-        "attention over the visible keys.")
+        "attention over the visible keys. A toy-lab model (lab/…) is measured with the scheme it was trained with, "
+        f"which the lab recorded beside its weights; unless it uses ALiBi it reads at most {LAB_POSITIONS} tokens, "
+        "so give it a short text.")
     model_name = ui.model_picker("pos_meas_model", default="smollm2-135m", label="Model to measure")
     text = st.text_area("Text", MEASURE_TEXT, height=120, key="pos_meas_text", max_chars=MAX_MEASURE_CHARS)
     c1, c2 = st.columns([1, 3])

@@ -566,8 +566,9 @@ def test_apply_rope_reproduces_smollm2_layer0_attention(smollm2):
 
 @pytest.fixture(scope="module")
 def lab_models(tmp_path_factory):
-    """Two tiny toy-lab GPT-2s, trained 2 steps and saved to a temporary ATTNVIZ_CACHE_DIR: "pos-sinusoidal" with sinusoidal
-    positions, "pos-learned" with learned ones. Their configs are the same; only lab.json tells them apart."""
+    """Two tiny toy-lab GPT-2s, trained 2 steps and saved to a temporary ATTNVIZ_CACHE_DIR: "pos-sinusoidal" with
+    sinusoidal positions, "pos-learned" with learned ones. Their configs are the same; only lab.json tells them
+    apart."""
     from attnviz.lab import LabConfig, LabRun
 
     with pytest.MonkeyPatch.context() as mp:
