@@ -284,14 +284,14 @@ def _load_lab(name: str, device_map: str | None) -> LoadedModel:
     return _finish(model, tokenizer, spec)
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def _load_user(name: str, report: Progress, device_map: str | None) -> LoadedModel:
     folder = Path(name).expanduser()
     if folder.is_dir():
         source = "local"
-    elif _HUB_ID.match(name) and not name.startswith((".", "/", "~")):
+    elif HUB_ID.match(name) and not name.startswith((".", "/", "~")):
         source = "hub"
         folder = _cached_hub_folder(name)
     else:

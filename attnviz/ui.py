@@ -95,7 +95,7 @@ def model_version(name: str | None) -> tuple:
     systems) do not. Costs one directory listing.
     """
     from attnviz import paths
-    from attnviz.models import _HUB_ID
+    from attnviz.models import HUB_ID
 
     if not name:
         return ()
@@ -107,7 +107,7 @@ def model_version(name: str | None) -> tuple:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return _folder_version(folder)
-    if _HUB_ID.match(name):
+    if HUB_ID.match(name):
         from huggingface_hub.constants import HF_HUB_CACHE
 
         ref = Path(HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "refs" / "main"
