@@ -78,7 +78,9 @@ def show_sink_scores() -> None:
     top = sinks.top_sink_keys(alpha, capture.tokens, causal=capture.causal)
     n_sink_heads = int(sinks.sink_heads(alpha).sum())
     n_heads = alpha.shape[0] * alpha.shape[1]
-    hidden = [k.position for k in top if k.sink_heads >= max(1, 0.05 * n_heads)] or [0]  # sinks for 5% of heads
+    found = [int(k) for k in sinks.sink_keys(alpha, causal=capture.causal)]
+    unjudged = np.flatnonzero(~sinks.judged_keys(capture.n_tokens, causal=capture.causal))
+    hidden = found or [0]
     st.caption(f"{model}: {capture.n_tokens} tokens, {n_sink_heads} of {n_heads} heads are sink heads "
                f"(α₀ > {sinks.SINK_THRESHOLD:g}). "
                + ("Causal model: α_k averages over the queries t ≥ k that can see key k." if capture.causal else
@@ -98,15 +100,24 @@ def show_sink_scores() -> None:
     chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")
-    chart(figs.key_score_bars(alpha.mean(axis=(0, 1)), capture.tokens, highlight=hidden),
-          "Which tokens are sinks: orange bars are keys with α_k > 0.3 in at least 5% of the heads. "
-          + ("The last keys are seen by few queries, so their α is noisy." if capture.causal else ""))
+    quarter = " and at least a quarter of the queries see it" if capture.causal else ""
+    rule = (f"α_k > {sinks.SINK_THRESHOLD:g} in at least {sinks.SINK_HEAD_SHARE:.0%} of the heads (here "
+            f"{sinks.min_sink_heads(n_heads)} of {n_heads}){quarter}")
+    late = (f" Grey: the last keys, seen by fewer than a quarter of the {n} queries (key k by {n} − k of them); "
+            "their α_k averages a few rows, for the last key only the newest token's attention to itself, so it "
+            "is inflated and they are neither called sinks nor ranked." if len(unjudged) else "")
+    chart(figs.key_score_bars(alpha.mean(axis=(0, 1)), capture.tokens, highlight=found, unjudged=unjudged),
+          f"Which tokens are sinks: a key is a sink (orange) when {rule}"
+          + (f": here key{'s' if len(found) > 1 else ''} {', '.join(map(str, found))}." if found
+             else "; none is here.") + late)
     st.dataframe(pd.DataFrame([dict(position=k.position, token=k.token, mean_alpha=round(k.mean_score, 4),
                                     sink_heads=k.sink_heads, heads_where_largest=k.top_heads) for k in top]),
                  hide_index=True)
-    st.caption("The keys with the largest mean α: sink_heads counts the heads with α_k above "
-               f"{sinks.SINK_THRESHOLD:g}; heads_where_largest counts the heads for which this key gets more than "
-               "any other key.")
+    st.caption(f"The {len(top)} keys with the largest mean α"
+               + (" among those at least a quarter of the queries see (grey bars left out)" if len(unjudged) else "")
+               + f". sink_heads counts the heads with α_k > {sinks.SINK_THRESHOLD:g} (a sink needs "
+               f"{sinks.min_sink_heads(n_heads)}); heads_where_largest counts the heads for which this key gets more "
+               "than any other ranked key.")
 
     st.subheader("One head, with and without its sink")
     li_default, head_default = (int(i) for i in np.unravel_index(np.argmax(alpha[..., 0]), alpha.shape[:2]))

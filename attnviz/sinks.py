@@ -27,6 +27,7 @@ Llama-family models (SmolLM2), whose layers it calls one by one.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +40,8 @@ import torch
 import torch.nn.functional as F
 
 SINK_THRESHOLD = 0.3  # Gu et al. 2025, the epsilon of their sink metric
+SINK_HEAD_SHARE = 0.05  # a sink key is above the threshold in at least this share of the heads
+MIN_SEEN_SHARE = 0.25  # keys seen by fewer than this share of the queries are not judged (causal models)
 DEFAULT_SINKS = 4  # Xiao et al. 2024 keep four initial tokens
 DEFAULT_WINDOW = 256
 STREAMING_TEXT = Path(__file__).resolve().parent.parent / "data" / "declaration_and_lincoln.txt"
@@ -107,20 +110,48 @@ class SinkKey:
     top_heads: int  # heads for which this key has the largest alpha
 
 
-def top_sink_keys(alpha, tokens: Sequence[str], *, top: int = 5, causal: bool = True,
-                  threshold: float = SINK_THRESHOLD) -> list[SinkKey]:
-    """The keys that soak up the most attention, best first, so a sink that is not token 0 ([CLS], [SEP], a
-    full stop) shows up. alpha: [layer, head, key] sink scores.
+def judged_keys(n: int, *, causal: bool = True, min_seen_share: float = MIN_SEEN_SHARE) -> np.ndarray:
+    """[key] bool: the keys seen by at least `min_seen_share` of the n queries, the only ones ranked or called sinks.
 
-    Ranked by alpha_k averaged over layers and heads. In a causal model the last keys are seen by only a few
-    queries, so their alpha is the attention of those few (the newest token often attends to itself) rather than a
-    habit; only keys seen by at least a quarter of the queries (and at least one) are ranked there.
+    In a causal model key k is seen by the n - k queries t >= k, so alpha_k of a late key averages a handful of
+    rows (the last key's alpha is the newest token's attention to itself): keys with n - k < min_seen_share * n
+    are left unjudged. In a bidirectional model every query sees every key, so every key is judged.
+    """
+    seen = n - np.arange(n) if causal else np.full(n, n)
+    return seen >= min_seen_share * n
+
+
+def min_sink_heads(n_heads: int, min_head_share: float = SINK_HEAD_SHARE) -> int:
+    """The fewest heads, out of n_heads, that make up at least min_head_share of them: ceil(share * n_heads),
+    rounded first so that 0.05 * 60 = 3.0000000000000004 asks for 3 heads, not 4."""
+    return max(1, math.ceil(round(min_head_share * n_heads, 9)))
+
+
+def sink_keys(alpha, *, causal: bool = True, threshold: float = SINK_THRESHOLD,
+              min_head_share: float = SINK_HEAD_SHARE, min_seen_share: float = MIN_SEEN_SHARE) -> np.ndarray:
+    """Positions of the sink keys, ascending: the judged keys (judged_keys) whose alpha_k exceeds `threshold` in at
+    least `min_head_share` of the heads. alpha: [..., head, key] sink scores; every layer's heads are pooled.
+
+    Gu et al. 2025 call a head a sink head when alpha_0 > 0.3; this applies the same test to every key, so a sink
+    that is not token 0 ([SEP], a full stop) is found too.
     """
     a = np.asarray(alpha, dtype=np.float64).reshape(-1, np.shape(alpha)[-1])  # [layer * head, key]
-    n = a.shape[-1]
-    candidates = np.arange(n)
-    if causal:
-        candidates = candidates[n - candidates >= max(1, n // 4)]
+    above = (a > threshold).sum(axis=0)
+    judged = judged_keys(a.shape[-1], causal=causal, min_seen_share=min_seen_share)
+    return np.flatnonzero(judged & (above >= min_sink_heads(a.shape[0], min_head_share)))
+
+
+def top_sink_keys(alpha, tokens: Sequence[str], *, top: int = 5, causal: bool = True,
+                  threshold: float = SINK_THRESHOLD, min_seen_share: float = MIN_SEEN_SHARE) -> list[SinkKey]:
+    """The judged keys (judged_keys) that soak up the most attention, best first, so a sink that is not token 0
+    ([CLS], [SEP], a full stop) shows up. alpha: [layer, head, key] sink scores.
+
+    Ranked by alpha_k averaged over layers and heads. In a causal model only keys seen by at least
+    `min_seen_share` of the queries are ranked: the last keys are seen by a few queries, so their alpha is the
+    attention of those few (the newest token often attends to itself) rather than a habit.
+    """
+    a = np.asarray(alpha, dtype=np.float64).reshape(-1, np.shape(alpha)[-1])  # [layer * head, key]
+    candidates = np.flatnonzero(judged_keys(a.shape[-1], causal=causal, min_seen_share=min_seen_share))
     mean = a.mean(axis=0)
     order = candidates[np.argsort(-mean[candidates], kind="stable")][:top]
     best = candidates[np.argmax(a[:, candidates], axis=1)]

@@ -106,6 +106,55 @@ def test_top_sink_keys_ignore_last_keys_seen_by_few_queries():
     assert all(n - s.position >= n // 4 for s in top)
 
 
+def _alpha_by_loops(pattern, causal):
+    """Gu et al.'s alpha_k written out: the mean of A[t, k] over the queries t that see key k. [..., key]."""
+    n = pattern.shape[-1]
+    alpha = np.zeros(pattern.shape[:-2] + (n,))
+    for idx in np.ndindex(pattern.shape[:-2]):
+        for k in range(n):
+            rows = range(k, n) if causal else range(n)
+            alpha[idx + (k,)] = sum(pattern[idx][t, k] for t in rows) / len(rows)
+    return alpha
+
+
+def _sinks_by_the_stated_rule(alpha, causal):
+    """The rule the Sinks page states, written out: key k is a sink when alpha_k > 0.3 in at least 5% (1/20) of
+    the heads, and (causal) at least a quarter of the n queries see it, i.e. 4 (n - k) >= n. Returns (sinks,
+    keys seen by too few queries)."""
+    flat = alpha.reshape(-1, alpha.shape[-1])
+    n_heads, n = flat.shape
+    few = [k for k in range(n) if causal and 4 * (n - k) < n]
+    found = [k for k in range(n) if k not in few and 20 * sum(1 for h in range(n_heads) if flat[h, k] > 0.3)
+             >= n_heads]
+    return found, few
+
+
+def test_min_sink_heads_is_the_smallest_count_making_5_percent():
+    for n_heads in range(1, 401):
+        assert sinks.min_sink_heads(n_heads) == next(c for c in range(1, n_heads + 1) if 20 * c >= n_heads)
+    assert sinks.min_sink_heads(60) == 3  # 0.05 * 60 is 3.0000000000000004 in floating point
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sink_keys_follow_the_stated_rule(causal):
+    rng = np.random.default_rng(11)
+    n, layers, heads = 16, 4, 5  # 20 heads: a sink needs alpha_k > 0.3 in at least 1 of them
+    raw = rng.exponential(size=(layers, heads, n, n)) * (np.tril(np.ones((n, n))) if causal else 1.0)
+    raw[..., 0] += 3.0 * raw.sum(-1)  # key 0: a sink in every head
+    raw[0, 0, :, 6] += 5.0 * raw[0, 0].sum(-1)  # key 6: a sink in one head only (5% of 20), small mean
+    raw[..., n - 1, n - 1] += 50.0  # the last key: the last query attends to itself
+    pattern = raw / raw.sum(-1, keepdims=True)
+    alpha = _alpha_by_loops(pattern, causal)
+    expected, few = _sinks_by_the_stated_rule(alpha, causal)
+    assert 0 in expected and 6 in expected  # the planted sinks are found ...
+    assert (n - 1 in few) == causal  # ... and the self-attending last key is only left out when it is seen once
+    np.testing.assert_array_equal(sinks.sink_keys(alpha, causal=causal), expected)
+    np.testing.assert_array_equal(np.flatnonzero(~sinks.judged_keys(n, causal=causal)), few)
+    # key 6 is a sink for one head but ranks low by mean: the ranking and the sink rule are separate
+    ranked = [k.position for k in top_sink_keys(alpha, [str(i) for i in range(n)], causal=causal, top=n)]
+    assert sorted(ranked) == [k for k in range(n) if k not in few]
+
+
 def test_window_mask_and_cache_positions_match_the_definition():
     n, w, s = 11, 4, 2
     mask = window_mask(n, w, s)
@@ -263,6 +312,55 @@ def test_page_runs_the_experiment_on_a_short_text(monkeypatch, smollm2):
     assert [f"({abc}) {name}: perplexity" for abc, name in zip("abc", sinks.SETTINGS)] == labels
     said = " ".join(md.value for md in at.markdown)
     assert "What SmolLM2 shows" in said and "window of 32" in said
+
+
+def test_page_colours_and_ranks_keys_by_the_rule_its_captions_state(smollm2):
+    """The default Sinks page (SmolLM2, the Gettysburg opening): the orange bars, the grey bars and the table are
+    exactly what the captions' rule gives, computed here from the captured pattern by loops."""
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.capture import capture_attention
+
+    page = Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"
+    at = AppTest.from_file(str(page), default_timeout=300)
+    at.run()
+    assert not at.exception, at.exception
+    text = at.session_state["sinks_text"]
+    capture = capture_attention(smollm2, text)
+    n = capture.n_tokens
+    alpha = _alpha_by_loops(np.asarray(capture.pattern, dtype=np.float64), causal=True)
+    expected, few = _sinks_by_the_stated_rule(alpha, causal=True)
+    assert expected and few
+
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    bars = next(s for s in specs if s["layout"]["title"]["text"].startswith("Mean attention each key receives"))
+    by_colour = {}
+    for trace in bars["data"]:
+        colours = trace["marker"]["color"]
+        for i, k in enumerate(trace["x"]):
+            by_colour.setdefault(colours if isinstance(colours, str) else colours[i], []).append(k)
+    orange, grey = sorted(by_colour.pop("#e8590c", [])), sorted(by_colour.pop("#adb5bd", []))
+    assert orange == expected
+    assert grey == few
+    assert sorted(k for xs in by_colour.values() for k in xs) == [k for k in range(n) if k not in expected + few]
+
+    captions = " ".join(c.value for c in at.caption)
+    n_heads = alpha.shape[0] * alpha.shape[1]
+    assert (f"a key is a sink (orange) when α_k > 0.3 in at least 5% of the heads (here "
+            f"{-(-n_heads // 20)} of {n_heads}) and at least a quarter of the queries see it") in captions
+    assert f"Grey: the last keys, seen by fewer than a quarter of the {n} queries" in captions
+    # the table: the five keys with the largest mean alpha among the keys that are not grey
+    mean = alpha.reshape(-1, n).mean(axis=0)
+    judged = [k for k in range(n) if k not in few]
+    table = at.dataframe[0].value
+    assert list(table["position"]) == sorted(judged, key=lambda k: -mean[k])[:5]
+    assert "among those at least a quarter of the queries see (grey bars left out)" in captions
+    # a key of the table is orange exactly when its sink_heads make at least 5% of the heads
+    for pos, heads in zip(table["position"], table["sink_heads"]):
+        assert (20 * heads >= n_heads) == (pos in expected)
 
 
 @pytest.mark.parametrize("model, text, expect", [

@@ -37,14 +37,26 @@ def sink_share_bars(share, layers: Sequence[int], *, threshold: float) -> go.Fig
                         height=320)
 
 
-def key_score_bars(mean_alpha, tokens: Sequence[str], *, highlight: Sequence[int] = ()) -> go.Figure:
-    """mean_alpha [key]: alpha_k averaged over every captured head, for every key position; highlighted keys
-    (the sinks) in a second colour."""
+UNJUDGED_GREY = "#adb5bd"
+
+
+def key_score_bars(mean_alpha, tokens: Sequence[str], *, highlight: Sequence[int] = (),
+                   unjudged: Sequence[int] = ()) -> go.Figure:
+    """mean_alpha [key]: alpha_k averaged over every captured head, for every key position. Three colours, each a
+    legend entry: highlighted keys (the sinks) orange, unjudged keys (seen by too few queries) grey, the rest blue."""
     mean_alpha = np.asarray(mean_alpha, dtype=float)
-    colors = [PALETTE[1] if k in set(highlight) else PALETTE[0] for k in range(len(mean_alpha))]
-    labels = [f"{k}: {t}" for k, t in enumerate(tokens)]
-    fig = go.Figure(go.Bar(x=np.arange(len(mean_alpha)), y=mean_alpha, marker_color=colors, customdata=labels,
-                           hovertemplate="key %{customdata}<br>mean α = %{y:.3f}<extra></extra>"))
+    labels = np.array([f"{k}: {t}" for k, t in enumerate(tokens)], dtype=object)
+    sink, grey = set(int(k) for k in highlight), set(int(k) for k in unjudged)
+    groups = [("sink key", PALETTE[1], sorted(sink)),
+              ("not a sink", PALETTE[0], [k for k in range(len(mean_alpha)) if k not in sink | grey]),
+              ("seen by too few queries to judge", UNJUDGED_GREY, sorted(grey - sink))]
+    fig = go.Figure()
+    for name, color, keys in groups:
+        if keys:
+            fig.add_trace(go.Bar(x=keys, y=mean_alpha[keys], name=name, marker_color=color,
+                                 customdata=labels[keys],
+                                 hovertemplate="key %{customdata}<br>mean α = %{y:.3f}<extra>" + name + "</extra>"))
+    fig.update_layout(barmode="overlay", showlegend=True)
     return apply_layout(fig, title="Mean attention each key receives (α_k averaged over every head)",
                         x_title="key position (token index)", y_title="mean α_k (share of attention)", height=320)
 
