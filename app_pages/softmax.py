@@ -225,8 +225,9 @@ st.markdown(
     r"One attention layer, $o_i=\sum_j p_{ij} v_j$ with $p_i=\mathrm{softmax}(s\,K q_i / T)$, and a loss "
     r"$L=\sum_i g_i\cdot o_i$ with a random upstream gradient $g_i$ (what the next layer would send back). "
     r"`torch.autograd` gives $\partial L/\partial q_i$ through `attnviz.attention.scaled_dot_product_attention`; by "
-    r"the chain rule it is $s\,K^\top J_i V g_i$. Unscaled, $s=1$ makes the logits $\sqrt{d_k}$ times larger, which "
-    r"at first *raises* the gradient, until saturation drives $J_i$ to zero and the gradient with it."
+    r"the chain rule it is $\tfrac{s}{T}\,K^\top J_i V g_i$, $J_i$ being the Jacobian of row $i$'s softmax. "
+    r"Unscaled, $s=1$ makes the logits $\sqrt{d_k}$ times larger, which at first *raises* the gradient, until "
+    r"saturation drives $J_i$ to zero and the gradient with it."
 )
 st.code(
     "q = q.requires_grad_()\n"

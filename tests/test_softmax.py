@@ -309,6 +309,41 @@ def test_head_saturation_matches_row_stats_head_by_head():
             assert shares[name][layer, head] == pytest.approx(np.mean(p.max(-1) > 0.99), abs=1e-12)
 
 
+def test_page_states_the_gradient_it_computes_at_a_temperature():
+    """The autograd section's formula is the one its metrics follow: with logits s K q_i / T the chain rule gives
+    dL/dq_i = (s / T) K^T J_i V g_i (derived by hand here, J_i = diag(p_i) - p_i p_i^T), not s K^T J_i V g_i."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.softmax import _values_and_upstream  # the page's seeded values and upstream gradient
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "softmax.py"),
+                           default_timeout=180)
+    at.run()
+    assert not at.exception, at.exception
+    at.select_slider(key="softmax_temperature").set_value(2.0).run()
+    assert not at.exception, at.exception
+    said = " ".join(md.value for md in at.markdown)
+    n_queries = 256  # the rows the page samples, as its text says:
+    assert f"Below, {n_queries} random queries" in said
+    assert r"the chain rule it is $\tfrac{s}{T}\,K^\top J_i V g_i$" in said
+    d_k, n_keys, seed, t = (at.select_slider(key="softmax_d_k").value, at.slider(key="softmax_n_keys").value,
+                            int(at.number_input(key="softmax_seed").value), 2.0)
+    metrics = {m.label: m.value for m in at.metric}
+    for label, s in (("median ‖∂L/∂q‖, scaled", 1 / math.sqrt(d_k)), ("median ‖∂L/∂q‖, unscaled", 1.0)):
+        q, k = random_qk(n_queries, n_keys, d_k, seed)
+        v, g = _values_and_upstream(n_queries, n_keys, 16, seed)
+        norms = []
+        for i in range(len(q)):
+            z = (s / t) * (k @ q[i])
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            jac = np.diag(p) - np.outer(p, p)
+            norms.append(np.linalg.norm((s / t) * k.T @ (jac @ (v @ g[i]))))
+        assert metrics[label] == f"{np.median(norms):.3g}"
+
+
 # the page's real-model section ---------------------------------------------------------------------------------
 
 def test_page_real_model_section_with_a_toy_model():
