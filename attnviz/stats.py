@@ -34,47 +34,67 @@ ROLES: dict[str, tuple[str, bool, str]] = {
 }
 
 
-def head_stats(capture) -> pd.DataFrame:
+def head_stats(capture, *, block: int = 256) -> pd.DataFrame:
     """One row per captured (layer, head): layer, head, kv_head and the columns of COLUMNS (see module docstring).
 
     capture: an AttentionCapture (pattern [layer, head, query, key], layers, token_ids, kv_head_of).
+    Every head of a layer at once, `block` query rows at a time, in float64 (see pattern_stats): memory stays at a
+    few [head, block, n] float64 slices whatever the text's length.
     """
     pattern = capture.pattern
-    n = pattern.shape[-1]
+    n_layers, n_heads, n = pattern.shape[0], pattern.shape[1], pattern.shape[-1]
     targets = induction_targets(capture.token_ids)
-    rows = []
-    for li, layer in enumerate(capture.layers):
-        for h in range(pattern.shape[1]):
-            # one head at a time in float64: [1, query, key], small even for 2,000-token texts
-            stats = pattern_stats(np.asarray(pattern[li, h][None], dtype=np.float64), targets)
-            rows.append({"layer": int(layer), "head": h, "kv_head": int(capture.kv_head_of[h]),
-                         **{c: float(stats[c][0]) for c in COLUMNS}})
-    frame = pd.DataFrame(rows, columns=["layer", "head", "kv_head", *COLUMNS])
+    per_layer = [pattern_stats(pattern[li], targets, block=block) for li in range(n_layers)]
+    frame = pd.DataFrame({
+        "layer": np.repeat(np.asarray(capture.layers, dtype=np.int64), n_heads),
+        "head": np.tile(np.arange(n_heads, dtype=np.int64), n_layers),
+        "kv_head": np.tile(np.asarray(capture.kv_head_of, dtype=np.int64), n_layers),
+        **{c: np.concatenate([s[c] for s in per_layer]).astype(np.float64) for c in COLUMNS},
+    }, columns=["layer", "head", "kv_head", *COLUMNS])
     frame.attrs["n_tokens"] = n
     return frame
 
 
-def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None) -> dict[str, np.ndarray]:
-    """The statistics of heads p [head, query, key] (float64 advised), each an array [head].
+def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, block: int = 256) -> dict[str, np.ndarray]:
+    """The statistics of heads p [head, query, key] (any float dtype: computed in float64), each an array [head].
 
     targets[q] lists the induction targets of query q (see induction_targets); None or all empty gives NaN.
+    Entropy and distance go over `block` query rows at a time. Keys after the block's last query are read only
+    when some weight there is not 0 (a causal pattern has none): the mask check is one float32 pass, while
+    -p ln p in float64 is the cost of the whole function. mean_distance is one matrix-vector product per block,
+    sum_(q,k) P[q,k] |q - k| with the |q - k| of the block flattened.
     """
-    n = p.shape[-1]
+    n_heads, n = p.shape[0], p.shape[-1]
     q_idx = np.arange(n)
-    plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
-    distance = np.abs(q_idx[:, None] - q_idx[None, :])  # [query, key]
+    entropy_sum = np.zeros(n_heads)
+    distance_sum = np.zeros(n_heads)
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        keys = n if np.any(p[:, a:b, b:]) else b  # a causal block ends at its last query
+        x = np.asarray(p[:, a:b, :keys], dtype=np.float64)
+        distance = np.abs(q_idx[a:b, None] - q_idx[None, :keys]).astype(np.float64)  # [block, keys]
+        distance_sum += x.reshape(n_heads, -1) @ distance.ravel()
+        logs = np.log(x, out=np.zeros_like(x), where=x > 0)
+        entropy_sum -= np.einsum("hqk,hqk->h", x, logs)
+    diagonal = np.asarray(p[:, q_idx, q_idx], dtype=np.float64)  # [head, query]
     out = {
-        "entropy": -plogp.sum(-1).mean(-1),
-        "sink_mass": p[:, 1:, 0].mean(-1) if n > 1 else np.full(p.shape[0], np.nan),
-        "mean_distance": (p * distance).sum(-1).mean(-1),
-        "prev_token": p[:, q_idx[1:], q_idx[:-1]].mean(-1) if n > 1 else np.full(p.shape[0], np.nan),
-        "self": p[:, q_idx, q_idx].mean(-1),
+        "entropy": entropy_sum / n,
+        "sink_mass": np.asarray(p[:, 1:, 0], dtype=np.float64).mean(-1) if n > 1 else np.full(n_heads, np.nan),
+        "mean_distance": distance_sum / n,
+        "prev_token": (np.asarray(p[:, q_idx[1:], q_idx[:-1]], dtype=np.float64).mean(-1) if n > 1
+                       else np.full(n_heads, np.nan)),
+        "self": diagonal.mean(-1),
     }
-    queries = [q for q in range(n) if targets and targets[q]]
-    if queries:
-        out["induction"] = np.mean([p[:, q, targets[q]].sum(-1) for q in queries], axis=0)
+    pairs = [(q, t) for q in range(n) for t in (targets[q] if targets else [])]
+    if pairs:
+        rows, cols = np.asarray(pairs).T
+        mass = np.asarray(p[:, rows, cols], dtype=np.float64)  # [head, pair]
+        per_query = np.zeros((n_heads, n))
+        np.add.at(per_query.T, rows, mass.T)  # sum over each query's targets
+        queries = np.unique(rows)
+        out["induction"] = per_query[:, queries].mean(-1)
     else:
-        out["induction"] = np.full(p.shape[0], np.nan)
+        out["induction"] = np.full(n_heads, np.nan)
     return out
 
 

@@ -102,3 +102,78 @@ def test_top_heads_ranks_by_role():
     assert top_heads(stats, "Broad", k=1)["head"].tolist() == [3]
     assert top_heads(stats, "Induction").empty  # NaN never ranks
     assert set(ROLES) >= {"Sink", "Previous token", "Induction"}
+
+
+def _reference_stats(p: np.ndarray, ids) -> dict[str, np.ndarray]:
+    """The module docstring's definitions, one head and one query row at a time, in float64 Python loops."""
+    n_heads, n = p.shape[0], p.shape[-1]
+    out = {c: np.zeros(n_heads) for c in COLUMNS}
+    for h in range(n_heads):
+        ph = p[h].astype(np.float64)
+        out["entropy"][h] = math.fsum(-x * math.log(x) for row in ph for x in row if x > 0) / n
+        out["sink_mass"][h] = math.fsum(ph[q, 0] for q in range(1, n)) / (n - 1)
+        out["mean_distance"][h] = math.fsum(ph[q, k] * abs(q - k) for q in range(n) for k in range(n)) / n
+        out["prev_token"][h] = math.fsum(ph[q, q - 1] for q in range(1, n)) / (n - 1)
+        out["self"][h] = math.fsum(ph[q, q] for q in range(n)) / n
+        ind = [math.fsum(ph[q, t] for t in {j + 1 for j in range(q) if ids[j] == ids[q] and j + 1 < q})
+               for q in range(n) if any(ids[j] == ids[q] and j + 1 < q for j in range(q))]
+        out["induction"][h] = math.fsum(ind) / len(ind) if ind else np.nan
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_vectorised_stats_equal_a_float64_loop_to_1e_12(causal, dtype):
+    """Blocks of 4 query rows over 23 tokens: blocks that end mid-text, a last short block, and (bidirectional)
+    weight after each block's last query, which the causal shortcut must not drop."""
+    rng = np.random.default_rng(3)
+    n, heads = 23, 3
+    logits = rng.normal(scale=3.0, size=(2, heads, n, n))
+    if causal:
+        logits[..., np.triu(np.ones((n, n), dtype=bool), 1)] = -np.inf
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = (p / p.sum(-1, keepdims=True)).astype(dtype)
+    ids = list(rng.integers(0, 5, n))
+    capture = SimpleNamespace(pattern=p, layers=[4, 7], kv_head_of=[0, 0, 1], token_ids=ids)
+    for block in (4, 256):
+        stats = head_stats(capture, block=block)
+        assert stats["layer"].tolist() == [4] * heads + [7] * heads and stats["kv_head"].tolist() == [0, 0, 1] * 2
+        for li in range(2):
+            ref = _reference_stats(p[li], ids)
+            rows = stats.iloc[li * heads:(li + 1) * heads]
+            for column in COLUMNS:
+                np.testing.assert_allclose(rows[column].to_numpy(), ref[column], rtol=1e-12, atol=1e-12,
+                                           err_msg=f"{column}, block {block}")
+
+
+def test_a_far_weight_after_the_block_counts():
+    """A single weight far right of a causal-looking pattern (row 0 -> last key) is read, not skipped."""
+    n = 12
+    p = causal_uniform(n)
+    p[0] = 0.0
+    p[0, n - 1] = 1.0
+    capture = make_capture([p])
+    stats = head_stats(capture, block=4)
+    ref = _reference_stats(capture.pattern[0], capture.token_ids)
+    by_hand = (n - 1 + sum(math.fsum(abs(q - k) / (q + 1) for k in range(q + 1)) for q in range(1, n))) / n
+    assert stats.mean_distance[0] == pytest.approx(ref["mean_distance"][0], rel=1e-12)
+    assert stats.mean_distance[0] == pytest.approx(by_hand, rel=1e-6)  # the float32 pattern's rounding
+    assert stats.entropy[0] == pytest.approx(ref["entropy"][0], rel=1e-12)
+
+
+def test_head_stats_takes_every_head_of_a_layer_at_once(monkeypatch):
+    """The cost was a Python loop over 270 heads: one pattern_stats call per layer now, with all its heads."""
+    from attnviz import stats as module
+
+    shapes = []
+    real = module.pattern_stats
+
+    def spy(p, *args, **kwargs):
+        shapes.append(np.shape(p))
+        return real(p, *args, **kwargs)
+
+    monkeypatch.setattr(module, "pattern_stats", spy)
+    pattern = np.stack([np.stack([causal_uniform(N)] * 4)] * 3)  # 3 layers x 4 heads
+    capture = SimpleNamespace(pattern=pattern, layers=[0, 1, 2], kv_head_of=[0, 0, 1, 1], token_ids=list(range(N)))
+    assert len(module.head_stats(capture)) == 12
+    assert shapes == [(4, N, N)] * 3
