@@ -284,26 +284,50 @@ def _load_lab(name: str, device_map: str | None) -> LoadedModel:
     return _finish(model, tokenizer, spec)
 
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# owner/name, or a bare legacy name such as gpt2 (models uploaded before the hub had owners)
+HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def local_folder(name: str) -> Path | None:
+    """The existing folder that a user's model name names (~ expanded), or None. Never raises: a name longer
+    than the file system allows, or ~user for an unknown user, is simply not a folder."""
+    try:
+        folder = Path(name).expanduser()
+        return folder if folder.is_dir() else None
+    except (OSError, RuntimeError, ValueError):
+        return None
 
 
 def _load_user(name: str, report: Progress, device_map: str | None) -> LoadedModel:
-    folder = Path(name).expanduser()
-    if folder.is_dir():
+    folder = local_folder(name)
+    if folder is not None:
         source = "local"
-    elif HUB_ID.match(name) and not name.startswith((".", "/", "~")):
+    elif HUB_ID.match(name) and "/" in name:
+        source = "hub"
+        folder = _cached_hub_folder(name)
+    elif HUB_ID.match(name) and _in_hub_cache(name):  # a bare legacy hub name, only when it is already cached
         source = "hub"
         folder = _cached_hub_folder(name)
     else:
         known = ", ".join(s.name for s in available_models())
-        raise ModelError(f"Unknown model {name!r}: not a model name ({known}), not an existing folder, "
-                         "and not a hub id of the form owner/name.")
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        raise ModelError(f"Unknown model {shown!r}: not a model name ({known}), not an existing folder, "
+                         "and not a hub id (owner/name) in the local Hugging Face cache.")
     _check_safetensors(folder, name)
     report(f"Loading {name}…")
     model, tokenizer = _from_folder(folder, device_map)
     spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), source, True, None,
                      f"{'Local folder' if source == 'local' else 'Hub model'} {name}.")
     return _finish(model, tokenizer, spec)
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        return (Path(HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}").is_dir()
+    except OSError:  # e.g. a name longer than the file system allows
+        return False
 
 
 def _cached_hub_folder(repo_id: str) -> Path:

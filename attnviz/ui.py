@@ -17,26 +17,35 @@ class PageInfo:
     url_path: str
     summary: str
     default: bool = False
+    state_prefix: str = ""  # every widget key on the page starts with it
 
 
 PAGES: tuple[PageInfo, ...] = (
     PageInfo("app_pages/home.py", "Home", "🏠", "home", "What attnviz shows and where.", default=True),
     PageInfo("app_pages/heads.py", "Heads", "🧠", "heads",
-             "Run a real or toy model on your text and explore every head's attention map and statistics."),
+             "Run a real or toy model on your text and explore every head's attention map and statistics.",
+             state_prefix="heads_"),
     PageInfo("app_pages/sinks.py", "Attention sinks", "🕳️", "sinks",
-             "Where the first token soaks up attention, and what breaks when it is evicted from the cache."),
+             "Where the first token soaks up attention, and what breaks when it is evicted from the cache.",
+             state_prefix="sinks_"),
     PageInfo("app_pages/positional.py", "Positional encodings", "📐", "positional",
-             "Sinusoidal, RoPE and ALiBi: distance decay in theory and measured in real heads."),
+             "Sinusoidal, RoPE and ALiBi: distance decay in theory and measured in real heads.",
+             state_prefix="pos_"),
     PageInfo("app_pages/softmax.py", "Softmax saturation", "🌡️", "softmax",
-             "Why attention divides by sqrt(d_k): saturation and vanishing gradients without it."),
+             "Why attention divides by sqrt(d_k): saturation and vanishing gradients without it.",
+             state_prefix="softmax_"),
     PageInfo("app_pages/variants.py", "MHA, GQA, MQA", "🧮", "variants",
-             "How query heads share key/value heads, and what that saves in KV cache and FLOPs."),
+             "How query heads share key/value heads, and what that saves in KV cache and FLOPs.",
+             state_prefix="variants_"),
     PageInfo("app_pages/worked_example.py", "Worked example", "✏️", "worked-example",
-             "Every number of scaled dot-product attention on a small example you can edit."),
+             "Every number of scaled dot-product attention on a small example you can edit.",
+             state_prefix="worked_"),
     PageInfo("app_pages/kernel.py", "Tiled kernel", "🧱", "kernel",
-             "A FlashAttention-style Triton kernel, tile by tile, checked and timed against naive attention."),
+             "A FlashAttention-style Triton kernel, tile by tile, checked and timed against naive attention.",
+             state_prefix="kernel_"),
     PageInfo("app_pages/toy_lab.py", "Toy lab", "🧪", "toy-lab",
-             "Train a small transformer in the browser and watch previous-token and induction heads form."),
+             "Train a small transformer in the browser and watch previous-token and induction heads form.",
+             state_prefix="lab_"),
 )
 
 
@@ -95,7 +104,7 @@ def model_version(name: str | None) -> tuple:
     systems) do not. Costs one directory listing.
     """
     from attnviz import paths
-    from attnviz.models import HUB_ID
+    from attnviz.models import HUB_ID, local_folder
 
     if not name:
         return ()
@@ -104,8 +113,8 @@ def model_version(name: str | None) -> tuple:
         if not folder_name or "/" in folder_name or folder_name.startswith("."):
             return ()
         return _folder_version(paths.trained_dir() / folder_name)
-    folder = Path(name).expanduser()
-    if folder.is_dir():
+    folder = local_folder(name)
+    if folder is not None:
         return _folder_version(folder)
     if HUB_ID.match(name):
         from huggingface_hub.constants import HF_HUB_CACHE

@@ -95,6 +95,8 @@ def test_remote_code_folder_is_refused(tmp_path):
     ("", "No model given"),
     ("no such model", "Unknown model"),
     ("lab/nothing-here", "No toy-lab model"),
+    ("a" * 300, "Unknown model"),  # longer than a file name may be: the OS raises, the user gets a message
+    ("~no-such-user-zq/model", "Unknown model"),  # ~user of an unknown user: pathlib raises RuntimeError
 ])
 def test_unknown_names(name, message):
     with pytest.raises(ModelError, match=message):
@@ -106,6 +108,25 @@ def test_uncached_hub_id_fails_fast():
     with pytest.raises(ModelError, match="not in the local Hugging Face cache"):
         load_model("attnviz-test-owner/surely-not-cached-model")
     assert time.perf_counter() - start < 10
+
+
+def test_a_bare_legacy_hub_name_loads_from_the_local_cache(tmp_path, monkeypatch):
+    # hub models uploaded before owners existed (gpt2, bert-base-uncased) are cached as models--<name>
+    from huggingface_hub import constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--tinybare"
+    original = _save_toy(repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)  # no folder called tinybare here
+    loaded = load_model("tinybare")
+    assert loaded.spec.source == "hub"
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(loaded.model(ids).logits, original.model(ids).logits)
+    with pytest.raises(ModelError, match="Unknown model 'notcachedbare'"):  # a bare name not cached: a typo
+        load_model("notcachedbare")
 
 
 def test_lab_models_are_listed_and_loaded(tmp_path, monkeypatch):
