@@ -112,18 +112,31 @@ right.caption("The scores q·k/√d of this tile only: the one piece of the N ×
 done_steps = steps[:index + 1]
 itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
 naive = kn.naive_traffic(n, n, d, itemsize)
+tiled_bytes = sum(s.bytes_loaded + s.bytes_stored for s in steps)
+naive_bytes = naive["read"] + naive["written"]
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("FLOPs so far", f"{sum(s.flops for s in done_steps):,}",
           help="4 · rows · cols · d per tile: q kᵀ and p v, a multiply-add counted as 2.")
 m2.metric("Bytes loaded so far", kib(sum(s.bytes_loaded for s in done_steps)),
           help="K and V tiles each step, the Q tile on a block's first step.")
-m3.metric("Tiled, all steps: bytes moved", kib(sum(s.bytes_loaded + s.bytes_stored for s in steps)),
+m3.metric("Tiled, all steps: bytes moved", kib(tiled_bytes),
           help="Q once, K and V once per query block, O once.")
-m4.metric("Naive: bytes moved", kib(naive["read"] + naive["written"]),
+m4.metric("Naive: bytes moved", kib(naive_bytes),
           help="Naive writes S = Q Kᵀ, reads it for the softmax, writes P, reads P for P V: the N × N matrix moves "
                f"four times. Read {naive['read']:,} B, written {naive['written']:,} B.")
-st.caption("Counters for one head in main memory (HBM on a GPU). The tiled kernel re-reads K and V once per "
-           "query block but never stores the N × N matrix; naive moves that matrix through memory four times.")
+keys_read = sum(s.k_stop - s.k_start for s in steps)  # L: the keys every query block reads, summed
+# tiled moves (2N + 2L)·d values (Q and O once, K and V for every block), naive 4N·d + 4N² (Q, K, V, O, and
+# S and P each written and read): tiled moves less exactly while d < 2N² / (L − N)
+break_even = 2 * n * n / (keys_read - n) if keys_read > n else float("inf")
+verdict = (f"here tiling moves {kib(tiled_bytes)} against naive's {kib(naive_bytes)}"
+           + (f", {naive_bytes / tiled_bytes:.2g}× less." if tiled_bytes < naive_bytes else
+              f", {tiled_bytes / naive_bytes:.2g}× more." if tiled_bytes > naive_bytes else ", the same."))
+bound = (f"here L = {keys_read:,}, so d < {break_even:,.1f}" if np.isfinite(break_even) else
+         "here one query block reads each key once, so at any d")
+st.caption("Counters for one head in main memory (HBM on a GPU). Naive moves the N × N matrix through memory four "
+           "times; the tiled kernel never stores it but re-reads K and V once per query block, so tiling saves "
+           "traffic only while d < 2N²/(L − N), L being the keys all query blocks read together "
+           f"({bound}; for long inputs about {'4' if causal else '2'}·BLOCK_M): " + verdict)
 
 rows = np.arange(step.q_start, step.q_stop)
 st.plotly_chart(figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha), width="stretch")
