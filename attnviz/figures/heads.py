@@ -3,6 +3,10 @@
 Big maps go to the browser as one palette PNG (one byte per cell before compression) inside a go.Image, not as
 a list of floats: plotly's default JSON for a 1024 x 1024 heatmap is ~20 bytes per cell, the PNG is under one.
 Small maps (up to DETAIL_MAX_TOKENS tokens) stay go.Heatmap so the hover can name the query and key tokens.
+
+Grey (MASKED_GREY) marks cells that carry no weight to show: keys a causal query cannot see, and, with the sink
+hidden, query rows that had almost nothing left off the sink (under MIN_REMAINING), whose rescaled rest would
+otherwise be drawn at full brightness.
 """
 
 from __future__ import annotations
@@ -17,40 +21,51 @@ import plotly.colors
 import plotly.graph_objects as go
 from PIL import Image
 
-from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap
+from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap, line_chart
 
 DETAIL_MAX_TOKENS = 160  # above this a head is drawn as an image; the hover then shows indices only
 GRID_TILE = 48  # pixels per head in the grid of all heads
 HEATMAP_MAX_CELLS = 60_000  # token-by-head maps above this many cells become images too
+BOOST_FROM_TOKENS = 256  # from this many tokens the page turns weight^0.5 on: most weights are ~1/n, near black
+MIN_REMAINING = 0.01  # with the sink hidden, rows with less weight than this off token 0 are left blank
+MASKED_GREY = (170, 170, 170)  # a neutral grey, distinct from both ends of Viridis and from white gaps
 
 
 def palette_png(values: np.ndarray, *, colorscale: str = ATTENTION_SCALE, vmin: float = 0.0,
-                vmax: float = 1.0) -> str:
+                vmax: float = 1.0, masked: np.ndarray | None = None) -> str:
     """values [rows, cols] -> a data: URI of a palette PNG (256 colours of colorscale over [vmin, vmax]).
 
-    NaN cells are drawn white (palette entry 255 is reserved for them)."""
+    NaN cells are drawn white (palette entry 255 is reserved for them). masked [rows, cols] (bool), if given, marks
+    cells drawn MASKED_GREY (entry 254); the colour scale then has 254 steps instead of 255."""
     v = np.asarray(values, dtype=np.float64)
     scaled = np.clip((v - vmin) / max(vmax - vmin, 1e-12), 0.0, 1.0)
-    index = np.where(np.isnan(v), 255, np.rint(np.nan_to_num(scaled) * 254)).astype(np.uint8)
+    steps = 254 if masked is None else 253
+    index = np.where(np.isnan(v), 255, np.rint(np.nan_to_num(scaled) * steps)).astype(np.uint8)
+    if masked is not None:
+        index[np.asarray(masked, dtype=bool)] = 254
     image = Image.fromarray(index, mode="P")
-    image.putpalette(_palette(colorscale))
+    palette = _palette(colorscale, steps + 1)
+    if masked is not None:
+        palette += list(MASKED_GREY)
+    image.putpalette(palette + [255, 255, 255])
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", optimize=True)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _palette(colorscale: str) -> list[int]:
-    colors = plotly.colors.sample_colorscale(colorscale, list(np.linspace(0.0, 1.0, 255)), colortype="rgb")
-    rgb = [int(round(float(c))) for color in colors for c in color[4:-1].split(",")]
-    return rgb + [255, 255, 255]
+def _palette(colorscale: str, count: int = 255) -> list[int]:
+    colors = plotly.colors.sample_colorscale(colorscale, list(np.linspace(0.0, 1.0, count)), colortype="rgb")
+    return [int(round(float(c))) for color in colors for c in color[4:-1].split(",")]
 
 
 def image_figure(values: np.ndarray, *, title: str, x_title: str, y_title: str, colorscale: str = ATTENTION_SCALE,
                  vmin: float = 0.0, vmax: float = 1.0, colorbar_title: str = "weight",
                  x_ticks: tuple[list, list] | None = None, y_ticks: tuple[list, list] | None = None,
-                 hovertemplate: str = "row %{y}<br>column %{x}<extra></extra>", height: int | None = None) -> go.Figure:
-    """A matrix as one palette PNG, with a colour bar (from an invisible marker) and optional tick labels."""
-    fig = go.Figure(go.Image(source=palette_png(values, colorscale=colorscale, vmin=vmin, vmax=vmax),
+                 hovertemplate: str = "row %{y}<br>column %{x}<extra></extra>", height: int | None = None,
+                 masked: np.ndarray | None = None) -> go.Figure:
+    """A matrix as one palette PNG, with a colour bar (from an invisible marker) and optional tick labels.
+    NaN cells are white, `masked` cells grey (palette_png)."""
+    fig = go.Figure(go.Image(source=palette_png(values, colorscale=colorscale, vmin=vmin, vmax=vmax, masked=masked),
                              x0=0, y0=0, dx=1, dy=1, hovertemplate=hovertemplate))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
                              marker=dict(colorscale=colorscale, cmin=vmin, cmax=vmax, color=[vmin], showscale=True,
@@ -67,31 +82,52 @@ def image_figure(values: np.ndarray, *, title: str, x_title: str, y_title: str, 
 
 def max_pool(p: np.ndarray, size: int) -> np.ndarray:
     """p [..., n, n] -> [..., m, m] with m = min(n, size): the largest weight of each block, so thin stripes
-    (the diagonal, a sink column) survive downsampling instead of being averaged away."""
+    (the diagonal, a sink column) survive downsampling instead of being averaged away. NaN cells (blank rows) are
+    skipped: a block is NaN only when all its cells are."""
     n = p.shape[-1]
     if n <= size:
         return p
     edges = np.linspace(0, n, size + 1).round().astype(int)
-    rows = np.maximum.reduceat(p, edges[:-1], axis=-2)
-    return np.maximum.reduceat(rows, edges[:-1], axis=-1)
+    with np.errstate(invalid="ignore"):
+        rows = np.fmax.reduceat(p, edges[:-1], axis=-2)
+        return np.fmax.reduceat(rows, edges[:-1], axis=-1)
+
+
+def mass_off_sink(p: np.ndarray) -> np.ndarray:
+    """p [..., query, key] -> [..., query] float64: the weight each row puts on keys other than token 0, the mass
+    that hiding the sink rescales to 1."""
+    return np.asarray(p)[..., 1:].sum(-1, dtype=np.float64)
+
+
+def blank_rows(p: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """A float copy of p [..., query, key] with every row where keep [..., query] is False set to NaN (drawn grey)."""
+    out = np.array(p, dtype=np.float64 if np.asarray(p).dtype == np.float64 else np.float32)
+    out[~np.asarray(keep, dtype=bool)] = np.nan
+    return out
 
 
 def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5, tile: int = GRID_TILE,
-              layer_map: Callable[[np.ndarray], np.ndarray] | None = None) -> go.Figure:
+              layer_map: Callable[[np.ndarray], np.ndarray] | None = None, causal: bool = False) -> go.Figure:
     """All heads at a glance: pattern [layer, head, query, key] as a layer x head mosaic of small maps.
 
     Each map is max-pooled to at most `tile` pixels and coloured by weight**gamma (gamma 0.5 lifts the small weights
     so previous-token stripes show next to bright sinks). layer_map, if given, maps each layer [head, query, key]
-    before it is pooled (hiding the sink, say), one layer at a time: no changed copy of the whole pattern is made."""
+    before it is pooled (hiding the sink, say), one layer at a time: no changed copy of the whole pattern is made;
+    the rows it sets to NaN are grey. causal: pooled blocks wholly above the diagonal (every key after every query
+    of the block: block column > block row, as rows and keys share the block edges) are grey, not black."""
     n_layers, n_heads, n, _ = pattern.shape
     m = min(n, tile)
     gap = 2
     mosaic = np.full((n_layers * (m + gap) - gap, n_heads * (m + gap) - gap), np.nan)
+    masked = np.zeros(mosaic.shape, dtype=bool)
+    above = np.triu(np.ones((m, m), dtype=bool), 1) if causal else np.zeros((m, m), dtype=bool)
     for li in range(n_layers):
         maps = pattern[li] if layer_map is None else layer_map(pattern[li])
         pooled = max_pool(np.asarray(maps, dtype=np.float32), m) ** gamma  # [head, m, m]
         for h in range(n_heads):
-            mosaic[li * (m + gap): li * (m + gap) + m, h * (m + gap): h * (m + gap) + m] = pooled[h]
+            cells = (slice(li * (m + gap), li * (m + gap) + m), slice(h * (m + gap), h * (m + gap) + m))
+            mosaic[cells] = pooled[h]
+            masked[cells] = np.isnan(pooled[h]) | above
     centers = lambda count: [i * (m + gap) + (m - 1) / 2 for i in range(count)]  # noqa: E731
     step = max(1, n_layers // 16)
     fig = image_figure(
@@ -100,15 +136,21 @@ def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5,
         x_ticks=(centers(n_heads), [str(h) for h in range(n_heads)]),
         y_ticks=(centers(n_layers)[::step], [str(layer) for layer in list(layers)[::step]]),
         hovertemplate="pixel %{x}, %{y}<extra></extra>",
-        height=max(320, min(60 + n_layers * 70, 1400)))
+        height=max(320, min(60 + n_layers * 70, 1400)), masked=masked if masked.any() else None)
     return fig
 
 
-def head_detail(p: np.ndarray, tokens: Sequence[str], *, title: str, gamma: float = 1.0) -> go.Figure:
-    """One head p [query, key] with token labels; a heatmap with token hover up to DETAIL_MAX_TOKENS, else an image."""
+def head_detail(p: np.ndarray, tokens: Sequence[str], *, title: str, gamma: float = 1.0,
+                causal: bool = False) -> go.Figure:
+    """One head p [query, key] with token labels; a heatmap with token hover up to DETAIL_MAX_TOKENS, else an image.
+
+    Grey cells: NaN in p (blank rows, see blank_rows) and, when causal, the keys after each query (masked)."""
     n = p.shape[-1]
     z = np.asarray(p, dtype=np.float64) ** gamma
+    if causal:
+        z[np.triu_indices(n, 1)] = np.nan
     colorbar = "weight" if gamma == 1 else f"weight^{gamma:g}"
+    grey = "rgb({}, {}, {})".format(*MASKED_GREY)
     if n <= DETAIL_MAX_TOKENS:
         labels = [f"{i}: {t}" for i, t in enumerate(tokens)]
         fig = heatmap(z, x_labels=labels, y_labels=labels, title=title, x_title="key token (position: token)",
@@ -116,12 +158,33 @@ def head_detail(p: np.ndarray, tokens: Sequence[str], *, title: str, gamma: floa
                       hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
                       height=min(900, 260 + 14 * n))
         fig.data[0].customdata = np.asarray(p, dtype=np.float64)
-        fig.update_xaxes(tickangle=-60)
+        fig.data[0].hoverongaps = False
+        fig.update_layout(plot_bgcolor=grey)  # NaN cells are not drawn: the background shows through
+        fig.update_xaxes(tickangle=-60, showgrid=False)
+        fig.update_yaxes(showgrid=False)
         return fig
     ticks = _sparse_ticks(tokens)
+    nan = np.isnan(z)
     return image_figure(z, title=title, x_title="key position (token)", y_title="query position (token)",
                         colorbar_title=colorbar, x_ticks=ticks, y_ticks=ticks,
-                        hovertemplate="query %{y}<br>key %{x}<extra></extra>", height=800)
+                        hovertemplate="query %{y}<br>key %{x}<extra></extra>", height=800,
+                        masked=nan if nan.any() else None)
+
+
+def remaining_mass(kept: np.ndarray, *, title: str, min_mass: float = MIN_REMAINING) -> go.Figure:
+    """kept [query]: each query row's weight off token 0 (mass_off_sink), on a log axis, with the MIN_REMAINING line
+    under which the page leaves the row blank."""
+    q = np.arange(len(kept))
+    floor = 1e-12  # a row with nothing left (query 0 of a causal model) is drawn at the floor of the log axis
+    fig = line_chart(q, {"weight off token 0": np.maximum(np.asarray(kept, dtype=np.float64), floor)}, title=title,
+                     x_title="query position (token)", y_title="weight off token 0 (share of the row, log)",
+                     log_y=True, height=280)
+    fig.add_hline(y=min_mass, line_dash="dot", annotation_text=f"{min_mass:.0%}: rows below are blank",
+                  annotation_position="bottom right")
+    fig.update_traces(mode="lines+markers" if len(kept) <= 200 else "lines",
+                      hovertemplate="query %{x}<br>weight off token 0 %{y:.3g}<extra></extra>")
+    fig.update_layout(showlegend=False)
+    return fig
 
 
 def _sparse_ticks(tokens: Sequence[str], count: int = 24) -> tuple[list, list]:
@@ -155,7 +218,7 @@ def token_looks(weights: np.ndarray, tokens: Sequence[str], row_labels: Sequence
 def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: str) -> go.Figure:
     """a - b for two maps of the same shape [query, key], on a diverging scale symmetric about 0."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    bound = float(max(np.abs(d).max(), 1e-6))
+    bound = float(max(np.nanmax(np.abs(d), initial=0.0, where=~np.isnan(d)), 1e-6))  # blank rows are NaN
     n = d.shape[-1]
     if n <= DETAIL_MAX_TOKENS:
         labels = [f"{i}: {t}" for i, t in enumerate(tokens)]
