@@ -54,16 +54,18 @@ st.markdown(
 
 # one section at a time: only the chosen one is computed and drawn
 SECTIONS = ["Sinusoidal", "RoPE", "ALiBi", "Compare", "Measured on models"]
-section = st.radio("Section", SECTIONS, horizontal=True, key="pos_section", label_visibility="collapsed")
+section = st.radio("Section", SECTIONS, horizontal=True, key="pos_section",
+                   persist_state="session", label_visibility="collapsed")
 
 # ---------------------------------------------------------------- sinusoidal
 if section == "Sinusoidal":
     st.latex(r"PE_{p,2i} = \sin(p\,\omega_i),\quad PE_{p,2i+1} = \cos(p\,\omega_i),\quad "
              r"\omega_i = \mathrm{base}^{-2i/d}")
     c1, c2, c3 = st.columns(3)
-    n_pos = c1.slider("Positions", 8, 512, 100, step=4, key="pos_sin_n")
-    d_model = c2.select_slider("d_model", options=[8, 16, 32, 64, 128, 256, 512], value=64, key="pos_sin_d")
-    base_sin = c3.select_slider("Base", options=BASES, value=10000.0, key="pos_sin_base")
+    n_pos = c1.slider("Positions", 8, 512, 100, step=4, key="pos_sin_n", persist_state="session")
+    d_model = c2.select_slider("d_model", options=[8, 16, 32, 64, 128, 256, 512], value=64, key="pos_sin_d",
+                               persist_state="session")
+    base_sin = c3.select_slider("Base", options=BASES, value=10000.0, key="pos_sin_base", persist_state="session")
     pe = P.sinusoidal_encoding(n_pos, d_model, base_sin)
     left, right = st.columns(2)
     with left:
@@ -76,9 +78,9 @@ if section == "Sinusoidal":
 
     st.subheader("PE at p + k is a fixed rotation of PE at p")
     c1, c2, c3 = st.columns(3)
-    k_shift = c1.slider("Offset k", -50, 50, 5, key="pos_sin_k")
-    p1 = c2.slider("Position p", 0, 200, 10, key="pos_sin_p1")
-    p2 = c3.slider("Another position p′", 0, 200, 120, key="pos_sin_p2")
+    k_shift = c1.slider("Offset k", -50, 50, 5, key="pos_sin_k", persist_state="session")
+    p1 = c2.slider("Position p", 0, 200, 10, key="pos_sin_p1", persist_state="session")
+    p2 = c3.slider("Another position p′", 0, 200, 120, key="pos_sin_p2", persist_state="session")
     m_k = P.sinusoidal_shift_matrix(k_shift, d_model, base_sin)
     w = P.sinusoidal_frequencies(d_model, base_sin)
     left, right = st.columns([1, 1])
@@ -106,14 +108,14 @@ if section == "RoPE":
              r"\\ \sin m\theta_i & \cos m\theta_i\end{pmatrix},\quad \theta_i = \mathrm{base}^{-2i/d}")
     st.latex(r"\langle R_m q,\ R_n k\rangle = q^\top R_m^\top R_n\, k = \langle q,\ R_{n-m}\, k\rangle")
     c1, c2, c3, c4 = st.columns(4)
-    d_rope = c1.select_slider("d_head", options=HEAD_DIMS, value=64, key="pos_rope_d")
-    base_rope = c2.select_slider("Base", options=BASES, value=10000.0, key="pos_rope_base")
+    d_rope = c1.select_slider("d_head", options=HEAD_DIMS, value=64, key="pos_rope_d", persist_state="session")
+    base_rope = c2.select_slider("Base", options=BASES, value=10000.0, key="pos_rope_base", persist_state="session")
     st.session_state["pos_rope_pair"] = min(st.session_state.get("pos_rope_pair", 0), d_rope // 2 - 1)
-    pair = c3.slider("Feature pair i", 0, d_rope // 2 - 1, key="pos_rope_pair")
-    seed = c4.number_input("Random seed for q, k", 0, 10_000, 0, key="pos_rope_seed")
+    pair = c3.slider("Feature pair i", 0, d_rope // 2 - 1, key="pos_rope_pair", persist_state="session")
+    seed = c4.number_input("Random seed for q, k", 0, 10_000, 0, key="pos_rope_seed", persist_state="session")
     c1, c2 = st.columns(2)
-    m_pos = c1.slider("Query position m", 0, 200, 3, key="pos_rope_m")
-    n_pos_k = c2.slider("Key position n", 0, 200, 10, key="pos_rope_n")
+    m_pos = c1.slider("Query position m", 0, 200, 3, key="pos_rope_m", persist_state="session")
+    n_pos_k = c2.slider("Key position n", 0, 200, 10, key="pos_rope_n", persist_state="session")
     rng = np.random.default_rng(int(seed))
     q, k = rng.standard_normal((2, d_rope))
     theta = P.rope_frequencies(d_rope, base_rope)
@@ -144,15 +146,17 @@ if section == "RoPE":
         r"The curve is $\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|$; at $r = 0$ every $S_j = j$, so it starts at "
         r"$(d/2+1)/2$.")
     c1, c2, c3, c4, c5 = st.columns(5)
-    d_bound = c1.select_slider("Bound d_head", options=HEAD_DIMS, value=128, key="pos_bound_d")
-    base_bound = c2.select_slider("Bound base", options=BASES, value=10000.0, key="pos_bound_base")
+    d_bound = c1.select_slider("Bound d_head", options=HEAD_DIMS, value=128, key="pos_bound_d", persist_state="session")
+    base_bound = c2.select_slider("Bound base", options=BASES, value=10000.0, key="pos_bound_base",
+                                  persist_state="session")
     max_dist = c3.select_slider("Longest distance", options=[64, 256, 1024, 4096, 16384, 65536], value=256,
-                                key="pos_bound_max")
+                                key="pos_bound_max", persist_state="session")
     scaling = c4.selectbox("Context scaling", ["none", "linear", "ntk"], key="pos_bound_scaling",
+                           persist_state="session",
                            help="linear: position interpolation (θ/s); ntk: NTK-aware, base·s^(d/(d−2))")
     factor = c5.select_slider("Scale factor s", options=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], value=4.0,
-                              key="pos_bound_factor", disabled=scaling == "none")
-    log_x = st.toggle("Log distance axis", value=False, key="pos_bound_logx")
+                              key="pos_bound_factor", persist_state="session", disabled=scaling == "none")
+    log_x = st.toggle("Log distance axis", value=False, key="pos_bound_logx", persist_state="session")
     distances, curves = decay_curves(max_dist, d_bound, base_bound, scaling, factor)
     chart(F.decay_bound_chart(distances if not log_x else np.maximum(distances, 0.5), curves, log_x=log_x),
           f"Starts at (d/2+1)/2 = {(d_bound / 2 + 1) / 2:g} and falls with distance, with ripples; a larger base or "
@@ -187,12 +191,13 @@ if section == "ALiBi":
     st.latex(r"\mathrm{score}_{ij} = \frac{q_i\cdot k_j}{\sqrt{d}} - m_h\,(i-j),\qquad "
              r"m_h = 2^{-8h/n}\ (h = 1..n,\ n \text{ a power of two})")
     c1, c2, c3 = st.columns(3)
-    n_heads = c1.slider("Heads", 1, 64, 12, key="pos_alibi_heads")
+    n_heads = c1.slider("Heads", 1, 64, 12, key="pos_alibi_heads", persist_state="session")
     slopes = P.alibi_slopes(n_heads)
     # keep the chosen head inside the new range when the head count shrinks
     st.session_state["pos_alibi_head"] = min(st.session_state.get("pos_alibi_head", 0), n_heads - 1)
-    head = c2.slider("Head", 0, max(n_heads - 1, 1), key="pos_alibi_head", disabled=n_heads == 1)
-    seq = c3.slider("Sequence length", 4, 64, 16, key="pos_alibi_n")
+    head = c2.slider("Head", 0, max(n_heads - 1, 1), key="pos_alibi_head",
+                     persist_state="session", disabled=n_heads == 1)
+    seq = c3.slider("Sequence length", 4, 64, 16, key="pos_alibi_n", persist_state="session")
     left, right = st.columns(2)
     with left:
         closest = 2 ** int(np.floor(np.log2(n_heads)))
@@ -207,7 +212,7 @@ if section == "ALiBi":
                                                for h in range(n_heads)]})
                      .style.format({"slope": "{:.6g}"}), hide_index=True, height=330)
     with_content = st.toggle("Add random content scores q·k/√d (standard normal)", value=False,
-                             key="pos_alibi_content")
+                             key="pos_alibi_content", persist_state="session")
     scores = np.random.default_rng(0).standard_normal((n_heads, seq, seq)) if with_content else None
     bias = P.alibi_bias(n_heads, seq)
     pattern = P.alibi_pattern(n_heads, seq, scores)
@@ -224,13 +229,15 @@ if section == "Compare":
     st.markdown("One query at the last position against the same key vector placed at every earlier position: "
                 "q and k are random, the projections are the identity, so only the positional scheme differs.")
     c1, c2, c3, c4, c5 = st.columns(5)
-    d_cmp = c1.select_slider("d", options=HEAD_DIMS, value=64, key="pos_cmp_d")
-    n_cmp = c2.slider("Sequence length", 8, 1024, 128, step=8, key="pos_cmp_n")
-    base_cmp = c3.select_slider("Base (sinusoidal, RoPE)", options=BASES, value=10000.0, key="pos_cmp_base")
+    d_cmp = c1.select_slider("d", options=HEAD_DIMS, value=64, key="pos_cmp_d", persist_state="session")
+    n_cmp = c2.slider("Sequence length", 8, 1024, 128, step=8, key="pos_cmp_n", persist_state="session")
+    base_cmp = c3.select_slider("Base (sinusoidal, RoPE)", options=BASES, value=10000.0, key="pos_cmp_base",
+                                persist_state="session")
     slope_cmp = c4.select_slider("ALiBi slope m", options=[2.0 ** -e for e in range(1, 9)], value=2.0 ** -4,
-                                 format_func=lambda s: f"1/{int(round(1 / s))}", key="pos_cmp_slope")
-    seed_cmp = c5.number_input("Seed", 0, 10_000, 0, key="pos_cmp_seed")
-    same = st.toggle("Key = query (the same token repeated)", value=True, key="pos_cmp_same")
+                                 format_func=lambda s: f"1/{int(round(1 / s))}", key="pos_cmp_slope",
+                                 persist_state="session")
+    seed_cmp = c5.number_input("Seed", 0, 10_000, 0, key="pos_cmp_seed", persist_state="session")
+    same = st.toggle("Key = query (the same token repeated)", value=True, key="pos_cmp_same", persist_state="session")
     rng = np.random.default_rng(int(seed_cmp))
     q_c = rng.standard_normal(d_cmp)
     k_c = q_c.copy() if same else rng.standard_normal(d_cmp)
@@ -259,7 +266,8 @@ if section == "Measured on models":
         f"which the lab recorded beside its weights; unless it uses ALiBi it reads at most {LAB_POSITIONS} tokens, "
         "so give it a short text.")
     model_name = ui.model_picker("pos_meas_model", default="smollm2-135m", label="Model to measure")
-    text = st.text_area("Text", MEASURE_TEXT, height=120, key="pos_meas_text", max_chars=MAX_MEASURE_CHARS)
+    text = st.text_area("Text", MEASURE_TEXT, height=120, key="pos_meas_text",
+                        persist_state="session", max_chars=MAX_MEASURE_CHARS)
     c1, c2 = st.columns([1, 3])
     go_measure = c1.button("Measure", key="pos_meas_go", type="primary")
     c2.caption("The first smollm2-135m load converts its GGUF file once (about 20 s); later loads take about a "
@@ -286,7 +294,7 @@ if section == "Measured on models":
                 st.warning("The text gave a single token; type a longer text.")
             else:
                 skip = int(st.toggle("Leave out the first token (an attention sink)", value=False,
-                                     key="pos_meas_skip"))
+                                     key="pos_meas_skip", persist_state="session"))
                 per_layer = P.attention_by_distance(pattern, exclude_keys=skip)
                 n_dist = per_layer.shape[-1]
                 config = loaded.model.config

@@ -19,31 +19,35 @@ st.markdown(
 
 st.subheader("Set up a run")
 c1, c2, c3 = st.columns(3)
-task = c1.selectbox("Task", lab.TASKS, key="lab_task", help="; ".join(f"{t}: {d}" for t, d in lab.TASK_INFO.items()))
+task = c1.selectbox("Task", lab.TASKS, key="lab_task",
+                    persist_state="session", help="; ".join(f"{t}: {d}" for t, d in lab.TASK_INFO.items()))
 positional = c2.selectbox("Positions", lab.POSITIONAL, index=lab.POSITIONAL.index("rope"), key="lab_positional",
+                          persist_state="session",
                           format_func=lambda p: f"{p} ({lab.ARCHITECTURE[p]})",
                           help="Which way the model knows positions; it picks the transformers architecture. With "
                                "the default settings an induction head forms in about 500 steps with RoPE and 1,400 "
                                "with learned positions; sinusoidal and ALiBi need more than 1,500.")
 seed = c3.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="lab_seed",
+                       persist_state="session",
                        help="Same settings and seed, same weights and losses.")
 c1, c2, c3 = st.columns(3)
-steps = c1.slider("Training steps", 20, lab.MAX_STEPS, 1000, step=20, key="lab_steps",
+steps = c1.slider("Training steps", 20, lab.MAX_STEPS, 1000, step=20, key="lab_steps", persist_state="session",
                   help=f"At most {lab.MAX_STEPS} steps and {lab.MAX_SECONDS:.0f} s per run, so nobody holds the "
                        "server for long.")
 lr = c2.select_slider("Learning rate", [3e-4, 1e-3, 3e-3, 1e-2, 3e-2], value=3e-3, key="lab_lr",
+                      persist_state="session",
                       format_func=lambda v: f"{v:g}")
-segment_len = c3.slider("Segment length L (letters)", 3, 20, 8, key="lab_segment_len",
+segment_len = c3.slider("Segment length L (letters)", 3, 20, 8, key="lab_segment_len", persist_state="session",
                         help="Letters per segment; on the induction task each row's repeat has between 3 and L.")
 with st.expander("Letters, model size and batch"):
     c0, c1, c2, c3, c4 = st.columns(5)
-    n_letters = c0.slider("Letters used", 3, 26, 8, key="lab_letters",
+    n_letters = c0.slider("Letters used", 3, 26, 8, key="lab_letters", persist_state="session",
                           help="Tasks use the first n letters a, b, c, …; fewer letters train faster.")
-    n_layers = c1.slider("Layers", 1, 3, 2, key="lab_layers",
+    n_layers = c1.slider("Layers", 1, 3, 2, key="lab_layers", persist_state="session",
                          help="One layer cannot make an induction head: it needs a head that reads another's output.")
-    n_heads = c2.selectbox("Heads per layer", [1, 2, 4, 8], index=2, key="lab_heads")
-    d_model = c3.selectbox("Width d_model", [32, 64, 128], index=1, key="lab_width")
-    batch_size = c4.selectbox("Batch size", [16, 32, 64], index=1, key="lab_batch")
+    n_heads = c2.selectbox("Heads per layer", [1, 2, 4, 8], index=2, key="lab_heads", persist_state="session")
+    d_model = c3.selectbox("Width d_model", [32, 64, 128], index=1, key="lab_width", persist_state="session")
+    batch_size = c4.selectbox("Batch size", [16, 32, 64], index=1, key="lab_batch", persist_state="session")
 
 config = lab.LabConfig(task=task, positional=positional, seed=int(seed), steps=int(steps), lr=float(lr),
                        batch_size=int(batch_size), segment_len=int(segment_len), n_layers=int(n_layers),
@@ -58,6 +62,7 @@ running = run is not None and not run.snapshot().finished
 
 c1, c2, c3 = st.columns([1, 1, 3])
 auto_save = c3.checkbox("Save automatically when training ends", value=True, key="lab_auto_save",
+                        persist_state="session",
                         help=f"As lab/{config.default_name()}; the name comes from the settings.")
 if c1.button("Train", type="primary", key="lab_train", disabled=running or bool(problems)):
     try:
@@ -115,6 +120,7 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
                    "each repeated twice). On the induction task the previous-token and induction scores rise "
                    "together as the loss falls below chance: the two heads form as a pair.")
     statistic = st.selectbox("Score over training, per head", list(figs.SCORE_TITLES), index=1, key="lab_statistic",
+                             persist_state="session",
                              format_func=lambda s: figs.SCORE_TITLES[s])
     steps_axis = [c.step for c in snap.checkpoints]
     st.plotly_chart(figs.score_curves(steps_axis, np.stack([getattr(c, statistic) for c in snap.checkpoints]),
@@ -145,6 +151,7 @@ if snap.finished and snap.status != "failed":
                "layer 1.")
     c1, c2 = st.columns([2, 1])
     name = c1.text_input("Save as", value=snap.saved_as or snap.config.default_name(), key="lab_save_name",
+                         persist_state="session",
                          max_chars=48, help="Lowercase letters, digits, '-', '_' and '.'.")
     if c2.button("Save", key="lab_save"):
         try:

@@ -21,17 +21,19 @@ st.markdown(
 )
 
 left, right = st.columns([2, 1])
-example = left.selectbox("Example", list(we.EXAMPLES), key="worked_example", on_change=load_example)
-digits = right.slider("Decimal places", 1, 6, 3, key="worked_digits")
+example = left.selectbox("Example", list(we.EXAMPLES), key="worked_example",
+                         persist_state="session", on_change=load_example)
+digits = right.slider("Decimal places", 1, 6, 3, key="worked_digits", persist_state="session")
 for name, text in zip(KEYS.values(), we.EXAMPLES[example]):
     st.session_state.setdefault(name, text)
 
 columns = st.columns(3)
-texts = {m: col.text_area(f"{m} ({'n_query' if m == 'Q' else 'n_key'} rows)", key=KEYS[m], height=130)
+texts = {m: col.text_area(f"{m} ({'n_query' if m == 'Q' else 'n_key'} rows)", key=KEYS[m],
+                          persist_state="session", height=130)
          for m, col in zip(KEYS, columns)}
 t1, t2 = st.columns(2)
-scaled = t1.toggle(r"Divide the scores by $\sqrt{d_k}$", value=True, key="worked_scaled")
-causal = t2.toggle("Causal mask (query i sees keys up to i)", value=False, key="worked_causal")
+scaled = t1.toggle(r"Divide the scores by $\sqrt{d_k}$", value=True, key="worked_scaled", persist_state="session")
+causal = t2.toggle("Causal mask (query i sees keys up to i)", value=False, key="worked_causal", persist_state="session")
 
 try:
     q, k, v = (we.parse_matrix(texts[m], m) for m in KEYS)

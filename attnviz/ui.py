@@ -75,11 +75,11 @@ def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", a
 
     if st.session_state.get(key) not in options:  # a missing default falls back to the first installed model
         st.session_state[key] = default if default in installed else options[0]
-    choice = st.selectbox(label, options, key=key, format_func=label_of,
+    choice = st.selectbox(label, options, key=key, persist_state="session", format_func=label_of,
                           help="Toy models are instant; bundled real models load in about a second once converted.")
     if choice == CUSTOM_MODEL:
         custom = st.text_input("Local folder or hub id (safetensors weights only; never downloaded)",
-                               key=f"{key}_custom").strip()
+                               key=f"{key}_custom", persist_state="session").strip()
         if not custom:
             st.warning("Type the path of a local transformers folder, or the id of a hub model already in your "
                        "Hugging Face cache.")
@@ -217,4 +217,4 @@ def text_input(key: str, default: str = DEFAULT_TEXT, *, label: str = "Text", he
     """A text area with a stable key and a length cap; returns the text (possibly empty: check before use)."""
     if key not in st.session_state:
         st.session_state[key] = default
-    return st.text_area(label, key=key, height=height, max_chars=MAX_TEXT_CHARS)
+    return st.text_area(label, key=key, persist_state="session", height=height, max_chars=MAX_TEXT_CHARS)
