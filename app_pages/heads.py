@@ -29,8 +29,16 @@ def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | Non
             tile: int, _capture):
     """The grid of all heads, with the sink hidden layer by layer when asked: a rerun that moves only the detail
     view neither renormalises the whole capture nor pools it again."""
-    layer_map = (lambda p: without_sinks(p, sink_keys=(0,))) if hide_sink else None
-    return figs.head_grid(_capture.pattern, _capture.layers, gamma=gamma, tile=tile, layer_map=layer_map)
+    layer_map = sink_hidden if hide_sink else None
+    return figs.head_grid(_capture.pattern, _capture.layers, gamma=gamma, tile=tile, layer_map=layer_map,
+                          causal=_capture.causal)
+
+
+def sink_hidden(p: np.ndarray) -> np.ndarray:
+    """p [..., query, key] without the first-token sink (attnviz.sinks.without_sinks: column 0 zeroed, rows
+    rescaled to 1), and with the rows that had under figs.MIN_REMAINING of their weight off token 0 blank (NaN):
+    rescaling a few millionths to full brightness would draw a pattern that is not there."""
+    return figs.blank_rows(without_sinks(p, sink_keys=(0,)), figs.mass_off_sink(p) >= figs.MIN_REMAINING)
 
 
 def from_link() -> None:
@@ -114,7 +122,18 @@ with c1:
 with c2:
     head = choice_box("Head", list(range(capture.n_heads)), "heads_head")
 with c3:
-    boost = st.toggle("Boost small weights", key="heads_gamma", help="Colour = weight^0.5, so small weights show.")
+    # Long texts spread each row over ~n keys, so weights are ~1/n and a linear colour scale is near black: a new
+    # text of BOOST_FROM_TOKENS tokens or more turns the boost on (the user can turn it off again).
+    capture_id = (model, version, text, layers)
+    if st.session_state.get("heads_gamma_set_for") != capture_id:
+        st.session_state["heads_gamma_set_for"] = capture_id
+        if n >= figs.BOOST_FROM_TOKENS:
+            st.session_state["heads_gamma"] = True
+    boost = st.toggle("Boost small weights", key="heads_gamma",
+                      help="Colour = weight^0.5, so small weights show. It applies to the One head, Where a token "
+                           "looks and Compare views; the All heads grid is always drawn as weight^0.5.")
+    st.caption(f"For One head, Where a token looks and Compare; the grid is always weight^0.5. On by default from "
+               f"{figs.BOOST_FROM_TOKENS} tokens.")
     gamma = 0.5 if boost else 1.0
 with c4:
     hide_sink = st.toggle("Hide the sink", key="heads_hide_sink",
@@ -123,17 +142,29 @@ with c4:
 li = capture.layers.index(layer)
 
 view = dict(model=model, layer=str(layer), head=str(head))
-if len(text) <= URL_TEXT_LIMIT:
+text_in_link = len(text) <= URL_TEXT_LIMIT
+if text_in_link:
     view["text"] = text
-if {k: st.query_params.get(k) for k in view} != view:
+# The whole link is compared, text included: a text too long for the link must also take an older text= out of it,
+# or the next rerun would read that older text back as a new link (from_link) over the user's own.
+if _link_key(st.query_params.to_dict()) != _link_key(view):
     st.query_params.from_dict(view)
 st.session_state["heads_link_seen"] = _link_key(view)
+if not text_in_link:
+    st.caption(f"The text is {len(text):,} characters, over the {URL_TEXT_LIMIT:,} a link holds: the page's link "
+               "keeps the model, layer and head, but not the text.")
 
 
 def shown(p):
-    """A slice of the pattern as displayed: with the first-token sink hidden when asked (without_sinks returns a
-    copy: the capture is shared)."""
-    return without_sinks(p, sink_keys=(0,)) if hide_sink else p
+    """A slice of the pattern as displayed: with the first-token sink hidden when asked (sink_hidden returns a copy:
+    the capture is shared)."""
+    return sink_hidden(p) if hide_sink else p
+
+
+HIDDEN_SINK_NOTE = (f"With the sink hidden, token 0's weight is removed and each row is rescaled to sum to 1, except "
+                    f"the rows that had under {figs.MIN_REMAINING:.0%} of their weight off token 0: they are grey, "
+                    "since a few millionths rescaled to full brightness would look like a real pattern"
+                    + (" (row 0 always: in a causal model query 0 sees only token 0)." if capture.causal else "."))
 
 
 tab_grid, tab_head, tab_token, tab_stats, tab_compare, tab_export = st.tabs(
@@ -144,16 +175,33 @@ with tab_grid:
         grid = grid_of(model, version, text, layers, hide_sink, 0.5, figs.GRID_TILE, capture)
     st.plotly_chart(grid, width="stretch")
     st.write("Each small map is one head (query down, key across, max-pooled to 48 px). A bright left column is a "
-             "sink; a bright diagonal is a self head; a stripe just below it is a previous-token head.")
+             "sink; a bright diagonal is a self head; a stripe just below it is a previous-token head."
+             + (" Grey blocks lie wholly above the diagonal: a causal query cannot see later keys." if capture.causal
+                else ""))
+    if hide_sink:
+        st.caption(HIDDEN_SINK_NOTE + " A pure sink head is then a grey tile.")
 
 with tab_head:
     st.plotly_chart(figs.head_detail(shown(capture.pattern[li, head]), capture.tokens, gamma=gamma,
+                                     causal=capture.causal,
                                      title=f"Layer {layer}, head {head}: attention weights "
                                            f"(reads KV head {capture.kv_head_of[head]})"), width="stretch")
-    st.write("Row = the query token, column = the key it attends to; each row sums to 1"
-             + (" (after hiding the sink)." if hide_sink else ".")
-             + (" Above 160 tokens the map is sent as an image: hover gives positions only." if
+    st.write("Row = the query token, column = the key it attends to; each row sums to 1."
+             + (" Grey cells above the diagonal are masked: a causal query cannot see later keys." if capture.causal
+                else "")
+             + (f" Above {figs.DETAIL_MAX_TOKENS} tokens the map is sent as an image: hover gives positions only." if
                 n > figs.DETAIL_MAX_TOKENS else " Hover for the tokens and the weight."))
+    if not boost and n >= figs.BOOST_FROM_TOKENS:
+        st.caption(f"{n:,} tokens: most weights are near 1/{n:,}, almost black on this scale. Turn on Boost small "
+                   "weights to see them.")
+    if hide_sink:
+        st.caption(HIDDEN_SINK_NOTE)
+        kept = figs.mass_off_sink(capture.pattern[li, head])
+        st.plotly_chart(figs.remaining_mass(kept, title=f"Layer {layer}, head {head}: what is left off the sink, "
+                                            "row by row"), width="stretch")
+        blank = int((kept < figs.MIN_REMAINING).sum())
+        st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of {n:,} "
+                 f"rows have under {figs.MIN_REMAINING:.0%} and are blank in the map above.")
 
 with tab_token:
     query = st.selectbox("Query token", list(range(n)), index=n - 1, key="heads_query",
@@ -164,7 +212,9 @@ with tab_token:
     keys = query + 1 if capture.causal else n
     labels = [f"L{capture.layers[i]} H{h}" for i in layer_ids for h in range(capture.n_heads)]
     st.plotly_chart(figs.token_looks(rows[:, :keys], capture.tokens, labels, query, gamma=gamma), width="stretch")
-    st.write("One row per head: how the chosen query token splits its attention over the keys it can see.")
+    st.write("One row per head: how the chosen query token splits its attention over the keys it can see."
+             + (f" With the sink hidden, heads that had under {figs.MIN_REMAINING:.0%} of this query's weight off "
+                "token 0 are blank." if hide_sink else ""))
 
 with tab_stats:
     role_cols = st.columns(3)
@@ -217,14 +267,22 @@ with tab_compare:
     if b is not None:
         e1, e2 = st.columns(2)
         with e1:
-            st.plotly_chart(figs.head_detail(a, capture.tokens, title=a_title, gamma=gamma), width="stretch")
+            st.plotly_chart(figs.head_detail(a, capture.tokens, title=a_title, gamma=gamma, causal=capture.causal),
+                            width="stretch")
         with e2:
-            st.plotly_chart(figs.head_detail(b, b_tokens, title=b_title, gamma=gamma), width="stretch")
+            st.plotly_chart(figs.head_detail(b, b_tokens, title=b_title, gamma=gamma, causal=capture.causal),
+                            width="stretch")
         if a.shape == b.shape:
             st.plotly_chart(figs.difference(a, b, capture.tokens, title="A − B: red = more attention in A, "
                                             "blue = more in B"), width="stretch")
-            st.write(f"Largest difference: {np.abs(a - b).max():.3f}; total variation per query row: "
-                     f"{0.5 * np.abs(a - b).sum(-1).mean():.3f} (0 = same, 1 = disjoint).")
+            both = ~(np.isnan(a).any(-1) | np.isnan(b).any(-1))  # rows blank in neither (hidden sink)
+            if both.any():
+                d = np.abs(a[both] - b[both])
+                st.write(f"Largest difference: {d.max():.3f}; total variation per query row: "
+                         f"{0.5 * d.sum(-1).mean():.3f} (0 = same, 1 = disjoint)"
+                         + (f", over the {int(both.sum()):,} rows blank in neither map." if not both.all() else "."))
+            else:
+                st.write("Every row is blank in A or B (almost all their weight is on the hidden sink).")
         else:
             st.info(f"Text B has {len(b_tokens)} tokens and text A {n}: the difference needs the same number of "
                     "tokens (keep the texts the same length in tokens).")
@@ -237,7 +295,9 @@ with tab_export:
                        file_name=f"{stem}.safetensors", mime="application/octet-stream", key="heads_dl_st")
     st.download_button("Statistics table (.csv)", data=stats.to_csv(index=False), file_name=f"{stem}-stats.csv",
                        mime="text/csv", key="heads_dl_csv")
+    link = ("The page's link (model, text, layer, head) reproduces this view" if text_in_link else
+            f"The page's link keeps the model, layer and head but not the text ({len(text):,} characters, over the "
+            f"{URL_TEXT_LIMIT:,} a link holds): send the text along with it")
     st.write(f"pattern is [layer, head, query, key] = {list(capture.pattern.shape)} float32 "
-             f"({capture.pattern.nbytes / 2**20:.1f} MiB). The page's link (model, text, layer, head) reproduces "
-             "this view; the command line writes the same file: "
+             f"({capture.pattern.nbytes / 2**20:.1f} MiB). {link}; the command line writes the same file: "
              f"`python -m attnviz capture --model {model} --text \"...\" --out {stem}.npz`.")

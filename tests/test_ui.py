@@ -290,3 +290,151 @@ def test_sink_mass_note_is_shown_and_its_relation_to_alpha_0_holds(minilm):
         np.testing.assert_allclose(alpha_0, (p[..., 0, 0] + (n - 1) * sink_mass) / n, atol=1e-12)
         if capture.causal:
             np.testing.assert_allclose(alpha_0, (1 + (n - 1) * sink_mass) / n, atol=1e-6)
+
+
+def _query(at, key):
+    value = at.query_params.get(key)
+    return value[0] if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("length", [40, 1_800])  # under and over the 1,500 characters a link holds
+def test_a_new_text_survives_the_next_change_and_the_link_holds_it_only_when_short(length):
+    """A text too long for the link used to be replaced by the link's older text on the next rerun."""
+    at = heads_page({"model": "toy-gpt2", "text": "an older text from the link"})
+    text = ("the cat sat on the mat. " * 80)[:length]
+    at.text_area(key="heads_text").set_value(text).run()
+    for key, value in (("heads_layer", 1), ("heads_head", 1)):
+        at.selectbox(key=key).set_value(value).run()
+        assert not at.exception and not at.error, (at.exception, at.error)
+        assert at.text_area(key="heads_text").value == text
+        assert at.selectbox(key="heads_layer").value == 1
+        assert _query(at, "layer") == "1" and _query(at, "model") == "toy-gpt2"
+        if length <= 1_500:
+            assert _query(at, "text") == text
+        else:
+            assert "text" not in at.query_params
+    notes = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    said = any("not the text" in v for v in notes)
+    assert said == (length > 1_500), notes
+
+
+def _grey_share(fig) -> float:
+    """The share of a palette image's cells drawn in the masked grey."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from attnviz.figures.heads import MASKED_GREY
+
+    image = Image.open(io.BytesIO(base64.b64decode(fig.data[0].source.split(",", 1)[1])))
+    rgb = np.asarray(image.convert("RGB")).reshape(-1, 3)
+    return float((rgb == np.array(MASKED_GREY)).all(-1).mean())
+
+
+def _causal_softmax(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, n))
+    logits[np.triu_indices(n, 1)] = -np.inf
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("n", [12, 300])  # a heatmap with hover, and an image
+def test_masked_cells_are_grey_and_not_the_colour_of_weight_0(n):
+    p = _causal_softmax(n)
+    fig = head_detail(p, [str(i) for i in range(n)], title="t", causal=True)
+    above = n * (n - 1) / 2 / n**2  # the strict upper triangle
+    if n <= DETAIL_MAX_TOKENS:
+        z = np.asarray(fig.data[0].z, dtype=float)
+        assert np.array_equal(np.isnan(z), np.triu(np.ones((n, n), dtype=bool), 1))  # NaN: not drawn
+        assert "170, 170, 170" in fig.layout.plot_bgcolor  # ... so the grey background shows there
+    else:
+        assert _grey_share(fig) == pytest.approx(above)
+    bidirectional = head_detail(p, [str(i) for i in range(n)], title="t")
+    if n > DETAIL_MAX_TOKENS:
+        assert _grey_share(bidirectional) == 0.0
+
+
+def test_palette_png_masked_cells_take_the_grey_entry():
+    import base64
+    import io
+
+    from PIL import Image
+
+    from attnviz.figures.heads import MASKED_GREY
+
+    values = np.array([[0.0, 1.0], [0.5, np.nan]])
+    uri = palette_png(values, masked=np.array([[False, False], [True, False]]))
+    image = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    assert np.asarray(image).tolist() == [[0, 253], [254, 255]]
+    rgb = np.asarray(image.convert("RGB"))
+    assert tuple(rgb[1, 0]) == MASKED_GREY and tuple(rgb[1, 1]) == (255, 255, 255)
+
+
+def test_grid_greys_blocks_above_the_diagonal_only_for_causal_models():
+    n, tile = 100, 10
+    p = np.stack([np.stack([_causal_softmax(n, s) for s in range(2)])])  # 1 layer x 2 heads
+    grey = _grey_share(head_grid(p, [0], tile=tile, causal=True))
+    mosaic_cells = tile * (2 * tile + 2)
+    assert grey * mosaic_cells == pytest.approx(2 * tile * (tile - 1) / 2)  # 45 blocks per head
+    assert _grey_share(head_grid(p, [0], tile=tile)) == 0.0
+
+
+def test_grid_with_the_sink_hidden_greys_a_near_pure_sink_head():
+    from attnviz.figures.heads import MIN_REMAINING, blank_rows, mass_off_sink
+    from attnviz.sinks import without_sinks
+
+    n, tile = 100, 10
+    sinky = _causal_softmax(n) * 1e-6
+    sinky[:, 0] += 1.0 - sinky.sum(-1)
+    p = np.stack([np.stack([sinky, _causal_softmax(n, 1)])])  # head 0: a pure sink, head 1: an ordinary head
+    layer_map = lambda x: blank_rows(without_sinks(x, sink_keys=(0,)), mass_off_sink(x) >= MIN_REMAINING)  # noqa: E731
+    grid = head_grid(p, [0], tile=tile, layer_map=layer_map, causal=True)
+    # head 0: all 100 blocks grey; head 1: the 45 above the diagonal, and row block 0 (query 0 sees only the sink,
+    # the rest of its block still has weight: fmax skips the blank row)
+    assert _grey_share(grid) * tile * (2 * tile + 2) == pytest.approx(100 + 45)
+
+
+def test_hiding_the_sink_blanks_the_rows_with_almost_nothing_left():
+    """A near-pure sink head: every row keeps ~1e-6 off token 0, which rescaled would be drawn at full brightness."""
+    from attnviz.figures.heads import MIN_REMAINING, blank_rows, mass_off_sink
+    from attnviz.sinks import without_sinks
+
+    n = 200
+    p = _causal_softmax(n) * 1e-6
+    p[:, 0] += 1.0 - p.sum(-1)
+    p[150:] = _causal_softmax(n, seed=1)[150:]  # the last 50 rows are ordinary
+    kept = mass_off_sink(p)
+    np.testing.assert_allclose(kept, 1.0 - p[:, 0], atol=1e-12)  # rows sum to 1
+    shown = blank_rows(without_sinks(p, sink_keys=(0,)), kept >= MIN_REMAINING)
+    blank = np.isnan(shown).all(-1)
+    assert blank[:150].all() and not blank[150:].any()
+    np.testing.assert_allclose(np.nansum(shown[150:], -1), 1.0, atol=1e-12)
+    fig = head_detail(shown, [str(i) for i in range(n)], title="t", causal=True)
+    grey_expected = (150 * n + sum(n - 1 - q for q in range(150, n))) / n**2  # blank rows + masked cells after
+    assert _grey_share(fig) == pytest.approx(grey_expected)
+
+
+def test_heads_page_hidden_sink_caption_is_exact_and_shows_the_mass_left():
+    at = heads_page({"model": "toy-gpt2", "text": "The cat sat on the mat."})
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception and not at.error
+    notes = [c.value for c in at.caption]
+    assert any("under 1% of their weight off token 0" in c and "row 0 always" in c for c in notes), notes
+    assert not any("each row sums to 1 (after hiding the sink)" in m.value for m in at.markdown)
+    assert any("rows have under 1%" in m.value for m in at.markdown)
+
+
+def test_a_long_text_turns_the_boost_on_and_the_user_can_turn_it_off():
+    from attnviz.figures.heads import BOOST_FROM_TOKENS
+
+    at = heads_page({"model": "toy-gpt2", "text": "short"})
+    assert at.toggle(key="heads_gamma").value is False
+    at.text_area(key="heads_text").set_value("x" * (BOOST_FROM_TOKENS + 10)).run()
+    assert at.toggle(key="heads_gamma").value is True
+    at.toggle(key="heads_gamma").set_value(False).run()
+    at.selectbox(key="heads_head").set_value(1).run()
+    assert at.toggle(key="heads_gamma").value is False  # the user's choice holds for this text
+    assert any("Turn on Boost small weights" in c.value for c in at.caption)
+    assert any("grid is always weight^0.5" in c.value for c in at.caption)
