@@ -34,12 +34,13 @@ ROLES: dict[str, tuple[str, bool, str]] = {
 }
 
 
-def head_stats(capture, *, block: int = 256) -> pd.DataFrame:
+def head_stats(capture, *, block: int = 32) -> pd.DataFrame:
     """One row per captured (layer, head): layer, head, kv_head and the columns of COLUMNS (see module docstring).
 
     capture: an AttentionCapture (pattern [layer, head, query, key], layers, token_ids, kv_head_of).
     Every head of a layer at once, `block` query rows at a time, in float64 (see pattern_stats): memory stays at a
-    few [head, block, n] float64 slices whatever the text's length.
+    few [head, block, n] float64 slices whatever the text's length, small enough to stay in the CPU cache (32 rows x
+    9 heads x 1,126 keys is 2.6 MB; at 256 rows the same statistics took 6x as long).
     """
     pattern = capture.pattern
     n_layers, n_heads, n = pattern.shape[0], pattern.shape[1], pattern.shape[-1]
@@ -55,7 +56,7 @@ def head_stats(capture, *, block: int = 256) -> pd.DataFrame:
     return frame
 
 
-def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, block: int = 256) -> dict[str, np.ndarray]:
+def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, block: int = 32) -> dict[str, np.ndarray]:
     """The statistics of heads p [head, query, key] (any float dtype: computed in float64), each an array [head].
 
     targets[q] lists the induction targets of query q (see induction_targets); None or all empty gives NaN.
