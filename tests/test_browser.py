@@ -142,3 +142,32 @@ def test_page_opens_by_deep_link(server, browser, info):
         assert not errors, f"browser console errors: {errors}"
     finally:
         context.close()
+
+
+def test_a_setting_survives_leaving_the_page_and_coming_back(server, browser):
+    # In the browser a page switch starts a new page run, and Streamlit drops the values of widgets it does not
+    # draw unless they persist (persist_state="session"); the app test cannot see the difference, the browser can.
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    label = "Causal mask (query i sees keys up to i)"
+
+    def causal_on() -> bool:
+        toggle = page.locator('[data-testid="stCheckbox"]', has_text=label)
+        assert toggle.count() == 1, "the causal toggle is not on the page"
+        return toggle.get_attribute("data-selected") == "true"
+
+    try:
+        page.goto(f"{server}/worked-example", wait_until="domcontentloaded")
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        assert not causal_on()
+        page.get_by_text(label).click()
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        assert causal_on()
+        page.locator('[data-testid="stSidebarNavLink"]', has_text="MHA, GQA, MQA").click()
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        assert page.locator('[data-testid="stCheckbox"]', has_text=label).count() == 0, "still on the worked example"
+        page.locator('[data-testid="stSidebarNavLink"]', has_text="Worked example").click()
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        assert causal_on(), "the setting was lost on the way back"
+    finally:
+        context.close()
