@@ -7,7 +7,6 @@ import streamlit as st
 from attnviz import positional as P
 from attnviz import ui
 from attnviz.figures import positional as F
-from attnviz.lab import N_POSITIONS as LAB_POSITIONS
 
 BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
 HEAD_DIMS = [8, 16, 32, 64, 128, 256]
@@ -257,6 +256,8 @@ if section == "Compare":
 
 # ---------------------------------------------------------------- measured
 if section == "Measured on models":
+    from attnviz.lab import N_POSITIONS as LAB_POSITIONS  # here: attnviz.lab imports transformers' models (~3 s)
+
     st.markdown(
         "Run a model on a text, capture every head's attention pattern, and average the weight each query gives "
         "to the key r tokens back, over queries and heads, one line per layer. **smollm2-135m** uses RoPE "
