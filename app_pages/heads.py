@@ -132,8 +132,7 @@ with c3:
     boost = st.toggle("Boost small weights", key="heads_gamma",
                       help="Colour = weight^0.5, so small weights show. It applies to the One head, Where a token "
                            "looks and Compare views; the All heads grid is always drawn as weight^0.5.")
-    st.caption(f"For One head, Where a token looks and Compare; the grid is always weight^0.5. On by default from "
-               f"{figs.BOOST_FROM_TOKENS} tokens.")
+    st.caption(f"Single-head views only: the grid is always weight^0.5. On from {figs.BOOST_FROM_TOKENS} tokens.")
     gamma = 0.5 if boost else 1.0
 with c4:
     hide_sink = st.toggle("Hide the sink", key="heads_hide_sink",

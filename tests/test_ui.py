@@ -438,3 +438,23 @@ def test_a_long_text_turns_the_boost_on_and_the_user_can_turn_it_off():
     assert at.toggle(key="heads_gamma").value is False  # the user's choice holds for this text
     assert any("Turn on Boost small weights" in c.value for c in at.caption)
     assert any("grid is always weight^0.5" in c.value for c in at.caption)
+
+
+def test_where_a_token_looks_image_is_not_a_strip_of_square_pixels():
+    """9 heads x 1,000 keys as an image kept square pixels: a band 9 pixels tall across the chart."""
+    from attnviz.figures.heads import token_looks
+
+    n = 1_000
+    fig = token_looks(np.full((9, n), 1.0 / n), [str(i) for i in range(n)], [f"L0 H{h}" for h in range(9)], n - 1)
+    assert isinstance(fig.data[0], go.Image)
+    assert fig.layout.yaxis.scaleanchor is False and fig.layout.height >= 340
+
+
+def test_difference_draws_rows_blank_in_either_map_grey():
+    from attnviz.figures.heads import difference
+
+    n = 300
+    a, b = _causal_softmax(n, 0), _causal_softmax(n, 1)
+    b[:10] = np.nan  # ten rows blank in B (sink hidden)
+    fig = difference(a, b, [str(i) for i in range(n)], title="t")
+    assert _grey_share(fig) == pytest.approx(10 / n)

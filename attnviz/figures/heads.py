@@ -177,7 +177,7 @@ def remaining_mass(kept: np.ndarray, *, title: str, min_mass: float = MIN_REMAIN
     q = np.arange(len(kept))
     floor = 1e-12  # a row with nothing left (query 0 of a causal model) is drawn at the floor of the log axis
     fig = line_chart(q, {"weight off token 0": np.maximum(np.asarray(kept, dtype=np.float64), floor)}, title=title,
-                     x_title="query position (token)", y_title="weight off token 0 (share of the row, log)",
+                     x_title="query position (token)", y_title="share of the row (log)",
                      log_y=True, height=280)
     fig.add_hline(y=min_mass, line_dash="dot", annotation_text=f"{min_mass:.0%}: rows below are blank",
                   annotation_position="bottom right")
@@ -206,13 +206,21 @@ def token_looks(weights: np.ndarray, tokens: Sequence[str], row_labels: Sequence
                       title=title, x_title="key token (position: token)", y_title="head (layer, head)",
                       zmin=0.0, zmax=1.0, colorbar_title=colorbar,
                       hovertemplate="%{y}<br>key %{x}<br>weight^γ %{z:.4f}<extra></extra>", height=height)
-        fig.update_xaxes(tickangle=-60)
+        fig.data[0].hoverongaps = False
+        fig.update_layout(plot_bgcolor="rgb({}, {}, {})".format(*MASKED_GREY))  # blank rows (NaN) show grey
+        fig.update_xaxes(tickangle=-60, showgrid=False)
+        fig.update_yaxes(showgrid=False)
         return fig
     step = max(1, len(row_labels) // 30)
-    return image_figure(z, title=title, x_title="key position (token)", y_title="head (layer, head)",
-                        colorbar_title=colorbar, x_ticks=_sparse_ticks(list(tokens[:n_keys])),
-                        y_ticks=(list(range(0, len(row_labels), step)), list(row_labels)[::step]),
-                        hovertemplate="row %{y}<br>key %{x}<extra></extra>", height=height)
+    nan = np.isnan(z)
+    fig = image_figure(z, title=title, x_title="key position (token)", y_title="head (layer, head)",
+                       colorbar_title=colorbar, x_ticks=_sparse_ticks(list(tokens[:n_keys])),
+                       y_ticks=(list(range(0, len(row_labels), step)), list(row_labels)[::step]),
+                       hovertemplate="row %{y}<br>key %{x}<extra></extra>", height=height,
+                       masked=nan if nan.any() else None)
+    # An image keeps square pixels by default: 9 heads x 1,000 keys would be a strip 9 pixels tall.
+    fig.update_yaxes(scaleanchor=False)
+    return fig
 
 
 def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: str) -> go.Figure:
@@ -227,12 +235,16 @@ def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: st
                       colorbar_title="weight A − B",
                       hovertemplate="query %{y}<br>key %{x}<br>A − B %{z:.4f}<extra></extra>",
                       height=min(900, 260 + 14 * n))
-        fig.update_xaxes(tickangle=-60)
+        fig.data[0].hoverongaps = False
+        fig.update_layout(plot_bgcolor="rgb({}, {}, {})".format(*MASKED_GREY))
+        fig.update_xaxes(tickangle=-60, showgrid=False)
+        fig.update_yaxes(showgrid=False)
         return fig
     ticks = _sparse_ticks(tokens)
+    nan = np.isnan(d)  # rows blank in A or B (hidden sink): grey, like the maps
     return image_figure(d, title=title, x_title="key position (token)", y_title="query position (token)",
                         colorscale=DIVERGING_SCALE, vmin=-bound, vmax=bound, colorbar_title="weight A − B",
-                        x_ticks=ticks, y_ticks=ticks, height=800)
+                        x_ticks=ticks, y_ticks=ticks, height=800, masked=nan if nan.any() else None)
 
 
 def stat_grid(stats: pd.DataFrame, column: str, *, title: str, colorbar_title: str) -> go.Figure:
