@@ -184,6 +184,7 @@ def remaining_mass(kept: np.ndarray, *, title: str, min_mass: float = MIN_REMAIN
     fig.update_traces(mode="lines+markers" if len(kept) <= 200 else "lines",
                       hovertemplate="query %{x}<br>weight off token 0 %{y:.3g}<extra></extra>")
     fig.update_layout(showlegend=False)
+    fig.update_yaxes(exponentformat="power")  # 10^-6, not the SI "1µ"
     return fig
 
 
