@@ -73,7 +73,7 @@ def choice_box(label: str, options: list[int], key: str) -> int:
     current = st.session_state.get(key, options[0])
     if current not in options:
         st.session_state[key] = min(options, key=lambda o: abs(o - int(current)) if str(current).isdigit() else o)
-    return st.selectbox(label, options, key=key)
+    return st.selectbox(label, options, key=key, persist_state="session")
 
 
 st.title("Heads")
@@ -103,7 +103,7 @@ n_model_layers = int(getattr(loaded.model.config, "num_hidden_layers", 0) or get
 layers = None
 if n_model_layers > 12:
     first, last = st.slider("Layers to capture (fewer layers = less memory for long texts)", 0, n_model_layers - 1,
-                            (0, n_model_layers - 1), key="heads_layer_range")
+                            (0, n_model_layers - 1), key="heads_layer_range", persist_state="session")
     layers = tuple(range(first, last + 1)) if (first, last) != (0, n_model_layers - 1) else None
 capture = ui.get_capture(model, text, layers=layers)
 if capture is None:
@@ -129,13 +129,13 @@ with c3:
         st.session_state["heads_gamma_set_for"] = capture_id
         if n >= figs.BOOST_FROM_TOKENS:
             st.session_state["heads_gamma"] = True
-    boost = st.toggle("Boost small weights", key="heads_gamma",
+    boost = st.toggle("Boost small weights", key="heads_gamma", persist_state="session",
                       help="Colour = weight^0.5, so small weights show. It applies to the One head, Where a token "
                            "looks and Compare views; the All heads grid is always drawn as weight^0.5.")
     st.caption(f"Single-head views only: the grid is always weight^0.5. On from {figs.BOOST_FROM_TOKENS} tokens.")
     gamma = 0.5 if boost else 1.0
 with c4:
-    hide_sink = st.toggle("Hide the sink", key="heads_hide_sink",
+    hide_sink = st.toggle("Hide the sink", key="heads_hide_sink", persist_state="session",
                           help="Zero the attention on token 0 and renormalise each row (attnviz.sinks.without_sinks), "
                                "so the rest of the map is not swamped by the sink.")
 li = capture.layers.index(layer)
@@ -203,9 +203,10 @@ with tab_head:
                  f"rows have under {figs.MIN_REMAINING:.0%} and are blank in the map above.")
 
 with tab_token:
-    query = st.selectbox("Query token", list(range(n)), index=n - 1, key="heads_query",
+    query = st.selectbox("Query token", list(range(n)), index=n - 1, key="heads_query", persist_state="session",
                          format_func=lambda i: f"{i}: {capture.tokens[i]}")
-    scope = st.radio("Heads", ["This layer", "All captured layers"], horizontal=True, key="heads_token_scope")
+    scope = st.radio("Heads", ["This layer", "All captured layers"], horizontal=True, key="heads_token_scope",
+                     persist_state="session")
     layer_ids = [li] if scope == "This layer" else list(range(capture.n_layers))
     rows = shown(capture.pattern[layer_ids, :, query, :]).reshape(-1, n)
     keys = query + 1 if capture.causal else n
@@ -226,7 +227,7 @@ with tab_stats:
             else:
                 st.dataframe(top, hide_index=True, width="stretch")
     st.caption(SINK_MASS_NOTE)
-    column = st.selectbox("Statistic to map", list(COLUMNS), key="heads_stat")
+    column = st.selectbox("Statistic to map", list(COLUMNS), key="heads_stat", persist_state="session")
     units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
     st.plotly_chart(figs.stat_grid(stats, column, title=f"{column} of every head", colorbar_title=f"{column} "
                                    f"({units})"), width="stretch")
@@ -239,7 +240,7 @@ with tab_stats:
 
 with tab_compare:
     mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,
-                    key="heads_compare_mode")
+                    key="heads_compare_mode", persist_state="session")
     a_title = f"A: layer {layer}, head {head}"
     a = shown(capture.pattern[li, head])
     b, b_title, b_tokens = None, "", capture.tokens
@@ -257,7 +258,8 @@ with tab_compare:
         a, a_title = shown(capture.pattern[li].mean(0)), f"A: layer {layer}, mean of its heads"
         b, b_title = shown(capture.pattern[lj].mean(0)), f"B: layer {layer_b}, mean of its heads"
     else:
-        other = st.text_area("Text B", value=text.replace("cat", "dog"), key="heads_text_b", height=68,
+        other = st.text_area("Text B", value=text.replace("cat", "dog"), key="heads_text_b",
+                             persist_state="session", height=68,
                              max_chars=ui.MAX_TEXT_CHARS)
         other_capture = ui.get_capture(model, other, layers=layers)
         if other_capture is not None:
