@@ -10,6 +10,8 @@ CONTEXTS = np.unique(np.logspace(7, 17, 41, base=2).round().astype(int))  # 128 
 BYTES = {"fp32 (4 bytes)": 4, "fp16 / bf16 (2 bytes)": 2, "fp8 / int8 (1 byte)": 1, "int4 (½ byte)": 0.5}
 CUSTOM = "Custom values"
 MAX_HEADS_SHOWN = 8
+MAX_HEADS = 128
+MAX_TOY_WIDTH = 2048  # query heads x head dim of the toy layer: four 2048 x 2048 float64 weights, 128 MiB
 
 
 def variant_kv_heads(n_heads: int, n_kv: int) -> dict[str, int]:
@@ -58,16 +60,20 @@ archs = preset_archs()
 
 st.header("Who reads which key/value head")
 c1, c2 = st.columns(2)
-n_heads = c1.slider("Query heads", 1, 32, 8, key="variants_heads")
+n_heads = c1.slider("Query heads", 1, MAX_HEADS, 8, key="variants_heads",
+                    help="Up to 128, as in the largest open models (Llama-3-405B); Llama-2-70B has 64.")
 divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
 if st.session_state.get("variants_kv") not in divisors:
     st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
 n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv")
 layouts = {name: cost.kv_head_of(n_heads, k) for name, k in variant_kv_heads(n_heads, n_kv).items()}
 st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
+q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
 st.caption(f"Query head h reads key/value head ⌊h / {n_heads // n_kv}⌋: with {n_kv} key/value heads, groups of "
            f"{n_heads // n_kv} consecutive query heads (one colour) share one. The cache holds {n_kv} heads instead "
-           f"of {n_heads}: {n_heads // n_kv}× less memory than MHA.")
+           f"of {n_heads}: {n_heads // n_kv}× less memory than MHA."
+           + (f" With this many heads only query heads 0, {q_step}, {2 * q_step}, … are labelled; hover over a "
+              "square or diamond to name it." if q_step > 1 else ""))
 
 st.header("KV-cache memory")
 st.latex(r"\text{KV bytes} = 2_{(K,V)} \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim}"
@@ -178,7 +184,11 @@ st.markdown(
 )
 t1, t2, t3, t4 = st.columns(4)
 n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens")
-d_head = t2.slider("Head dim", 2, 64, 16, key="variants_dhead")
+max_d_head = min(64, MAX_TOY_WIDTH // n_heads)
+if st.session_state.get("variants_dhead", 16) > max_d_head:  # more query heads were chosen above
+    st.session_state["variants_dhead"] = max_d_head
+d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead",
+                   help=f"At most {MAX_TOY_WIDTH} // query heads, so the toy layer stays {MAX_TOY_WIDTH} wide or less.")
 seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed")
 toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal")
 results, kv_counts = toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))

@@ -232,3 +232,44 @@ def test_kv_cache_curve_is_the_cache_at_each_length_for_llama_2_70b():
     assert curve.tolist() == [0.0, 2 * 163_840, 2 * 163_840 * 4096]
     # fp16 default, batch 1: 4096 tokens are 1.25 GiB
     assert kv_cache_curve(arch, [4096])[0] == 1.25 * 2**30
+
+
+# The head-sharing figure of the variants page ------------------------------------------------------------------
+
+PANEL_PX = 220  # one of three panels in the wide page on a 1280 px screen (the chart is ~820 px wide there)
+CHAR_PX = 0.6 * 11  # a label's width per character: about 0.6 em at the 11 px font
+
+
+def _rows(fig):
+    """The labelled rows of every panel: (label positions, labels, marker size, spacing in query-head units)."""
+    rows = []
+    for trace in fig.data:
+        if trace.mode == "markers+text":
+            xs = list(trace.x)
+            rows.append((xs, list(trace.text), trace.marker.size, xs[1] - xs[0] if len(xs) > 1 else 1.0))
+    return rows
+
+
+@pytest.mark.parametrize("n_heads", [*range(1, 17), 24, 32, 40, 48, 64, 96, 100, 127, 128])
+def test_head_sharing_labels_fit_side_by_side_at_every_head_count(n_heads):
+    from attnviz.figures.cost import head_sharing_figure
+
+    divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+    kv_counts = sorted({n_heads, divisors[len(divisors) // 2], 1}, reverse=True)  # MHA, a GQA, MQA
+    fig = head_sharing_figure(n_heads, {f"{k} KV": kv_head_of(n_heads, k) for k in kv_counts})
+    rows = _rows(fig)
+    assert len(rows) == 2 * len(kv_counts)  # a query row and a KV row per panel
+    for xs, texts, size, spacing in rows:
+        count = len(xs)
+        prefix = "KV" if texts[0].startswith("KV") else "Q"
+        labelled = [i for i, t in enumerate(texts) if t]
+        assert all(texts[i] == f"{prefix}{i}" for i in labelled)  # each label names the head under it
+        step = labelled[1] - labelled[0] if len(labelled) > 1 else count
+        assert labelled == list(range(0, count, step))  # 0, k, 2k, ...: every head is near a label
+        assert len(labelled) >= min(count, 4)
+        if count == 1:
+            continue  # one head: nothing to collide with
+        gap_px = step * spacing * PANEL_PX / n_heads  # between neighbouring labels' centres
+        widest = max(len(texts[i]) for i in labelled) * CHAR_PX
+        assert gap_px >= widest, (n_heads, count, step)  # no two labels overlap
+        assert size <= max(3.0, spacing * PANEL_PX / n_heads)  # nor two markers

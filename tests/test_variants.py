@@ -78,3 +78,25 @@ def test_invalid_head_split_is_refused():
         toy_weights(30, 4)
     with pytest.raises(ValueError):
         pool_kv_heads(np.zeros((8, 8)), 4, 3)
+
+
+def test_page_takes_128_query_heads_and_keeps_the_toy_layer_2048_wide():
+    """The Variants page accepts up to 128 query heads (Llama-3-405B has 128); the toy layer below then limits its
+    head dim so that heads x head dim stays at most 2048 (four float64 weights of 2048 x 2048, 128 MiB)."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "variants.py"),
+                           default_timeout=180)
+    at.run()
+    assert not at.exception, at.exception
+    at.slider(key="variants_dhead").set_value(64).run()
+    at.slider(key="variants_heads").set_value(128).run()
+    assert not at.exception, at.exception
+    head_dim = at.slider(key="variants_dhead")
+    assert head_dim.max * 128 <= 2048 and head_dim.value == head_dim.max == 16
+    assert "only query heads 0, 32, 64, … are labelled" in " ".join(c.value for c in at.caption)
+    at.slider(key="variants_heads").set_value(8).run()
+    assert not at.exception, at.exception
+    assert at.slider(key="variants_dhead").max == 64

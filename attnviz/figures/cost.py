@@ -13,35 +13,70 @@ from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, line_
 GIB = 2 ** 30
 
 
+PANEL_PX = 220  # the narrowest a panel gets: three panels side by side in a wide page on a 1280 px screen
+LABEL_PX_PER_CHAR, LABEL_GAP_PX = 6, 8  # an 11 px label's width per character, and the space kept between labels
+
+
+def label_step(count: int, prefix: str = "Q") -> int:
+    """Label every k-th of `count` heads in a row: k = 1 while all labels (prefix + index) fit side by side in a
+    PANEL_PX-wide panel, else the smallest power of two that makes them fit (powers of two line up with the groups
+    of the usual head counts: 32 query heads are labelled every 4th, 64 every 8th, 128 every 32nd)."""
+    width = LABEL_PX_PER_CHAR * len(f"{prefix}{max(count - 1, 0)}") + LABEL_GAP_PX
+    step = 1
+    while -(-count // step) * width > PANEL_PX:
+        step *= 2
+    return step
+
+
+def _marker_px(count: int, largest: int) -> float:
+    """A marker no wider than the gap between neighbours in a PANEL_PX-wide panel, between 3 and `largest` px."""
+    return float(np.clip(0.8 * PANEL_PX / max(count, 1), 3, largest))
+
+
 def head_sharing_figure(n_heads: int, layouts: Mapping[str, Sequence[int]]) -> go.Figure:
     """One panel per variant: query heads on top, KV heads below, a line from each query head to the KV head it
-    reads. layouts: variant name -> kv_head_of list (length n_heads). Colours mark groups sharing a KV head."""
+    reads. layouts: variant name -> kv_head_of list (length n_heads). Colours mark groups sharing a KV head.
+
+    Readable from 1 to 128 heads: when a row's labels would not fit side by side, only every label_step-th head
+    is labelled (the hover names every head), and markers shrink so that neighbours do not overlap."""
     names = list(layouts)
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=[
-        f"{name}: {n_heads} query heads, {max(layouts[name]) + 1} KV head{'s' if max(layouts[name]) else ''}"
+        f"{name}: {n_heads} query, {max(layouts[name]) + 1} KV head{'s' if max(layouts[name]) else ''}"
         for name in names], horizontal_spacing=0.04)
+    q_step = label_step(n_heads, "Q")
     for col, name in enumerate(names, start=1):
         kv_of = list(layouts[name])
         n_kv = max(kv_of) + 1
+        kv_step = label_step(n_kv, "KV")
         kv_x = [(g + 0.5) * n_heads / n_kv - 0.5 for g in range(n_kv)]  # each KV head centred under its group
         for h, g in enumerate(kv_of):
             fig.add_trace(go.Scatter(x=[h, kv_x[g]], y=[1, 0], mode="lines", showlegend=False, hoverinfo="skip",
-                                     line=dict(color=PALETTE[g % len(PALETTE)], width=2)), row=1, col=col)
+                                     line=dict(color=PALETTE[g % len(PALETTE)], width=2 if n_heads <= 32 else 1)),
+                          row=1, col=col)
         fig.add_trace(go.Scatter(
-            x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text", showlegend=False,
-            text=[f"Q{h}" for h in range(n_heads)], textposition="top center",
-            marker=dict(symbol="square", size=16, color=[PALETTE[g % len(PALETTE)] for g in kv_of]),
-            hovertemplate="query head %{x}<extra></extra>"), row=1, col=col)
+            x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text", showlegend=False, cliponaxis=False,
+            text=[f"Q{h}" if h % q_step == 0 else "" for h in range(n_heads)], textposition="top center",
+            textfont=dict(size=11),
+            marker=dict(symbol="square", size=_marker_px(n_heads, 16),
+                        color=[PALETTE[g % len(PALETTE)] for g in kv_of]),
+            customdata=kv_of, hovertemplate="query head %{x} reads KV head %{customdata}<extra></extra>"),
+            row=1, col=col)
         fig.add_trace(go.Scatter(
-            x=kv_x, y=[0] * n_kv, mode="markers+text", showlegend=False,
-            text=[f"KV{g}" for g in range(n_kv)], textposition="bottom center",
-            marker=dict(symbol="diamond", size=18, color=[PALETTE[g % len(PALETTE)] for g in range(n_kv)]),
-            customdata=[[kv_of.count(g)] for g in range(n_kv)],
-            hovertemplate="KV head: shared by %{customdata[0]} query heads<extra></extra>"), row=1, col=col)
-        fig.update_xaxes(title_text="head index", range=[-0.8, n_heads - 0.2], showgrid=False, zeroline=False,
-                         row=1, col=col)
+            x=kv_x, y=[0] * n_kv, mode="markers+text", showlegend=False, cliponaxis=False,
+            text=[f"KV{g}" if g % kv_step == 0 else "" for g in range(n_kv)], textposition="bottom center",
+            textfont=dict(size=11),
+            marker=dict(symbol="diamond", size=_marker_px(n_kv, 18),
+                        color=[PALETTE[g % len(PALETTE)] for g in range(n_kv)]),
+            customdata=[[g, kv_of.count(g)] for g in range(n_kv)],
+            hovertemplate="KV head %{customdata[0]}: shared by %{customdata[1]} query heads<extra></extra>"),
+            row=1, col=col)
+        pad = max(0.8, 0.04 * n_heads)  # room for the first and last labels, half of each outside the heads
+        fig.update_xaxes(title_text="query head index", range=[-pad, n_heads - 1 + pad], showgrid=False,
+                         zeroline=False,
+                         tickvals=list(range(0, n_heads, q_step)), row=1, col=col)
         fig.update_yaxes(range=[-0.45, 1.45], tickvals=[0, 1], ticktext=["K/V heads", "query heads"],
                          showticklabels=col == 1, showgrid=False, zeroline=False, row=1, col=col)
+    fig.update_annotations(font_size=13)
     return apply_layout(fig, title="Which key/value head each query head reads", height=300)
 
 
