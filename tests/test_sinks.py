@@ -405,6 +405,10 @@ def test_every_figure_has_a_title_and_axis_titles_with_units():
         assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
         assert "(" in fig.layout.yaxis.title.text  # a unit or a scale in brackets
     np.testing.assert_allclose(figures[1].data[0].y, 100 * sink_head_share(alpha))
+    # the key bars: every key once, one bar-width wide whatever the colour group (two far-apart sinks included)
+    keys = figs.key_score_bars(alpha.mean(axis=(0, 1)), tokens, highlight=[0, 4], unjudged=[5])
+    assert sorted(k for trace in keys.data for k in trace.x) == list(range(6))
+    assert all(trace.width is not None and trace.width <= 1 for trace in keys.data)
 
 
 def test_experiment_refuses_a_model_it_cannot_run():

@@ -53,10 +53,12 @@ def key_score_bars(mean_alpha, tokens: Sequence[str], *, highlight: Sequence[int
     fig = go.Figure()
     for name, color, keys in groups:
         if keys:
-            fig.add_trace(go.Bar(x=keys, y=mean_alpha[keys], name=name, marker_color=color,
+            # width: plotly sizes a trace's bars by its closest pair of keys, far too wide for a sparse group
+            fig.add_trace(go.Bar(x=keys, y=mean_alpha[keys], name=name, marker_color=color, width=0.8,
                                  customdata=labels[keys],
                                  hovertemplate="key %{customdata}<br>mean α = %{y:.3f}<extra>" + name + "</extra>"))
     fig.update_layout(barmode="overlay", showlegend=True)
+    fig.update_xaxes(range=[-0.6, len(mean_alpha) - 0.4])
     return apply_layout(fig, title="Mean attention each key receives (α_k averaged over every head)",
                         x_title="key position (token index)", y_title="mean α_k (share of attention)", height=320)
 
