@@ -52,15 +52,17 @@ if kn.INTERPRETED:
             "the same kernel compiles.")
 
 c1, c2, c3, c4 = st.columns(4)
-n = c1.slider("N (sequence length, tokens)", 1, 4096, 64, key="kernel_n")
-d = c2.select_slider("Head dim d", [8, 16, 32, 48, 64, 80, 96, 128], 32, key="kernel_d",
+n = c1.slider("N (sequence length, tokens)", 1, 4096, 64, key="kernel_n", persist_state="session")
+d = c2.select_slider("Head dim d", [8, 16, 32, 48, 64, 80, 96, 128], 32, key="kernel_d", persist_state="session",
                      help="Not a power of two? The kernel pads it to the next one and masks the padding.")
-block_m = c3.select_slider("BLOCK_M (queries per tile)", [16, 32, 64, 128], 16, key="kernel_block_m")
-block_n = c4.select_slider("BLOCK_N (keys per tile)", [16, 32, 64, 128], 16, key="kernel_block_n")
+block_m = c3.select_slider("BLOCK_M (queries per tile)", [16, 32, 64, 128], 16, key="kernel_block_m",
+                           persist_state="session")
+block_n = c4.select_slider("BLOCK_N (keys per tile)", [16, 32, 64, 128], 16, key="kernel_block_n",
+                           persist_state="session")
 c5, c6, c7 = st.columns(3)
-causal = c5.checkbox("Causal mask (query i sees keys ≤ i)", value=True, key="kernel_causal")
-dtype = c6.selectbox("dtype", ["float32", "float16", "bfloat16"], key="kernel_dtype")
-seed = int(c7.number_input("Seed for Q, K, V", 0, 10_000, 0, key="kernel_seed"))
+causal = c5.checkbox("Causal mask (query i sees keys ≤ i)", value=True, key="kernel_causal", persist_state="session")
+dtype = c6.selectbox("dtype", ["float32", "float16", "bfloat16"], key="kernel_dtype", persist_state="session")
+seed = int(c7.number_input("Seed for Q, K, V", 0, 10_000, 0, key="kernel_seed", persist_state="session"))
 
 reason = kn.refusal(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype)
 if reason:
@@ -83,7 +85,7 @@ st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The k
 if len(steps) > 1:
     if st.session_state.get("kernel_step", 0) > len(steps) - 1:  # the sizes changed under the slider
         st.session_state["kernel_step"] = len(steps) - 1
-    index = st.slider("Step", 0, len(steps) - 1, 0, key="kernel_step")
+    index = st.slider("Step", 0, len(steps) - 1, 0, key="kernel_step", persist_state="session")
 else:
     index = 0
 step = steps[index]
@@ -209,7 +211,7 @@ else:
 st.header("3. Peak memory, naive vs tiled")
 st.markdown("Measured with torch.profiler's allocation events: the most bytes torch's CPU allocator held during "
             "the call, beyond its inputs. The profiler's first start takes a few seconds, so this is opt-in.")
-if st.toggle("Measure peak memory", value=False, key="kernel_memory"):
+if st.toggle("Measure peak memory", value=False, key="kernel_memory", persist_state="session"):
     with st.spinner("Measuring peak memory…"):
         at_n, peaks = run_memory(n, d, block_m, block_n, causal, dtype, seed)
     m_cols = st.columns(len(at_n))

@@ -27,7 +27,7 @@ def choice_box(label: str, options: list[int], key: str, default: int) -> int:
     """A selectbox over integers that keeps its value while it is still an option (another model, another text)."""
     if st.session_state.get(key) not in options:
         st.session_state[key] = default
-    return st.selectbox(label, options, key=key)
+    return st.selectbox(label, options, key=key, persist_state="session")
 
 
 @st.cache_resource(show_spinner=False)
@@ -127,7 +127,7 @@ def show_sink_scores() -> None:
     with c2:
         head = choice_box("Head", list(range(alpha.shape[1])), "sinks_head", head_default)
     with c3:
-        hide = st.toggle("Hide the sinks", key="sinks_hide",
+        hide = st.toggle("Hide the sinks", key="sinks_hide", persist_state="session",
                          help=f"Zero the attention on the sink keys (positions {', '.join(map(str, hidden))}) and "
                               "renormalise each row (attnviz.sinks.without_sinks), so the rest of the pattern shows.")
     li = capture.layers.index(layer)
@@ -153,12 +153,15 @@ def show_experiment() -> None:
         "tokens, (c) the same window plus the first tokens.")
     c1, c2, c3, c4 = st.columns(4)
     window = c1.select_slider("Window W (recent tokens kept)", WINDOWS, value=sinks.DEFAULT_WINDOW,
-                              key="sinks_window")
-    n_sinks = c2.slider("Sink tokens kept in (c)", 0, 16, sinks.DEFAULT_SINKS, key="sinks_n_sinks")
+                              key="sinks_window", persist_state="session")
+    n_sinks = c2.slider("Sink tokens kept in (c)", 0, 16, sinks.DEFAULT_SINKS, key="sinks_n_sinks",
+                        persist_state="session")
     positions = POSITIONS[c3.radio("Positions of the sinks", list(POSITIONS), key="sinks_positions",
+                                   persist_state="session",
                                    help="StreamingLLM numbers the cached tokens by their slot in the cache; the "
                                         "other choice keeps their place in the text.")]
-    smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing")
+    smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing",
+                                 persist_state="session")
     if st.button("Run the eviction experiment", key="sinks_run", type="primary"):
         st.session_state["sinks_experiment_on"] = True
     if not st.session_state.get("sinks_experiment_on"):

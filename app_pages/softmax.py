@@ -54,12 +54,13 @@ def show_real_model(cap, text: str) -> None:
     scaling, head_dim = float(cap.scaling), int(cap.head_dim)
     tokens = [str(t) for t in cap.tokens]
     h1, h2, h3, h4 = st.columns(4)
-    layer_pos = h1.selectbox("layer", range(len(layers)), format_func=lambda i: str(layers[i]), key="softmax_layer")
-    head = h2.selectbox("head", range(scores.shape[1]), key="softmax_head")
+    layer_pos = h1.selectbox("layer", range(len(layers)), format_func=lambda i: str(layers[i]), key="softmax_layer",
+                             persist_state="session")
+    head = h2.selectbox("head", range(scores.shape[1]), key="softmax_head", persist_state="session")
     real_t = h3.select_slider("temperature T on the scores", options=TEMPERATURES, value=2.0,
-                              key="softmax_real_temperature")
+                              key="softmax_real_temperature", persist_state="session")
     query = h4.selectbox("query row", range(len(tokens)), index=len(tokens) - 1,
-                         format_func=lambda i: f"{i}: {tokens[i]}", key="softmax_query")
+                         format_func=lambda i: f"{i}: {tokens[i]}", key="softmax_query", persist_state="session")
     st.caption(f"{cap.model_name}: head_dim = {head_dim}, the model's scaling = {scaling:.4g} "
                f"(1/√{head_dim} = {1 / math.sqrt(head_dim):.4g}); {len(tokens)} tokens.")
 
@@ -128,12 +129,15 @@ st.markdown(
 
 c1, c2, c3, c4 = st.columns(4)
 n_keys = c1.slider("keys per query", min_value=2, max_value=512, value=32, key="softmax_n_keys",
+                   persist_state="session",
                    help="The number of keys each query spreads its weight over (the row length).")
-d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k",
+d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k", persist_state="session",
                        help="Log-spaced from 1 to 1024: two steps per doubling.")
 temperature = c3.select_slider("temperature T", options=TEMPERATURES, value=1.0, key="softmax_temperature",
+                               persist_state="session",
                                help="softmax(logits / T): T > 1 flattens, T < 1 sharpens.")
-seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed"))
+seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed",
+                           persist_state="session"))
 
 with st.spinner("Sampling queries and keys…"):
     variants, grads = sample(d_k, n_keys, seed, temperature)
@@ -260,7 +264,7 @@ else:
     r1, r2 = st.columns([1, 2])
     with r1:
         model_name = ui.model_picker(key="softmax_model", default="smollm2-135m")
-    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", max_chars=MAX_CHARS)
+    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", persist_state="session", max_chars=MAX_CHARS)
     request = (model_name, text)
     if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
         st.session_state["softmax_request"] = request

@@ -60,12 +60,13 @@ archs = preset_archs()
 
 st.header("Who reads which key/value head")
 c1, c2 = st.columns(2)
-n_heads = c1.slider("Query heads", 1, MAX_HEADS, 8, key="variants_heads",
+n_heads = c1.slider("Query heads", 1, MAX_HEADS, 8, key="variants_heads", persist_state="session",
                     help="Up to 128, as in the largest open models (Llama-3-405B); Llama-2-70B has 64.")
 divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
 if st.session_state.get("variants_kv") not in divisors:
     st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
-n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv")
+n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv",
+                        persist_state="session")
 layouts = {name: cost.kv_head_of(n_heads, k) for name, k in variant_kv_heads(n_heads, n_kv).items()}
 st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
 q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
@@ -79,19 +80,23 @@ st.header("KV-cache memory")
 st.latex(r"\text{KV bytes} = 2_{(K,V)} \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim}"
          r" \times \text{context} \times \text{batch} \times \text{bytes per value}")
 k1, k2, k3 = st.columns(3)
-chosen = k1.multiselect("Models", list(archs) + [CUSTOM], key="variants_models",
+chosen = k1.multiselect("Models", list(archs) + [CUSTOM], key="variants_models", persist_state="session",
                         default=["Llama-2-7B", "Llama-2-70B", "Mistral-7B", "SmolLM2-135M"])
-batch = k2.slider("Batch (sequences cached at once)", 1, 64, 1, key="variants_batch")
-precision = k3.selectbox("Cache precision", list(BYTES), index=1, key="variants_bytes")
+batch = k2.slider("Batch (sequences cached at once)", 1, 64, 1, key="variants_batch", persist_state="session")
+precision = k3.selectbox("Cache precision", list(BYTES), index=1, key="variants_bytes", persist_state="session")
 bytes_per_value = BYTES[precision]
 with st.expander("Custom values, and a model from the registry", expanded=CUSTOM in chosen):
     e1, e2, e3, e4 = st.columns(4)
     custom = cost.Architecture(
-        name=CUSTOM, family="custom", layers=e1.number_input("Layers", 1, 512, 32, key="variants_c_layers"),
-        d_model=0, heads=0, kv_heads=e2.number_input("KV heads", 1, 256, 8, key="variants_c_kv"),
-        head_dim=e3.number_input("Head dim", 1, 1024, 128, key="variants_c_hd"), d_ff=0, vocab=0)
-    budget = e4.number_input("Memory budget to draw (GiB)", 0.0, 10_000.0, 80.0, key="variants_budget")
-    if st.toggle("Add a model from the registry", value=False, key="variants_add_loaded"):
+        name=CUSTOM, family="custom", layers=e1.number_input("Layers", 1, 512, 32, key="variants_c_layers",
+                                                             persist_state="session"),
+        d_model=0, heads=0, kv_heads=e2.number_input("KV heads", 1, 256, 8, key="variants_c_kv",
+                                                     persist_state="session"),
+        head_dim=e3.number_input("Head dim", 1, 1024, 128, key="variants_c_hd",
+                                 persist_state="session"), d_ff=0, vocab=0)
+    budget = e4.number_input("Memory budget to draw (GiB)", 0.0, 10_000.0, 80.0, key="variants_budget",
+                             persist_state="session")
+    if st.toggle("Add a model from the registry", value=False, key="variants_add_loaded", persist_state="session"):
         name = ui.model_picker("variants_model", default="toy-llama-gqa")
         found = loaded_arch(name) if name else None
         if found:
@@ -110,7 +115,8 @@ else:
                                          budget_gib=budget or None), width="stretch", key="variants_kv_chart")
     st.caption("The cache grows linearly with context and batch (straight lines on log axes, all with the same "
                "slope); fewer KV heads shift a line down by the same factor at every length.")
-    context = st.number_input("Context length for the table (tokens)", 1, 10_000_000, 4096, key="variants_ctx")
+    context = st.number_input("Context length for the table (tokens)", 1, 10_000_000, 4096, key="variants_ctx",
+                              persist_state="session")
     rows = []
     for name in chosen:
         a = lookup[name]
@@ -126,9 +132,11 @@ else:
 
 st.header("FLOPs against sequence length")
 f1, f2, f3 = st.columns(3)
-flop_model = f1.selectbox("d_model of", list(archs), index=list(archs).index("Llama-2-7B"), key="variants_flop_model")
-causal = f2.toggle("Causal (decoder prefill)", value=False, key="variants_causal")
+flop_model = f1.selectbox("d_model of", list(archs), index=list(archs).index("Llama-2-7B"), key="variants_flop_model",
+                          persist_state="session")
+causal = f2.toggle("Causal (decoder prefill)", value=False, key="variants_causal", persist_state="session")
 gqa_proj = f3.toggle("Narrower K, V projections with GQA", value=False, key="variants_gqa_proj",
+                     persist_state="session",
                      help="With fewer KV heads, K and V project to kv_heads × head_dim instead of d_model.")
 fa = archs[flop_model]
 d = fa.d_model
@@ -183,17 +191,17 @@ st.markdown(
     "are the mean of its heads'. Queries are unchanged, so every difference below comes from sharing keys and values."
 )
 t1, t2, t3, t4 = st.columns(4)
-n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens")
+n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens", persist_state="session")
 max_d_head = min(64, MAX_TOY_WIDTH // n_heads)
 if st.session_state.get("variants_dhead", 16) > max_d_head:  # more query heads were chosen above
     st.session_state["variants_dhead"] = max_d_head
-d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead",
+d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead", persist_state="session",
                    help=f"At most {MAX_TOY_WIDTH} // query heads, so the toy layer stays {MAX_TOY_WIDTH} wide or less.")
-seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed")
-toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal")
+seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed", persist_state="session")
+toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal", persist_state="session")
 results, kv_counts = toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
 heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
-                             key="variants_heads_shown", max_selections=MAX_HEADS_SHOWN)
+                             key="variants_heads_shown", persist_state="session", max_selections=MAX_HEADS_SHOWN)
 if not heads_shown:
     st.warning("Pick at least one head to show.")
 else:

