@@ -24,10 +24,14 @@ def run_comparison(n, d, block_m, block_n, causal, dtype, seed):
     return [r.__dict__ for r in results]
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def run_memory(n, d, block_m, block_n, causal, dtype, seed):
-    at_n = kn.peak_memory_at(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed)
-    return at_n, kn.peak_memory_scan(MEMORY_SIZES, d, block_m=64, block_n=64, causal=causal)
+@st.cache_data(max_entries=16, show_spinner=False)
+def run_memory_at(n, d, block_m, block_n, causal, dtype, seed):
+    return kn.peak_memory_at(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def run_memory_scan(d, causal):  # the scan over N depends on nothing else: moving N or the blocks reuses it
+    return kn.peak_memory_scan(MEMORY_SIZES, d, block_m=64, block_n=64, causal=causal)
 
 
 def kib(b):
@@ -213,7 +217,8 @@ st.markdown("Measured with torch.profiler's allocation events: the most bytes to
             "the call, beyond its inputs. The profiler's first start takes a few seconds, so this is opt-in.")
 if st.toggle("Measure peak memory", value=False, key="kernel_memory", persist_state="session"):
     with st.spinner("Measuring peak memory…"):
-        at_n, peaks = run_memory(n, d, block_m, block_n, causal, dtype, seed)
+        at_n = run_memory_at(n, d, block_m, block_n, causal, dtype, seed)
+        peaks = run_memory_scan(d, causal)
     m_cols = st.columns(len(at_n))
     for col, (name, b) in zip(m_cols, at_n.items()):
         col.metric(f"{name.split(' (')[0]}, N = {n}", mib(b))

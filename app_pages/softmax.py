@@ -42,9 +42,10 @@ def real_scale_sweep(model_name: str, version: tuple, text: str, layers: tuple, 
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def real_head_saturation(model_name: str, version: tuple, text: str, layers: tuple, scaling: float, temperature: float,
-                         _scores):
-    return sm.head_saturation(_scores, scaling, temperature)
+def real_head_saturation(model_name: str, version: tuple, text: str, layers: tuple, scaling: float, _scores):
+    # the grids show the "own scale" and "unscaled" shares only, which do not depend on T: not keyed on it, so
+    # moving the temperature slider does not redo every head (T = 1 makes the unused third variant the first)
+    return sm.head_saturation(_scores, scaling, 1.0)
 
 
 def show_real_model(cap, text: str) -> None:
@@ -105,7 +106,7 @@ def show_real_model(cap, text: str) -> None:
     st.caption("Left of 'own scale' the head flattens, right of it it sharpens; 'unscaled' is factor 1.")
 
     shares = real_head_saturation(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers), scaling,
-                                  real_t, scores)
+                                  scores)
     g1, g2 = st.columns(2)
     g1.plotly_chart(figs.head_share_grid(shares["own scale"], layers, title="Saturated rows per head, own scale"),
                     width="stretch", key="softmax_grid_own")

@@ -409,6 +409,34 @@ def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
     assert any("shared memory" in e.value and "smaller BLOCK_N" in e.value for e in at.error)
 
 
+def test_kernel_page_measures_memory_once_per_head_dim_not_per_n(monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    import attnviz.kernels as kn
+    from attnviz.ui import PAGES
+
+    scans = []
+    real_scan = kn.peak_memory_scan
+    monkeypatch.setattr(kn, "peak_memory_scan", lambda *a, **k: scans.append(a) or real_scan(*a, **k))
+    st.cache_data.clear()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=180)
+    at.run()
+    at.toggle(key="kernel_memory").set_value(True).run()
+    assert not at.exception, at.exception
+    n = at.slider(key="kernel_n").value
+    naive = next(m for m in at.metric if m.label.startswith("naive"))
+    # naive holds at least the float32 [N, N] score matrix
+    assert float(naive.value.split()[0].replace(",", "")) * 2**20 >= n * n * 4 * 0.99
+    at.slider(key="kernel_n").set_value(n + 1).run()
+    assert not at.exception, at.exception
+    assert f"N = {n + 1}" in " ".join(m.label for m in at.metric)
+    assert len(scans) == 1, "the scan over N was measured again when only N moved"
+    st.cache_data.clear()
+
+
 COMPILE_FOR_GPU = """
 import os, sys
 os.environ["TRITON_INTERPRET"] = "0"

@@ -415,4 +415,7 @@ def test_page_real_model_sweeps_are_not_recomputed_on_a_rerun(monkeypatch):
     assert calls == {"scale_sweep": 1, "head_saturation": 1}
     at.selectbox(key="softmax_head").set_value(1).run()  # a new head: a new sweep, the same grid
     assert calls == {"scale_sweep": 2, "head_saturation": 1}
+    at.select_slider(key="softmax_real_temperature").set_value(0.5).run()  # the grids show no T: the same grid
+    assert not at.exception, at.exception
+    assert calls == {"scale_sweep": 2, "head_saturation": 1}
     st.cache_data.clear()
