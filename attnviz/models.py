@@ -272,11 +272,20 @@ def _family_of(folder: Path) -> str:
         return "unknown"
 
 
-def _load_lab(name: str, device_map: str | None) -> LoadedModel:
-    folder_name = name[len("lab/"):]
+def lab_folder(name: str) -> Path | None:
+    """The folder under attnviz.paths.trained_dir() that a toy-lab name "lab/<folder>" names (it may not exist),
+    or None when the name is not of that form (no nested paths, no hidden or parent folders)."""
+    folder_name = name[len("lab/"):] if name.startswith("lab/") else ""
     if not folder_name or "/" in folder_name or folder_name.startswith("."):
+        return None
+    return paths.trained_dir() / folder_name
+
+
+def _load_lab(name: str, device_map: str | None) -> LoadedModel:
+    folder = lab_folder(name)
+    if folder is None:
         raise ModelError(f"{name!r} is not a toy-lab model name; use lab/<folder> as listed.")
-    folder = paths.trained_dir() / folder_name
+    folder_name = folder.name
     if not (folder / "config.json").exists():
         raise ModelError(f"No toy-lab model called {folder_name!r}. Train one on the Toy lab page first.")
     spec = ModelSpec(name, _family_of(folder), "lab", True, None, f"Trained in the toy lab ({folder_name}).")
@@ -321,11 +330,16 @@ def _load_user(name: str, report: Progress, device_map: str | None) -> LoadedMod
     return _finish(model, tokenizer, spec)
 
 
-def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub.constants import HF_HUB_CACHE
+def hub_repo_dir(repo_id: str) -> Path:
+    """Where the local Hugging Face cache keeps a hub model (its snapshots/ and refs/), whether or not it is there."""
+    from huggingface_hub import constants
 
+    return Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
     try:
-        return (Path(HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}").is_dir()
+        return hub_repo_dir(repo_id).is_dir()
     except OSError:  # e.g. a name longer than the file system allows
         return False
 

@@ -357,15 +357,13 @@ def lab_positional(folder) -> str | None:
 def model_folder(loaded):
     """The folder an attnviz LoadedModel was read from, when it is a toy-lab model ("lab/<folder>", under
     attnviz.paths.trained_dir()) or a local folder; None for toys, bundled and hub models."""
-    from pathlib import Path
-
-    from attnviz.paths import trained_dir
+    from attnviz.models import lab_folder, local_folder
 
     spec = loaded.spec
     if spec.source == "lab":
-        return trained_dir() / spec.name[len("lab/"):]
+        return lab_folder(spec.name)
     if spec.source == "local":
-        return Path(spec.name).expanduser()
+        return local_folder(spec.name)
     return None
 
 

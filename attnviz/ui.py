@@ -103,25 +103,19 @@ def model_version(name: str | None) -> tuple:
     lab folder with freshly written files, so their inodes differ even when size and mtime (coarse on some file
     systems) do not. Costs one directory listing.
     """
-    from attnviz import paths
-    from attnviz.models import HUB_ID, local_folder
+    from attnviz.models import HUB_ID, hub_repo_dir, lab_folder, local_folder
 
     if not name:
         return ()
     if name.startswith("lab/"):
-        folder_name = name[len("lab/"):]
-        if not folder_name or "/" in folder_name or folder_name.startswith("."):
-            return ()
-        return _folder_version(paths.trained_dir() / folder_name)
+        folder = lab_folder(name)
+        return () if folder is None else _folder_version(folder)
     folder = local_folder(name)
     if folder is not None:
         return _folder_version(folder)
     if HUB_ID.match(name):
-        from huggingface_hub.constants import HF_HUB_CACHE
-
-        ref = Path(HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "refs" / "main"
         try:
-            return ("hub", ref.read_text().strip())
+            return ("hub", (hub_repo_dir(name) / "refs" / "main").read_text().strip())
         except OSError:
             return ()
     return ()
