@@ -1,18 +1,28 @@
 """Naive attention vs torch's SDPA vs the Triton kernel (attnviz.kernels), every figure measured in this one run.
 
-On a GPU: TFLOPS for N = 256 ... 8192 (d = 64, float16, batch 4 x 16 heads), with FLOPs = 4 N^2 d per head,
-halved when causal, and the goal at N = 4096: Triton >= 5x naive and >= 0.8x SDPA. The Triton kernel is timed with
-each of a few launch configs and the fastest is reported with its config.
+On a GPU: TFLOPS for N = 256 ... 16,384, d = 64 and 128, causal and not, float16 and bfloat16 (batch 4 x 16 heads),
+with FLOPs = 4 N^2 d per head, halved when causal, and the share of the device's data-sheet peak. torch SDPA is
+timed with its FlashAttention-2 backend (the goal's yardstick) and with its cuDNN backend where it has one. The
+Triton kernel is timed with each launch config of GPU_LAUNCH_CONFIGS and the fastest is reported with its config.
+Goal at N = 4096, d = 64, float16, causal and not: Triton >= 5x naive and >= 0.8x SDPA (flash).
 Without a GPU the kernel runs under the Triton interpreter, so it prints the interpreter's cost per tile step (a
 functional simulation, not a speed), then naive vs SDPA wall time and measured peak memory on the CPU.
 
-    python benchmarks/kernel.py
+    python benchmarks/kernel.py                  the full run (GPU table, or the CPU tables without a GPU)
+    python benchmarks/kernel.py --plan           print what the GPU run will do, run nothing
+    python benchmarks/kernel.py --tune           on a GPU: every launch config of a wider grid at N = 4096
+    python benchmarks/kernel.py --sizes 4096 --head-dims 64 --dtypes float16    a part of the GPU table
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
+import itertools
+import math
 import platform
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -23,8 +33,21 @@ from attnviz.kernels import (  # noqa: E402
     INTERPRETED, forward_flops, device_peak_tflops, flash_attention, make_inputs, naive_attention, peak_cpu_bytes,
     tile_steps, time_call, two_pass_attention,
 )
+from attnviz.kernels.timing import shared_memory_estimate, shared_memory_limit  # noqa: E402
+from attnviz.kernels.triton_attention import GPU_LAUNCH_CONFIGS  # noqa: E402
 
 sdpa = torch.nn.functional.scaled_dot_product_attention
+
+SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+BATCH, HEADS = 4, 16
+GOAL_N, GOAL_D, GOAL_DTYPE = 4096, 64, "float16"
+# the wider grid --tune walks at N = 4096 (the Triton tutorial's autotuning space)
+TUNE_CONFIGS = [c for c in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)) if not (c[0] == 64
+                                                                                                  and c[2] == 8)]
+# naive holds ~14 bytes per score (16-bit scores, float32 softmax, 16-bit pattern): skipped where that won't fit
+NAIVE_BYTES_PER_SCORE = 14
 
 
 def cpu_benchmark(threads=1):
@@ -63,58 +86,184 @@ def cpu_benchmark(threads=1):
         print(f"{n:>6} {peaks[0]:>11.2f} {peaks[1]:>11.2f} {peaks[2]:>25.2f} {peaks[0] / peaks[2]:>11.1f}x")
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried at every size, as the Triton tutorial's autotuner does
-GPU_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
+def fits(config, d, dtype):
+    """Whether a launch config's K/V pipeline (and Hopper's Q tile) fits the GPU's shared memory."""
+    bm, bn, _, stages = config
+    return shared_memory_estimate(d, block_n=bn, block_m=bm, dtype=dtype, num_stages=stages) <= shared_memory_limit()
 
 
-def gpu_benchmark(batch=4, heads=16, d=64, dtype="float16", sizes=(256, 512, 1024, 2048, 4096, 8192),
-                  device="cuda"):
+def plan(args):
+    """What the GPU run will do, printed without running anything."""
+    cells = list(itertools.product(args.dtypes, args.head_dims, (False, True), args.sizes))
+    print(f"GPU plan: {len(cells)} cells = dtypes {list(args.dtypes)} x head dims {list(args.head_dims)} x "
+          f"causal (False, True) x N {list(args.sizes)}; batch {BATCH} x {HEADS} heads")
+    print(f"  each cell: inputs on the GPU, torch SDPA (flash backend; cuDNN backend where it runs), naive where "
+          f"{NAIVE_BYTES_PER_SCORE} bytes per score fit in half the GPU's memory, and the Triton kernel with every "
+          f"launch config below (BLOCK_M, BLOCK_N, num_warps, num_stages) that fits shared memory; "
+          f"triton.testing.do_bench times each (its median)")
+    for config in GPU_LAUNCH_CONFIGS:
+        print(f"    {config}")
+    compiles = len(set((dt, d, c) for dt, d, c, _ in cells)) * len(GPU_LAUNCH_CONFIGS)
+    print(f"  compiles: up to {compiles} kernels (one per dtype x head dim x causal x config)")
+    for dt, d in itertools.product(args.dtypes, args.head_dims):
+        skipped = [n for n in args.sizes if NAIVE_BYTES_PER_SCORE * BATCH * HEADS * n * n > 0.5 * 80 * 2**30]
+        print(f"  {dt}, d = {d}: on an 80 GiB GPU naive is skipped at N = {skipped}")
+    print(f"  then: the goal line at N = {GOAL_N}, d = {GOAL_D}, {GOAL_DTYPE}, causal and not: Triton >= 5x naive "
+          "and >= 0.8x SDPA (flash); --csv FILE also writes every cell")
+    print(f"--tune: {len(TUNE_CONFIGS)} configs at N = {GOAL_N}, {GOAL_DTYPE}, d = {list(args.head_dims)}, causal "
+          "and not, each timed and checked against SDPA")
+
+
+def _bench(fn):
     from triton.testing import do_bench
 
+    return do_bench(fn, warmup=25, rep=100)
+
+
+def _sdpa_ms(q, k, v, causal, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return _bench(lambda: sdpa(q, k, v, is_causal=causal))
+    except RuntimeError:  # this backend does not take these inputs
+        return float("nan")
+
+
+def _triton_timings(q, k, v, causal, configs):
+    """{config: ms} for every config that fits, and the fastest one's output."""
+    d, dtype = q.shape[-1], str(q.dtype).removeprefix("torch.")
+    timed = {}
+    for bm, bn, warps, stages in configs:
+        if not fits((bm, bn, warps, stages), d, dtype):
+            continue
+
+        def run(bm=bm, bn=bn, warps=warps, stages=stages):
+            return flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, num_warps=warps,
+                                   num_stages=stages)
+        try:
+            timed[(bm, bn, warps, stages)] = _bench(run)
+        except ValueError:  # more shared memory than this GPU has, found at compile time
+            continue
+    return timed
+
+
+def _inputs(n, d, dtype, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(0)
+    return tuple(torch.randn(BATCH, HEADS, n, d, generator=g, device=device, dtype=getattr(torch, dtype))
+                 for _ in range(3))
+
+
+def gpu_benchmark(args):
     name = torch.cuda.get_device_name()
-    peak = device_peak_tflops(name, dtype)
     memory = torch.cuda.get_device_properties(0).total_memory
-    print(f"GPU: {name}; torch {torch.__version__}; batch {batch} x {heads} heads, d = {d}, {dtype}; "
-          f"TFLOPS = 4 N^2 d per head (halved when causal) / time; Triton: the fastest of {len(GPU_CONFIGS)} "
-          "launch configs (BLOCK_M x BLOCK_N / warps / stages)")
-    print("     N  causal  naive TFLOPS  SDPA TFLOPS  Triton TFLOPS  Triton config  Triton/naive  Triton/SDPA"
-          "  max|Triton-SDPA|")
-    goal = None
-    for causal in (False, True):
-        for n in sizes:
-            q, k, v = make_inputs(n, d, dtype=dtype, batch=batch, heads=heads, device=device)
-            flops = forward_flops(n, n, d, causal=causal) * batch * heads
-            timed = {}
-            for bm, bn, warps, stages in GPU_CONFIGS:
-                def run(bm=bm, bn=bn, warps=warps, stages=stages):
-                    return flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, num_warps=warps,
-                                           num_stages=stages)
-                try:
-                    timed[(bm, bn, warps, stages)] = (do_bench(run), run)
-                except ValueError:  # more shared memory than this GPU has
-                    continue
-            config, (triton_ms, best) = min(timed.items(), key=lambda item: item[1][0])
-            sdpa_ms = do_bench(lambda: sdpa(q, k, v, is_causal=causal))
-            # naive holds ~14 bytes per score (fp16 scores, fp32 softmax, fp16 pattern): skip it when that won't fit
-            naive_fits = 14 * batch * heads * n * n < 0.5 * memory
-            naive_ms = do_bench(lambda: naive_attention(q, k, v, causal=causal)) if naive_fits else float("nan")
-            error = (best().float() - sdpa(q, k, v, is_causal=causal).float()).abs().max().item()
-            t = [flops / ms / 1e9 for ms in (naive_ms, sdpa_ms, triton_ms)]
-            label = f"{config[0]}x{config[1]}/{config[2]}/{config[3]}"
-            print(f"{n:>6} {causal!s:>7} {t[0]:>13.1f} {t[1]:>12.1f} {t[2]:>14.1f} {label:>14} "
-                  f"{naive_ms / triton_ms:>12.1f}x {sdpa_ms / triton_ms:>11.2f}x {error:>17.1e}")
-            if n == 4096 and not causal:
-                goal = (naive_ms / triton_ms, sdpa_ms / triton_ms, t[2])
-    if goal:
-        speedup, ratio, tflops = goal
-        share = f", {tflops / peak:.0%} of the {peak:g} TFLOPS peak" if peak else ""
+    import triton
+
+    print(f"GPU: {name}, {memory / 2**30:.0f} GiB; torch {torch.__version__}, triton {triton.__version__}, "
+          f"CUDA {torch.version.cuda}; batch {BATCH} x {HEADS} heads")
+    print("TFLOPS = 4 N^2 d per head (halved when causal) / time, medians of triton.testing.do_bench; SDPA flash = "
+          "torch SDPA's FlashAttention-2 backend, cuDNN = its cuDNN backend; Triton: the fastest launch config "
+          "(BLOCK_M x BLOCK_N / warps / stages); max err = max |Triton - SDPA flash|")
+    rows = []
+    goal = {}
+    started = time.perf_counter()
+    for dtype, d in itertools.product(args.dtypes, args.head_dims):
+        peak = device_peak_tflops(name, dtype)
+        print(f"\n{dtype}, d = {d} (data-sheet peak {peak:g} TFLOPS)" if peak else f"\n{dtype}, d = {d}")
+        print("     N  causal   naive  SDPA flash  SDPA cuDNN  Triton  Triton config  % peak  Triton/naive  "
+              "Triton/flash  max err")
+        for causal in (False, True):
+            for n in args.sizes:
+                q, k, v = _inputs(n, d, dtype)
+                flops = forward_flops(n, n, d, causal=causal) * BATCH * HEADS
+                timed = _triton_timings(q, k, v, causal, GPU_LAUNCH_CONFIGS)
+                config = min(timed, key=timed.get)
+                triton_ms = timed[config]
+                flash_ms = _sdpa_ms(q, k, v, causal, "FLASH_ATTENTION")
+                cudnn_ms = _sdpa_ms(q, k, v, causal, "CUDNN_ATTENTION")
+                naive_fits = NAIVE_BYTES_PER_SCORE * BATCH * HEADS * n * n < 0.5 * memory
+                naive_ms = _bench(lambda: naive_attention(q, k, v, causal=causal)) if naive_fits else float("nan")
+                bm, bn, warps, stages = config
+                out = flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, num_warps=warps,
+                                      num_stages=stages)
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    error = (out.float() - sdpa(q, k, v, is_causal=causal).float()).abs().max().item()
+                tflops = {key: flops / ms / 1e9 for key, ms in
+                          (("naive", naive_ms), ("flash", flash_ms), ("cudnn", cudnn_ms), ("triton", triton_ms))}
+                share = tflops["triton"] / peak if peak else float("nan")
+                label = f"{bm}x{bn}/{warps}/{stages}"
+                print(f"{n:>6} {causal!s:>7} {tflops['naive']:>7.1f} {tflops['flash']:>11.1f} "
+                      f"{tflops['cudnn']:>11.1f} {tflops['triton']:>7.1f} {label:>14} {share:>7.1%} "
+                      f"{naive_ms / triton_ms:>12.1f}x {flash_ms / triton_ms:>12.2f}x {error:>8.1e}", flush=True)
+                rows.append(dict(dtype=dtype, d=d, n=n, causal=causal, naive_ms=naive_ms, flash_ms=flash_ms,
+                                 cudnn_ms=cudnn_ms, triton_ms=triton_ms, triton_config=label,
+                                 triton_tflops=tflops["triton"], flash_tflops=tflops["flash"],
+                                 cudnn_tflops=tflops["cudnn"], naive_tflops=tflops["naive"], peak_share=share,
+                                 max_error=error))
+                if (n, d, dtype) == (GOAL_N, GOAL_D, GOAL_DTYPE):
+                    goal[causal] = (naive_ms / triton_ms, flash_ms / triton_ms, tflops["triton"], share)
+                del q, k, v, out
+                torch.cuda.empty_cache()
+    for causal, (speedup, ratio, tflops, share) in goal.items():
         verdict = "met" if speedup >= 5 and ratio >= 0.8 else "NOT met"
-        print(f"\nGoal at N = 4096, d = 64, fp16 (Triton >= 5x naive, >= 0.8x SDPA): {verdict}: {speedup:.1f}x naive, "
-              f"{ratio:.2f}x SDPA, {tflops:.0f} TFLOPS{share}")
+        print(f"Goal at N = {GOAL_N}, d = {GOAL_D}, {GOAL_DTYPE}, causal={causal} (Triton >= 5x naive, >= 0.8x SDPA "
+              f"flash): {verdict}: {speedup:.1f}x naive, {ratio:.2f}x SDPA flash, {tflops:.0f} TFLOPS, "
+              f"{share:.0%} of peak")
+    print(f"({time.perf_counter() - started:.0f} s)")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def tune(args):
+    """Every config of TUNE_CONFIGS at N = GOAL_N, fastest first, checked against SDPA (flash)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    print(f"GPU: {torch.cuda.get_device_name()}; tuning at N = {GOAL_N}, batch {BATCH} x {HEADS} heads")
+    for dtype, d, causal in itertools.product(args.dtypes, args.head_dims, (False, True)):
+        q, k, v = _inputs(GOAL_N, d, dtype)
+        flops = forward_flops(GOAL_N, GOAL_N, d, causal=causal) * BATCH * HEADS
+        flash_ms = _sdpa_ms(q, k, v, causal, "FLASH_ATTENTION")
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            expected = sdpa(q, k, v, is_causal=causal).float()
+        timed = _triton_timings(q, k, v, causal, TUNE_CONFIGS)
+        ranked = sorted(timed.items(), key=lambda item: item[1])
+        print(f"\n{dtype}, d = {d}, causal={causal}: SDPA flash {flops / flash_ms / 1e9:.1f} TFLOPS; "
+              f"{len(timed)} configs fit")
+        for (bm, bn, warps, stages), ms in ranked[:8]:
+            out = flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+            error = (out.float() - expected).abs().max().item()
+            print(f"  {bm:>3}x{bn:<3} warps {warps} stages {stages}: {flops / ms / 1e9:7.1f} TFLOPS "
+                  f"({flash_ms / ms:.2f}x flash)  max err {error:.1e}", flush=True)
+        if ranked:
+            (bm, bn, warps, stages), ms = ranked[-1]
+            print(f"  slowest: {bm}x{bn} warps {warps} stages {stages}: {flops / ms / 1e9:.1f} TFLOPS")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", action="store_true", help="print what the GPU run will do and stop")
+    parser.add_argument("--tune", action="store_true", help="on a GPU, time a wider grid of launch configs")
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=HEAD_DIMS)
+    parser.add_argument("--dtypes", nargs="+", default=DTYPES, choices=("float16", "bfloat16"))
+    parser.add_argument("--csv", help="also write every GPU cell to this CSV file")
+    args = parser.parse_args(argv)
+    if args.plan:
+        return plan(args)
+    gpu = torch.cuda.is_available() and not INTERPRETED
+    if args.tune:
+        if not gpu:
+            sys.exit("--tune needs a CUDA GPU")
+        return tune(args)
+    if gpu:
+        gpu_benchmark(args)
+    else:
+        cpu_benchmark()
 
 
 if __name__ == "__main__":
-    if torch.cuda.is_available() and not INTERPRETED:
-        gpu_benchmark()
-    else:
-        cpu_benchmark()
+    main()

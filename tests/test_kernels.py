@@ -25,6 +25,7 @@ from attnviz.kernels import (
     flash_attention, naive_attention, online_attention, peak_cpu_bytes, reference_attention, refusal, tile_map,
     tile_steps, tiled_steps, two_pass_attention,
 )
+from attnviz.kernels.triton_attention import GPU_LAUNCH_CONFIGS
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2}
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -489,15 +490,113 @@ def test_the_same_kernel_compiles_for_cuda_gpus_with_tensor_cores_and_pipelined_
     assert result.stdout.strip().endswith("compiled"), result.stderr[-3000:]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 3e-2), (torch.float16, 1e-2)])
-def test_gpu_kernel_matches_reference_at_larger_sizes(dtype, tolerance):
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 1000, 64, generator=g).to(dtype).cuda() for _ in range(3))
+def needs_gpu(test):
+    """Marks a test as GPU-only: it runs with `pytest -m gpu` on a CUDA machine and is skipped elsewhere."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED,
+                                              reason="needs a CUDA GPU")(test))
+
+
+GPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+GPU_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def _gpu_inputs(n, d, dtype, *, n_key=None, batch=2, heads=3, seed=0):
+    """Seeded standard-normal q, k, v made on the CPU (so the float64 reference sees the very same values)."""
+    g = torch.Generator().manual_seed(seed)
+    n_key = n if n_key is None else n_key
+    q = torch.randn(batch, heads, n, d, generator=g)
+    k, v = (torch.randn(batch, heads, n_key, d, generator=g) for _ in range(2))
+    return tuple(x.to(dtype).cuda() for x in (q, k, v))
+
+
+def _gpu_error(out, q, k, v, causal):
+    assert out.is_cuda and out.dtype == q.dtype and out.shape == q.shape
+    return (out.double().cpu() - reference_attention(q, k, v, causal=causal)).abs().max().item()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [16, 24, 48, 64, 80, 128])
+def test_gpu_kernel_matches_float64_at_ragged_sizes_and_every_head_dim(d, causal, dtype):
+    # float32 takes smaller blocks: its K/V tiles are twice as large in shared memory
+    blocks = [(128, 64), (64, 32), (16, 128)] if dtype != torch.float32 else [(64, 32), (32, 64)]
+    for n in (1, 17, 100, 257, 1000, 1031):
+        q, k, v = _gpu_inputs(n, d, dtype, seed=n)
+        for block_m, block_n in blocks:
+            error = _gpu_error(flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n), q, k, v,
+                               causal)
+            assert error < GPU_TOLERANCE[dtype], (n, block_m, block_n, error)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_gpu_unmasked_and_masked_stages_meet_at_every_diagonal_offset(dtype):
+    # the compiled kernel's stage boundary at every (n_key - n_query) from -BLOCK_N to +BLOCK_N, with the
+    # benchmark's block shape (BLOCK_M = 2 BLOCK_N) and more keys than queries and fewer
+    n_query, (bm, bn) = 200, ((128, 64) if dtype != torch.float32 else (64, 32))
+    for n_key in range(n_query - bn, n_query + bn + 1):
+        q, k, v = _gpu_inputs(n_query, 64, dtype, n_key=n_key, batch=1, heads=2, seed=n_key)
+        error = _gpu_error(flash_attention(q, k, v, causal=True, block_m=bm, block_n=bn), q, k, v, True)
+        assert error < GPU_TOLERANCE[dtype], (n_key, error)
+
+
+@needs_gpu
+@pytest.mark.parametrize("config", GPU_LAUNCH_CONFIGS, ids=lambda c: "{}x{}-w{}-s{}".format(*c))
+def test_gpu_every_benchmarked_launch_config_is_correct(config):
+    # the benchmark reports the fastest of these configs: each must compute the right thing, at d = 64 and 128
+    bm, bn, warps, stages = config
+    for d, causal, dtype in itertools.product((64, 128), (False, True), (torch.float16, torch.bfloat16)):
+        q, k, v = _gpu_inputs(1000, d, dtype, seed=d)
+        try:
+            out = flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+        except ValueError as exc:  # refused for want of shared memory: the benchmark skips it too
+            assert "shared memory" in str(exc)
+            continue
+        assert _gpu_error(out, q, k, v, causal) < GPU_TOLERANCE[dtype], (d, causal, dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_gpu_canary_padding_around_the_output_is_untouched(dtype):
+    # head dim 48 is padded to 64 and N = 300 to three blocks of 128: an unmasked store would land in the canary
+    batch, heads, n, d = 2, 3, 300, 48
+    bm, bn = (128, 64) if dtype != torch.float32 else (64, 32)
+    q, k, v = _gpu_inputs(n, d, dtype, batch=batch, heads=heads)
+    canary = 1234.0  # exactly representable in every dtype here
+    padded = torch.full((batch, heads, n + 128, d + 48), canary, dtype=dtype, device="cuda")
+    out = padded[:, :, 64:64 + n, 16:16 + d]  # canary before and after, in both dimensions
     for causal in (False, True):
-        out = flash_attention(q, k, v, causal=causal, block_m=128, block_n=64)
-        assert (out.double().cpu() - reference_attention(q, k, v, causal=causal)).abs().max() < tolerance
+        flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn, out=out)
+        outside = torch.ones_like(padded, dtype=torch.bool)
+        outside[:, :, 64:64 + n, 16:16 + d] = False
+        assert (padded[outside] == canary).all()
+        assert _gpu_error(out, q, k, v, causal) < GPU_TOLERANCE[dtype]
+
+
+@needs_gpu
+def test_gpu_trace_equals_the_stepper_and_large_logits_stay_finite():
+    q, k, v = _gpu_inputs(300, 64, torch.float32, batch=1, heads=2)
+    out, trace = flash_attention(q, k, v, causal=True, block_m=64, block_n=32, trace=True)
+    seen = np.zeros_like(~np.isnan(trace.l_i))
+    for s in tiled_steps(q, k, v, causal=True, block_m=64, block_n=32):
+        rows = slice(s.q_start, s.q_stop)
+        np.testing.assert_allclose(trace.m_i[s.batch, s.head, s.k_block, rows], s.m_i, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(trace.l_i[s.batch, s.head, s.k_block, rows], s.l_i, rtol=1e-5, atol=1e-5)
+        seen[s.batch, s.head, s.k_block, rows] = True
+    assert np.array_equal(~np.isnan(trace.l_i), seen)
+    q, k = q.half() * 10, k.half() * 10  # scores x 100: exp without subtracting the max would overflow
+    v = v.half()
+    out = flash_attention(q, k, v, causal=True, block_m=128, block_n=64)
+    assert torch.isfinite(out).all() and _gpu_error(out, q, k, v, True) < 1e-2
+
+
+@needs_gpu
+def test_gpu_compare_methods_reports_tflops_on_the_device():
+    results = compare_methods(512, 64, block_m=128, block_n=64, causal=True, dtype="float16", repeats=3)
+    assert all(r.error < 1e-2 for r in results), [(r.method, r.error) for r in results]
+    kernel = results[-1]
+    assert "TFLOPS on" in kernel.note and torch.cuda.get_device_name() in kernel.note
 
 
 def test_one_cpu_thread_restores_the_count_when_sessions_overlap():
@@ -601,3 +700,33 @@ def test_naive_traffic_by_hand_and_by_the_tensors_naive_attention_makes():
     reads = q.nbytes + k.nbytes + s.nbytes + p.nbytes + v.nbytes
     writes = s.nbytes + p.nbytes + o.nbytes
     assert naive_traffic(37, 53, 16, 4) == {"read": reads, "written": writes}
+
+
+@needs_gpu
+def test_gpu_kernel_page_shows_gpu_timings_with_the_device_name():
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.ui import PAGES
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=300)
+    at.run()
+    at.slider(key="kernel_n").set_value(1024)
+    at.select_slider(key="kernel_d").set_value(64)
+    at.select_slider(key="kernel_block_m").set_value(128)
+    at.select_slider(key="kernel_block_n").set_value(64)
+    at.selectbox(key="kernel_dtype").set_value("bfloat16")
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    kernel = table[table["method"] == "fused Triton kernel"].iloc[0]
+    assert float(kernel["max |O − O_float64|"]) < 3e-2
+    assert "TFLOPS on " + torch.cuda.get_device_name() in kernel["how to read the time"]
+    assert not any("interpreter" in i.value for i in at.info)
+    st.cache_data.clear()
+    st.cache_resource.clear()

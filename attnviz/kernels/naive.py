@@ -22,8 +22,9 @@ def naive_attention(q, k, v, *, causal=False, scale=None):
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = (q @ k.transpose(-2, -1)) * scale  # [batch, head, query, key]
-    if causal:
-        visible = torch.as_tensor(causal_mask(q.shape[-2], k.shape[-2]), device=q.device)
+    if causal:  # built where the scores live (causal_mask's alignment), so a GPU run moves no N x N mask
+        n_query, n_key = q.shape[-2], k.shape[-2]
+        visible = torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query)
         scores = scores.masked_fill(~visible, float("-inf"))
     pattern = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)  # all-masked row: 0/0 -> 0
     return pattern @ v

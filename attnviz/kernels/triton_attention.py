@@ -29,6 +29,10 @@ from triton.runtime.errors import OutOfResources
 MAX_HEAD_DIM = 128
 # software-pipelining depth on a GPU: K and V tiles for this many key blocks are held in shared memory at once
 NUM_STAGES = 3
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) launch configs that benchmarks/kernel.py tries at every size on a GPU,
+# as the Triton tutorial's autotuner does; the GPU tests check each of them against float64
+GPU_LAUNCH_CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3),
+                      (128, 32, 4, 4))
 
 
 @triton.jit
