@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
-import math
 import platform
 import sys
 import time
