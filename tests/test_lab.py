@@ -247,10 +247,11 @@ def test_induction_run_beats_chance_and_forms_an_induction_circuit():
     assert last.previous_token[0].max() > 2 * first.previous_token.max()
 
 
-@pytest.mark.parametrize("task, steps", [("copy", 200), ("reverse", 300)])
+@pytest.mark.parametrize("task, steps", [("copy", 300), ("reverse", 300)])
 def test_copy_and_reverse_are_learnt(task, steps):
-    """Measured: the mean loss of the last 50 steps is 0.03 nats for copy at 200 steps and 0.16 for reverse at 300,
-    against a chance level of 2.08."""
+    """Measured: the mean loss of the last 50 steps is 0.001 to 0.03 nats for copy at 300 steps (seeds 0 and 1) and
+    0.16 for reverse at 300, against a chance level of 2.08. Copy learns in a sudden drop whose step moves with the
+    CPU's float rounding: at 200 steps it had dropped on one machine (0.03) and not yet on another (1.09)."""
     snap = lab.LabRun(lab.LabConfig(task=task, positional="rope", steps=steps, eval_every=50)).run()
     assert float(np.mean(snap.losses[-50:])) < 0.5 * lab.chance_loss(8)
 
