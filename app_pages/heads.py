@@ -1,7 +1,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import ui
+from attnviz import ui, views
 from attnviz.capture import capture_to_bytes
 from attnviz.figures import heads as figs
 from attnviz.models import available_models
@@ -29,9 +29,25 @@ def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | Non
             tile: int, _capture):
     """The grid of all heads, with the sink hidden layer by layer when asked: a rerun that moves only the detail
     view neither renormalises the whole capture nor pools it again."""
+    if _capture.pattern is None:  # long-text store: each layer pooled a block of rows at a time from q and k
+        pooled = np.stack([views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink)
+                           for layer in _capture.layers])
+        return figs.head_grid(pooled, _capture.layers, gamma=gamma, tile=tile, causal=_capture.causal,
+                              n_tokens=_capture.n_tokens)
     layer_map = sink_hidden if hide_sink else None
     return figs.head_grid(_capture.pattern, _capture.layers, gamma=gamma, tile=tile, layer_map=layer_map,
                           causal=_capture.causal)
+
+
+OVERVIEW = 512  # pixels per side of a long head's overview
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def overview_of(model: str, version: tuple, text: str, layers, layer: int, head: int, hide_sink: bool, _capture):
+    """One head of a long capture max-pooled to OVERVIEW pixels, and its weight off the sink per row."""
+    x = _capture.inputs[layer]
+    return (views.pooled_heads(x, OVERVIEW, hide_sink=hide_sink, heads=[head])[0],
+            views.mass_off_sink(x, head) if hide_sink else None)
 
 
 def sink_hidden(p: np.ndarray) -> np.ndarray:
@@ -105,9 +121,10 @@ if n_model_layers > 12:
     first, last = st.slider("Layers to capture (fewer layers = less memory for long texts)", 0, n_model_layers - 1,
                             (0, n_model_layers - 1), key="heads_layer_range", persist_state="session")
     layers = tuple(range(first, last + 1)) if (first, last) != (0, n_model_layers - 1) else None
-capture = ui.get_capture(model, text, layers=layers)
+capture = ui.get_capture(model, text, layers=layers, store="auto")
 if capture is None:
     st.stop()
+long_text = capture.pattern is None  # the qk store: maps are computed from q and k, never the whole N x N
 version = ui.model_version(model)
 with st.spinner("Computing the statistics of every head…"):
     stats = stats_of(model, version, text, layers, capture)
@@ -181,26 +198,55 @@ with tab_grid:
         st.caption(HIDDEN_SINK_NOTE + " A pure sink head is then a grey tile.")
 
 with tab_head:
-    st.plotly_chart(figs.head_detail(shown(capture.pattern[li, head]), capture.tokens, gamma=gamma,
-                                     causal=capture.causal,
-                                     title=f"Layer {layer}, head {head}: attention weights "
-                                           f"(reads KV head {capture.kv_head_of[head]})"), width="stretch")
-    st.write("Row = the query token, column = the key it attends to; each row sums to 1."
-             + (" Grey cells above the diagonal are masked: a causal query cannot see later keys." if capture.causal
-                else "")
-             + (f" Above {figs.DETAIL_MAX_TOKENS} tokens the map is sent as an image: hover gives positions only." if
-                n > figs.DETAIL_MAX_TOKENS else " Hover for the tokens and the weight."))
-    if not boost and n >= figs.BOOST_FROM_TOKENS:
-        st.caption(f"{n:,} tokens: most weights are near 1/{n:,}, almost black on this scale. Turn on Boost small "
-                   "weights to see them.")
-    if hide_sink:
-        st.caption(HIDDEN_SINK_NOTE)
-        kept = figs.mass_off_sink(capture.pattern[li, head])
-        st.plotly_chart(figs.remaining_mass(kept, title=f"Layer {layer}, head {head}: what is left off the sink, "
-                                            "row by row"), width="stretch")
-        blank = int((kept < figs.MIN_REMAINING).sum())
-        st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of {n:,} "
-                 f"rows have under {figs.MIN_REMAINING:.0%} and are blank in the map above.")
+    if long_text:
+        causal_offset = 0 if capture.causal else None
+        with st.spinner("Pooling the head…"):
+            pooled, kept = overview_of(model, version, text, layers, layer, head, hide_sink, capture)
+        st.plotly_chart(figs.pooled_overview(pooled, n, gamma=gamma, causal=capture.causal,
+                                             title=f"Layer {layer}, head {head}: every {n:,} x {n:,} weight, "
+                                                   f"max-pooled to {pooled.shape[-1]} px"), width="stretch")
+        st.write(f"Each pixel is the largest weight in a block of about {n / pooled.shape[-1]:.0f} x "
+                 f"{n / pooled.shape[-1]:.0f} query x key tokens, so a one-token stripe (the diagonal, a sink column) "
+                 "survives. Zoom in below to read the weights token by token.")
+        z1, z2, z3 = st.columns(3)
+        size = z3.select_slider("Window (tokens)", [32, 64, 96, 128, 160], 64, key="heads_zoom_size",
+                                persist_state="session")
+        q0 = z1.slider("Queries from", 0, max(0, n - size), max(0, n - size), key="heads_zoom_q",
+                       persist_state="session")
+        k0 = z2.slider("Keys from", 0, max(0, n - size), max(0, min(n - size, q0)), key="heads_zoom_k",
+                       persist_state="session")
+        window = views.head_window(capture.inputs[layer], head, (q0, min(n, q0 + size)), (k0, min(n, k0 + size)),
+                                   hide_sink=hide_sink)
+        st.plotly_chart(figs.window_detail(window, capture.tokens, q0, k0, gamma=gamma, causal_offset=causal_offset,
+                                           title=f"Layer {layer}, head {head}: queries {q0:,}–{q0 + len(window) - 1:,}"
+                                                 f", keys {k0:,}–{k0 + window.shape[1] - 1:,}"), width="stretch")
+        st.write("The window's weights at full resolution, computed from the layer's q and k for these rows only."
+                 + (" Grey cells are masked: a causal query cannot see later keys." if capture.causal else ""))
+        if hide_sink:
+            st.caption(HIDDEN_SINK_NOTE)
+            st.plotly_chart(figs.remaining_mass(kept, title=f"Layer {layer}, head {head}: what is left off the sink, "
+                                                "row by row"), width="stretch")
+    else:
+        st.plotly_chart(figs.head_detail(shown(capture.pattern[li, head]), capture.tokens, gamma=gamma,
+                                         causal=capture.causal,
+                                         title=f"Layer {layer}, head {head}: attention weights "
+                                               f"(reads KV head {capture.kv_head_of[head]})"), width="stretch")
+        st.write("Row = the query token, column = the key it attends to; each row sums to 1."
+                 + (" Grey cells above the diagonal are masked: a causal query cannot see later keys." if capture.causal
+                    else "")
+                 + (f" Above {figs.DETAIL_MAX_TOKENS} tokens the map is sent as an image: hover gives positions only." if
+                    n > figs.DETAIL_MAX_TOKENS else " Hover for the tokens and the weight."))
+        if not boost and n >= figs.BOOST_FROM_TOKENS:
+            st.caption(f"{n:,} tokens: most weights are near 1/{n:,}, almost black on this scale. Turn on Boost small "
+                       "weights to see them.")
+        if hide_sink:
+            st.caption(HIDDEN_SINK_NOTE)
+            kept = figs.mass_off_sink(capture.pattern[li, head])
+            st.plotly_chart(figs.remaining_mass(kept, title=f"Layer {layer}, head {head}: what is left off the sink, "
+                                                "row by row"), width="stretch")
+            blank = int((kept < figs.MIN_REMAINING).sum())
+            st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of {n:,} "
+                     f"rows have under {figs.MIN_REMAINING:.0%} and are blank in the map above.")
 
 with tab_token:
     query = st.selectbox("Query token", list(range(n)), index=n - 1, key="heads_query", persist_state="session",
@@ -208,7 +254,11 @@ with tab_token:
     scope = st.radio("Heads", ["This layer", "All captured layers"], horizontal=True, key="heads_token_scope",
                      persist_state="session")
     layer_ids = [li] if scope == "This layer" else list(range(capture.n_layers))
-    rows = shown(capture.pattern[layer_ids, :, query, :]).reshape(-1, n)
+    if long_text:
+        rows = shown(np.concatenate([capture.layer_rows(capture.layers[i], query, query + 1) for i in layer_ids]))
+        rows = rows.reshape(-1, n)
+    else:
+        rows = shown(capture.pattern[layer_ids, :, query, :]).reshape(-1, n)
     keys = query + 1 if capture.causal else n
     labels = [f"L{capture.layers[i]} H{h}" for i in layer_ids for h in range(capture.n_heads)]
     st.plotly_chart(figs.token_looks(rows[:, :keys], capture.tokens, labels, query, gamma=gamma), width="stretch")
@@ -239,6 +289,10 @@ with tab_stats:
                "token that followed an earlier copy of the query's token (empty when nothing repeats).")
 
 with tab_compare:
+  if long_text:
+    st.info(f"Compare needs the dense pattern: this text's {n:,} tokens are kept as q and k only. Compare two "
+            "heads on a shorter text, or zoom into each head in One head.")
+  else:
     mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,
                     key="heads_compare_mode", persist_state="session")
     a_title = f"A: layer {layer}, head {head}"

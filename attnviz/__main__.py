@@ -1,4 +1,5 @@
-"""The command line: python -m attnviz capture --model NAME --text TEXT --out FILE, and python -m attnviz models."""
+"""The command line: python -m attnviz capture --model NAME --text TEXT --out FILE; python -m attnviz stats --model
+NAME --text-file FILE --out stats.csv (every head's statistics at any length); python -m attnviz models."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     cap.add_argument("--stats", type=Path, help="also write the per-head statistics table to this CSV file")
     cap.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
 
+    st = commands.add_parser("stats", help="Every captured head's statistics (entropy, sink mass, distance, "
+                             "previous-token, self, induction) as CSV, at any text length: the N x N pattern is "
+                             "never built.")
+    st.add_argument("--model", required=True, help="a model name (see `models`), a local folder or a cached hub id")
+    st_source = st.add_mutually_exclusive_group(required=True)
+    st_source.add_argument("--text", help="the text to run the model on")
+    st_source.add_argument("--text-file", type=Path, help="read the text from this UTF-8 file")
+    st.add_argument("--out", required=True, type=Path, help="output CSV file")
+    st.add_argument("--layers", help="comma-separated layer indices (default: all)")
+    st.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
+
     commands.add_parser("models", help="List the models attnviz knows by name.")
     args = parser.parse_args(argv)
 
@@ -32,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "models":
             return _models()
+        if args.command == "stats":
+            return _stats(args)
         return _capture(args)
     except (CaptureError, ModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -47,14 +61,9 @@ def _models() -> int:
     return 0
 
 
-def _capture(args) -> int:
-    import numpy as np
+def _text_and_layers(args):
+    from attnviz.capture import CaptureError
 
-    from attnviz.capture import CaptureError, capture_attention, save_capture
-    from attnviz.models import load_model
-
-    if args.out.suffix.lower() not in (".npz", ".safetensors"):
-        raise CaptureError(f"--out {args.out.name!r} must end in .npz or .safetensors.")
     if args.text_file is not None:
         try:
             text = args.text_file.read_text(encoding="utf-8")
@@ -68,6 +77,47 @@ def _capture(args) -> int:
             layers = [int(x) for x in args.layers.split(",") if x.strip()]
         except ValueError as exc:
             raise CaptureError(f"--layers must be comma-separated integers, not {args.layers!r}.") from exc
+    return text, layers
+
+
+def _stats(args) -> int:
+    import time
+
+    from attnviz.capture import attention_modules, capture_attention, uses_interface
+    from attnviz.models import load_model
+    from attnviz.stats import head_stats
+
+    text, layers = _text_and_layers(args)
+    started = time.perf_counter()
+    loaded = load_model(args.model, device=args.device, progress=lambda msg: print(msg, file=sys.stderr))
+    # the qk store keeps only q and k, O(N d) per layer; families whose q and k are not recorded need the pattern
+    module = attention_modules(loaded.model)[0]
+    store = "qk" if uses_interface(module) or type(module).__name__ == "BloomAttention" else "pattern"
+
+    def report(stage):
+        def show(done, total):
+            print(f"\r{stage}: layer {done}/{total} ({time.perf_counter() - started:.0f} s)", end="",
+                  file=sys.stderr, flush=True)
+            if done == total:
+                print(file=sys.stderr)
+        return show
+
+    capture = capture_attention(loaded, text, layers=layers, store=store, progress=report("forward pass"))
+    head_stats(capture, progress=report("statistics")).to_csv(args.out, index=False)
+    print(f"wrote {args.out}: {capture.n_layers} layers x {capture.n_heads} heads, {capture.n_tokens:,} tokens "
+          f"({store} store, {time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def _capture(args) -> int:
+    import numpy as np
+
+    from attnviz.capture import CaptureError, capture_attention, save_capture
+    from attnviz.models import load_model
+
+    if args.out.suffix.lower() not in (".npz", ".safetensors"):
+        raise CaptureError(f"--out {args.out.name!r} must end in .npz or .safetensors.")
+    text, layers = _text_and_layers(args)
     loaded = load_model(args.model, device=args.device, progress=lambda msg: print(msg, file=sys.stderr))
     capture = capture_attention(loaded, text, layers=layers, dtype=np.float16 if args.float16 else np.float32,
                                 with_scores=args.scores)

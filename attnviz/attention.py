@@ -6,6 +6,7 @@ Vaswani et al. 2017, eq. 1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,3 +66,183 @@ def causal_mask(n_query: int, n_key: int | None = None) -> np.ndarray:
 
 def _as_tensor(x) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The attention core: what one layer's attention saw (q, k, and the rules applied to q.k), and its scores and pattern
+# computed from that, a block of query rows at a time. Capture records a LayerInputs per layer; every map, score and
+# statistic attnviz shows of a real model is computed here from it.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MaskRule:
+    """Which keys each query may see, without an [n_query, n_key] array where a rule says it.
+
+    causal=True: query i sees key j <= i + (n_key - n_query) (causal_mask's alignment); causal=False: every key.
+    bits: an explicit mask instead (sliding windows, padding, anything the model built), as np.packbits of the
+    [n_query, n_key] bool matrix along keys (1/8 byte per entry). True = may attend.
+    """
+
+    n_query: int
+    n_key: int
+    causal: bool = False
+    bits: np.ndarray | None = None
+
+    @classmethod
+    def from_bool(cls, visible) -> "MaskRule":
+        """The rule for a [n_query, n_key] bool matrix: causal or full when it is exactly that, else its bits."""
+        visible = np.asarray(visible, dtype=bool)
+        n_query, n_key = visible.shape
+        if visible.all():
+            return cls(n_query, n_key, causal=False)
+        if np.array_equal(visible, causal_mask(n_query, n_key)):
+            return cls(n_query, n_key, causal=True)
+        return cls(n_query, n_key, causal=False, bits=np.packbits(visible, axis=1))
+
+    @property
+    def kind(self) -> str:
+        return "explicit" if self.bits is not None else "causal" if self.causal else "full"
+
+    def rows(self, start: int, stop: int, key_end: int | None = None) -> np.ndarray:
+        """[stop - start, key_end] bool: the visibility of keys 0 .. key_end - 1 for queries start .. stop - 1."""
+        key_end = self.n_key if key_end is None else key_end
+        if self.bits is not None:
+            return np.unpackbits(self.bits[start:stop], axis=1, count=self.n_key)[:, :key_end].astype(bool)
+        if not self.causal:
+            return np.ones((stop - start, key_end), dtype=bool)
+        offset = self.n_key - self.n_query
+        return np.arange(key_end)[None, :] <= np.arange(start, stop)[:, None] + offset
+
+    def key_end(self, start: int, stop: int) -> int:
+        """One past the last key any of the queries start .. stop - 1 may see (keys after it are never needed)."""
+        if self.causal and self.bits is None:
+            return max(0, min(self.n_key, stop + self.n_key - self.n_query))
+        if self.bits is not None:
+            seen = np.nonzero(np.unpackbits(self.bits[start:stop], axis=1, count=self.n_key).any(0))[0]
+            return int(seen[-1]) + 1 if len(seen) else 0
+        return self.n_key
+
+
+@dataclass
+class LayerInputs:
+    """What one attention layer saw: everything its softmax's logits are made of.
+
+    q: [head, n_query, d] query vectors after the positional rotation (RoPE), float32
+    k: [kv_head, n_key, d] key vectors after the rotation, before the GQA repeat, float32
+    kv_head_of: for each query head, the KV head it reads
+    scaling: the factor q.k is multiplied by (1/sqrt(d) in most families)
+    mask: the MaskRule the model applied
+    softcap: Gemma 2's logit soft-capping c (scores -> c tanh(scores / c)), or None
+    key_bias: [head, n_key] additive bias after scaling (BLOOM's ALiBi: slope_h * key position), or None
+    sink: [head] learned sink logits (gpt-oss): one extra logit per head in every row's softmax, with no value, or None
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    kv_head_of: tuple[int, ...]
+    scaling: float
+    mask: MaskRule
+    softcap: float | None = None
+    key_bias: torch.Tensor | None = None
+    sink: torch.Tensor | None = None
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def n_query(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def n_key(self) -> int:
+        return int(self.k.shape[1])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.q.shape[-1])
+
+    def nbytes(self) -> int:
+        extra = sum(x.numel() * x.element_size() for x in (self.key_bias, self.sink) if x is not None)
+        bits = 0 if self.mask.bits is None else self.mask.bits.nbytes
+        return self.q.numel() * self.q.element_size() + self.k.numel() * self.k.element_size() + extra + bits
+
+
+def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *, heads=None, key_end=None,
+                 dtype=torch.float32) -> torch.Tensor:
+    """The logits that enter the softmax for queries start .. stop - 1: q.k * scaling, soft-capped, plus the bias,
+    -inf where the mask forbids. [len(heads), rows, key_end]. heads: None for all, or a list of head indices.
+    key_end: keys 0 .. key_end - 1 (default: all the mask lets these rows see)."""
+    stop = inputs.n_query if stop is None else stop
+    key_end = inputs.mask.key_end(start, stop) if key_end is None else key_end
+    heads = list(range(inputs.n_heads)) if heads is None else list(heads)
+    q = inputs.q[heads, start:stop].to(dtype)
+    k = inputs.k[[inputs.kv_head_of[h] for h in heads], :key_end].to(dtype)
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    scores *= inputs.scaling  # in place, in eager attention's order: (q.k) * scaling
+    if inputs.softcap:
+        scores.div_(inputs.softcap).tanh_().mul_(inputs.softcap)
+    if inputs.key_bias is not None:
+        scores += inputs.key_bias[heads, None, :key_end].to(dtype)
+    kind = inputs.mask.kind
+    if kind == "causal":  # only keys right of the block's first query can be hidden from some of its rows
+        lo = max(0, start + inputs.mask.n_key - inputs.mask.n_query + 1)
+        if lo < key_end:
+            visible = torch.from_numpy(inputs.mask.rows(start, stop, key_end)[:, lo:])
+            scores[..., lo:].masked_fill_(~visible, float("-inf"))
+    elif kind == "explicit":
+        scores.masked_fill_(~torch.from_numpy(inputs.mask.rows(start, stop, key_end)), float("-inf"))
+    return scores
+
+
+def softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor | None = None):
+    """softmax over the last axis, with an optional extra logit per head (sink [head], scores [head, rows, keys])
+    that takes part in the normalisation but is not returned as a column. Rows with no visible key (and no sink)
+    get zeros. Returns (weights like scores, sink_weight [head, rows] or None)."""
+    m = scores.amax(-1)
+    if sink is not None:
+        m = torch.maximum(m, sink.to(scores.dtype)[:, None])
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(scores - m[..., None])
+    total = e.sum(-1)
+    sink_e = None
+    if sink is not None:
+        sink_e = torch.exp(sink.to(scores.dtype)[:, None] - m)
+        total = total + sink_e
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    weights = e / safe[..., None]
+    return weights, (None if sink_e is None else sink_e / safe)
+
+
+def layer_pattern(inputs: LayerInputs, start: int = 0, stop: int | None = None, *, heads=None, key_end=None,
+                  dtype=torch.float32):
+    """Attention weights for queries start .. stop - 1 from the layer's inputs: softmax(layer_scores) with the
+    learned sink in the denominator. Returns (weights [heads, rows, key_end], sink_weight [heads, rows] or None);
+    each row of weights plus its sink weight sums to 1."""
+    heads_list = list(range(inputs.n_heads)) if heads is None else list(heads)
+    scores = layer_scores(inputs, start, stop, heads=heads_list, key_end=key_end, dtype=dtype)
+    sink = None if inputs.sink is None else inputs.sink[heads_list]
+    return softmax_with_sink(scores, sink)
+
+
+def layer_output(inputs: LayerInputs, v: torch.Tensor, *, block: int = 256, dtype=torch.float32) -> torch.Tensor:
+    """The attention output weights @ v computed a block of query rows at a time, never holding more than
+    [head, block, n_key] weights. v: [kv_head, n_key, d_v]. Returns [head, n_query, d_v]."""
+    out = torch.empty(inputs.n_heads, inputs.n_query, v.shape[-1], dtype=dtype)
+    v_rep = v.to(dtype)[list(inputs.kv_head_of)]
+    for a in range(0, inputs.n_query, block):
+        b = min(a + block, inputs.n_query)
+        weights, _ = layer_pattern(inputs, a, b, dtype=dtype)
+        out[:, a:b] = torch.matmul(weights, v_rep[:, :weights.shape[-1]])
+    return out
+
+
+def kv_head_of(n_heads: int, n_kv_heads: int | None = None) -> list[int]:
+    """For each query head, the key/value head it reads: query head h uses KV head h // (n_heads / n_kv_heads)
+    (MHA when n_kv_heads is n_heads or None, MQA when it is 1)."""
+    n_kv = n_heads if not n_kv_heads else int(n_kv_heads)
+    if n_heads % n_kv:
+        raise ValueError(f"{n_heads} query heads cannot be shared evenly by {n_kv} KV heads")
+    group = n_heads // n_kv
+    return [h // group for h in range(n_heads)]

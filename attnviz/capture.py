@@ -1,27 +1,29 @@
-"""Hook-based capture of every head's attention pattern (and, on request, the pre-softmax scores).
+"""Capture of what every attention layer saw (q, k, the mask, scaling, soft-cap, bias and learned sinks), and every
+head's pattern and scores computed from it exactly, for any transformers family.
 
-How it works. Every attention module of the families attnviz supports (GPT-2, Llama, BLOOM, BERT) returns
-`(output, attn_weights)` under eager attention, and transformers' own `output_attentions` reads exactly that second
-element with a forward hook (see transformers.utils.output_capturing). capture_attention does the same, so its
-pattern equals output_attentions bit for bit, but it keeps only the layers asked for, converts each layer as soon as
-it is computed, and stops the forward pass after the last wanted layer (no LM head, no later layers).
+How it works. Families whose attention modules dispatch through transformers' attention interface (every family
+that imports ALL_ATTENTION_FUNCTIONS: Llama, Mistral, Qwen, Gemma, GPT-2, GPT-NeoX, OPT, BERT, gpt-oss, ...) are
+loaded with attn_implementation="attnviz": a function registered in that interface (and a mask function registered
+beside it) which wraps the family's own eager function. Outside a capture it is the family's eager attention,
+unchanged. During a capture it also records, for each wanted layer, the query and key vectors the function
+received (after RoPE, before the GQA repeat) and the scaling, soft-cap, sink logits and mask that went with them,
+as an attnviz.attention.LayerInputs. Families that do not dispatch through the interface (BLOOM, Falcon, GPT-J) keep
+eager attention and forward hooks: their pattern is the module's returned weights; BLOOM's q, k and ALiBi bias are
+rebuilt from the module's own projections.
 
-Why hooks and not a registered attention function (transformers' AttentionInterface): BLOOM does not dispatch
-through that interface, and a registered function would have to be made the model's attention implementation,
-i.e. a change of the shared model's config. Hooks work for all four families and leave the model untouched.
+Two stores, one API:
+- store="pattern": the dense pattern [layer, head, query, key], from the model's own eager weights (equal to
+  output_attentions bit for bit), plus the layer inputs.
+- store="qk": only the layer inputs, O(N d) per layer; no N x N array is ever built for the whole model. The
+  forward pass runs torch's fused scaled_dot_product_attention (or attnviz.attention.layer_output, a block of rows
+  at a time, for soft-capped and sink families that SDPA cannot compute).
+In both, capture.head_pattern(layer, head, rows) and capture.head_scores(...) return exact values, computed by
+attnviz.attention from the layer inputs (or read from the dense pattern).
 
 Threads. A cached model is shared by every Streamlit session, so two captures may run on it at the same moment.
-Hooks are global to a module, so they never hold per-capture state: they look up the recorder of the *current
-thread* in a ContextVar (each thread has its own context) and do nothing when there is none. They are registered
-by the first capture that needs them and removed in `finally` by the last one to finish (a reference count under a
-lock), so no hook outlives the captures, and a forward pass that is not a capture (another page, another thread)
-passes through them untouched.
-
-Scores. The pattern is softmax(scores); the scores themselves are not returned by any attention module. With
-with_scores=True a forward pre-hook receives the very inputs of each wanted attention module (hidden states, the
-mask, RoPE's cos/sin or ALiBi's bias) and repeats the module's own first steps with the module's own weights and
-helper functions, in the same order and dtype, up to the logits that go into the softmax: q.k * scaling + bias +
-mask. Masked entries are set to -inf (the model adds the most negative float there, whose softmax is also 0).
+Nothing global holds per-capture state: the registered function and the hooks look up the recorder of the current
+thread in a ContextVar and do nothing more than the model's own attention when there is none. Hooks are registered
+by the first capture that needs them and removed by the last one to finish (a reference count under a lock).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import contextlib
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,10 +40,14 @@ from functools import partial
 import numpy as np
 import torch
 
+from attnviz import attention as core
+from attnviz.attention import LayerInputs, MaskRule
 from attnviz.tokenizer import _BYTE_OF
 
-MAX_TOKENS = 2048
+MAX_TOKENS = 2048  # the pattern store's default limit; the "qk" store goes to the model's own maximum
 MAX_CAPTURE_BYTES = 2 * 1024**3  # the captured arrays must fit comfortably in memory
+ATTN_IMPLEMENTATION = "attnviz"
+STORES = ("pattern", "qk")
 
 
 class CaptureError(ValueError):
@@ -54,48 +60,174 @@ class AttentionCapture:
 
     tokens:     list[str], one readable string per token (spaces shown as ␣, newlines as ↵, tabs as ⇥)
     token_ids:  list[int], the ids the model saw
-    pattern:    [layer, head, query, key] attention weights (rows sum to 1), in the dtype asked for
-    layers:     list[int], the model layer of each entry of the first axis
+    layers:     list[int], the model layer of each captured layer, in order
     kv_head_of: list[int], for each query head, the key/value head it reads (GQA/MQA; identity for MHA)
     model_name: the registry name or path of the model
     causal:     True when a query never attends to later keys
-    scores:     [layer, head, query, key] float32 pre-softmax logits (q.k * scaling + bias, -inf where masked),
-                only with with_scores=True
-    scaling:    the factor the model multiplied q.k by (1/sqrt(head_dim) for all four families), with scores
-    head_dim:   the size of one head's query/key vectors, with scores
+    store:      "pattern" (dense weights kept) or "qk" (only what attention saw)
+    pattern:    [layer, head, query, key] attention weights, in the pattern store (None in the qk store)
+    inputs:     {model layer: attnviz.attention.LayerInputs}, or None for a family whose q and k are not
+                available (Falcon, GPT-J: pattern store only)
+    Read maps with head_pattern / head_scores / layer_rows, which work in both stores; `layer` is always the
+    model's layer number.
     """
 
     tokens: list[str]
     token_ids: list[int]
-    pattern: np.ndarray
     layers: list[int]
     kv_head_of: list[int]
     model_name: str
     causal: bool
-    scores: np.ndarray | None = None
-    scaling: float | None = None
-    head_dim: int | None = None
+    store: str = "pattern"
+    pattern: np.ndarray | None = None
+    inputs: dict[int, LayerInputs] | None = None
+    _scores: np.ndarray | None = field(default=None, repr=False)
+    _sink: np.ndarray | None = field(default=None, repr=False)
+    _saved: dict = field(default_factory=dict, repr=False)  # scaling and head_dim of a capture read from a file
 
+    # -- shape --
     @property
     def n_layers(self) -> int:
-        return int(self.pattern.shape[0])
+        return len(self.layers)
 
     @property
     def n_heads(self) -> int:
-        return int(self.pattern.shape[1])
+        return len(self.kv_head_of)
 
     @property
     def n_tokens(self) -> int:
-        return int(self.pattern.shape[2])
+        return len(self.token_ids)
+
+    @property
+    def head_dim(self) -> int | None:
+        return self._saved.get("head_dim") if not self.inputs else next(iter(self.inputs.values())).head_dim
+
+    @property
+    def scaling(self) -> float | None:
+        """The factor q.k is multiplied by, when every captured layer uses the same one (else None)."""
+        if not self.inputs:
+            return self._saved.get("scaling")
+        values = {x.scaling for x in self.inputs.values()}
+        return values.pop() if len(values) == 1 else None
+
+    @property
+    def has_scores(self) -> bool:
+        return bool(self.inputs)
+
+    def index_of(self, layer: int) -> int:
+        """The position of model layer `layer` among the captured layers."""
+        try:
+            return self.layers.index(int(layer))
+        except ValueError:
+            raise CaptureError(f"Layer {layer} was not captured (captured: {self.layers}).") from None
+
+    def _inputs(self, layer: int) -> LayerInputs:
+        if not self.inputs or int(layer) not in self.inputs:
+            raise CaptureError(f"{self.model_name}: the query and key vectors of layer {layer} were not recorded "
+                               "(this family's attention does not go through transformers' attention interface), "
+                               "so its scores are not available. Its pattern is.")
+        return self.inputs[int(layer)]
+
+    # -- maps --
+    def layer_rows(self, layer: int, start: int = 0, stop: int | None = None, *, heads=None) -> np.ndarray:
+        """Attention weights of every head (or `heads`) of `layer` for queries start .. stop - 1: [head, rows, key],
+        float32 (the dense store's dtype in the pattern store)."""
+        stop = self.n_tokens if stop is None else stop
+        if self.pattern is not None:
+            block = self.pattern[self.index_of(layer), :, start:stop]
+            return block if heads is None else block[list(heads)]
+        weights, _ = core.layer_pattern(self._inputs(layer), start, stop, heads=heads, key_end=self.n_tokens)
+        return weights.numpy()
+
+    def head_pattern(self, layer: int, head: int, rows=None) -> np.ndarray:
+        """One head's weights [rows, key] (rows: None for all queries, a slice, or (start, stop))."""
+        start, stop = _row_range(rows, self.n_tokens)
+        return self.layer_rows(layer, start, stop, heads=[head])[0]
+
+    def head_scores(self, layer: int, head: int, rows=None) -> np.ndarray:
+        """One head's softmax logits [rows, key], float32: q.k * scaling, soft-capped, plus bias, -inf masked."""
+        start, stop = _row_range(rows, self.n_tokens)
+        return core.layer_scores(self._inputs(layer), start, stop, heads=[head], key_end=self.n_tokens)[0].numpy()
+
+    def head_sink(self, layer: int, head: int) -> np.ndarray | None:
+        """The weight each query gives the head's learned sink logit [query], or None without sinks."""
+        sinks = self.learned_sink
+        return None if sinks is None else sinks[self.index_of(layer), head]
+
+    @property
+    def scores(self) -> np.ndarray | None:
+        """Every captured head's logits [layer, head, query, key] float32 (-inf where masked), or None when q and
+        k were not recorded. Built on first use; needs 4 bytes per weight."""
+        if self._scores is None and self.inputs:
+            self._scores = np.stack([core.layer_scores(self.inputs[layer], key_end=self.n_tokens).numpy()
+                                     for layer in self.layers])
+        return self._scores
+
+    @property
+    def learned_sink(self) -> np.ndarray | None:
+        """[layer, head, query]: the weight each query gives the model's learned sink logit (gpt-oss), or None for
+        a model without one. Each row of the pattern plus its learned_sink sums to 1."""
+        if not self.inputs or all(x.sink is None for x in self.inputs.values()):
+            return None
+        if self._sink is None:
+            out = np.zeros((self.n_layers, self.n_heads, self.n_tokens), dtype=np.float32)
+            for i, layer in enumerate(self.layers):
+                x = self.inputs[layer]
+                if x.sink is None:
+                    continue
+                for a in range(0, self.n_tokens, 256):
+                    b = min(self.n_tokens, a + 256)
+                    _, sink = core.layer_pattern(x, a, b)
+                    out[i, :, a:b] = sink.numpy()
+            self._sink = out
+        return self._sink
+
+    def inputs_nbytes(self) -> int:
+        return sum(x.nbytes() for x in (self.inputs or {}).values())
+
+
+def _row_range(rows, n: int) -> tuple[int, int]:
+    if rows is None:
+        return 0, n
+    if isinstance(rows, slice):
+        start, stop, step = rows.indices(n)
+        if step != 1:
+            raise CaptureError("Rows must be a contiguous range.")
+        return start, stop
+    start, stop = rows
+    return max(0, int(start)), min(n, int(stop))
+
+
+def pattern_bytes(n_layers: int, n_heads: int, n_tokens: int, itemsize: int = 4) -> int:
+    """Bytes of a dense [layer, head, query, key] pattern."""
+    return n_layers * n_heads * n_tokens * n_tokens * itemsize
+
+
+def inputs_bytes(config, n_layers: int, n_tokens: int) -> int:
+    """Bytes the qk store holds for n_layers layers of n_tokens: float32 q [head, n, d] and k [kv_head, n, d]."""
+    n_heads = _n_heads(config)
+    n_kv = _n_kv_heads(config)
+    d = getattr(config, "head_dim", None) or _hidden(config) // n_heads
+    d_qk = (getattr(config, "qk_nope_head_dim", 0) or 0) + (getattr(config, "qk_rope_head_dim", 0) or 0) or d
+    return n_layers * n_tokens * d_qk * (n_heads + n_kv) * 4
 
 
 def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_scores: bool = False,
-                      max_tokens: int = MAX_TOKENS) -> AttentionCapture:
+                      max_tokens: int | None = None, store: str = "pattern",
+                      progress: Callable[[int, int], None] | None = None) -> AttentionCapture:
     """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
-    dtype: np.float32 (exact) or np.float16 (half the memory) for the pattern.
+    dtype: np.float32 (exact) or np.float16 (half the memory) for the dense pattern.
+    with_scores: require the pre-softmax scores (capture.scores / head_scores); refused for the families whose q
+    and k are not recorded.
+    store: "pattern" (dense [layer, head, query, key]) or "qk" (only q, k and the rules; no N x N array).
+    max_tokens: the longest text accepted (default: MAX_TOKENS for the pattern store, the model's own maximum
+    position for the qk store).
+    progress: called as progress(layers_done, layers_wanted) while the forward pass runs.
     """
+    if store not in STORES:
+        raise CaptureError(f"Unknown store {store!r}: use 'pattern' or 'qk'.")
     if not isinstance(text, str) or not text.strip():
         raise CaptureError("The text is empty: type some text to run the model on.")
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -107,6 +239,11 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
         raise CaptureError(f"Patterns are stored as float32 or float16, not {dtype}.")
+    records_inputs = _records_inputs(model, modules[0])
+    if (with_scores or store == "qk") and not records_inputs:
+        raise CaptureError(f"{loaded.spec.name} ({type(modules[0]).__name__}) does not dispatch through "
+                           "transformers' attention interface, so attnviz cannot record its query and key vectors: "
+                           "its scores and the long-text store are not available. Capture the pattern only.")
 
     encoded = tokenizer(text, return_tensors="pt")
     ids = encoded.input_ids
@@ -114,20 +251,25 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     if n == 0:
         raise CaptureError(f"{loaded.spec.name}'s tokenizer turned the text into no tokens; try another text or "
                            "check the model folder's tokenizer files.")
-    limit = min(max_tokens, _position_limit(model.config))
+    position_limit = _position_limit(model.config)
+    limit = min(position_limit, (MAX_TOKENS if store == "pattern" else position_limit) if max_tokens is None
+                else max_tokens)
     if n > limit:
         raise CaptureError(f"The text is {n:,} tokens long; the limit for {loaded.spec.name} here is {limit:,} "
                            "tokens. Shorten the text.")
     n_heads = _n_heads(model.config)
-    need = len(wanted) * n_heads * n * n * (dtype.itemsize + (4 if with_scores else 0))
-    if need > MAX_CAPTURE_BYTES:
-        raise CaptureError(f"Capturing {len(wanted)} layers x {n_heads} heads x {n:,}² weights needs "
-                           f"{need / 2**30:.1f} GiB (limit {MAX_CAPTURE_BYTES / 2**30:.0f} GiB). Pick fewer layers, "
-                           "float16, or a shorter text.")
-    if with_scores:
-        _scores_function(modules[0])  # fail before the forward pass when the family is not supported
+    if store == "pattern":
+        need = pattern_bytes(len(wanted), n_heads, n, dtype.itemsize + (4 if with_scores else 0))
+        if need > MAX_CAPTURE_BYTES:
+            fit = max(0, MAX_CAPTURE_BYTES // max(1, pattern_bytes(1, n_heads, n, dtype.itemsize +
+                                                                    (4 if with_scores else 0))))
+            raise CaptureError(f"Capturing {len(wanted)} layers x {n_heads} heads x {n:,}² weights needs "
+                               f"{need / 2**30:.1f} GiB (limit {MAX_CAPTURE_BYTES / 2**30:.0f} GiB); {fit} layers "
+                               "would fit. Pick fewer layers or a shorter text, or use the long-text store "
+                               "(store='qk'), which never builds the N x N arrays.")
 
-    recorder = _Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, with_scores=with_scores)
+    recorder = _Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, store=store,
+                         layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress)
     runner = getattr(model, "base_model", model)
     device = _input_device(model)
     with recording(model, recorder), torch.inference_mode():
@@ -139,26 +281,24 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
             raise
         except Exception as exc:  # a user's model that cannot run this text: a message, not a traceback
             raise CaptureError(f"{loaded.spec.name} failed on this text: {type(exc).__name__}: {exc}") from exc
-    missing = [i for i in wanted if i not in recorder.pattern]
+    got = recorder.pattern if store == "pattern" else recorder.inputs
+    missing = [i for i in wanted if i not in got]
     if missing:
         raise CaptureError(f"{loaded.spec.name} did not return attention weights for layers {missing}.")
-
     capture = AttentionCapture(
         tokens=readable_tokens(tokenizer, ids[0].tolist()),
         token_ids=ids[0].tolist(),
-        pattern=np.stack([recorder.pattern[i] for i in wanted]),
         layers=list(wanted),
-        kv_head_of=kv_head_of(model.config),
+        # the sharing attention itself used where q and k were recorded; else the config's
+        kv_head_of=list(recorder.inputs[wanted[0]].kv_head_of) if records_inputs else kv_head_of(model.config),
         model_name=loaded.spec.name,
         causal=_is_causal(model, modules[0]),
+        store=store,
+        pattern=np.stack([recorder.pattern[i] for i in wanted]) if store == "pattern" else None,
+        inputs={i: recorder.inputs[i] for i in wanted} if records_inputs else None,
     )
     if with_scores:
-        scalings = {recorder.scaling[i] for i in wanted}
-        if len(scalings) != 1:
-            raise CaptureError("This model scales q.k differently in each layer; capture one layer at a time.")
-        capture.scores = np.stack([recorder.scores[i] for i in wanted])
-        capture.scaling = scalings.pop()
-        capture.head_dim = recorder.head_dim
+        capture.scores  # noqa: B018  (built now, so that it is exported with the capture)
     return capture
 
 
@@ -193,10 +333,18 @@ def attention_modules(model) -> list[torch.nn.Module]:
 
 def kv_head_of(config) -> list[int]:
     """For each query head, the key/value head it reads: query head h uses KV head h // (n_heads / n_kv_heads)."""
-    n_heads = _n_heads(config)
-    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-    group = n_heads // n_kv
-    return [h // group for h in range(n_heads)]
+    return core.kv_head_of(_n_heads(config), _n_kv_heads(config))
+
+
+def _n_kv_heads(config) -> int:
+    """How many key/value heads the config's attention has."""
+    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        return 1  # GPT-BigCode (StarCoder), Falcon-7B: one KV head. Falcon-40B sets both and uses num_kv_heads.
+    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):  # Llama & most; Falcon; Falcon-RW
+        value = getattr(config, key, None)
+        if value:
+            return int(value)
+    return _n_heads(config)
 
 
 def readable_tokens(tokenizer, token_ids: list[int]) -> list[str]:
@@ -214,20 +362,167 @@ def readable_tokens(tokenizer, token_ids: list[int]) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Dispatch: the registered attention function and mask function, and the hooks of the other families
+# ---------------------------------------------------------------------------------------------------------------------
+
+def uses_interface(module) -> bool:
+    """Whether this attention module's family dispatches through transformers' attention interface."""
+    return hasattr(sys.modules[type(module).__module__], "ALL_ATTENTION_FUNCTIONS")
+
+
+def prepare_model(model) -> None:
+    """Makes a freshly loaded model capturable: families that dispatch through the attention interface get
+    attn_implementation="attnviz" (the family's eager attention, plus recording); the others keep eager."""
+    _register()
+    modules = attention_modules(model)
+    implementation = ATTN_IMPLEMENTATION if uses_interface(modules[0]) else "eager"
+    configs = {id(model.config): model.config}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            configs[id(config)] = config
+    for config in configs.values():
+        config._attn_implementation = implementation
+        for sub in ("text_config", "vision_config"):
+            if hasattr(config, sub) and getattr(config, sub) is not None:
+                getattr(config, sub)._attn_implementation = implementation
+
+
+def _records_inputs(model, module) -> bool:
+    return (getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION and uses_interface(module)) \
+        or type(module).__name__ in _REBUILT
+
+
+_REGISTERED = False
+_REGISTER_LOCK = threading.Lock()
+
+
+def _register() -> None:
+    global _REGISTERED
+    with _REGISTER_LOCK:
+        if _REGISTERED:
+            return
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _mask)
+        _REGISTERED = True
+
+
+def _mask(*args, **kwargs):
+    """The mask for the "attnviz" implementation: the eager float mask (what the family's eager attention adds),
+    except in a qk-store capture, where it is SDPA's bool mask, or None for a plain causal or full mask (so no
+    N x N mask is built at all)."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    rec = _ACTIVE.get()
+    if rec is not None and rec.store == "qk":
+        kwargs.pop("dtype", None)
+        return sdpa_mask(*args, **kwargs)
+    return eager_mask(*args, **kwargs)
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention function: the family's own eager attention, recording q, k and the rules first
+    when a capture of this thread wants this layer."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise CaptureError(f"{type(module).__name__}'s modeling file has no eager_attention_forward.")
+    rec = _ACTIVE.get()
+    layer = None if rec is None else rec.layer_of.get(id(module))
+    if layer is None or layer > rec.last:
+        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    softcap = kwargs.get("softcap")
+    sink = kwargs.get("s_aux")
+    if sink is None:
+        sink = getattr(module, "sinks", None)
+    if kwargs.get("position_bias") is not None:
+        raise CaptureError(f"{type(module).__name__} adds a relative position bias, which attnviz does not read yet.")
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    if layer in rec.wanted:
+        n_query, n_key = query.shape[-2], key.shape[-2]
+        causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+        mask = _mask_rule(attention_mask, n_query, n_key, causal and n_query > 1)
+        n_heads = query.shape[1]
+        rec.inputs[layer] = LayerInputs(
+            q=query[0].detach().float().cpu().clone(), k=key[0].detach().float().cpu().clone(),
+            kv_head_of=tuple(core.kv_head_of(n_heads, key.shape[1])), scaling=scale, mask=mask,
+            softcap=float(softcap) if softcap else None,
+            sink=None if sink is None else sink.detach().float().cpu().reshape(-1).clone())
+    if rec.store == "pattern":
+        out, weights = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if layer in rec.wanted:
+            if weights is None:
+                raise CaptureError(f"{type(module).__name__} returned no attention weights.")
+            rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
+    elif softcap or sink is not None:  # SDPA has neither: attnviz's core computes the output, a block at a time
+        out = _core_output(module, query, key, value, attention_mask, scale, softcap, sink)
+        weights = None
+    else:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, **kwargs)
+    rec.layer_done(layer)
+    return out, weights
+
+
+def _core_output(module, query, key, value, attention_mask, scale, softcap, sink):
+    """[batch, query, head, d_v] attention output by attnviz.attention.layer_output, batch by batch."""
+    outs = []
+    causal = bool(getattr(module, "is_causal", True)) and query.shape[-2] > 1
+    for b in range(query.shape[0]):
+        mask = _mask_rule(None if attention_mask is None else attention_mask[b:b + 1], query.shape[-2],
+                          key.shape[-2], causal)
+        inputs = LayerInputs(q=query[b].float(), k=key[b].float(),
+                             kv_head_of=tuple(core.kv_head_of(query.shape[1], key.shape[1])), scaling=scale,
+                             mask=mask, softcap=float(softcap) if softcap else None,
+                             sink=None if sink is None else sink.float().reshape(-1))
+        outs.append(core.layer_output(inputs, value[b].float()).to(query.dtype))
+    return torch.stack(outs).transpose(1, 2).contiguous()
+
+
+def _mask_rule(attention_mask, n_query: int, n_key: int, causal_if_none: bool) -> MaskRule:
+    """The MaskRule of what the model passed: None (causal or full, as SDPA reads it), a bool mask (True =
+    attend) or an additive float mask (the dtype's minimum where masked). Only batch row 0 is read."""
+    if attention_mask is None:
+        return MaskRule(n_query, n_key, causal=causal_if_none)
+    mask = attention_mask[0, 0] if attention_mask.dim() == 4 else attention_mask[0]
+    mask = mask[-n_query:, :n_key] if mask.dim() == 2 else mask
+    if mask.dtype == torch.bool:
+        visible = mask
+    else:
+        visible = mask > torch.finfo(mask.dtype).min / 2
+        if bool((mask[visible] != 0).any()):
+            raise CaptureError("The model's attention mask carries a bias, which attnviz does not read yet.")
+    return MaskRule.from_bool(visible.cpu().numpy())
+
+
 @dataclass
 class _Recorder:
     wanted: set[int]
     last: int
     dtype: np.dtype
-    with_scores: bool
+    store: str
+    layer_of: dict[int, int]
+    progress: Callable[[int, int], None] | None = None
     pattern: dict[int, np.ndarray] = field(default_factory=dict)
-    scores: dict[int, np.ndarray] = field(default_factory=dict)
-    scaling: dict[int, float] = field(default_factory=dict)
-    head_dim: int | None = None
+    inputs: dict[int, LayerInputs] = field(default_factory=dict)
+    done: int = 0
+
+    def layer_done(self, layer: int) -> None:
+        if layer in self.wanted:
+            self.done += 1
+            if self.progress is not None:
+                self.progress(self.done, len(self.wanted))
+        if layer == self.last:
+            raise _StopForward
 
 
 class _StopForward(Exception):
-    """Raised by the hook of the last wanted layer: the rest of the forward pass is not needed."""
+    """Raised after the last wanted layer: the rest of the forward pass is not needed."""
 
 
 _ACTIVE: ContextVar[_Recorder | None] = ContextVar("attnviz_capture", default=None)
@@ -245,36 +540,41 @@ _HOOKS_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def recording(model, recorder: _Recorder) -> Iterator[_Recorder]:
-    """Hooks on every attention module of `model` while the block runs, reporting to `recorder` for this thread."""
+    """Records for this thread while the block runs: through the registered attention function, or through hooks
+    on every attention module for the families that do not dispatch through the interface."""
     modules = attention_modules(model)
-    with _HOOKS_LOCK:
-        hooks = _HOOKS.setdefault(model, _Hooks())
-        if hooks.users == 0:
-            for layer, module in enumerate(modules):
-                hooks.handles.append(module.register_forward_pre_hook(partial(_before, layer), with_kwargs=True))
-                hooks.handles.append(module.register_forward_hook(partial(_after, layer)))
-        hooks.users += 1
+    hooked = not uses_interface(modules[0]) or getattr(model.config, "_attn_implementation", None) != \
+        ATTN_IMPLEMENTATION
+    if hooked:
+        with _HOOKS_LOCK:
+            hooks = _HOOKS.setdefault(model, _Hooks())
+            if hooks.users == 0:
+                for layer, module in enumerate(modules):
+                    hooks.handles.append(module.register_forward_pre_hook(partial(_before, layer),
+                                                                          with_kwargs=True))
+                    hooks.handles.append(module.register_forward_hook(partial(_after, layer)))
+            hooks.users += 1
     token = _ACTIVE.set(recorder)
     try:
         yield recorder
     finally:
         _ACTIVE.reset(token)
-        with _HOOKS_LOCK:
-            hooks.users -= 1
-            if hooks.users == 0:
-                for handle in hooks.handles:
-                    handle.remove()
-                hooks.handles.clear()
+        if hooked:
+            with _HOOKS_LOCK:
+                hooks.users -= 1
+                if hooks.users == 0:
+                    for handle in hooks.handles:
+                        handle.remove()
+                    hooks.handles.clear()
 
 
 def _before(layer: int, module, args, kwargs):
     rec = _ACTIVE.get()
-    if rec is None or not rec.with_scores or layer not in rec.wanted:
+    if rec is None or layer not in rec.wanted:
         return None
-    scores, scaling, head_dim = _scores_function(module)(module, args, kwargs)
-    rec.scores[layer] = scores[0].float().cpu().numpy()
-    rec.scaling[layer] = float(scaling)
-    rec.head_dim = int(head_dim)
+    rebuild = _REBUILT.get(type(module).__name__)
+    if rebuild is not None:
+        rec.inputs[layer] = rebuild(module, args, kwargs)
     return None
 
 
@@ -286,87 +586,25 @@ def _after(layer: int, module, args, output):
     if weights is None:
         raise CaptureError(f"{type(module).__name__} returned no attention weights (is attention eager?).")
     rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
-    if layer == rec.last:
-        raise _StopForward
+    rec.layer_done(layer)
     return None
 
 
-def _family_helpers(module):
-    """The module's own modeling file, so scores use its helper functions (apply_rotary_pos_emb, repeat_kv)."""
-    return sys.modules[type(module).__module__]
-
-
-def _masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """scores + mask, as the model adds them, then -inf where the mask forbids attending."""
-    if mask is None:
-        return scores
-    mask = mask[..., : scores.shape[-1]]
-    scores = scores + mask
-    if mask.dtype == torch.bool:
-        raise CaptureError("The model passed a boolean mask: its attention is not eager.")
-    return scores.masked_fill(mask <= torch.finfo(mask.dtype).min / 2, float("-inf"))
-
-
-def _llama_scores(module, args, kwargs):
-    """LlamaAttention.forward + eager_attention_forward up to the softmax."""
+def _bloom_inputs(module, args, kwargs) -> LayerInputs:
+    """BloomAttention's q, k and ALiBi bias from its own projection (BLOOM does not use the attention interface):
+    scores = beta * alibi + inv_norm_factor * q.k, alibi[head, key] = slope_h * key position."""
     hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    cos, sin = kwargs["position_embeddings"]
-    helpers = _family_helpers(module)
-    shape = (*hidden.shape[:-1], -1, module.head_dim)
-    q = module.q_proj(hidden).view(shape).transpose(1, 2)  # [batch, head, query, head_dim]
-    k = module.k_proj(hidden).view(shape).transpose(1, 2)  # [batch, kv_head, key, head_dim]
-    q, k = helpers.apply_rotary_pos_emb(q, k, cos, sin)
-    k = helpers.repeat_kv(k, module.num_key_value_groups)  # [batch, head, key, head_dim]
-    scores = torch.matmul(q, k.transpose(2, 3)) * module.scaling
-    return _masked(scores, kwargs.get("attention_mask")), module.scaling, module.head_dim
-
-
-def _gpt2_scores(module, args, kwargs):
-    """GPT2Attention.forward + eager_attention_forward up to the softmax."""
-    if module.reorder_and_upcast_attn or module.is_cross_attention:
-        raise CaptureError("Scores are not available for GPT-2 with reorder_and_upcast_attn or cross-attention.")
-    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    q, k, _ = module.c_attn(hidden).split(module.split_size, dim=2)
-    shape = (*q.shape[:-1], -1, module.head_dim)
-    q = q.view(shape).transpose(1, 2)  # [batch, head, query, head_dim]
-    k = k.view(shape).transpose(1, 2)  # [batch, head, key, head_dim]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * module.scaling
-    return _masked(scores, kwargs.get("attention_mask")), module.scaling, module.head_dim
-
-
-def _bert_scores(module, args, kwargs):
-    """BertSelfAttention.forward + eager_attention_forward up to the softmax."""
-    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    shape = (*hidden.shape[:-1], -1, module.attention_head_size)
-    q = module.query(hidden).view(*shape).transpose(1, 2)  # [batch, head, query, head_dim]
-    k = module.key(hidden).view(*shape).transpose(1, 2)  # [batch, head, key, head_dim]
-    scores = torch.matmul(q, k.transpose(2, 3)) * module.scaling
-    return _masked(scores, kwargs.get("attention_mask")), module.scaling, module.attention_head_size
-
-
-def _bloom_scores(module, args, kwargs):
-    """BloomAttention.forward up to the softmax: ALiBi bias + q.k / sqrt(head_dim), then the mask."""
-    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    alibi = kwargs["alibi"]
-    batch, n_query, _ = hidden.shape
     q, k, _ = module._reshape(module.query_key_value(hidden))  # each [batch, head, n, head_dim]
-    q = q.reshape(batch * module.num_heads, -1, module.head_dim)
-    k = k.reshape(batch * module.num_heads, -1, module.head_dim).transpose(-1, -2)
-    scores = alibi.baddbmm(batch1=q, batch2=k, beta=module.beta, alpha=module.inv_norm_factor)
-    scores = scores.view(batch, module.num_heads, n_query, -1)
-    return _masked(scores, kwargs.get("attention_mask")), module.inv_norm_factor, module.head_dim
+    n_query, n_key = q.shape[-2], k.shape[-2]
+    alibi = kwargs["alibi"].reshape(q.shape[0], module.num_heads, -1)[0, :, -n_key:]  # [head, key]
+    n_heads = module.num_heads
+    return LayerInputs(q=q[0].detach().float().cpu().clone(), k=k[0].detach().float().cpu().clone(),
+                       kv_head_of=tuple(range(n_heads)), scaling=float(module.inv_norm_factor),
+                       mask=_mask_rule(kwargs.get("attention_mask"), n_query, n_key, True),
+                       key_bias=(alibi.detach().float().cpu() * float(module.beta)).clone())
 
 
-_SCORES = {"LlamaAttention": _llama_scores, "GPT2Attention": _gpt2_scores, "BertSelfAttention": _bert_scores,
-           "BloomAttention": _bloom_scores}
-
-
-def _scores_function(module):
-    fn = _SCORES.get(type(module).__name__)
-    if fn is None:
-        raise CaptureError(f"Pre-softmax scores are available for GPT-2, Llama, BLOOM and BERT attention, not for "
-                           f"{type(module).__name__}. Capture the pattern only.")
-    return fn
+_REBUILT = {"BloomAttention": _bloom_inputs}
 
 
 def _wanted_layers(layers, n_layers: int) -> list[int]:
@@ -386,11 +624,19 @@ def _wanted_layers(layers, n_layers: int) -> list[int]:
 
 
 def _n_heads(config) -> int:
-    for key in ("num_attention_heads", "n_head"):
+    for key in ("num_attention_heads", "n_head", "n_heads"):
         value = getattr(config, key, None)
         if value:
             return int(value)
     raise CaptureError(f"Cannot tell how many heads {type(config).__name__} has.")
+
+
+def _hidden(config) -> int:
+    for key in ("hidden_size", "n_embd", "d_model", "dim"):
+        value = getattr(config, key, None)
+        if value:
+            return int(value)
+    raise CaptureError(f"Cannot tell the hidden size of {type(config).__name__}.")
 
 
 def _position_limit(config) -> int:
@@ -421,12 +667,15 @@ def capture_to_bytes(capture: AttentionCapture, fmt: str = "npz") -> bytes:
     import io
     import json
 
+    if capture.pattern is None:
+        raise CaptureError("This capture keeps no dense pattern (long-text store): export one layer's or one "
+                           "head's weights instead.")
     arrays = {"pattern": np.ascontiguousarray(capture.pattern),
               "token_ids": np.asarray(capture.token_ids, dtype=np.int64),
               "layers": np.asarray(capture.layers, dtype=np.int64),
               "kv_head_of": np.asarray(capture.kv_head_of, dtype=np.int64)}
-    if capture.scores is not None:
-        arrays["scores"] = np.ascontiguousarray(capture.scores)
+    if capture._scores is not None:  # computed because they were asked for (with_scores, --scores)
+        arrays["scores"] = np.ascontiguousarray(capture._scores)
     meta = {"tokens": capture.tokens, "model_name": capture.model_name, "causal": capture.causal,
             "scaling": capture.scaling, "head_dim": capture.head_dim}
     if fmt == "npz":
@@ -471,5 +720,5 @@ def load_capture(path) -> AttentionCapture:
     return AttentionCapture(tokens=list(meta["tokens"]), token_ids=arrays["token_ids"].tolist(),
                             pattern=arrays["pattern"], layers=arrays["layers"].tolist(),
                             kv_head_of=arrays["kv_head_of"].tolist(), model_name=meta["model_name"],
-                            causal=bool(meta["causal"]), scores=arrays.get("scores"), scaling=meta["scaling"],
-                            head_dim=meta["head_dim"])
+                            causal=bool(meta["causal"]), _scores=arrays.get("scores"),
+                            _saved={"scaling": meta["scaling"], "head_dim": meta["head_dim"]})

@@ -136,6 +136,9 @@ def _finish(model, tokenizer, spec: ModelSpec) -> LoadedModel:
     model.requires_grad_(False)
     if model.config._attn_implementation != "eager":
         model.set_attn_implementation("eager")
+    from attnviz.capture import prepare_model
+
+    prepare_model(model)  # the family's eager attention, through attnviz's registered function where it can
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
 
 

@@ -18,8 +18,11 @@ over the query rows named. Token 0 is the first token (BOS for the toy models, t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
+import torch
 
 COLUMNS = ("entropy", "sink_mass", "mean_distance", "prev_token", "self", "induction")
 
@@ -34,18 +37,28 @@ ROLES: dict[str, tuple[str, bool, str]] = {
 }
 
 
-def head_stats(capture, *, block: int = 32) -> pd.DataFrame:
+def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """One row per captured (layer, head): layer, head, kv_head and the columns of COLUMNS (see module docstring).
 
-    capture: an AttentionCapture (pattern [layer, head, query, key], layers, token_ids, kv_head_of).
-    Every head of a layer at once, `block` query rows at a time, in float64 (see pattern_stats): memory stays at a
-    few [head, block, n] float64 slices whatever the text's length, small enough to stay in the CPU cache (32 rows x
-    9 heads x 1,126 keys is 2.6 MB; at 256 rows the same statistics took 6x as long).
+    capture: an AttentionCapture in either store (or anything with pattern [layer, head, query, key], layers,
+    token_ids and kv_head_of).
+    Dense store: every head of a layer at once, `block` query rows at a time, in float64 (see pattern_stats):
+    memory stays at a few [head, block, n] float64 slices whatever the text's length, small enough to stay in the
+    CPU cache (32 rows x 9 heads x 1,126 keys is 2.6 MB; at 256 rows the same statistics took 6x as long).
+    qk store (pattern None): streamed_stats on each layer's inputs, never building the N x N pattern.
+    progress: called as progress(layers_done, n_layers).
     """
-    pattern = capture.pattern
-    n_layers, n_heads, n = pattern.shape[0], pattern.shape[1], pattern.shape[-1]
+    pattern = getattr(capture, "pattern", None)
     targets = induction_targets(capture.token_ids)
-    per_layer = [pattern_stats(pattern[li], targets, block=block) for li in range(n_layers)]
+    n_layers, n_heads, n = len(capture.layers), len(capture.kv_head_of), len(capture.token_ids)
+    per_layer = []
+    for li, layer in enumerate(capture.layers):
+        if pattern is not None:
+            per_layer.append(pattern_stats(pattern[li], targets, block=block))
+        else:
+            per_layer.append(streamed_stats(capture.inputs[layer], targets))
+        if progress is not None:
+            progress(li + 1, n_layers)
     frame = pd.DataFrame({
         "layer": np.repeat(np.asarray(capture.layers, dtype=np.int64), n_heads),
         "head": np.tile(np.arange(n_heads, dtype=np.int64), n_layers),
@@ -96,6 +109,76 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
         out["induction"] = per_query[:, queries].mean(-1)
     else:
         out["induction"] = np.full(n_heads, np.nan)
+    return out
+
+
+def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 64) -> dict[str, np.ndarray]:
+    """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs), `block` query
+    rows at a time: the weights of a block are made from its scores and dropped, so memory is O(heads x block x n)
+    and no [n, n] array exists. Keys after the last one a block may see (causal) are never computed.
+
+    Each row's softmax uses the row max m and the sum l = sum_k exp(s_k - m) (+ exp(sink - m) with a learned
+    sink), the quantities the kernel page's online softmax carries as m_i and l_i; with them the entropy needs no
+    logarithm per weight: H = -sum_k p_k ln p_k = (m + ln l) sum_k p_k - sum_k p_k s_k (Milakov and Gimelshein
+    2018's online normaliser; p_k = exp(s_k - m) / l), and a causal row's mean distance is q sum_k p_k - sum_k p_k k,
+    one matrix-vector product. Sums over a row run in float32 on the block, totals over rows in float64."""
+    from attnviz import attention as core
+
+    n, n_heads = inputs.n_query, inputs.n_heads
+    sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}
+    per_query = np.zeros((n_heads, n))
+    with_targets = np.zeros(n, dtype=bool)
+    sink = inputs.sink
+    causal_rule = inputs.mask.kind == "causal" and inputs.n_key == n
+    positions = torch.arange(inputs.n_key, dtype=torch.float32)
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        key_end = max(inputs.mask.key_end(a, b), min(b, inputs.n_key))  # the diagonal is always read (prev, self)
+        s = core.layer_scores(inputs, a, b, key_end=key_end)  # [head, rows, keys], -inf where masked
+        m = s.amax(-1, keepdim=True)
+        if sink is not None:
+            m = torch.maximum(m, sink[:, None, None])
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        s -= m  # s - m <= 0, in place: no second [head, rows, keys] buffer
+        tail = max(0, a + 1 if causal_rule else 0)  # a causal block has -inf only right of its first query
+        if not causal_rule or tail < key_end:
+            s[..., tail:].clamp_(min=-1e30)  # masked stays masked (exp gives 0) and e * (s - m) stays 0, not NaN
+        e = torch.exp(s)  # exp(s - m), the unnormalised weights
+        total = e.sum(-1)  # l: sum_k exp(s_k - m)
+        if sink is not None:
+            total = total + torch.exp(sink[:, None] - m[..., 0])
+        total = torch.where(total > 0, total, torch.ones_like(total))
+        mass = e.sum(-1) / total  # sum_k p_k: 1, or 1 - the sink's share
+        # sum_k p_k (s_k - m) as one batched dot product per row (no [head, rows, keys] temporary)
+        es = torch.matmul(e.unsqueeze(-2), s.unsqueeze(-1))[..., 0, 0] / total
+        entropy = torch.log(total) * mass - es  # H = -sum p ln p = ln(l) sum p - sum p (s - m)
+        sums["entropy"] += entropy.double().sum(-1).numpy()
+        rows_pos = positions[a:b]
+        if causal_rule:  # every key seen is at or before the query: sum_k p_k |q - k| = q sum p - sum_k p_k k
+            weighted = torch.matmul(e, positions[:key_end]) / total
+            distance = rows_pos * mass - weighted
+        else:
+            distance = (e * (rows_pos[:, None] - positions[None, :key_end]).abs_()).sum(-1) / total
+        sums["mean_distance"] += distance.double().sum(-1).numpy()
+        rows = torch.arange(b - a)
+        p_at = lambda r, k: (e[:, r, k] / total[:, r]).double()  # noqa: E731  (a few weights, normalised)
+        sums["self"] += p_at(rows, torch.arange(a, b)).sum(-1).numpy()
+        first = 1 if a == 0 else 0  # query 0 has no previous token and is left out of the sink mass
+        if b - a > first:
+            sums["sink_mass"] += p_at(rows[first:], torch.zeros(b - a - first, dtype=torch.long)).sum(-1).numpy()
+            sums["prev_token"] += p_at(rows[first:], torch.arange(a + first, b) - 1).sum(-1).numpy()
+        for q in range(a, b):
+            if targets and targets[q]:
+                with_targets[q] = True
+                per_query[:, q] = (e[:, q - a, targets[q]].double().sum(-1) / total[:, q - a].double()).numpy()
+    out = {
+        "entropy": sums["entropy"] / n,
+        "sink_mass": sums["sink_mass"] / (n - 1) if n > 1 else np.full(n_heads, np.nan),
+        "mean_distance": sums["mean_distance"] / n,
+        "prev_token": sums["prev_token"] / (n - 1) if n > 1 else np.full(n_heads, np.nan),
+        "self": sums["self"] / n,
+        "induction": per_query[:, with_targets].mean(-1) if with_targets.any() else np.full(n_heads, np.nan),
+    }
     return out
 
 

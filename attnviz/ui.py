@@ -51,7 +51,7 @@ PAGES: tuple[PageInfo, ...] = (
 
 CUSTOM_MODEL = "Other: a local folder or hub id…"
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
-MAX_TEXT_CHARS = 20_000
+MAX_TEXT_CHARS = 50_000  # about 10,000 tokens of English: smollm2's 8,192 fit
 
 
 def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", allow_custom: bool = True) -> str | None:
@@ -165,25 +165,61 @@ def _get_model(name: str, version: tuple):
         return None
 
 
-@st.cache_resource(show_spinner=False, max_entries=4)  # a long smollm2 capture is ~1 GB
-def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...] | None, with_scores: bool):
+_CAPTURES = None  # attnviz.sinks.ComputeOnce, made on first use
+
+
+def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...] | None, with_scores: bool,
+                    store: str = "pattern", progress=None):
+    """The capture, computed once for every session that asks for the same arguments (at most 4 kept: a long
+    smollm2 capture is ~1 GB). Not an st.cache_resource: the capture reports its progress to the calling page,
+    and a Streamlit cache may not touch page elements from inside."""
+    global _CAPTURES
     from attnviz.capture import capture_attention
+    from attnviz.sinks import ComputeOnce
 
-    capture = capture_attention(_cached_model(name, version), text, layers=layers, with_scores=with_scores)
-    for array in (capture.pattern, capture.scores):
-        if array is not None:
-            array.flags.writeable = False  # shared by every session: nobody may change it in place
-    return capture
+    if _CAPTURES is None:
+        _CAPTURES = ComputeOnce(max_items=4)
+
+    def compute():
+        capture = capture_attention(_cached_model(name, version), text, layers=layers, with_scores=with_scores,
+                                    store=store, progress=progress)
+        for array in (capture.pattern, capture._scores):
+            if array is not None:
+                array.flags.writeable = False  # shared by every session: nobody may change it in place
+        return capture
+
+    return _CAPTURES.get((name, version, text, layers, with_scores, store), compute)
 
 
-def get_capture(name: str | None, text: str, layers=None, with_scores: bool = False):
+def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
+    """(store, why, n_tokens) for a capture of `text` through `name`: the dense "pattern" store while the
+    [layer, head, n, n] array fits capture.MAX_CAPTURE_BYTES, else "qk" (q and k only), where the family allows it."""
+    from attnviz import capture as cap
+    from attnviz.views import choose_store
+
+    loaded = get_model(name)
+    model = loaded.model
+    n_tokens = int(loaded.tokenizer(text, return_tensors="pt").input_ids.shape[1])
+    modules = cap.attention_modules(model)
+    n_layers = len(modules) if layers is None else len(set(layers))
+    can_stream = cap._records_inputs(model, modules[0])
+    store, why = choose_store(n_layers, cap._n_heads(model.config), n_tokens, limit_bytes=cap.MAX_CAPTURE_BYTES,
+                              can_stream=can_stream)
+    return store, why, n_tokens
+
+
+def get_capture(name: str | None, text: str, layers=None, with_scores: bool = False, store: str = "pattern"):
     """The AttentionCapture of `text` through `name`, cached on all arguments and on model_version(name), and
     shared between sessions.
 
+    store: "pattern", "qk" or "auto" (capture_store decides, and the page is told why in an info line).
     Its arrays are read-only. On bad input (empty or too long text, unknown layer, unloadable model) shows
     st.error and returns None. A page that caches results computed from the capture should key them on
     model_version(name) too, or a toy-lab model saved again under the same name shows stale results.
+    Long captures are admitted under one memory budget for every visitor (attnviz.budget): one that has to wait
+    says so, and one that could never fit is refused with the reason.
     """
+    from attnviz import budget
     from attnviz.capture import CaptureError
     from attnviz.models import ModelError
 
@@ -196,13 +232,40 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
         st.error(f"The text is {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}. Shorten it.")
         return None
     version = model_version(name)
-    if _get_model(name, version) is None:
+    loaded = _get_model(name, version)
+    if loaded is None:
         return None
     key_layers = None if layers is None else tuple(sorted({int(i) for i in layers}))
     try:
-        with st.spinner(f"Running {name} and capturing every head…"):
-            return _cached_capture(name, version, text, key_layers, bool(with_scores))
-    except (CaptureError, ModelError) as exc:
+        n_tokens = None
+        if store == "auto":
+            store, why, n_tokens = capture_store(name, text, key_layers)
+            if store == "qk":
+                st.info(f"{n_tokens:,} tokens: {why}.")
+        if n_tokens is None:
+            n_tokens = int(loaded.tokenizer(text, return_tensors="pt").input_ids.shape[1])
+        from attnviz.capture import attention_modules
+
+        n_layers = len(attention_modules(loaded.model)) if key_layers is None else len(key_layers)
+        need = budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers, store=store)
+        waiting = st.empty()
+
+        def on_wait(held, position):
+            waiting.info(f"Waiting for memory: other visitors' captures hold {held / 2**30:.1f} GiB of the "
+                         f"{budget.BUDGET.limit / 2**30:.1f} GiB budget (this one needs {need / 2**30:.2f} GiB; "
+                         f"{position} ahead of it). It starts by itself as soon as they finish.")
+
+        bar = st.progress(0.0, text=f"Running {name} and capturing every head…")
+
+        def progress(done, total):
+            bar.progress(done / total, text=f"Running {name}: layer {done} of {total} captured")
+
+        with budget.BUDGET.admit(need, on_wait=on_wait, what=f"Capturing {n_tokens:,} tokens"):
+            waiting.empty()
+            capture = _cached_capture(name, version, text, key_layers, bool(with_scores), store, progress=progress)
+        bar.empty()
+        return capture
+    except (CaptureError, ModelError, budget.OverBudget) as exc:
         st.error(str(exc))
         return None
 

@@ -69,3 +69,98 @@ def test_attention_scores_are_what_the_softmax_sees():
     e = np.exp(s - s.max(axis=1, keepdims=True))
     _, w = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=0.7)
     np.testing.assert_allclose(w, e / e.sum(axis=1, keepdims=True), atol=1e-12)
+
+
+# ----- the attention core: LayerInputs, MaskRule, scores, pattern with a learned sink, blocked output -----
+
+from attnviz.attention import (  # noqa: E402
+    LayerInputs, MaskRule, kv_head_of, layer_output, layer_pattern, layer_scores, softmax_with_sink,
+)
+
+
+def _inputs(n=23, heads=4, kv=2, d=8, *, mask=None, softcap=None, bias=False, sink=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(heads, n, d, generator=g) * 2
+    k = torch.randn(kv, n, d, generator=g) * 2
+    return LayerInputs(q=q, k=k, kv_head_of=tuple(kv_head_of(heads, kv)), scaling=d ** -0.5,
+                       mask=mask or MaskRule(n, n, causal=True), softcap=softcap,
+                       key_bias=torch.randn(heads, n, generator=g) if bias else None,
+                       sink=torch.randn(heads, generator=g) + 1 if sink else None)
+
+
+def _reference_logits(x: LayerInputs, visible: np.ndarray) -> np.ndarray:
+    """float64 logits written from the definitions, head by head and entry by entry."""
+    q, k = x.q.double().numpy(), x.k.double().numpy()
+    out = np.full((x.n_heads, x.n_query, x.n_key), -np.inf)
+    for h in range(x.n_heads):
+        for i in range(x.n_query):
+            for j in range(x.n_key):
+                if not visible[i, j]:
+                    continue
+                s = float(q[h, i] @ k[x.kv_head_of[h], j]) * x.scaling
+                if x.softcap:
+                    s = x.softcap * math.tanh(s / x.softcap)
+                if x.key_bias is not None:
+                    s += float(x.key_bias[h, j])
+                out[h, i, j] = s
+    return out
+
+
+@pytest.mark.parametrize("softcap, bias, sink", [(None, False, False), (1.5, False, False), (None, True, False),
+                                                 (None, False, True), (2.0, True, True)])
+def test_layer_scores_and_pattern_match_the_definitions(softcap, bias, sink):
+    n = 19
+    window = np.tril(np.ones((n, n), dtype=bool)) & ~np.tril(np.ones((n, n), dtype=bool), -5)  # sliding window 5
+    for visible, rule in ((causal_mask(n), MaskRule(n, n, causal=True)), (window, MaskRule.from_bool(window))):
+        x = _inputs(n, mask=rule, softcap=softcap, bias=bias, sink=sink)
+        expected = _reference_logits(x, visible)
+        got = layer_scores(x, dtype=torch.float64).numpy()
+        assert np.array_equal(np.isinf(got), np.isinf(expected))
+        np.testing.assert_allclose(got[np.isfinite(got)], expected[np.isfinite(expected)], rtol=1e-12, atol=1e-12)
+        # the pattern: the sink logit joins every row's normalisation as a column that is then dropped
+        columns = expected if not sink else np.concatenate(
+            [expected, np.broadcast_to(x.sink.double().numpy()[:, None, None], (x.n_heads, n, 1))], axis=-1)
+        full = np.exp(columns - columns.max(-1, keepdims=True))
+        full /= full.sum(-1, keepdims=True)
+        weights, sink_weight = layer_pattern(x, dtype=torch.float64)
+        np.testing.assert_allclose(weights.numpy(), full[..., :n], atol=1e-12)
+        if sink:
+            np.testing.assert_allclose(sink_weight.numpy(), full[..., n], atol=1e-12)
+            np.testing.assert_allclose(weights.sum(-1) + sink_weight, 1.0, atol=1e-12)
+        else:
+            assert sink_weight is None
+        # any block of rows is the same rows of the whole
+        block, _ = layer_pattern(x, 7, 12, dtype=torch.float64)
+        np.testing.assert_allclose(block.numpy(), weights.numpy()[:, 7:12, :block.shape[-1]], atol=0)
+
+
+def test_mask_rule_round_trips_and_knows_the_last_key_a_block_needs():
+    n = 37
+    rng = np.random.default_rng(0)
+    explicit = rng.random((n, n)) < 0.4
+    for visible in (np.ones((n, n), dtype=bool), causal_mask(n), causal_mask(n, n + 5), explicit):
+        rule = MaskRule.from_bool(visible)
+        assert np.array_equal(rule.rows(0, visible.shape[0]), visible)
+        for a, b in ((0, 5), (10, 11), (30, n)):
+            seen = np.nonzero(visible[a:b].any(0))[0]
+            assert rule.key_end(a, b) >= (seen[-1] + 1 if len(seen) else 0)
+            assert not visible[a:b, rule.key_end(a, b):].any()
+    assert MaskRule.from_bool(causal_mask(n)).kind == "causal" and MaskRule.from_bool(explicit).kind == "explicit"
+    assert MaskRule.from_bool(explicit).bits.nbytes <= n * math.ceil(n / 8)  # one bit an entry
+
+
+def test_blocked_output_equals_dense_attention_and_a_fully_masked_row_is_zero():
+    x = _inputs(50, heads=6, kv=3, d=16, softcap=3.0, sink=True, seed=2)
+    v = torch.randn(3, 50, 5, generator=torch.Generator().manual_seed(9)).double()
+    weights, _ = layer_pattern(x, dtype=torch.float64)
+    dense = torch.matmul(weights, v[list(x.kv_head_of)])
+    np.testing.assert_allclose(layer_output(x, v, block=7, dtype=torch.float64).numpy(), dense.numpy(), atol=1e-12)
+    scores = torch.tensor([[[0.0, float("-inf")], [float("-inf"), float("-inf")]]])
+    w, s = softmax_with_sink(scores)
+    assert torch.equal(w[0, 1], torch.zeros(2)) and s is None and torch.isfinite(w).all()
+
+
+def test_kv_head_of_for_mha_gqa_and_mqa():
+    assert kv_head_of(4) == [0, 1, 2, 3] and kv_head_of(4, 2) == [0, 0, 1, 1] and kv_head_of(4, 1) == [0] * 4
+    with pytest.raises(ValueError):
+        kv_head_of(6, 4)

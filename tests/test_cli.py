@@ -63,3 +63,25 @@ def test_models_command_lists_registry(capsys):
     assert main(["models"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert {"toy-gpt2", "toy-llama-gqa", "toy-bloom-alibi", "minilm-l6", "smollm2-135m"} <= set(names)
+
+
+def test_stats_command_writes_every_head_equal_to_the_dense_statistics(tmp_path, capsys):
+    from attnviz.capture import capture_attention
+    from attnviz.stats import COLUMNS, head_stats
+
+    text_file = tmp_path / "text.txt"
+    text_file.write_text("the cat sat on the mat. " * 12, encoding="utf-8")
+    out = tmp_path / "stats.csv"
+    assert main(["stats", "--model", "toy-llama-gqa", "--text-file", str(text_file), "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "qk store" in printed.out and "layer 2/2" in printed.err  # progress on stderr
+    got = pd.read_csv(out)
+    dense = head_stats(capture_attention(load_model("toy-llama-gqa"), text_file.read_text(encoding="utf-8")))
+    assert got[["layer", "head", "kv_head"]].equals(dense[["layer", "head", "kv_head"]])
+    for column in COLUMNS:
+        np.testing.assert_allclose(got[column], dense[column], rtol=1e-6, atol=1e-7, err_msg=column)
+
+
+def test_stats_command_bad_input_is_a_message(tmp_path, capsys):
+    assert main(["stats", "--model", "toy-gpt2", "--text", "  ", "--out", str(tmp_path / "s.csv")]) == 2
+    assert "empty" in capsys.readouterr().err

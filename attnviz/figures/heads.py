@@ -107,14 +107,16 @@ def blank_rows(p: np.ndarray, keep: np.ndarray) -> np.ndarray:
 
 
 def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5, tile: int = GRID_TILE,
-              layer_map: Callable[[np.ndarray], np.ndarray] | None = None, causal: bool = False) -> go.Figure:
+              layer_map: Callable[[np.ndarray], np.ndarray] | None = None, causal: bool = False,
+              n_tokens: int | None = None) -> go.Figure:
     """All heads at a glance: pattern [layer, head, query, key] as a layer x head mosaic of small maps.
 
     Each map is max-pooled to at most `tile` pixels and coloured by weight**gamma (gamma 0.5 lifts the small weights
     so previous-token stripes show next to bright sinks). layer_map, if given, maps each layer [head, query, key]
     before it is pooled (hiding the sink, say), one layer at a time: no changed copy of the whole pattern is made;
     the rows it sets to NaN are grey. causal: pooled blocks wholly above the diagonal (every key after every query
-    of the block: block column > block row, as rows and keys share the block edges) are grey, not black."""
+    of the block: block column > block row, as rows and keys share the block edges) are grey, not black.
+    n_tokens: the text's length when `pattern` is already pooled (attnviz.views.pooled_heads), for the title."""
     n_layers, n_heads, n, _ = pattern.shape
     m = min(n, tile)
     gap = 2
@@ -131,7 +133,8 @@ def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5,
     centers = lambda count: [i * (m + gap) + (m - 1) / 2 for i in range(count)]  # noqa: E731
     step = max(1, n_layers // 16)
     fig = image_figure(
-        mosaic, title=f"All heads: {n_layers} layers x {n_heads} heads, {n} tokens (each map: query down, key across)",
+        mosaic, title=f"All heads: {n_layers} layers x {n_heads} heads, {n_tokens or n:,} tokens (each map: query "
+                      "down, key across)",
         x_title="head", y_title="layer", colorbar_title=f"weight^{gamma:g}",
         x_ticks=(centers(n_heads), [str(h) for h in range(n_heads)]),
         y_ticks=(centers(n_layers)[::step], [str(layer) for layer in list(layers)[::step]]),
@@ -169,6 +172,53 @@ def head_detail(p: np.ndarray, tokens: Sequence[str], *, title: str, gamma: floa
                         colorbar_title=colorbar, x_ticks=ticks, y_ticks=ticks,
                         hovertemplate="query %{y}<br>key %{x}<extra></extra>", height=800,
                         masked=nan if nan.any() else None)
+
+
+def pooled_overview(pooled: np.ndarray, n_tokens: int, *, title: str, gamma: float = 1.0,
+                    causal: bool = False) -> go.Figure:
+    """One head max-pooled to pooled [m, m] (attnviz.views.pooled_heads) as an image whose axes count tokens: pixel
+    i covers the tokens between the pooling edges i and i + 1. Grey: blank rows (NaN) and, when causal, blocks
+    wholly after the diagonal."""
+    from attnviz.views import pool_edges
+
+    m = pooled.shape[-1]
+    edges = pool_edges(n_tokens, m)
+    z = np.asarray(pooled, dtype=np.float64) ** gamma
+    masked = np.isnan(z)
+    if causal:
+        masked |= np.triu(np.ones((m, m), dtype=bool), 1)
+    step = max(1, m // 8)
+    ticks = (list(range(0, m, step)), [f"{int(edges[i]):,}" for i in range(0, m, step)])
+    colorbar = "max weight" if gamma == 1 else f"max weight^{gamma:g}"
+    fig = image_figure(z, title=title, x_title="key position (token)", y_title="query position (token)",
+                       colorbar_title=colorbar, x_ticks=ticks, y_ticks=ticks,
+                       hovertemplate="block %{y}, %{x}<extra></extra>", height=700,
+                       masked=masked if masked.any() else None)
+    return fig
+
+
+def window_detail(w: np.ndarray, tokens: Sequence[str], q0: int, k0: int, *, title: str, gamma: float = 1.0,
+                  causal_offset: int | None = None) -> go.Figure:
+    """A window w [rows, keys] of one head, queries q0 .. and keys k0 .., with token labels (a zoom of a long map).
+    causal_offset: key j is masked (grey) for query i when j > i + causal_offset (None: nothing masked)."""
+    rows, keys = w.shape
+    z = np.asarray(w, dtype=np.float64) ** gamma
+    if causal_offset is not None:
+        qi, kj = np.arange(q0, q0 + rows)[:, None], np.arange(k0, k0 + keys)[None, :]
+        z = np.where(kj > qi + causal_offset, np.nan, z)
+    colorbar = "weight" if gamma == 1 else f"weight^{gamma:g}"
+    fig = heatmap(z, x_labels=[f"{k0 + j}: {tokens[k0 + j]}" for j in range(keys)],
+                  y_labels=[f"{q0 + i}: {tokens[q0 + i]}" for i in range(rows)], title=title,
+                  x_title="key token (position: token)", y_title="query token (position: token)", zmin=0.0, zmax=1.0,
+                  colorbar_title=colorbar,
+                  hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
+                  height=min(900, 260 + 14 * rows))
+    fig.data[0].customdata = np.asarray(w, dtype=np.float64)
+    fig.data[0].hoverongaps = False
+    fig.update_layout(plot_bgcolor="rgb({}, {}, {})".format(*MASKED_GREY))
+    fig.update_xaxes(tickangle=-60, showgrid=False)
+    fig.update_yaxes(showgrid=False)
+    return fig
 
 
 def remaining_mass(kept: np.ndarray, *, title: str, min_mass: float = MIN_REMAINING) -> go.Figure:

@@ -1,0 +1,105 @@
+"""One memory budget for the long work of every visitor at once.
+
+A Streamlit server runs every browser session in its own thread of one process. Two visitors who each start a long
+capture would each be within limits alone and exhaust the machine together. MemoryBudget admits work by its
+estimated bytes under one global limit: work that does not fit now waits (first come, first served) until earlier
+work finishes, and the caller is told it is waiting, so the page can say so; work that could never fit is refused at
+once with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+
+class OverBudget(ValueError):
+    """The work needs more memory than the whole budget: it can never run here."""
+
+
+def physical_memory_bytes() -> int:
+    """This machine's physical memory, or 8 GiB where the system does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def default_budget_bytes() -> int:
+    """ATTNVIZ_MEMORY_BUDGET_MB when set, else 40% of physical memory: room for the models, Streamlit and the
+    operating system beside the visitors' work."""
+    value = os.environ.get("ATTNVIZ_MEMORY_BUDGET_MB", "").strip()
+    if value:
+        try:
+            return max(1, int(float(value) * 2**20))
+        except ValueError:
+            pass
+    return int(0.4 * physical_memory_bytes())
+
+
+class MemoryBudget:
+    """Admits work by estimated bytes under a limit shared by every thread of the process.
+
+    with budget.admit(nbytes, on_wait=...): the block runs once `nbytes` fit beside the work already admitted;
+    waiting works are served in the order they asked. on_wait(held_bytes, queue_position) is called once, before
+    waiting, when the work cannot start at once. Raises OverBudget when nbytes exceeds the whole limit, and
+    TimeoutError when timeout (seconds) passes first.
+    """
+
+    def __init__(self, limit_bytes: int):
+        self.limit = int(limit_bytes)
+        self.held = 0
+        self._cond = threading.Condition()
+        self._tickets = itertools.count()
+        self._queue: list[int] = []
+
+    @contextlib.contextmanager
+    def admit(self, nbytes: int, *, on_wait: Callable[[int, int], None] | None = None,
+              timeout: float | None = None, what: str = "This work") -> Iterator[None]:
+        nbytes = max(0, int(nbytes))
+        if nbytes > self.limit:
+            raise OverBudget(f"{what} needs about {nbytes / 2**30:.2f} GiB, more than the {self.limit / 2**30:.2f} "
+                             "GiB this server gives all visitors' work at once: make it smaller.")
+        with self._cond:
+            ticket = next(self._tickets)
+            self._queue.append(ticket)
+            try:
+                told = False
+                while not (self._queue[0] == ticket and self.held + nbytes <= self.limit):
+                    if not told and on_wait is not None:
+                        told = True
+                        on_wait(self.held, self._queue.index(ticket))
+                    if not self._cond.wait(timeout):
+                        raise TimeoutError(f"{what} waited {timeout:g} s for memory held by other visitors.")
+                self.held += nbytes
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.held -= nbytes
+                self._cond.notify_all()
+
+
+BUDGET = MemoryBudget(default_budget_bytes())
+
+
+def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, itemsize: int = 4) -> int:
+    """Estimated peak bytes of one capture beyond the model's weights: what it keeps (the dense pattern, or q and k
+    per layer) plus the forward pass's working set (hidden states and MLP activations, float32, a few copies), and
+    for the pattern store one layer's eager [head, n, n] scores and weights."""
+    from attnviz.capture import _hidden, _n_heads, inputs_bytes, pattern_bytes
+
+    hidden = _hidden(config)
+    inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    n_heads = _n_heads(config)
+    forward = n_tokens * (8 * hidden + 3 * inner) * 4
+    keeps = inputs_bytes(config, n_layers, n_tokens)
+    if store == "pattern":
+        keeps += pattern_bytes(n_layers, n_heads, n_tokens, itemsize) + pattern_bytes(1, n_heads, n_tokens, 4) * 3
+    return int(forward + keeps)

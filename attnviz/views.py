@@ -1,0 +1,100 @@
+"""What the Heads page draws of a long capture, computed from what attention saw without the N x N matrix.
+
+A capture in the "qk" store (attnviz.capture) keeps each layer's q and k, O(N d). The views here make each map a
+block of query rows at a time with attnviz.attention.layer_pattern and keep only what is drawn:
+- pooled_heads: every head of a layer max-pooled to a small square (the all-heads grid, a one-head overview), with
+  the same block edges as attnviz.figures.heads.max_pool, so a pooled view equals max_pool of the dense pattern;
+- head_window: one head's weights in a window of queries and keys, at full resolution (zoom).
+Both can hide the first-token sink the way the Heads page does (column 0 zeroed, rows rescaled to 1, rows with under
+MIN_REMAINING of their weight off token 0 blank).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnviz import attention as core
+
+MIN_REMAINING = 0.01  # rows with less weight than this off token 0 are blank when the sink is hidden
+
+
+def choose_store(n_layers: int, n_heads: int, n_tokens: int, *, limit_bytes: int, itemsize: int = 4,
+                 can_stream: bool = True) -> tuple[str, str]:
+    """("pattern" or "qk", why): the dense store while [layer, head, n, n] fits limit_bytes, else the qk store."""
+    need = n_layers * n_heads * n_tokens * n_tokens * itemsize
+    if need <= limit_bytes or not can_stream:
+        return "pattern", (f"the dense pattern ({need / 2**20:,.0f} MiB) fits the "
+                           f"{limit_bytes / 2**30:.0f} GiB budget")
+    return "qk", (f"the dense pattern would need {need / 2**30:,.1f} GiB (budget {limit_bytes / 2**30:.0f} GiB), so "
+                  "only each layer's q and k are kept and every map is computed from them, a block of rows at a "
+                  "time: the N x N matrix is never built")
+
+
+def pool_edges(n: int, size: int) -> np.ndarray:
+    """Block edges of max_pool: size + 1 rounded points from 0 to n (or 0..n when n <= size)."""
+    if n <= size:
+        return np.arange(n + 1)
+    return np.linspace(0, n, size + 1).round().astype(int)
+
+
+def _hide_sink(w: np.ndarray) -> np.ndarray:
+    """w [head, rows, keys] (a copy) without token 0: column 0 zeroed, rows rescaled to 1, rows with under
+    MIN_REMAINING off token 0 NaN."""
+    kept = w[..., 1:].sum(-1, dtype=np.float64)  # [head, rows]
+    out = w.copy()
+    out[..., 0] = 0.0
+    ok = kept >= MIN_REMAINING
+    out /= np.where(ok, kept, 1.0)[..., None].astype(out.dtype)
+    out[~ok] = np.nan
+    return out
+
+
+def pooled_heads(inputs: core.LayerInputs, size: int, *, hide_sink: bool = False, heads=None) -> np.ndarray:
+    """[head, m, m] float32, m = min(n, size): each head's weights max-pooled over the blocks of pool_edges, one
+    block row of queries at a time (NaN rows skipped; a block is NaN only when all its rows are)."""
+    n = inputs.n_query
+    n_key = inputs.n_key
+    heads = list(range(inputs.n_heads)) if heads is None else list(heads)
+    rows_e, keys_e = pool_edges(n, size), pool_edges(n_key, size)
+    out = np.full((len(heads), len(rows_e) - 1, len(keys_e) - 1), np.nan, dtype=np.float32)
+    for i in range(len(rows_e) - 1):
+        a, b = int(rows_e[i]), int(rows_e[i + 1])
+        key_end = inputs.mask.key_end(a, b)
+        if key_end == 0:
+            continue
+        w, _ = core.layer_pattern(inputs, a, b, heads=heads, key_end=key_end)
+        w = w.numpy()
+        if hide_sink:
+            w = _hide_sink(w)
+        starts = keys_e[:-1][keys_e[:-1] < key_end]
+        with np.errstate(invalid="ignore"):
+            cols = np.fmax.reduceat(w, starts, axis=-1)  # [head, rows, blocks seen]
+            out[:, i, :len(starts)] = np.fmax.reduce(cols, axis=1)
+        # blocks right of every key these rows may see hold only masked (zero) weight, or NaN when every row of
+        # the block is blank (hidden sink), as max_pool of the dense rows gives
+        all_blank = np.isnan(w).all(-1).all(-1)  # [head]
+        out[:, i, len(starts):] = np.where(all_blank, np.nan, 0.0)[:, None]
+    return out
+
+
+def head_window(inputs: core.LayerInputs, head: int, rows: tuple[int, int], keys: tuple[int, int], *,
+                hide_sink: bool = False) -> np.ndarray:
+    """One head's weights [rows, keys] for queries rows[0] .. rows[1] - 1 and keys keys[0] .. keys[1] - 1, exact.
+    The sink is hidden over each whole row before the window is cut, as on the full map."""
+    (a, b), (k0, k1) = rows, keys
+    w, _ = core.layer_pattern(inputs, a, b, heads=[head], key_end=inputs.n_key)
+    w = w.numpy()
+    if hide_sink:
+        w = _hide_sink(w)
+    return w[0, :, k0:k1]
+
+
+def mass_off_sink(inputs: core.LayerInputs, head: int, *, block: int = 512) -> np.ndarray:
+    """[query] float64: the weight each query row of one head puts on keys other than token 0 (what hiding the
+    sink rescales to 1), a block of rows at a time."""
+    out = np.zeros(inputs.n_query)
+    for a in range(0, inputs.n_query, block):
+        b = min(inputs.n_query, a + block)
+        w, _ = core.layer_pattern(inputs, a, b, heads=[head])
+        out[a:b] = w[0, :, 1:].double().sum(-1).numpy()
+    return out

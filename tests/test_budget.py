@@ -1,0 +1,89 @@
+"""attnviz.budget: one memory budget for every visitor's long work, tested with threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from attnviz.budget import MemoryBudget, OverBudget, capture_working_bytes
+
+
+def test_work_that_does_not_fit_waits_is_told_and_starts_when_the_first_finishes():
+    budget = MemoryBudget(100)
+    events, told = [], []
+    first_in, release = threading.Event(), threading.Event()
+
+    def first():
+        with budget.admit(60):
+            events.append("first in")
+            first_in.set()
+            release.wait(5)
+            events.append("first out")
+
+    def second():
+        first_in.wait(5)
+        with budget.admit(60, on_wait=lambda held, ahead: told.append((held, ahead))):
+            events.append("second in")
+            assert budget.held == 60
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    first_in.wait(5)
+    time.sleep(0.2)  # the second is now waiting: 60 + 60 > 100
+    assert events == ["first in"] and told == [(60, 0)] and budget.held == 60
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert events == ["first in", "first out", "second in"]
+    assert budget.held == 0
+
+
+def test_small_work_runs_side_by_side_and_order_is_first_come_first_served():
+    budget = MemoryBudget(100)
+    order = []
+    gate = threading.Event()
+    with budget.admit(90):  # holds most of the budget while three others queue
+        def worker(name, size, delay):
+            time.sleep(delay)
+            with budget.admit(size):
+                order.append(name)
+                gate.wait(0.05)
+
+        threads = [threading.Thread(target=worker, args=(name, size, delay))
+                   for name, size, delay in (("a", 50, 0.0), ("b", 5, 0.1), ("c", 50, 0.2))]
+        for t in threads:
+            t.start()
+        time.sleep(0.4)
+        assert order == []  # b (5 bytes) would fit now, but waits behind a: first come, first served
+    for t in threads:
+        t.join(5)
+    assert order[0] == "a" and sorted(order) == ["a", "b", "c"] and budget.held == 0
+
+
+def test_work_larger_than_the_whole_budget_is_refused_at_once_and_errors_release():
+    budget = MemoryBudget(100)
+    with pytest.raises(OverBudget, match="more than the"):
+        with budget.admit(101, what="Capturing 9,000 tokens"):
+            pass
+    with pytest.raises(RuntimeError):
+        with budget.admit(80):
+            raise RuntimeError("the capture failed")
+    assert budget.held == 0
+    with budget.admit(30), pytest.raises(TimeoutError):
+        with budget.admit(80, timeout=0.1):
+            pass
+    assert budget.held == 0
+
+
+def test_the_estimate_grows_with_the_text_and_the_dense_store_costs_more():
+    from attnviz.models import load_model
+
+    config = load_model("toy-llama-gqa").model.config
+    small = capture_working_bytes(config, 100, 2, store="qk")
+    assert capture_working_bytes(config, 1000, 2, store="qk") > 9 * small
+    assert capture_working_bytes(config, 1000, 2, store="pattern") > capture_working_bytes(config, 1000, 2, store="qk")
+    # the dense pattern alone: 2 layers x 4 heads x 1000^2 float32
+    assert capture_working_bytes(config, 1000, 2, store="pattern") >= 2 * 4 * 1000 * 1000 * 4

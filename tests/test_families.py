@@ -1,0 +1,227 @@
+"""attnviz.capture on a tiny random model of every supported family, loaded from a folder as a user's model is,
+against transformers' own eager output_attentions of an independently loaded copy of the same folder."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz import attention as core
+from attnviz.capture import CaptureError, capture_attention, inputs_bytes
+from attnviz.models import load_model
+from tests.families import ENCODERS, FAMILIES, KV_HEADS, build_family
+
+TEXT = "The cat sat on the mat and the dog too."  # 40 tokens with <bos>: longer than the sliding window (8)
+UNRECORDED = ("falcon", "gptj")  # no attention interface: pattern only (no q, k, scores or qk store)
+SINKS = ("gpt_oss",)
+# family -> the layers with a sliding window (layer_types, or every layer for Mistral)
+SLIDING = {"mistral": [0, 1], "gemma2": [0], "gemma3_text": [0], "gpt_oss": [0]}
+RECORDED = tuple(f for f in FAMILIES if f not in UNRECORDED)
+
+
+@pytest.fixture(scope="session")
+def families_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("families")
+
+
+class Family:
+    """One family's folder, attnviz's model and captures, and transformers' reference, each made once."""
+
+    def __init__(self, name: str, root):
+        self.name = name
+        self.folder = build_family(name, root)
+        self.loaded = load_model(str(self.folder))
+        self._captures: dict[str, object] = {}
+        self._reference = None
+
+    def capture(self, store: str = "pattern"):
+        if store not in self._captures:
+            self._captures[store] = capture_attention(self.loaded, TEXT, store=store)
+        return self._captures[store]
+
+    @property
+    def reference(self) -> np.ndarray:
+        """output_attentions [layer, head, query, key] of the folder loaded by transformers alone, eager."""
+        if self._reference is None:
+            from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+            auto = AutoModel if self.name in ENCODERS else AutoModelForCausalLM
+            model = auto.from_pretrained(str(self.folder), attn_implementation="eager", dtype=torch.float32)
+            model.eval()
+            assert model.config._attn_implementation == "eager"
+            tokenizer = AutoTokenizer.from_pretrained(str(self.folder))
+            enc = tokenizer(TEXT, return_tensors="pt")
+            with torch.no_grad():
+                out = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_attentions=True,
+                            use_cache=False)
+            self._reference = np.stack([a[0].float().numpy() for a in out.attentions])
+        return self._reference
+
+
+@pytest.fixture(scope="session")
+def family_of(families_root):
+    @lru_cache(maxsize=None)
+    def get(name: str) -> Family:
+        return Family(name, families_root)
+
+    return get
+
+
+def _softmax64(scores: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
+    """float64 softmax over keys of [..., query, key] logits (-inf masked), with an optional extra logit column
+    sink [...] broadcast over queries, which takes part in the normalisation and is dropped from the result."""
+    s = scores.astype(np.float64)
+    if sink is not None:
+        column = np.broadcast_to(sink.astype(np.float64)[..., None, None], s.shape[:-1] + (1,))
+        s = np.concatenate([s, column], axis=-1)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    p = e / e.sum(-1, keepdims=True)
+    return p[..., :scores.shape[-1]]
+
+
+@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+def test_pattern_store_equals_output_attentions(family_of, name):
+    fam = family_of(name)
+    cap = fam.capture("pattern")
+    ref = fam.reference
+    assert cap.pattern.shape == ref.shape
+    assert cap.pattern.shape[0] == 2 and cap.n_tokens == len(TEXT.encode()) + 1
+    np.testing.assert_allclose(cap.pattern, ref, rtol=0, atol=1e-6)
+    assert cap.causal == (name not in ENCODERS)
+    assert (cap.inputs is None) == (name in UNRECORDED)
+
+
+@pytest.mark.parametrize("name", RECORDED, ids=RECORDED)
+def test_qk_store_equals_output_attentions(family_of, name):
+    fam = family_of(name)
+    cap = fam.capture("qk")
+    assert cap.pattern is None and cap.store == "qk"
+    ref = fam.reference
+    for i, layer in enumerate(cap.layers):
+        # 1e-5, not 1e-6: the qk store's forward pass runs torch's SDPA (or attnviz's block-wise core for soft-cap
+        # and sink families) instead of the eager matmul-softmax-matmul, so the hidden states that reach layer 1
+        # differ from eager's by float32 rounding; the core itself is exact (next test).
+        np.testing.assert_allclose(cap.layer_rows(layer), ref[i], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(cap.head_pattern(layer, 1, rows=(3, 9)), ref[i, 1, 3:9], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", RECORDED, ids=RECORDED)
+def test_core_on_recorded_inputs_equals_eager(family_of, name):
+    """attnviz.attention's pattern from the pattern store's inputs (what eager itself saw) equals eager's."""
+    fam = family_of(name)
+    cap = fam.capture("pattern")
+    ref = fam.reference
+    n = cap.n_tokens
+    for i, layer in enumerate(cap.layers):
+        x = cap.inputs[layer]
+        assert x.q.shape[:2] == (cap.n_heads, n) and x.k.shape[1] == n
+        assert list(x.kv_head_of) == cap.kv_head_of  # the config's GQA/MQA mapping is the one attention used
+        weights, sink = core.layer_pattern(x, key_end=n)
+        np.testing.assert_allclose(weights.numpy(), ref[i], rtol=0, atol=1e-6)
+        assert (sink is None) == (name not in SINKS)
+
+
+@pytest.mark.parametrize("name", RECORDED, ids=RECORDED)
+@pytest.mark.parametrize("store", ["pattern", "qk"])
+def test_scores_reproduce_the_pattern(family_of, name, store):
+    fam = family_of(name)
+    cap = fam.capture(store)
+    scores = cap.scores
+    assert scores.shape == (cap.n_layers, cap.n_heads, cap.n_tokens, cap.n_tokens)
+    assert np.isfinite(np.diagonal(scores, axis1=2, axis2=3)).all()  # every query sees itself
+    for i, layer in enumerate(cap.layers):
+        sink = cap.inputs[layer].sink
+        expected = _softmax64(scores[i], None if sink is None else sink.numpy())
+        np.testing.assert_allclose(expected, cap.layer_rows(layer), rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(cap.head_scores(layer, 2), scores[i, 2])
+
+
+@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+def test_rows_and_learned_sink_sum_to_one(family_of, name):
+    fam = family_of(name)
+    cap = fam.capture("pattern")
+    sink = cap.learned_sink
+    total = cap.pattern.astype(np.float64).sum(-1)
+    if name in SINKS:
+        assert sink is not None and sink.shape == total.shape
+        assert sink.max() > 0.1 and sink.mean() > 0.01  # the sinks take a visible share
+        total = total + sink
+        np.testing.assert_allclose(fam.capture("qk").learned_sink, sink, rtol=0, atol=1e-5)
+    else:
+        assert sink is None
+    np.testing.assert_allclose(total, 1.0, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(SLIDING), ids=list(SLIDING))
+@pytest.mark.parametrize("store", ["pattern", "qk"])
+def test_sliding_window_layers_have_an_explicit_mask(family_of, name, store):
+    fam = family_of(name)
+    cap = fam.capture(store)
+    window = fam.loaded.model.config.sliding_window
+    n = cap.n_tokens
+    assert window < n
+    for layer in cap.layers:
+        mask = cap.inputs[layer].mask
+        if layer in SLIDING[name]:
+            assert mask.kind == "explicit"
+            visible = mask.rows(0, n)
+            q, k = np.indices((n, n))
+            assert np.array_equal(visible, (k <= q) & (k > q - window))
+            assert (cap.layer_rows(layer)[:, ~visible] == 0).all()
+        else:
+            assert mask.kind == "causal"
+
+
+@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+def test_kv_heads_and_store_size(family_of, name):
+    """kv_head_of is the model's real sharing (GQA, MQA, Falcon's num_kv_heads), in both stores; inputs_bytes
+    predicts the qk store's q and k exactly (head_dim overrides, MLA's wider q.k, one KV head for MQA)."""
+    fam = family_of(name)
+    n_kv = KV_HEADS[name]
+    expected = [h * n_kv // 4 for h in range(4)]
+    for store in ("pattern",) if name in UNRECORDED else ("pattern", "qk"):
+        cap = fam.capture(store)
+        assert cap.kv_head_of == expected
+    if name in UNRECORDED:
+        return
+    cap = fam.capture("qk")
+    assert all(x.k.shape[0] == n_kv for x in cap.inputs.values())
+    qk_bytes = sum(x.q.numel() * 4 + x.k.numel() * 4 for x in cap.inputs.values())
+    assert inputs_bytes(fam.loaded.model.config, cap.n_layers, cap.n_tokens) == qk_bytes
+
+
+def test_gemma2_soft_cap_bites(family_of):
+    cap = family_of("gemma2").capture("pattern")
+    for layer in cap.layers:
+        x = cap.inputs[layer]
+        assert x.softcap == 3.0
+        raw = torch.matmul(x.q, x.k[list(x.kv_head_of)].transpose(-1, -2)) * x.scaling
+        assert raw.abs().max() > x.softcap  # the cap changes the pattern, so the test above is not vacuous
+
+
+def test_mqa_and_mla_shapes(family_of):
+    bigcode = family_of("gpt_bigcode").capture("qk")
+    assert bigcode.kv_head_of == [0, 0, 0, 0] and bigcode.inputs[0].k.shape[0] == 1
+    deepseek = family_of("deepseek_v3")
+    x = deepseek.capture("qk").inputs[0]
+    config = deepseek.loaded.model.config
+    assert x.head_dim == config.qk_nope_head_dim + config.qk_rope_head_dim
+    assert x.scaling != pytest.approx(x.head_dim ** -0.5)  # YaRN's mscale
+
+
+@pytest.mark.parametrize("name", UNRECORDED, ids=UNRECORDED)
+def test_families_without_the_interface_refuse_scores(family_of, name):
+    fam = family_of(name)
+    cap = fam.capture("pattern")
+    assert cap.inputs is None and not cap.has_scores and cap.scores is None and cap.learned_sink is None
+    np.testing.assert_allclose(cap.pattern, fam.reference, rtol=0, atol=1e-6)
+    with pytest.raises(CaptureError, match="does not dispatch through transformers' attention interface"):
+        capture_attention(fam.loaded, TEXT, with_scores=True)
+    with pytest.raises(CaptureError, match="does not dispatch through transformers' attention interface"):
+        capture_attention(fam.loaded, TEXT, store="qk")
+    with pytest.raises(CaptureError, match="scores are not available"):
+        cap.head_scores(0, 0)
