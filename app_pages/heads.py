@@ -20,18 +20,28 @@ SINK_MASS_NOTE = ("sink_mass is the mean of P[q, 0], the weight query q gives to
 # own copy of the result, so nothing cached here is shared.
 @st.cache_data(show_spinner=False, max_entries=16)
 def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, _capture):
-    """head_stats of the capture."""
-    return head_stats(_capture)
+    """head_stats of the capture, and for a long capture (qk store) every head pooled to the grid's tile in the
+    same pass (else None)."""
+    if _capture.pattern is not None:
+        return head_stats(_capture), None
+    pooled = []
+    bar = st.progress(0.0, text="Computing every head's statistics and the grid, a block of rows at a time…")
+    stats = head_stats(_capture, pool=figs.GRID_TILE, pooled_out=pooled,
+                       progress=lambda done, total: bar.progress(done / total, text=f"Statistics: layer {done} of "
+                                                                 f"{total}"))
+    bar.empty()
+    return stats, np.stack(pooled)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
 def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, hide_sink: bool, gamma: float,
-            tile: int, _capture):
+            tile: int, _capture, _pooled=None):
     """The grid of all heads, with the sink hidden layer by layer when asked: a rerun that moves only the detail
-    view neither renormalises the whole capture nor pools it again."""
+    view neither renormalises the whole capture nor pools it again. _pooled: the long capture's heads already
+    pooled by stats_of (used when the sink is shown)."""
     if _capture.pattern is None:  # long-text store: each layer pooled a block of rows at a time from q and k
-        pooled = np.stack([views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink)
-                           for layer in _capture.layers])
+        pooled = _pooled if (_pooled is not None and not hide_sink and tile == figs.GRID_TILE) else np.stack(
+            [views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink) for layer in _capture.layers])
         return figs.head_grid(pooled, _capture.layers, gamma=gamma, tile=tile, causal=_capture.causal,
                               n_tokens=_capture.n_tokens)
     layer_map = sink_hidden if hide_sink else None
@@ -127,7 +137,7 @@ if capture is None:
 long_text = capture.pattern is None  # the qk store: maps are computed from q and k, never the whole N x N
 version = ui.model_version(model)
 with st.spinner("Computing the statistics of every head…"):
-    stats = stats_of(model, version, text, layers, capture)
+    stats, pooled_grid = stats_of(model, version, text, layers, capture)
 n = capture.n_tokens
 st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads} heads captured"
            + (f"; query heads share {len(set(capture.kv_head_of))} key/value heads" if
@@ -188,7 +198,7 @@ tab_grid, tab_head, tab_token, tab_stats, tab_compare, tab_export = st.tabs(
 
 with tab_grid:
     with st.spinner("Drawing every head…"):
-        grid = grid_of(model, version, text, layers, hide_sink, 0.5, figs.GRID_TILE, capture)
+        grid = grid_of(model, version, text, layers, hide_sink, 0.5, figs.GRID_TILE, capture, pooled_grid)
     st.plotly_chart(grid, width="stretch")
     st.write("Each small map is one head (query down, key across, max-pooled to 48 px). A bright left column is a "
              "sink; a bright diagonal is a self head; a stripe just below it is a previous-token head."
@@ -211,10 +221,10 @@ with tab_head:
         z1, z2, z3 = st.columns(3)
         size = z3.select_slider("Window (tokens)", [32, 64, 96, 128, 160], 64, key="heads_zoom_size",
                                 persist_state="session")
-        q0 = z1.slider("Queries from", 0, max(0, n - size), max(0, n - size), key="heads_zoom_q",
-                       persist_state="session")
-        k0 = z2.slider("Keys from", 0, max(0, n - size), max(0, min(n - size, q0)), key="heads_zoom_k",
-                       persist_state="session")
+        span = max(0, n - size)  # the last window start; the window is the whole text when it is that short
+        q0 = z1.slider("Queries from", 0, span, span, key="heads_zoom_q", persist_state="session") if span else 0
+        k0 = z2.slider("Keys from", 0, span, min(span, q0), key="heads_zoom_k", persist_state="session") \
+            if span else 0
         window = views.head_window(capture.inputs[layer], head, (q0, min(n, q0 + size)), (k0, min(n, k0 + size)),
                                    hide_sink=hide_sink)
         st.plotly_chart(figs.window_detail(window, capture.tokens, q0, k0, gamma=gamma, causal_offset=causal_offset,
@@ -344,15 +354,22 @@ with tab_compare:
 
 with tab_export:
     stem = f"attention-{model.replace('/', '_')}-{n}tok"
-    st.download_button("Pattern + tokens (.npz)", data=lambda: capture_to_bytes(capture, "npz"),
-                       file_name=f"{stem}.npz", mime="application/octet-stream", key="heads_dl_npz")
-    st.download_button("Pattern + tokens (.safetensors)", data=lambda: capture_to_bytes(capture, "safetensors"),
-                       file_name=f"{stem}.safetensors", mime="application/octet-stream", key="heads_dl_st")
-    st.download_button("Statistics table (.csv)", data=stats.to_csv(index=False), file_name=f"{stem}-stats.csv",
-                       mime="text/csv", key="heads_dl_csv")
     link = ("The page's link (model, text, layer, head) reproduces this view" if text_in_link else
             f"The page's link keeps the model, layer and head but not the text ({len(text):,} characters, over the "
             f"{URL_TEXT_LIMIT:,} a link holds): send the text along with it")
-    st.write(f"pattern is [layer, head, query, key] = {list(capture.pattern.shape)} float32 "
-             f"({capture.pattern.nbytes / 2**20:.1f} MiB). {link}; the command line writes the same file: "
-             f"`python -m attnviz capture --model {model} --text \"...\" --out {stem}.npz`.")
+    if not long_text:
+        st.download_button("Pattern + tokens (.npz)", data=lambda: capture_to_bytes(capture, "npz"),
+                           file_name=f"{stem}.npz", mime="application/octet-stream", key="heads_dl_npz")
+        st.download_button("Pattern + tokens (.safetensors)", data=lambda: capture_to_bytes(capture, "safetensors"),
+                           file_name=f"{stem}.safetensors", mime="application/octet-stream", key="heads_dl_st")
+    st.download_button("Statistics table (.csv)", data=stats.to_csv(index=False), file_name=f"{stem}-stats.csv",
+                       mime="text/csv", key="heads_dl_csv")
+    if long_text:
+        st.write(f"The {n:,}-token pattern is not kept, so it cannot be downloaded whole "
+                 f"({capture.n_layers * capture.n_heads * n * n * 4 / 2**30:,.1f} GiB in float32); the statistics "
+                 f"can. {link}; the command line writes the same statistics at any length: "
+                 f"`python -m attnviz stats --model {model} --text-file text.txt --out {stem}-stats.csv`.")
+    else:
+        st.write(f"pattern is [layer, head, query, key] = {list(capture.pattern.shape)} float32 "
+                 f"({capture.pattern.nbytes / 2**20:.1f} MiB). {link}; the command line writes the same file: "
+                 f"`python -m attnviz capture --model {model} --text \"...\" --out {stem}.npz`.")

@@ -102,8 +102,24 @@ def _stats(args) -> int:
                 print(file=sys.stderr)
         return show
 
-    capture = capture_attention(loaded, text, layers=layers, store=store, progress=report("forward pass"))
-    head_stats(capture, progress=report("statistics")).to_csv(args.out, index=False)
+    if store == "qk":
+        # each layer's statistics are computed as soon as the forward pass has recorded its q and k, which are
+        # then dropped: memory holds one layer's inputs, not every layer's
+        from attnviz.stats import induction_targets, stats_frame, streamed_stats
+
+        ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0].tolist()
+        targets = induction_targets(ids)
+        per_layer = {}
+        capture = capture_attention(loaded, text, layers=layers, store="qk", keep_inputs=False,
+                                    on_layer=lambda layer, x: per_layer.__setitem__(layer,
+                                                                                    streamed_stats(x, targets)),
+                                    progress=report("forward pass and statistics"))
+        frame = stats_frame([per_layer[i] for i in capture.layers], capture.layers, capture.kv_head_of,
+                            capture.n_tokens)
+    else:
+        capture = capture_attention(loaded, text, layers=layers, store=store, progress=report("forward pass"))
+        frame = head_stats(capture, progress=report("statistics"))
+    frame.to_csv(args.out, index=False)
     print(f"wrote {args.out}: {capture.n_layers} layers x {capture.n_heads} heads, {capture.n_tokens:,} tokens "
           f"({store} store, {time.perf_counter() - started:.1f} s)")
     return 0

@@ -177,9 +177,18 @@ def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *
     stop = inputs.n_query if stop is None else stop
     key_end = inputs.mask.key_end(start, stop) if key_end is None else key_end
     heads = list(range(inputs.n_heads)) if heads is None else list(heads)
-    q = inputs.q[heads, start:stop].to(dtype)
-    k = inputs.k[[inputs.kv_head_of[h] for h in heads], :key_end].to(dtype)
-    scores = torch.matmul(q, k.transpose(-1, -2))
+    n_kv = inputs.k.shape[0]
+    group = inputs.n_heads // n_kv
+    if heads == list(range(inputs.n_heads)) and list(inputs.kv_head_of) == [h // group for h in heads]:
+        # every head, grouped as GQA groups them: one matmul per KV head over its query heads' rows, without a
+        # copy of K per query head
+        q = inputs.q[:, start:stop].to(dtype).reshape(n_kv, group * (stop - start), -1)
+        k = inputs.k[:, :key_end].to(dtype)
+        scores = torch.matmul(q, k.transpose(-1, -2)).reshape(inputs.n_heads, stop - start, key_end)
+    else:
+        q = inputs.q[heads, start:stop].to(dtype)
+        k = inputs.k[[inputs.kv_head_of[h] for h in heads], :key_end].to(dtype)
+        scores = torch.matmul(q, k.transpose(-1, -2))
     scores *= inputs.scaling  # in place, in eager attention's order: (q.k) * scaling
     if inputs.softcap:
         scores.div_(inputs.softcap).tanh_().mul_(inputs.softcap)

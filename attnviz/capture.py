@@ -214,7 +214,9 @@ def inputs_bytes(config, n_layers: int, n_tokens: int) -> int:
 
 def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_scores: bool = False,
                       max_tokens: int | None = None, store: str = "pattern",
-                      progress: Callable[[int, int], None] | None = None) -> AttentionCapture:
+                      progress: Callable[[int, int], None] | None = None,
+                      on_layer: Callable[[int, LayerInputs], None] | None = None,
+                      keep_inputs: bool = True) -> AttentionCapture:
     """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
@@ -225,6 +227,9 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     max_tokens: the longest text accepted (default: MAX_TOKENS for the pattern store, the model's own maximum
     position for the qk store).
     progress: called as progress(layers_done, layers_wanted) while the forward pass runs.
+    on_layer: called as on_layer(layer, inputs) as soon as a wanted layer's inputs are recorded, during the forward
+    pass (the command line's statistics are computed there). keep_inputs=False then drops each layer's inputs
+    after on_layer (memory O(one layer); the capture returned has no inputs, so no maps, only tokens).
     """
     if store not in STORES:
         raise CaptureError(f"Unknown store {store!r}: use 'pattern' or 'qk'.")
@@ -268,8 +273,11 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
                                "would fit. Pick fewer layers or a shorter text, or use the long-text store "
                                "(store='qk'), which never builds the N x N arrays.")
 
+    if not keep_inputs and (store != "qk" or with_scores):
+        raise CaptureError("keep_inputs=False goes with store='qk' and without scores.")
     recorder = _Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, store=store,
-                         layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress)
+                         layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress, on_layer=on_layer,
+                         keep_inputs=keep_inputs)
     runner = getattr(model, "base_model", model)
     device = _input_device(model)
     with recording(model, recorder), torch.inference_mode():
@@ -281,7 +289,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
             raise
         except Exception as exc:  # a user's model that cannot run this text: a message, not a traceback
             raise CaptureError(f"{loaded.spec.name} failed on this text: {type(exc).__name__}: {exc}") from exc
-    got = recorder.pattern if store == "pattern" else recorder.inputs
+    got = recorder.pattern if store == "pattern" else recorder.seen
     missing = [i for i in wanted if i not in got]
     if missing:
         raise CaptureError(f"{loaded.spec.name} did not return attention weights for layers {missing}.")
@@ -290,12 +298,12 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
         token_ids=ids[0].tolist(),
         layers=list(wanted),
         # the sharing attention itself used where q and k were recorded; else the config's
-        kv_head_of=list(recorder.inputs[wanted[0]].kv_head_of) if records_inputs else kv_head_of(model.config),
+        kv_head_of=list(recorder.kv_head_of) if records_inputs else kv_head_of(model.config),
         model_name=loaded.spec.name,
         causal=_is_causal(model, modules[0]),
         store=store,
         pattern=np.stack([recorder.pattern[i] for i in wanted]) if store == "pattern" else None,
-        inputs={i: recorder.inputs[i] for i in wanted} if records_inputs else None,
+        inputs={i: recorder.inputs[i] for i in wanted} if records_inputs and keep_inputs else None,
     )
     if with_scores:
         capture.scores  # noqa: B018  (built now, so that it is exported with the capture)
@@ -508,12 +516,24 @@ class _Recorder:
     store: str
     layer_of: dict[int, int]
     progress: Callable[[int, int], None] | None = None
+    on_layer: Callable[[int, LayerInputs], None] | None = None
+    keep_inputs: bool = True
     pattern: dict[int, np.ndarray] = field(default_factory=dict)
     inputs: dict[int, LayerInputs] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
+    kv_head_of: tuple[int, ...] | None = None
     done: int = 0
 
     def layer_done(self, layer: int) -> None:
         if layer in self.wanted:
+            x = self.inputs.get(layer)
+            if x is not None:
+                self.seen.add(layer)
+                self.kv_head_of = self.kv_head_of or x.kv_head_of
+                if self.on_layer is not None:
+                    self.on_layer(layer, x)
+                if not self.keep_inputs:
+                    del self.inputs[layer]
             self.done += 1
             if self.progress is not None:
                 self.progress(self.done, len(self.wanted))

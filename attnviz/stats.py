@@ -37,7 +37,8 @@ ROLES: dict[str, tuple[str, bool, str]] = {
 }
 
 
-def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None] | None = None,
+               pool: int | None = None, pooled_out: list | None = None) -> pd.DataFrame:
     """One row per captured (layer, head): layer, head, kv_head and the columns of COLUMNS (see module docstring).
 
     capture: an AttentionCapture in either store (or anything with pattern [layer, head, query, key], layers,
@@ -47,6 +48,9 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     CPU cache (32 rows x 9 heads x 1,126 keys is 2.6 MB; at 256 rows the same statistics took 6x as long).
     qk store (pattern None): streamed_stats on each layer's inputs, never building the N x N pattern.
     progress: called as progress(layers_done, n_layers).
+    pool, pooled_out (qk store): also append each layer's heads max-pooled to `pool` pixels ([head, m, m], as
+    attnviz.views.pooled_heads) to the list pooled_out, from the same pass (the Heads page's grid costs no second
+    pass over the scores).
     """
     pattern = getattr(capture, "pattern", None)
     targets = induction_targets(capture.token_ids)
@@ -56,16 +60,24 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
         if pattern is not None:
             per_layer.append(pattern_stats(pattern[li], targets, block=block))
         else:
-            per_layer.append(streamed_stats(capture.inputs[layer], targets))
+            per_layer.append(streamed_stats(capture.inputs[layer], targets, pool=pool))
+            if pooled_out is not None and pool:
+                pooled_out.append(per_layer[-1].pop("_pooled"))
         if progress is not None:
             progress(li + 1, n_layers)
+    return stats_frame(per_layer, capture.layers, capture.kv_head_of, n)
+
+
+def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_tokens: int) -> pd.DataFrame:
+    """The head_stats table from one pattern_stats / streamed_stats result per layer."""
+    n_layers, n_heads = len(per_layer), len(kv_head_of)
     frame = pd.DataFrame({
-        "layer": np.repeat(np.asarray(capture.layers, dtype=np.int64), n_heads),
+        "layer": np.repeat(np.asarray(layers, dtype=np.int64), n_heads),
         "head": np.tile(np.arange(n_heads, dtype=np.int64), n_layers),
-        "kv_head": np.tile(np.asarray(capture.kv_head_of, dtype=np.int64), n_layers),
+        "kv_head": np.tile(np.asarray(kv_head_of, dtype=np.int64), n_layers),
         **{c: np.concatenate([s[c] for s in per_layer]).astype(np.float64) for c in COLUMNS},
     }, columns=["layer", "head", "kv_head", *COLUMNS])
-    frame.attrs["n_tokens"] = n
+    frame.attrs["n_tokens"] = n_tokens
     return frame
 
 
@@ -112,7 +124,8 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
     return out
 
 
-def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 64) -> dict[str, np.ndarray]:
+def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 64,
+                   pool: int | None = None) -> dict[str, np.ndarray]:
     """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs), `block` query
     rows at a time: the weights of a block are made from its scores and dropped, so memory is O(heads x block x n)
     and no [n, n] array exists. Keys after the last one a block may see (causal) are never computed.
@@ -121,8 +134,11 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     sink), the quantities the kernel page's online softmax carries as m_i and l_i; with them the entropy needs no
     logarithm per weight: H = -sum_k p_k ln p_k = (m + ln l) sum_k p_k - sum_k p_k s_k (Milakov and Gimelshein
     2018's online normaliser; p_k = exp(s_k - m) / l), and a causal row's mean distance is q sum_k p_k - sum_k p_k k,
-    one matrix-vector product. Sums over a row run in float32 on the block, totals over rows in float64."""
+    one matrix-vector product. Sums over a row run in float32 on the block, totals over rows in float64.
+    pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result).
+    """
     from attnviz import attention as core
+    from attnviz.views import pool_edges
 
     n, n_heads = inputs.n_query, inputs.n_heads
     sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}
@@ -131,6 +147,9 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     sink = inputs.sink
     causal_rule = inputs.mask.kind == "causal" and inputs.n_key == n
     positions = torch.arange(inputs.n_key, dtype=torch.float32)
+    if pool:
+        row_edges, key_edges = pool_edges(n, pool), pool_edges(inputs.n_key, pool)
+        pooled = np.full((n_heads, len(row_edges) - 1, len(key_edges) - 1), np.nan, dtype=np.float32)
     for a in range(0, n, block):
         b = min(n, a + block)
         key_end = max(inputs.mask.key_end(a, b), min(b, inputs.n_key))  # the diagonal is always read (prev, self)
@@ -167,10 +186,22 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
         if b - a > first:
             sums["sink_mass"] += p_at(rows[first:], torch.zeros(b - a - first, dtype=torch.long)).sum(-1).numpy()
             sums["prev_token"] += p_at(rows[first:], torch.arange(a + first, b) - 1).sum(-1).numpy()
-        for q in range(a, b):
-            if targets and targets[q]:
-                with_targets[q] = True
-                per_query[:, q] = (e[:, q - a, targets[q]].double().sum(-1) / total[:, q - a].double()).numpy()
+        if pool:
+            starts = key_edges[:-1][key_edges[:-1] < key_end]
+            cols = np.maximum.reduceat(e.numpy(), starts, axis=-1) / total.numpy()[..., None]  # [head, rows, bins]
+            first_bin = int(np.searchsorted(row_edges, a, side="right")) - 1
+            for i in range(first_bin, len(row_edges) - 1):
+                lo, hi = max(a, int(row_edges[i])), min(b, int(row_edges[i + 1]))
+                if lo >= hi:
+                    break
+                pooled[:, i, :len(starts)] = np.fmax(pooled[:, i, :len(starts)], cols[:, lo - a:hi - a].max(1))
+                pooled[:, i, len(starts):] = np.fmax(pooled[:, i, len(starts):], 0.0)
+        pairs = [(q - a, t) for q in range(a, b) for t in (targets[q] if targets else ())]
+        if pairs:  # every (query, induction target) weight of the block in one gather
+            r, t = torch.tensor(pairs).T
+            mass = (e[:, r, t] / total[:, r]).double().numpy()  # [head, pair]
+            np.add.at(per_query.T, r.numpy() + a, mass.T)
+            with_targets[r.numpy() + a] = True
     out = {
         "entropy": sums["entropy"] / n,
         "sink_mass": sums["sink_mass"] / (n - 1) if n > 1 else np.full(n_heads, np.nan),
@@ -179,6 +210,8 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
         "self": sums["self"] / n,
         "induction": per_query[:, with_targets].mean(-1) if with_targets.any() else np.full(n_heads, np.nan),
     }
+    if pool:
+        out["_pooled"] = pooled
     return out
 
 

@@ -458,3 +458,24 @@ def test_difference_draws_rows_blank_in_either_map_grey():
     b[:10] = np.nan  # ten rows blank in B (sink hidden)
     fig = difference(a, b, [str(i) for i in range(n)], title="t")
     assert _grey_share(fig) == pytest.approx(10 / n)
+
+
+def test_a_text_too_long_for_the_dense_pattern_uses_the_qk_store_and_every_tab_runs(monkeypatch):
+    """Over the dense budget the page keeps q and k only, says so, and draws every view from them."""
+    from attnviz import capture as cap
+
+    monkeypatch.setattr(cap, "MAX_CAPTURE_BYTES", 20_000)  # 2 layers x 4 heads x 50^2 x 4 B = 80 kB: over
+    text = "The cat sat on the mat. " * 2
+    at = heads_page({"model": "toy-llama-gqa", "text": text})
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert any("only each layer's q and k are kept" in i.value for i in at.info)
+    n = int(next(c.value for c in at.caption if "tokens," in c.value).split(":")[1].split("tokens")[0].replace(",", ""))
+    # zoom window and head change rerun without recomputing the capture
+    at.select_slider(key="heads_zoom_size").set_value(32).run()
+    at.slider(key="heads_zoom_q").set_value(n - 32).run()
+    at.selectbox(key="heads_head").set_value(2).run()
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert any("Compare needs the dense pattern" in i.value for i in at.info)
+    table = at.dataframe[-1].value  # the statistics table, from the streamed pass
+    assert len(table) == 8 and table["entropy"].notna().all()

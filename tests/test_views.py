@@ -83,3 +83,13 @@ def test_streamed_statistics_equal_the_dense_ones_on_smollm2_at_about_1000_token
     # statistics agree to a relative 1e-6 (entropy ~5 nats, distances ~500 tokens)
     for column in COLUMNS:
         np.testing.assert_allclose(b[column], a[column], rtol=1e-6, atol=1e-7, err_msg=column)
+
+
+def test_the_statistics_pass_also_pools_the_grid(both):
+    dense, qk = both
+    pooled = []
+    stats = head_stats(qk, pool=16, pooled_out=pooled)
+    assert len(pooled) == qk.n_layers and list(stats.columns[:3]) == ["layer", "head", "kv_head"]
+    for i, layer in enumerate(qk.layers):
+        np.testing.assert_allclose(pooled[i], pooled_heads(qk.inputs[layer], 16), atol=1e-6)
+        np.testing.assert_allclose(pooled[i], max_pool(dense.pattern[i], 16), atol=2e-6)
