@@ -259,7 +259,11 @@ with tab_head:
                      f"rows have under {figs.MIN_REMAINING:.0%} and are blank in the map above.")
 
 with tab_token:
-    query = st.selectbox("Query token", list(range(n)), index=n - 1, key="heads_query", persist_state="session",
+    if st.session_state.get("heads_query_for") != capture_id or st.session_state.get("heads_query", 0) >= n:
+        # a new model or text: the query follows it (its last token), never a stale position from the old one
+        st.session_state["heads_query_for"] = capture_id
+        st.session_state["heads_query"] = n - 1
+    query = st.selectbox("Query token", list(range(n)), key="heads_query", persist_state="session",
                          format_func=lambda i: f"{i}: {capture.tokens[i]}")
     scope = st.radio("Heads", ["This layer", "All captured layers"], horizontal=True, key="heads_token_scope",
                      persist_state="session")
@@ -323,8 +327,7 @@ with tab_compare:
         b, b_title = shown(capture.pattern[lj].mean(0)), f"B: layer {layer_b}, mean of its heads"
     else:
         other = st.text_area("Text B", value=text.replace("cat", "dog"), key="heads_text_b",
-                             persist_state="session", height=68,
-                             max_chars=ui.MAX_TEXT_CHARS)
+                             persist_state="session", height=68)  # its length is checked by get_capture
         other_capture = ui.get_capture(model, other, layers=layers)
         if other_capture is not None:
             b, b_title, b_tokens = shown(other_capture.pattern[li, head]), f"B: text B, layer {layer}, head {head}", \

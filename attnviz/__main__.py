@@ -83,7 +83,7 @@ def _text_and_layers(args):
 def _stats(args) -> int:
     import time
 
-    from attnviz.capture import attention_modules, capture_attention, uses_interface
+    from attnviz.capture import capture_attention, records_inputs
     from attnviz.models import load_model
     from attnviz.stats import head_stats
 
@@ -91,8 +91,7 @@ def _stats(args) -> int:
     started = time.perf_counter()
     loaded = load_model(args.model, device=args.device, progress=lambda msg: print(msg, file=sys.stderr))
     # the qk store keeps only q and k, O(N d) per layer; families whose q and k are not recorded need the pattern
-    module = attention_modules(loaded.model)[0]
-    store = "qk" if uses_interface(module) or type(module).__name__ == "BloomAttention" else "pattern"
+    store = "qk" if records_inputs(loaded.model) else "pattern"
 
     def report(stage):
         def show(done, total):

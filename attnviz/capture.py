@@ -182,6 +182,19 @@ class AttentionCapture:
             self._sink = out
         return self._sink
 
+    def select(self, layers) -> "AttentionCapture":
+        """The same capture restricted to some of its layers (model layer numbers), sharing its arrays: narrowing
+        the layers needs no new forward pass."""
+        layers = sorted({int(i) for i in layers})
+        index = [self.index_of(i) for i in layers]
+        return AttentionCapture(
+            tokens=self.tokens, token_ids=self.token_ids, layers=layers, kv_head_of=self.kv_head_of,
+            model_name=self.model_name, causal=self.causal, store=self.store,
+            pattern=None if self.pattern is None else self.pattern[index],
+            inputs=None if self.inputs is None else {i: self.inputs[i] for i in layers},
+            _scores=None if self._scores is None else self._scores[index],
+            _sink=None if self._sink is None else self._sink[index], _saved=dict(self._saved))
+
     def inputs_nbytes(self) -> int:
         return sum(x.nbytes() for x in (self.inputs or {}).values())
 
@@ -395,6 +408,12 @@ def prepare_model(model) -> None:
         for sub in ("text_config", "vision_config"):
             if hasattr(config, sub) and getattr(config, sub) is not None:
                 getattr(config, sub)._attn_implementation = implementation
+
+
+def records_inputs(model) -> bool:
+    """Whether a capture of this model records q and k (scores, the long-text store): families that dispatch
+    through the attention interface, and BLOOM, whose q, k and ALiBi bias are rebuilt."""
+    return _records_inputs(model, attention_modules(model)[0])
 
 
 def _records_inputs(model, module) -> bool:

@@ -138,7 +138,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result).
     """
     from attnviz import attention as core
-    from attnviz.views import pool_edges
+    from attnviz.pooling import pool_edges
 
     n, n_heads = inputs.n_query, inputs.n_heads
     sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}

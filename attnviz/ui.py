@@ -179,6 +179,10 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
 
     if _CAPTURES is None:
         _CAPTURES = ComputeOnce(max_items=4)
+    if layers is not None:  # a capture of every layer already made for this text holds these layers too
+        whole = (name, version, text, None, with_scores, store)
+        if whole in _CAPTURES:
+            return _CAPTURES.get(whole, lambda: None).select(layers)
 
     def compute():
         capture = capture_attention(_cached_model(name, version), text, layers=layers, with_scores=with_scores,
@@ -202,7 +206,7 @@ def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
     n_tokens = int(loaded.tokenizer(text, return_tensors="pt").input_ids.shape[1])
     modules = cap.attention_modules(model)
     n_layers = len(modules) if layers is None else len(set(layers))
-    can_stream = cap._records_inputs(model, modules[0])
+    can_stream = cap.records_inputs(model)
     store, why = choose_store(n_layers, cap._n_heads(model.config), n_tokens, limit_bytes=cap.MAX_CAPTURE_BYTES,
                               can_stream=can_stream)
     return store, why, n_tokens
@@ -274,4 +278,7 @@ def text_input(key: str, default: str = DEFAULT_TEXT, *, label: str = "Text", he
     """A text area with a stable key and a length cap; returns the text (possibly empty: check before use)."""
     if key not in st.session_state:
         st.session_state[key] = default
-    return st.text_area(label, key=key, persist_state="session", height=height, max_chars=MAX_TEXT_CHARS)
+    # no max_chars: a browser silently refuses a paste over it and keeps the old text; the length is checked where
+    # the text is used (get_capture), with a message that gives the limit
+    return st.text_area(label, key=key, persist_state="session", height=height,
+                        help=f"Up to {MAX_TEXT_CHARS:,} characters.")

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnviz import attention as core
-
-MIN_REMAINING = 0.01  # rows with less weight than this off token 0 are blank when the sink is hidden
+from attnviz.pooling import MIN_REMAINING, pool_edges  # noqa: F401  (the edges of every pooled view)
 
 
 def choose_store(n_layers: int, n_heads: int, n_tokens: int, *, limit_bytes: int, itemsize: int = 4,
@@ -30,13 +29,6 @@ def choose_store(n_layers: int, n_heads: int, n_tokens: int, *, limit_bytes: int
                   "time: the N x N matrix is never built")
 
 
-def pool_edges(n: int, size: int) -> np.ndarray:
-    """Block edges of max_pool: size + 1 rounded points from 0 to n (or 0..n when n <= size)."""
-    if n <= size:
-        return np.arange(n + 1)
-    return np.linspace(0, n, size + 1).round().astype(int)
-
-
 def _hide_sink(w: np.ndarray) -> np.ndarray:
     """w [head, rows, keys] (a copy) without token 0: column 0 zeroed, rows rescaled to 1, rows with under
     MIN_REMAINING off token 0 NaN."""
@@ -49,31 +41,37 @@ def _hide_sink(w: np.ndarray) -> np.ndarray:
     return out
 
 
-def pooled_heads(inputs: core.LayerInputs, size: int, *, hide_sink: bool = False, heads=None) -> np.ndarray:
+def pooled_heads(inputs: core.LayerInputs, size: int, *, hide_sink: bool = False, heads=None,
+                 rows_per_pass: int = 256) -> np.ndarray:
     """[head, m, m] float32, m = min(n, size): each head's weights max-pooled over the blocks of pool_edges, one
-    block row of queries at a time (NaN rows skipped; a block is NaN only when all its rows are)."""
+    group of whole block rows (about rows_per_pass queries) at a time (NaN rows skipped; a block is NaN only when
+    all its rows are)."""
     n = inputs.n_query
-    n_key = inputs.n_key
     heads = list(range(inputs.n_heads)) if heads is None else list(heads)
-    rows_e, keys_e = pool_edges(n, size), pool_edges(n_key, size)
+    rows_e, keys_e = pool_edges(n, size), pool_edges(inputs.n_key, size)
     out = np.full((len(heads), len(rows_e) - 1, len(keys_e) - 1), np.nan, dtype=np.float32)
-    for i in range(len(rows_e) - 1):
-        a, b = int(rows_e[i]), int(rows_e[i + 1])
+    i = 0
+    while i < len(rows_e) - 1:
+        j = i + 1  # block rows i .. j - 1 go in one pass
+        while j < len(rows_e) - 1 and rows_e[j + 1] - rows_e[i] <= rows_per_pass:
+            j += 1
+        a, b = int(rows_e[i]), int(rows_e[j])
         key_end = inputs.mask.key_end(a, b)
-        if key_end == 0:
-            continue
-        w, _ = core.layer_pattern(inputs, a, b, heads=heads, key_end=key_end)
-        w = w.numpy()
-        if hide_sink:
-            w = _hide_sink(w)
-        starts = keys_e[:-1][keys_e[:-1] < key_end]
-        with np.errstate(invalid="ignore"):
-            cols = np.fmax.reduceat(w, starts, axis=-1)  # [head, rows, blocks seen]
-            out[:, i, :len(starts)] = np.fmax.reduce(cols, axis=1)
-        # blocks right of every key these rows may see hold only masked (zero) weight, or NaN when every row of
-        # the block is blank (hidden sink), as max_pool of the dense rows gives
-        all_blank = np.isnan(w).all(-1).all(-1)  # [head]
-        out[:, i, len(starts):] = np.where(all_blank, np.nan, 0.0)[:, None]
+        if key_end:
+            w, _ = core.layer_pattern(inputs, a, b, heads=heads, key_end=key_end)
+            w = w.numpy()
+            if hide_sink:
+                w = _hide_sink(w)
+            starts = keys_e[:-1][keys_e[:-1] < key_end]
+            with np.errstate(invalid="ignore"):
+                cols = np.fmax.reduceat(w, starts, axis=-1)  # [head, rows, key blocks seen]
+                out[:, i:j, :len(starts)] = np.fmax.reduceat(cols, rows_e[i:j] - a, axis=1)
+            # blocks right of every key these rows may see hold only masked (zero) weight, or NaN when every row
+            # of the block is blank (hidden sink), as max_pool of the dense rows gives
+            blank = np.isnan(w).all(-1)  # [head, rows]
+            all_blank = np.logical_and.reduceat(blank, rows_e[i:j] - a, axis=1)  # [head, block rows]
+            out[:, i:j, len(starts):] = np.where(all_blank, np.nan, 0.0)[..., None]
+        i = j
     return out
 
 

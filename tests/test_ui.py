@@ -479,3 +479,26 @@ def test_a_text_too_long_for_the_dense_pattern_uses_the_qk_store_and_every_tab_r
     assert any("Compare needs the dense pattern" in i.value for i in at.info)
     table = at.dataframe[-1].value  # the statistics table, from the streamed pass
     assert len(table) == 8 and table["entropy"].notna().all()
+
+
+def test_where_a_token_looks_follows_a_new_text_to_its_last_token():
+    at = heads_page({"model": "toy-gpt2", "text": "abcdefghijklmnop"})
+    at.selectbox(key="heads_query").set_value(3).run()
+    assert at.selectbox(key="heads_query").value == 3
+    at.text_area(key="heads_text").set_value("xyz").run()
+    n = len(at.selectbox(key="heads_query").options)
+    assert n == 4 and at.selectbox(key="heads_query").value == n - 1  # <bos> x y z: the last token
+    assert not at.exception
+
+
+def test_narrowing_the_layers_slices_the_capture_already_made(monkeypatch):
+    from attnviz import capture as cap
+    from attnviz import ui
+
+    calls = []
+    real = cap.capture_attention
+    monkeypatch.setattr(cap, "capture_attention", lambda *a, **k: calls.append(k.get("layers")) or real(*a, **k))
+    whole = ui._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", None, False)
+    part = ui._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", (1,), False)
+    assert part.layers == [1] and np.array_equal(part.pattern[0], whole.pattern[1])
+    assert calls == [None]  # one forward pass, for the whole capture

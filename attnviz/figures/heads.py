@@ -21,13 +21,13 @@ import plotly.colors
 import plotly.graph_objects as go
 from PIL import Image
 
+from attnviz.pooling import MIN_REMAINING, pool_edges
 from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap, line_chart
 
 DETAIL_MAX_TOKENS = 160  # above this a head is drawn as an image; the hover then shows indices only
 GRID_TILE = 48  # pixels per head in the grid of all heads
 HEATMAP_MAX_CELLS = 60_000  # token-by-head maps above this many cells become images too
 BOOST_FROM_TOKENS = 256  # from this many tokens the page turns weight^0.5 on: most weights are ~1/n, near black
-MIN_REMAINING = 0.01  # with the sink hidden, rows with less weight than this off token 0 are left blank
 MASKED_GREY = (170, 170, 170)  # a neutral grey, distinct from both ends of Viridis and from white gaps
 
 
@@ -87,7 +87,7 @@ def max_pool(p: np.ndarray, size: int) -> np.ndarray:
     n = p.shape[-1]
     if n <= size:
         return p
-    edges = np.linspace(0, n, size + 1).round().astype(int)
+    edges = pool_edges(n, size)
     with np.errstate(invalid="ignore"):  # keys first: along the contiguous axis, 3x faster than rows first
         cols = np.fmax.reduceat(p, edges[:-1], axis=-1)
         return np.fmax.reduceat(cols, edges[:-1], axis=-2)
@@ -179,8 +179,6 @@ def pooled_overview(pooled: np.ndarray, n_tokens: int, *, title: str, gamma: flo
     """One head max-pooled to pooled [m, m] (attnviz.views.pooled_heads) as an image whose axes count tokens: pixel
     i covers the tokens between the pooling edges i and i + 1. Grey: blank rows (NaN) and, when causal, blocks
     wholly after the diagonal."""
-    from attnviz.views import pool_edges
-
     m = pooled.shape[-1]
     edges = pool_edges(n_tokens, m)
     z = np.asarray(pooled, dtype=np.float64) ** gamma
