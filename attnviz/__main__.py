@@ -102,22 +102,28 @@ def _stats(args) -> int:
         return show
 
     if store == "qk":
-        # each layer's statistics are computed as soon as the forward pass has recorded its q and k, which are
-        # then dropped: memory holds one layer's inputs, not every layer's
-        from attnviz.stats import induction_targets, stats_frame, streamed_stats
+        # each layer's attention output and statistics come from one pass over its scores during the forward
+        # pass (attnviz.stats.streaming_attend); its q and k are then dropped: memory holds one layer's inputs
+        from attnviz.stats import streaming_attend, streamed_stats
 
         ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0].tolist()
-        targets = induction_targets(ids)
-        per_layer = {}
-        capture = capture_attention(loaded, text, layers=layers, store="qk", keep_inputs=False,
-                                    on_layer=lambda layer, x: per_layer.__setitem__(layer,
-                                                                                    streamed_stats(x, targets)),
-                                    progress=report("forward pass and statistics"))
-        frame = stats_frame([per_layer[i] for i in capture.layers], capture.layers, capture.kv_head_of,
-                            capture.n_tokens)
+        attend, summary = streaming_attend(ids)
+        targets = None
+
+        def on_layer(layer, x):  # a family read by hooks (BLOOM) has no attend call: its statistics come here
+            nonlocal targets
+            if layer not in summary:
+                from attnviz.stats import induction_targets
+
+                targets = targets or induction_targets(ids)
+                summary[layer] = streamed_stats(x, targets)
+
+        capture = capture_attention(loaded, text, layers=layers, store="qk", keep_inputs=False, attend=attend,
+                                    on_layer=on_layer, progress=report("forward pass and statistics"))
+        capture.summary = summary
     else:
         capture = capture_attention(loaded, text, layers=layers, store=store, progress=report("forward pass"))
-        frame = head_stats(capture, progress=report("statistics"))
+    frame = head_stats(capture, progress=report("statistics") if store != "qk" else None)
     frame.to_csv(args.out, index=False)
     print(f"wrote {args.out}: {capture.n_layers} layers x {capture.n_heads} heads, {capture.n_tokens:,} tokens "
           f"({store} store, {time.perf_counter() - started:.1f} s)")

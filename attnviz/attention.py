@@ -170,12 +170,13 @@ class LayerInputs:
 
 
 def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *, heads=None, key_end=None,
-                 dtype=torch.float32) -> torch.Tensor:
+                 key_start: int = 0, dtype=torch.float32) -> torch.Tensor:
     """The logits that enter the softmax for queries start .. stop - 1: q.k * scaling, soft-capped, plus the bias,
-    -inf where the mask forbids. [len(heads), rows, key_end]. heads: None for all, or a list of head indices.
-    key_end: keys 0 .. key_end - 1 (default: all the mask lets these rows see)."""
+    -inf where the mask forbids. [len(heads), rows, key_end - key_start]. heads: None for all, or a list of head
+    indices. Keys key_start .. key_end - 1 (default key_end: the last the mask lets these rows see)."""
     stop = inputs.n_query if stop is None else stop
     key_end = inputs.mask.key_end(start, stop) if key_end is None else key_end
+    k0 = int(key_start)
     heads = list(range(inputs.n_heads)) if heads is None else list(heads)
     n_kv = inputs.k.shape[0]
     group = inputs.n_heads // n_kv
@@ -183,25 +184,25 @@ def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *
         # every head, grouped as GQA groups them: one matmul per KV head over its query heads' rows, without a
         # copy of K per query head
         q = inputs.q[:, start:stop].to(dtype).reshape(n_kv, group * (stop - start), -1)
-        k = inputs.k[:, :key_end].to(dtype)
-        scores = torch.matmul(q, k.transpose(-1, -2)).reshape(inputs.n_heads, stop - start, key_end)
+        k = inputs.k[:, k0:key_end].to(dtype)
+        scores = torch.matmul(q, k.transpose(-1, -2)).reshape(inputs.n_heads, stop - start, key_end - k0)
     else:
         q = inputs.q[heads, start:stop].to(dtype)
-        k = inputs.k[[inputs.kv_head_of[h] for h in heads], :key_end].to(dtype)
+        k = inputs.k[[inputs.kv_head_of[h] for h in heads], k0:key_end].to(dtype)
         scores = torch.matmul(q, k.transpose(-1, -2))
     scores *= inputs.scaling  # in place, in eager attention's order: (q.k) * scaling
     if inputs.softcap:
         scores.div_(inputs.softcap).tanh_().mul_(inputs.softcap)
     if inputs.key_bias is not None:
-        scores += inputs.key_bias[heads, None, :key_end].to(dtype)
+        scores += inputs.key_bias[heads, None, k0:key_end].to(dtype)
     kind = inputs.mask.kind
     if kind == "causal":  # only keys right of the block's first query can be hidden from some of its rows
-        lo = max(0, start + inputs.mask.n_key - inputs.mask.n_query + 1)
+        lo = max(k0, start + inputs.mask.n_key - inputs.mask.n_query + 1)
         if lo < key_end:
             visible = torch.from_numpy(inputs.mask.rows(start, stop, key_end)[:, lo:])
-            scores[..., lo:].masked_fill_(~visible, float("-inf"))
+            scores[..., lo - k0:].masked_fill_(~visible, float("-inf"))
     elif kind == "explicit":
-        scores.masked_fill_(~torch.from_numpy(inputs.mask.rows(start, stop, key_end)), float("-inf"))
+        scores.masked_fill_(~torch.from_numpy(inputs.mask.rows(start, stop, key_end)[:, k0:]), float("-inf"))
     return scores
 
 

@@ -84,6 +84,8 @@ class AttentionCapture:
     _scores: np.ndarray | None = field(default=None, repr=False)
     _sink: np.ndarray | None = field(default=None, repr=False)
     _saved: dict = field(default_factory=dict, repr=False)  # scaling and head_dim of a capture read from a file
+    # {layer: attnviz.stats.streamed_stats result}, when the statistics were computed during the forward pass
+    summary: dict | None = field(default=None, repr=False)
 
     # -- shape --
     @property
@@ -193,7 +195,8 @@ class AttentionCapture:
             pattern=None if self.pattern is None else self.pattern[index],
             inputs=None if self.inputs is None else {i: self.inputs[i] for i in layers},
             _scores=None if self._scores is None else self._scores[index],
-            _sink=None if self._sink is None else self._sink[index], _saved=dict(self._saved))
+            _sink=None if self._sink is None else self._sink[index], _saved=dict(self._saved),
+            summary=None if self.summary is None else {i: self.summary[i] for i in layers})
 
     def inputs_nbytes(self) -> int:
         return sum(x.nbytes() for x in (self.inputs or {}).values())
@@ -229,7 +232,9 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
                       max_tokens: int | None = None, store: str = "pattern",
                       progress: Callable[[int, int], None] | None = None,
                       on_layer: Callable[[int, LayerInputs], None] | None = None,
-                      keep_inputs: bool = True) -> AttentionCapture:
+                      keep_inputs: bool = True,
+                      attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
+                      ) -> AttentionCapture:
     """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
@@ -243,6 +248,9 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     on_layer: called as on_layer(layer, inputs) as soon as a wanted layer's inputs are recorded, during the forward
     pass (the command line's statistics are computed there). keep_inputs=False then drops each layer's inputs
     after on_layer (memory O(one layer); the capture returned has no inputs, so no maps, only tokens).
+    attend (qk store, families of the attention interface): attend(layer, inputs, v [kv_head, n, d_v]) returns
+    the wanted layer's attention output [head, n, d_v]; it replaces SDPA there, so a caller that computes the
+    weights block by block anyway (attnviz.stats.streamed_stats with values=) computes the scores once for both.
     """
     if store not in STORES:
         raise CaptureError(f"Unknown store {store!r}: use 'pattern' or 'qk'.")
@@ -288,9 +296,11 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
 
     if not keep_inputs and (store != "qk" or with_scores):
         raise CaptureError("keep_inputs=False goes with store='qk' and without scores.")
+    if attend is not None and store != "qk":
+        raise CaptureError("attend= goes with store='qk'.")
     recorder = _Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, store=store,
                          layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress, on_layer=on_layer,
-                         keep_inputs=keep_inputs)
+                         keep_inputs=keep_inputs, attend=attend)
     runner = getattr(model, "base_model", model)
     device = _input_device(model)
     with recording(model, recorder), torch.inference_mode():
@@ -484,6 +494,12 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             if weights is None:
                 raise CaptureError(f"{type(module).__name__} returned no attention weights.")
             rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
+    elif rec.attend is not None and layer in rec.wanted and query.shape[0] == 1:
+        # the caller's blocked attention computes this layer's output from what it saw (and its statistics on the
+        # way): the scores are made once, for both
+        out = rec.attend(layer, rec.inputs[layer], value[0].detach().float().cpu())  # [head, query, d_v]
+        out = out.to(device=query.device, dtype=query.dtype).unsqueeze(0).transpose(1, 2).contiguous()
+        weights = None
     elif softcap or sink is not None:  # SDPA has neither: attnviz's core computes the output, a block at a time
         out = _core_output(module, query, key, value, attention_mask, scale, softcap, sink)
         weights = None
@@ -537,6 +553,7 @@ class _Recorder:
     progress: Callable[[int, int], None] | None = None
     on_layer: Callable[[int, LayerInputs], None] | None = None
     keep_inputs: bool = True
+    attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
     pattern: dict[int, np.ndarray] = field(default_factory=dict)
     inputs: dict[int, LayerInputs] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)

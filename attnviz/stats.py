@@ -55,17 +55,38 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     pattern = getattr(capture, "pattern", None)
     targets = induction_targets(capture.token_ids)
     n_layers, n_heads, n = len(capture.layers), len(capture.kv_head_of), len(capture.token_ids)
+    summary = getattr(capture, "summary", None) or {}
     per_layer = []
     for li, layer in enumerate(capture.layers):
-        if pattern is not None:
+        if layer in summary and (not pool or "_pooled" in summary[layer]):  # computed during the forward pass
+            per_layer.append({c: summary[layer][c] for c in COLUMNS})
+            if pooled_out is not None and pool:
+                pooled_out.append(summary[layer]["_pooled"])
+        elif pattern is not None:
             per_layer.append(pattern_stats(pattern[li], targets, block=block))
         else:
-            per_layer.append(streamed_stats(capture.inputs[layer], targets, pool=pool))
+            result = streamed_stats(capture.inputs[layer], targets, pool=pool)
+            per_layer.append({c: result[c] for c in COLUMNS})
             if pooled_out is not None and pool:
-                pooled_out.append(per_layer[-1].pop("_pooled"))
+                pooled_out.append(result["_pooled"])
         if progress is not None:
             progress(li + 1, n_layers)
     return stats_frame(per_layer, capture.layers, capture.kv_head_of, n)
+
+
+def streaming_attend(token_ids, *, pool: int | None = None):
+    """(attend, summary) for capture_attention(store="qk", attend=attend): each wanted layer's attention output
+    and its streamed_stats (and pooled heads) from one pass over its scores, stored in summary[layer]; set
+    capture.summary = summary afterwards and head_stats reads it instead of computing again."""
+    targets = induction_targets(token_ids)
+    summary: dict[int, dict] = {}
+
+    def attend(layer, inputs, values):
+        result = streamed_stats(inputs, targets, pool=pool, values=values)
+        summary[layer] = result
+        return result.pop("_output")
+
+    return attend, summary
 
 
 def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_tokens: int) -> pd.DataFrame:
@@ -124,84 +145,145 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
     return out
 
 
-def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 64,
-                   pool: int | None = None) -> dict[str, np.ndarray]:
-    """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs), `block` query
-    rows at a time: the weights of a block are made from its scores and dropped, so memory is O(heads x block x n)
-    and no [n, n] array exists. Keys after the last one a block may see (causal) are never computed.
+def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 64, key_block: int = 1024,
+                   pool: int | None = None, values: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs) the way the
+    kernel page's FlashAttention kernel computes attention: tiles of `block` query rows x `key_block` keys, with a
+    running row max m_i and running sum l_i, so no [n, n] array exists and each tile stays in the CPU's cache. Key
+    tiles wholly right of a causal block are never computed.
 
-    Each row's softmax uses the row max m and the sum l = sum_k exp(s_k - m) (+ exp(sink - m) with a learned
-    sink), the quantities the kernel page's online softmax carries as m_i and l_i; with them the entropy needs no
-    logarithm per weight: H = -sum_k p_k ln p_k = (m + ln l) sum_k p_k - sum_k p_k s_k (Milakov and Gimelshein
-    2018's online normaliser; p_k = exp(s_k - m) / l), and a causal row's mean distance is q sum_k p_k - sum_k p_k k,
-    one matrix-vector product. Sums over a row run in float32 on the block, totals over rows in float64.
-    pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result).
+    The online softmax (Milakov and Gimelshein 2018; Dao 2023, the kernel page): after a tile with row max m_t,
+    m_new = max(m_i, m_t), alpha = exp(m_i - m_new), l_i <- alpha l_i + sum_tile exp(s - m_new). Every other sum
+    over keys is carried the same way and divided by the final l at the end, so no weight is normalised tile by
+    tile:
+    - entropy: with A = sum_k exp(s_k - m)(s_k - m), H = -sum_k p_k ln p_k = ln(l) sum_k p_k - A / l, and A is
+      rescaled as A <- alpha (A + (m_i - m_new) l_i) + sum_tile exp(s - m_new)(s - m_new): no logarithm per weight;
+    - mean distance: sum_k p_k |q - k|, as q sum_k p_k - (sum_k exp(s_k - m) k) / l for a causal row;
+    - the weight of single keys (token 0, the diagonal, the previous token, induction targets): their raw scores s
+      are kept, and p = exp(s - m) / l at the end; a learned sink logit joins m and l at the end.
+    Sums over a tile run in float32, totals over rows in float64.
+    pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result), from
+    each pooling block's largest raw score (exp is monotone: the largest weight is exp(max s - m) / l).
+    values: the layer's value vectors [kv_head, n_key, d_v]; also return "_output" [head, n, d_v] float32, the
+    attention output sum_k p_k v_k, accumulated as acc <- alpha acc + exp(s - m_new) v: the layer's forward pass.
     """
     from attnviz import attention as core
     from attnviz.pooling import pool_edges
 
-    n, n_heads = inputs.n_query, inputs.n_heads
+    n, n_keys, n_heads = inputs.n_query, inputs.n_key, inputs.n_heads
     sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}
     per_query = np.zeros((n_heads, n))
     with_targets = np.zeros(n, dtype=bool)
     sink = inputs.sink
-    causal_rule = inputs.mask.kind == "causal" and inputs.n_key == n
-    positions = torch.arange(inputs.n_key, dtype=torch.float32)
+    causal_rule = inputs.mask.kind == "causal" and n_keys == n
+    positions = torch.arange(n_keys, dtype=torch.float32)
+    neg_inf = float("-inf")
+    if values is not None:
+        n_kv = values.shape[0]
+        group = n_heads // n_kv
+        grouped = list(inputs.kv_head_of) == [h // group for h in range(n_heads)]
+        v = values.float() if grouped else values.float()[list(inputs.kv_head_of)]
+        output = torch.empty(n_heads, n, values.shape[-1])
     if pool:
-        row_edges, key_edges = pool_edges(n, pool), pool_edges(inputs.n_key, pool)
-        pooled = np.full((n_heads, len(row_edges) - 1, len(key_edges) - 1), np.nan, dtype=np.float32)
+        row_edges, key_edges = pool_edges(n, pool), pool_edges(n_keys, pool)
+        n_bins = len(key_edges) - 1
+        pooled = np.full((n_heads, len(row_edges) - 1, n_bins), np.nan, dtype=np.float32)
     for a in range(0, n, block):
         b = min(n, a + block)
-        key_end = max(inputs.mask.key_end(a, b), min(b, inputs.n_key))  # the diagonal is always read (prev, self)
-        s = core.layer_scores(inputs, a, b, key_end=key_end)  # [head, rows, keys], -inf where masked
-        m = s.amax(-1, keepdim=True)
-        if sink is not None:
-            m = torch.maximum(m, sink[:, None, None])
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        s -= m  # s - m <= 0, in place: no second [head, rows, keys] buffer
-        tail = max(0, a + 1 if causal_rule else 0)  # a causal block has -inf only right of its first query
-        if not causal_rule or tail < key_end:
-            s[..., tail:].clamp_(min=-1e30)  # masked stays masked (exp gives 0) and e * (s - m) stays 0, not NaN
-        e = torch.exp(s)  # exp(s - m), the unnormalised weights
-        total = e.sum(-1)  # l: sum_k exp(s_k - m)
-        if sink is not None:
-            total = total + torch.exp(sink[:, None] - m[..., 0])
-        total = torch.where(total > 0, total, torch.ones_like(total))
-        mass = e.sum(-1) / total  # sum_k p_k: 1, or 1 - the sink's share
-        # sum_k p_k (s_k - m) as one batched dot product per row (no [head, rows, keys] temporary)
-        es = torch.matmul(e.unsqueeze(-2), s.unsqueeze(-1))[..., 0, 0] / total
-        entropy = torch.log(total) * mass - es  # H = -sum p ln p = ln(l) sum p - sum p (s - m)
+        r = b - a
+        rows = torch.arange(r)
+        qpos = torch.arange(a, b)
+        key_end = max(inputs.mask.key_end(a, b), min(b, n_keys))  # the diagonal is always read (prev, self)
+        m = torch.full((n_heads, r), neg_inf)
+        l = torch.zeros(n_heads, r)
+        big_a = torch.zeros(n_heads, r)  # A: sum exp(s - m)(s - m)
+        dist = torch.zeros(n_heads, r)  # sum exp(s - m) k (causal) or sum exp(s - m) |q - k|
+        acc = torch.zeros(n_heads, r, values.shape[-1]) if values is not None else None
+        raw0, raw_self, raw_prev = (torch.full((n_heads, r), neg_inf) for _ in range(3))
+        pairs = [(q - a, t) for q in range(a, b) for t in (targets[q] if targets else ())]
+        pair_r = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+        pair_t = torch.tensor([p[1] for p in pairs], dtype=torch.long)
+        raw_pairs = torch.full((n_heads, len(pairs)), neg_inf)
+        bins_max = torch.full((n_heads, r, n_bins), neg_inf) if pool else None
+        for k0 in range(0, key_end, key_block):
+            k1 = min(key_end, k0 + key_block)
+            s = core.layer_scores(inputs, a, b, key_start=k0, key_end=k1)  # [head, rows, k1 - k0], -inf masked
+            # raw scores of the single keys the statistics read, before s is shifted in place
+            if k0 == 0:
+                raw0 = s[..., 0].clone()
+            on_diag = (qpos >= k0) & (qpos < k1)
+            raw_self[:, on_diag] = s[:, rows[on_diag], qpos[on_diag] - k0]
+            prev = (qpos - 1 >= k0) & (qpos - 1 < k1)
+            raw_prev[:, prev] = s[:, rows[prev], qpos[prev] - 1 - k0]
+            if pairs:
+                inside = (pair_t >= k0) & (pair_t < k1)
+                raw_pairs[:, inside] = s[:, pair_r[inside], pair_t[inside] - k0]
+            if pool:
+                first = int(np.searchsorted(key_edges, k0, side="right")) - 1
+                last = int(np.searchsorted(key_edges, k1 - 1, side="right")) - 1
+                starts = np.maximum(key_edges[first:last + 1], k0) - k0
+                tile_max = torch.from_numpy(np.maximum.reduceat(s.numpy(), starts, axis=-1))
+                bins_max[..., first:last + 1] = torch.maximum(bins_max[..., first:last + 1], tile_max)
+            m_new = torch.maximum(m, s.amax(-1))
+            m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            alpha = torch.exp(m - m_safe)  # 0 while nothing was seen (m = -inf)
+            s -= m_safe[..., None]
+            s.clamp_(min=-1e30)  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
+            e = torch.exp(s)
+            shift = torch.where(l > 0, (m - m_safe) * l, torch.zeros_like(l))  # (m_i - m_new) l_i, 0 if l_i = 0
+            big_a = alpha * (big_a + shift) + torch.matmul(e.unsqueeze(-2), s.unsqueeze(-1))[..., 0, 0]
+            l = alpha * l + e.sum(-1)
+            if causal_rule:
+                dist = alpha * dist + torch.matmul(e, positions[k0:k1])
+            else:
+                dist = alpha * dist + (e * (qpos[:, None].float() - positions[None, k0:k1]).abs_()).sum(-1)
+            if acc is not None:
+                if grouped:
+                    tile = torch.matmul(e.reshape(n_kv, group * r, k1 - k0), v[:, k0:k1]).reshape(n_heads, r, -1)
+                else:
+                    tile = torch.matmul(e, v[:, k0:k1])
+                acc = alpha[..., None] * acc + tile
+            m = m_new
+        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        l_keys = l
+        if sink is not None:  # the sink logit joins the normalisation, with no value and no key
+            m_f = torch.maximum(m_safe, sink[:, None])
+            alpha = torch.exp(m - m_f)
+            big_a = alpha * (big_a + torch.where(l > 0, (m - m_f) * l, torch.zeros_like(l)))
+            l_keys = alpha * l
+            l = l_keys + torch.exp(sink[:, None] - m_f)
+            dist = alpha * dist
+            if acc is not None:
+                acc = alpha[..., None] * acc
+            m_safe = m_f
+        total = torch.where(l > 0, l, torch.ones_like(l))
+        mass = l_keys / total  # sum_k p_k: 1, or 1 - the sink's share
+        entropy = torch.log(total) * mass - big_a / total
         sums["entropy"] += entropy.double().sum(-1).numpy()
-        rows_pos = positions[a:b]
-        if causal_rule:  # every key seen is at or before the query: sum_k p_k |q - k| = q sum p - sum_k p_k k
-            weighted = torch.matmul(e, positions[:key_end]) / total
-            distance = rows_pos * mass - weighted
-        else:
-            distance = (e * (rows_pos[:, None] - positions[None, :key_end]).abs_()).sum(-1) / total
+        distance = qpos.float() * mass - dist / total if causal_rule else dist / total
         sums["mean_distance"] += distance.double().sum(-1).numpy()
-        rows = torch.arange(b - a)
-        p_at = lambda r, k: (e[:, r, k] / total[:, r]).double()  # noqa: E731  (a few weights, normalised)
-        sums["self"] += p_at(rows, torch.arange(a, b)).sum(-1).numpy()
-        first = 1 if a == 0 else 0  # query 0 has no previous token and is left out of the sink mass
-        if b - a > first:
-            sums["sink_mass"] += p_at(rows[first:], torch.zeros(b - a - first, dtype=torch.long)).sum(-1).numpy()
-            sums["prev_token"] += p_at(rows[first:], torch.arange(a + first, b) - 1).sum(-1).numpy()
-        if pool:
-            starts = key_edges[:-1][key_edges[:-1] < key_end]
-            cols = np.maximum.reduceat(e.numpy(), starts, axis=-1) / total.numpy()[..., None]  # [head, rows, bins]
+
+        p0 = torch.exp(raw0 - m_safe) / total
+        p_self = torch.exp(raw_self - m_safe) / total
+        p_prev = torch.exp(raw_prev - m_safe) / total
+        sums["self"] += p_self.double().sum(-1).numpy()
+        first_row = 1 if a == 0 else 0  # query 0 has no previous token and is left out of the sink mass
+        sums["sink_mass"] += p0[:, first_row:].double().sum(-1).numpy()
+        sums["prev_token"] += p_prev[:, first_row:].double().sum(-1).numpy()
+        if pairs:  # every (query, induction target) weight of the block
+            mass_pairs = (torch.exp(raw_pairs - m_safe[:, pair_r]) / total[:, pair_r]).double().numpy()
+            np.add.at(per_query.T, pair_r.numpy() + a, mass_pairs.T)
+            with_targets[pair_r.numpy() + a] = True
+        if acc is not None:
+            output[:, a:b] = acc / total[..., None]
+        if pool:  # the largest weight of each (row, key block), then the largest over each pooling row block
+            row_max = (torch.exp(bins_max - m_safe[..., None]) / total[..., None]).numpy()
             first_bin = int(np.searchsorted(row_edges, a, side="right")) - 1
             for i in range(first_bin, len(row_edges) - 1):
                 lo, hi = max(a, int(row_edges[i])), min(b, int(row_edges[i + 1]))
                 if lo >= hi:
                     break
-                pooled[:, i, :len(starts)] = np.fmax(pooled[:, i, :len(starts)], cols[:, lo - a:hi - a].max(1))
-                pooled[:, i, len(starts):] = np.fmax(pooled[:, i, len(starts):], 0.0)
-        pairs = [(q - a, t) for q in range(a, b) for t in (targets[q] if targets else ())]
-        if pairs:  # every (query, induction target) weight of the block in one gather
-            r, t = torch.tensor(pairs).T
-            mass = (e[:, r, t] / total[:, r]).double().numpy()  # [head, pair]
-            np.add.at(per_query.T, r.numpy() + a, mass.T)
-            with_targets[r.numpy() + a] = True
+                pooled[:, i] = np.fmax(pooled[:, i], row_max[:, lo - a:hi - a].max(1))
     out = {
         "entropy": sums["entropy"] / n,
         "sink_mass": sums["sink_mass"] / (n - 1) if n > 1 else np.full(n_heads, np.nan),
@@ -212,6 +294,8 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     }
     if pool:
         out["_pooled"] = pooled
+    if values is not None:
+        out["_output"] = output
     return out
 
 

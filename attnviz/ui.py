@@ -185,8 +185,18 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
             return _CAPTURES.get(whole, lambda: None).select(layers)
 
     def compute():
-        capture = capture_attention(_cached_model(name, version), text, layers=layers, with_scores=with_scores,
-                                    store=store, progress=progress)
+        loaded = _cached_model(name, version)
+        attend = summary = None
+        if store == "qk":
+            # each layer's attention output, statistics and grid tiles from one pass over its scores, during the
+            # forward pass (attnviz.stats.streaming_attend): the Heads page's first view costs no second pass
+            from attnviz.figures.heads import GRID_TILE
+            from attnviz.stats import streaming_attend
+
+            attend, summary = streaming_attend(loaded.tokenizer(text).input_ids, pool=GRID_TILE)
+        capture = capture_attention(loaded, text, layers=layers, with_scores=with_scores, store=store,
+                                    progress=progress, attend=attend)
+        capture.summary = summary
         for array in (capture.pattern, capture._scores):
             if array is not None:
                 array.flags.writeable = False  # shared by every session: nobody may change it in place

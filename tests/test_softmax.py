@@ -274,39 +274,123 @@ def test_head_variants_from_masked_scores():
     scaling = 1 / 8
     mask = causal_mask(6)
     raw = torch.as_tensor(q @ k.T).masked_fill(~torch.as_tensor(mask), float("-inf"))
-    scores = (raw * scaling).numpy()
-    out = head_variants(scores, scaling, temperature=2.0)
+    out = head_variants(raw.numpy(), scaling, temperature=2.0)
     np.testing.assert_allclose(out["own scale"], torch.softmax(raw * scaling, -1).numpy(), atol=1e-15)
     np.testing.assert_allclose(out["unscaled"], torch.softmax(raw, -1).numpy(), atol=1e-15)
     np.testing.assert_allclose(out["temperature"], torch.softmax(raw * scaling / 2, -1).numpy(), atol=1e-15)
-    np.testing.assert_array_equal(valid_keys(scores), np.arange(1, 7))
+    np.testing.assert_array_equal(valid_keys(raw.numpy()), np.arange(1, 7))
     float_min = np.where(mask, q @ k.T, np.finfo(np.float32).min)
     np.testing.assert_array_equal(valid_keys(float_min), np.arange(1, 7))
+
+
+def test_head_variants_keep_an_additive_bias_out_of_the_rescaling():
+    """With a bias b added after the scaling (ALiBi), unscaled is softmax(q.k + b), not softmax((q.k s + b) / s),
+    and the temperature divides the whole own-scale score. Written out element by element in float64."""
+    q, k = random_qk(7, 7, 16, seed=13)
+    scaling, t, slope = 0.25, 2.0, 0.5
+    bias = slope * np.arange(7.0)  # [key]: BLOOM's ALiBi, slope x key position
+    raw = np.where(causal_mask(7), q @ k.T, -np.inf)
+    out = head_variants(raw, scaling, t, bias=bias)
+    for name, factor, divide in (("own scale", scaling, 1.0), ("unscaled", 1.0, 1.0), ("temperature", scaling, t)):
+        for i in range(7):
+            z = np.array([(sum(q[i, d] * k[j, d] for d in range(16)) * factor + slope * j) / divide
+                          for j in range(i + 1)])
+            p = np.exp(z - z.max())
+            np.testing.assert_allclose(out[name][i, : i + 1], p / p.sum(), atol=1e-12, err_msg=name)
+            assert not out[name][i, i + 1:].any()
+    # dividing the scores by the scaling (the bug of issue 14) multiplies the bias by 1 / scaling: not the same
+    wrong = softmax(np.where(causal_mask(7), q @ k.T * scaling + bias, -np.inf) / scaling)
+    assert np.abs(wrong - out["unscaled"]).max() > 0.05
+    # a soft-cap c tanh(x / c) goes on q.k times the factor, before the bias
+    capped = head_variants(raw, scaling, t, bias=bias, softcap=3.0)["unscaled"]
+    np.testing.assert_allclose(capped, softmax(np.where(causal_mask(7), 3 * np.tanh(q @ k.T / 3) + bias, -np.inf)),
+                               atol=1e-14)
 
 
 def test_scale_sweep_matches_row_stats_and_saturates():
     q, k = random_qk(12, 12, 32, seed=11)
     scaling = 1 / math.sqrt(32)
-    scores = np.where(causal_mask(12), q @ k.T * scaling, -np.inf)
-    df = scale_sweep(scores, scaling, [scaling, 1.0, 1e4])
-    own = torch.softmax(torch.as_tensor(scores[1:]), -1).numpy()  # row 0 has a single key and is left out
+    raw = np.where(causal_mask(12), q @ k.T, -np.inf)
+    df = scale_sweep(raw, [scaling, 1.0, 1e4])
+    own = torch.softmax(torch.as_tensor(raw[1:] * scaling), -1).numpy()  # row 0 has a single key and is left out
     assert df.max_weight.iloc[0] == pytest.approx(own.max(-1).mean(), rel=1e-12)
     h = -(own * np.log(np.where(own > 0, own, 1))).sum(-1)
     assert df.entropy.iloc[0] == pytest.approx(h.mean(), rel=1e-12)
     assert df.saturated_share.iloc[-1] == 1.0
+    # with a bias, the factor multiplies q.k only: at a tiny factor the bias alone is left
+    bias = 0.3 * np.arange(12.0)
+    df = scale_sweep(raw, [scaling, 1e-12], bias=bias)
+    with_bias = torch.softmax(torch.as_tensor(raw[1:] * scaling + bias), -1).numpy()
+    assert df.max_weight.iloc[0] == pytest.approx(with_bias.max(-1).mean(), rel=1e-12)
+    alone = torch.softmax(torch.as_tensor(np.where(causal_mask(12), bias, -np.inf)[1:]), -1).numpy()
+    assert df.max_weight.iloc[1] == pytest.approx(alone.max(-1).mean(), rel=1e-9)
 
 
 def test_head_saturation_matches_row_stats_head_by_head():
     rng = np.random.default_rng(12)
     scaling = 1 / math.sqrt(16)
     mask = causal_mask(9)
-    scores = np.where(mask, rng.standard_normal((3, 2, 9, 9)) * 12 * scaling, -np.inf)  # [layer, head, query, key]
-    shares = head_saturation(scores, scaling, temperature=0.5)
-    for name, factor in (("own scale", 1.0), ("unscaled", 1 / scaling), ("temperature", 2.0)):
-        assert shares[name].shape == (3, 2)
-        for layer, head in np.ndindex(3, 2):
-            p = torch.softmax(torch.as_tensor(scores[layer, head, 1:] * factor), -1).numpy()
-            assert shares[name][layer, head] == pytest.approx(np.mean(p.max(-1) > 0.99), abs=1e-12)
+    raw = np.where(mask, rng.standard_normal((3, 2, 9, 9)) * 12, -np.inf)  # [layer, head, query, key]
+    bias = rng.uniform(0, 3, (3, 2, 9))  # [layer, head, key]
+    for b in (None, bias):
+        shares = head_saturation(raw, scaling, temperature=0.5, bias=b)
+        # the same from per-layer generators, as the page passes them
+        lazy = head_saturation((r for r in raw), scaling, temperature=0.5, bias=None if b is None else iter(b))
+        for name, (factor, divide) in {"own scale": (scaling, 1.0), "unscaled": (1.0, 1.0),
+                                       "temperature": (scaling, 0.5)}.items():
+            assert shares[name].shape == (3, 2)
+            np.testing.assert_array_equal(lazy[name], shares[name])
+            for layer, head in np.ndindex(3, 2):
+                z = raw[layer, head, 1:] * factor + (0 if b is None else b[layer, head])
+                p = torch.softmax(torch.as_tensor(z / divide), -1).numpy()
+                assert shares[name][layer, head] == pytest.approx(np.mean(p.max(-1) > 0.99), abs=1e-12)
+
+
+def _bloom_qk_from_weights(loaded, text: str, layer: int):
+    """BLOOM's raw q.k and ALiBi bias for one layer, from the model's own weights in float64: the hidden states
+    entering the block (output_hidden_states), its input LayerNorm, the fused query_key_value projection split as
+    BLOOM splits it ([head, q|k|v, head_dim] per token), and the ALiBi slopes of Press et al. (2^(-8 h / n) for
+    n a power of two) times the key position. Returns (raw [head, n, n] with -inf above the diagonal,
+    bias [head, n], scaling 1/sqrt(head_dim))."""
+    model = loaded.model
+    ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states[layer][0].double()  # [n, d_model]
+    block = model.transformer.h[layer]
+    ln = block.input_layernorm
+    x = torch.nn.functional.layer_norm(hidden, ln.normalized_shape, ln.weight.double(), ln.bias.double(), ln.eps)
+    qkv = block.self_attention.query_key_value
+    fused = x @ qkv.weight.double().T + qkv.bias.double()  # [n, 3 d_model]
+    n, n_heads = ids.shape[1], model.config.n_head
+    d = model.config.hidden_size // n_heads
+    fused = fused.view(n, n_heads, 3, d)
+    q, k = fused[:, :, 0].transpose(0, 1), fused[:, :, 1].transpose(0, 1)  # [head, n, d]
+    raw = (q @ k.transpose(-1, -2)).numpy()
+    raw = np.where(np.tril(np.ones((n, n), dtype=bool)), raw, -np.inf)
+    slopes = np.array([2.0 ** (-8 * (h + 1) / n_heads) for h in range(n_heads)])
+    return raw, slopes[:, None] * np.arange(n), 1 / math.sqrt(d)
+
+
+def test_raw_qk_of_bloom_is_the_model_weights_q_dot_k_without_its_alibi_bias():
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.softmax import raw_qk
+
+    loaded = load_model("toy-bloom-alibi")
+    text = "The cat sat on the mat."
+    cap = capture_attention(loaded, text, with_scores=True)
+    for layer in cap.layers:
+        raw, bias, scaling = _bloom_qk_from_weights(loaded, text, layer)
+        got = raw_qk(cap.inputs[layer])
+        assert got.dtype == np.float64 and got.shape == raw.shape
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(raw))
+        finite = np.isfinite(raw[0])  # [query, key]: the causal mask, the same for every head
+        np.testing.assert_allclose(got[:, finite], raw[:, finite], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(cap.inputs[layer].key_bias.double().numpy(), bias, rtol=1e-6, atol=1e-6)
+        assert cap.inputs[layer].scaling == pytest.approx(scaling)
+        # and the model's own scores are q.k * scaling + bias: the bias is not scaled
+        np.testing.assert_allclose(cap.scores[cap.index_of(layer)][:, finite],
+                                   (raw * scaling + bias[:, None])[:, finite], rtol=1e-4, atol=1e-4)
 
 
 def test_page_states_the_gradient_it_computes_at_a_temperature():
@@ -419,3 +503,70 @@ def test_page_real_model_sweeps_are_not_recomputed_on_a_rerun(monkeypatch):
     assert not at.exception, at.exception
     assert calls == {"scale_sweep": 2, "head_saturation": 1}
     st.cache_data.clear()
+
+
+def _plotted(value) -> np.ndarray:
+    """A trace's array as plotly serialises it: nested lists, or a typed array {"dtype", "bdata", "shape"}."""
+    import base64
+
+    if isinstance(value, dict):
+        a = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"])).astype(float)
+        return a.reshape([int(x) for x in str(value.get("shape", a.size)).split(",")])
+    return np.array([[np.nan if x is None else x for x in row] for row in value] if value and
+                    isinstance(value[0], list) else value, dtype=float)
+
+
+def test_page_real_model_section_keeps_the_alibi_bias_out_of_every_rescaling():
+    """Issue 14: on BLOOM (ALiBi) the page divided the whole score by the scaling, multiplying the bias by
+    1/scaling (x4 here) in the 'raw q·k' map, the sweep and the grids. Every map, table row, sweep point and grid
+    cell shown for toy-bloom-alibi is checked against softmax(q.k * factor + alibi) computed from the model's own
+    weights in float64 (_bloom_qk_from_weights)."""
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.models import load_model
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180)
+    at.run()
+    at.switch_page("app_pages/softmax.py").run()
+    at.selectbox(key="softmax_model").set_value("toy-bloom-alibi").run()
+    at.button(key="softmax_capture").click().run()
+    assert not at.exception, at.exception
+    head, layer, t = 0, 1, 2.0  # head 0 has the steepest slope, 1/4: the bias it would get wrong most
+    at.selectbox(key="softmax_layer").set_value(layer).run()
+    at.selectbox(key="softmax_head").set_value(head).run()
+    at.select_slider(key="softmax_real_temperature").set_value(t).run()
+    assert not at.exception, at.exception
+    raw, bias, scaling = _bloom_qk_from_weights(load_model("toy-bloom-alibi"), at.text_input(key="softmax_text").value,
+                                                layer)
+
+    def pattern(factor: float, divide: float = 1.0, h: int = head) -> np.ndarray:
+        return torch.softmax(torch.as_tensor((raw[h] * factor + bias[h]) / divide), -1).numpy()
+
+    expected = {"Own scale: q·k × 0.25 + b": pattern(scaling), "Unscaled: q·k + b": pattern(1.0),
+                f"Own scale ÷ T, T = {t:g}": pattern(scaling, t)}
+    figures = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    maps = {f["layout"]["title"]["text"]: f for f in figures if "title" in f["layout"]}
+    for title, p in expected.items():
+        assert title in maps, sorted(maps)
+        np.testing.assert_allclose(_plotted(maps[title]["data"][0]["z"]), p, atol=1e-5, err_msg=title)
+    table = at.dataframe[0].value
+    assert list(table["softmax"]) == list(expected)
+    for row, p in enumerate(expected.values()):
+        assert table["mean max weight"].iloc[row] == pytest.approx(p[1:].max(-1).mean(), rel=1e-5)
+    captions = " ".join(c.value for c in at.caption)
+    assert "middle, q·k + b" in captions and "b is kept as the model adds it" in captions
+    # the sweep multiplies q.k only; the bias stays: its last point is factor 8, and no temperature marker is drawn
+    sweep = next(f for f in figures if f["layout"].get("title", {}).get("text", "").startswith(f"Layer {layer}, "))
+    traces = {tr["name"]: tr for tr in sweep["data"]}
+    x = _plotted(traces["mean max weight"]["x"])
+    assert x[-1] == pytest.approx(8.0)
+    assert _plotted(traces["mean max weight"]["y"])[-1] == pytest.approx(pattern(8.0)[1:].max(-1).mean(), rel=1e-5)
+    assert [a["text"] for a in sweep["layout"]["annotations"]] == ["own scale", "unscaled"]
+    # the grid of every head, unscaled: the share of rows (after the first) with a weight above 0.99
+    grid = next(f for f in figures if f["layout"].get("title", {}).get("text") == "Saturated rows per head, unscaled")
+    z = _plotted(grid["data"][0]["z"])
+    for h in range(raw.shape[0]):
+        assert z[layer, h] == pytest.approx(np.mean(pattern(1.0, h=h)[1:].max(-1) > 0.99), abs=1e-12)

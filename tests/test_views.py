@@ -93,3 +93,32 @@ def test_the_statistics_pass_also_pools_the_grid(both):
     for i, layer in enumerate(qk.layers):
         np.testing.assert_allclose(pooled[i], pooled_heads(qk.inputs[layer], 16), atol=1e-6)
         np.testing.assert_allclose(pooled[i], max_pool(dense.pattern[i], 16), atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["causal", "window", "full"])
+@pytest.mark.parametrize("sink", [False, True])
+def test_online_tiles_equal_the_dense_statistics_output_and_grid(kind, sink):
+    """Tiles of 5 rows x 7 keys: every online rescaling (alpha, the entropy's shift, the sink at the end) runs
+    many times; the statistics, the output and the pooled grid equal the dense computation in float64."""
+    import torch
+
+    from attnviz.attention import LayerInputs, MaskRule, causal_mask, kv_head_of, layer_output, layer_pattern
+    from attnviz.stats import induction_targets, pattern_stats, streamed_stats
+
+    n, heads, kv, d = 41, 6, 2, 8
+    g = torch.Generator().manual_seed(5)
+    visible = {"causal": causal_mask(n), "full": np.ones((n, n), dtype=bool),
+               "window": np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) <= 6}[kind]
+    x = LayerInputs(q=torch.randn(heads, n, d, generator=g) * 3, k=torch.randn(kv, n, d, generator=g) * 3,
+                    kv_head_of=tuple(kv_head_of(heads, kv)), scaling=d ** -0.5, mask=MaskRule.from_bool(visible),
+                    softcap=4.0, sink=torch.randn(heads, generator=g) + 2 if sink else None)
+    v = torch.randn(kv, n, 3, generator=g)
+    ids = list(np.random.default_rng(1).integers(0, 6, n))
+    targets = induction_targets(ids)
+    got = streamed_stats(x, targets, block=5, key_block=7, pool=9, values=v)
+    dense = layer_pattern(x, dtype=torch.float64)[0].numpy()
+    expected = pattern_stats(dense, targets)
+    for column in expected:
+        np.testing.assert_allclose(got[column], expected[column], rtol=2e-6, atol=1e-7, err_msg=column)
+    np.testing.assert_allclose(got["_output"], layer_output(x, v.double(), dtype=torch.float64).numpy(), atol=2e-6)
+    np.testing.assert_allclose(got["_pooled"], max_pool(dense, 9), atol=1e-6)

@@ -122,15 +122,19 @@ def pattern_heatmap(pattern: np.ndarray, *, title: str) -> go.Figure:
 
 
 def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str, theory=None,
-                     theory_name: str = "theory", baseline=None, relative_theory=None,
-                     relative_name: str = "relative bound", log_y: bool = True) -> go.Figure:
+                     theory_name: str = "theory", baseline=None, baseline_name: str = "uniform causal (no position)",
+                     relative_theory=None, relative_name: str = "relative bound", log_y: bool = True,
+                     distances=None) -> go.Figure:
     """Measured mean attention weight against distance, one line per layer, beside theory.
 
     per_layer: [layer, n_distances]. theory / baseline: [n_distances] attention weights on the same axis.
     relative_theory: [n_distances] unitless curve (the RoPE bound over its value at 0) on a second y axis.
+    distances: the x of each column, default 0, 1, ... (query − key, keys back); signed distances (negative: keys
+    after the query, for a bidirectional model) get a line at 0 and an axis title that says so.
     """
     per_layer = np.asarray(per_layer, dtype=float)
-    x = np.arange(per_layer.shape[1])
+    x = np.arange(per_layer.shape[1]) if distances is None else np.asarray(distances)
+    signed = bool((x < 0).any())
     fig = make_subplots(specs=[[{"secondary_y": relative_theory is not None}]])
     n = len(per_layer)
     for i, (layer, y) in enumerate(zip(layers, per_layer)):
@@ -142,7 +146,7 @@ def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str
                                  hovertemplate=f"layer {layer}<br>distance %{{x}}<br>mean weight %{{y:.4g}}"
                                                "<extra></extra>"))
     if baseline is not None:
-        fig.add_trace(go.Scatter(x=x, y=baseline, mode="lines", name="uniform causal (no position)",
+        fig.add_trace(go.Scatter(x=x, y=baseline, mode="lines", name=baseline_name,
                                  line=dict(color="#495057", dash="dot", width=3.5)))
     if theory is not None:
         fig.add_trace(go.Scatter(x=x, y=theory, mode="lines", name=theory_name,
@@ -154,7 +158,11 @@ def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str
                          tickformat=".1f", dtick=0.2, showgrid=False)
     if log_y:
         _log_ticks(fig, secondary_y=False)
-    apply_layout(fig, title=title, x_title="query − key distance (tokens)", height=480)
+    if signed:
+        fig.add_vline(x=0, line=dict(color="#adb5bd", width=1))
+    apply_layout(fig, title=title, height=480,
+                 x_title="query − key distance (tokens; < 0: key after the query, > 0: before it)" if signed else
+                 "query − key distance (tokens)")
     fig.update_yaxes(title_text="mean attention weight (fraction of the row)", secondary_y=False)
     return _legend_below(fig)
 
