@@ -171,3 +171,25 @@ def test_a_setting_survives_leaving_the_page_and_coming_back(server, browser):
         assert causal_on(), "the setting was lost on the way back"
     finally:
         context.close()
+
+
+def test_a_text_over_the_limit_is_refused_with_a_message_not_dropped(server, browser):
+    """Pasting more than the text box takes: a browser keeps the old text without a word when the box has
+    max_chars; the page must keep the new text and say what the limit is."""
+    from attnviz.ui import MAX_TEXT_CHARS
+
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/heads?model=toy-gpt2", wait_until="domcontentloaded")
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        box = page.locator('[data-testid="stTextArea"] textarea').first
+        box.fill("a" * (MAX_TEXT_CHARS + 1))
+        box.press("Control+Enter")
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        alerts = " ".join(e.inner_text() for e in page.query_selector_all('[data-testid="stAlert"]'))
+        assert f"{MAX_TEXT_CHARS + 1:,} characters" in alerts and f"{MAX_TEXT_CHARS:,}" in alerts, alerts
+        assert len(box.input_value()) == MAX_TEXT_CHARS + 1  # the pasted text is kept, not silently replaced
+        assert not page.query_selector_all('[data-testid="stException"]')
+    finally:
+        context.close()
