@@ -235,10 +235,10 @@ def target_patterns(text: str) -> tuple[list[str], dict[str, np.ndarray]]:
 
 
 def previous_token_score(pattern) -> np.ndarray:
-    """Mean over queries i >= 1 of A[i, i-1]. pattern [..., query, key] -> [...]."""
-    a = np.asarray(pattern, dtype=np.float64)
-    i = np.arange(1, a.shape[-2])
-    return a[..., i, i - 1].mean(axis=-1)
+    """Mean over queries i >= 1 of A[i, i-1] (attnviz.stats' definition). pattern [..., query, key] -> [...]."""
+    from attnviz.stats import previous_token_score as score
+
+    return score(pattern)
 
 
 def induction_score(pattern, repeat_len: int) -> np.ndarray:
@@ -253,9 +253,11 @@ def induction_score(pattern, repeat_len: int) -> np.ndarray:
 
 
 def sink_score(pattern) -> np.ndarray:
-    """Mean over queries i >= 1 of A[i, 0], the attention parked on the first token. [..., query, key] -> [...]."""
-    a = np.asarray(pattern, dtype=np.float64)
-    return a[..., 1:, 0].mean(axis=-1)
+    """Mean over queries i >= 1 of A[i, 0], the attention parked on the first token (attnviz.stats.sink_mass).
+    [..., query, key] -> [...]."""
+    from attnviz.stats import sink_mass
+
+    return sink_mass(pattern)
 
 
 def build_model(config: LabConfig) -> PreTrainedModel:

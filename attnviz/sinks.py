@@ -452,8 +452,11 @@ def _rotate(x, cos, sin):
 
 
 def _repeat_kv(x, n_rep: int):
-    """[b, kv_head, n, d] -> [b, kv_head * n_rep, n, d]: each query head reads its group's KV head (GQA)."""
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+    """[b, kv_head, n, d] -> [b, kv_head * n_rep, n, d]: each query head reads its group's KV head (GQA), as
+    attnviz.attention.kv_head_of assigns them."""
+    from attnviz.attention import kv_head_of
+
+    return x if n_rep == 1 else x[:, kv_head_of(x.shape[1] * n_rep, x.shape[1])]
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,25 @@ def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_to
     return frame
 
 
+def previous_token_score(pattern) -> np.ndarray:
+    """prev_token: mean over queries q >= 1 of A[q, q - 1]. pattern [..., query, key] -> [...] float64 (NaN for
+    one token). The one definition: pattern_stats, the streamed statistics and the toy lab use it."""
+    a = np.asarray(pattern)
+    if a.shape[-2] < 2:
+        return np.full(a.shape[:-2], np.nan)
+    i = np.arange(1, a.shape[-2])
+    return np.asarray(a[..., i, i - 1], dtype=np.float64).mean(axis=-1)
+
+
+def sink_mass(pattern) -> np.ndarray:
+    """sink_mass: mean over queries q >= 1 of A[q, 0], the attention parked on the first token (query 0 is left
+    out: in a causal model it can only look at itself). [..., query, key] -> [...] float64 (NaN for one token)."""
+    a = np.asarray(pattern)
+    if a.shape[-2] < 2:
+        return np.full(a.shape[:-2], np.nan)
+    return np.asarray(a[..., 1:, 0], dtype=np.float64).mean(axis=-1)
+
+
 def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, block: int = 32) -> dict[str, np.ndarray]:
     """The statistics of heads p [head, query, key] (any float dtype: computed in float64), each an array [head].
 
@@ -126,10 +145,9 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
     diagonal = np.asarray(p[:, q_idx, q_idx], dtype=np.float64)  # [head, query]
     out = {
         "entropy": entropy_sum / n,
-        "sink_mass": np.asarray(p[:, 1:, 0], dtype=np.float64).mean(-1) if n > 1 else np.full(n_heads, np.nan),
+        "sink_mass": sink_mass(p),
         "mean_distance": distance_sum / n,
-        "prev_token": (np.asarray(p[:, q_idx[1:], q_idx[:-1]], dtype=np.float64).mean(-1) if n > 1
-                       else np.full(n_heads, np.nan)),
+        "prev_token": previous_token_score(p),
         "self": diagonal.mean(-1),
     }
     pairs = [(q, t) for q in range(n) for t in (targets[q] if targets else [])]
