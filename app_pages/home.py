@@ -21,11 +21,10 @@ st.info("**smollm2-135m is a 4-bit quantized model.** Its weights come from a Q4
         "Q8_0), dequantized to float32 on first load: every attention map, statistic and perplexity it gives on "
         "these pages is that of the quantized weights, which differ from the original bfloat16 SmolLM2-135M-Instruct.")
 specs = available_models()
-st.dataframe(
+st.table(  # a static table: the descriptions wrap instead of being cut at the column's width
     pd.DataFrame([{"model": s.name, "family": s.family, "source": s.source,
                    "installed": "yes" if s.installed else "no", "what": s.description,
-                   "install with": s.install_command or ""} for s in specs]),
-    hide_index=True, width="stretch",
+                   "install with": s.install_command or ""} for s in specs]).set_index("model"),
 )
 for s in specs:
     if not s.installed and s.install_command:

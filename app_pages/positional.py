@@ -347,7 +347,9 @@ if section == "Measured on models":
                       f"; {theory_note}. Far distances average few queries, so they are noisier" +
                       ("." if skip else "; if the far right rises, that is usually the first token, which many "
                        "heads use as an attention sink (only it is that far back from the last queries): leave it "
-                       "out with the toggle."))
+                       "out with the toggle.") +
+                      ("" if causal else " At the far left, the first query looks at the last token ([SEP] in a "
+                       "BERT encoder), which heads use the same way."))
                 if causal:
                     per_head = P.attention_by_distance(pattern, per_head=True)
                     near = per_head[..., 1: min(9, n_tok)].sum(-1)  # weight within 8 tokens back, excluding itself

@@ -70,18 +70,22 @@ n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisor
 layouts = {name: cost.kv_head_of(n_heads, k) for name, k in variant_kv_heads(n_heads, n_kv).items()}
 st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
 q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
-st.caption(f"Query head h reads key/value head ⌊h / {n_heads // n_kv}⌋: with {n_kv} key/value heads, groups of "
-           f"{n_heads // n_kv} consecutive query heads (one colour) share one. The cache holds {n_kv} heads instead "
-           f"of {n_heads}: {n_heads // n_kv}× less memory than MHA."
+group = n_heads // n_kv
+st.caption((f"Query head h reads key/value head ⌊h / {group}⌋: with {n_kv} key/value heads, groups of {group} "
+            f"consecutive query heads (one colour) share one. The cache holds {n_kv} heads instead of {n_heads}: "
+            f"{group}× less memory than MHA." if group > 1 else
+            f"Query head h reads key/value head h: with {n_kv} key/value heads, one per query head, this is MHA "
+            "itself, and its cache takes the same memory as MHA's.")
            + (f" With this many heads only query heads 0, {q_step}, {2 * q_step}, … are labelled; hover over a "
               "square or diamond to name it." if q_step > 1 else ""))
 
 st.header("KV-cache memory")
 st.latex(r"\text{KV bytes} = 2_{(K,V)} \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim}"
          r" \times \text{context} \times \text{batch} \times \text{bytes per value}")
-k1, k2, k3 = st.columns(3)
-chosen = k1.multiselect("Models", list(archs) + [CUSTOM], key="variants_models", persist_state="session",
+# the model chips get the page's whole width: in a third of it they were cut to "Mi…"
+chosen = st.multiselect("Models", list(archs) + [CUSTOM], key="variants_models", persist_state="session",
                         default=["Llama-2-7B", "Llama-2-70B", "Mistral-7B", "SmolLM2-135M"])
+k2, k3 = st.columns(2)
 batch = k2.slider("Batch (sequences cached at once)", 1, 64, 1, key="variants_batch", persist_state="session")
 precision = k3.selectbox("Cache precision", list(BYTES), index=1, key="variants_bytes", persist_state="session")
 bytes_per_value = BYTES[precision]
@@ -124,11 +128,14 @@ else:
                                     batch=batch, bytes_per_value=bytes_per_value)
         per_token = cost.kv_cache_bytes(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, seq_len=1,
                                         bytes_per_value=bytes_per_value)
-        rows.append({"model": name, "layers": a.layers, "KV heads": a.kv_heads, "head dim": a.head_dim,
-                     "formula": f"2 × {a.layers} × {a.kv_heads} × {a.head_dim} × {context:,} × {batch} × "
-                                f"{bytes_per_value:g} B",
-                     "per token": cost.format_bytes(per_token), "total": cost.format_bytes(total), "bytes": total})
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key="variants_kv_table")
+        rows.append({"model": name,
+                     "2 × layers × KV heads × head dim × context × batch × bytes":
+                         f"2 × {a.layers} × {a.kv_heads} × {a.head_dim} × {context:,} × {batch} × "
+                         f"{bytes_per_value:g} B",
+                     "per token": cost.format_bytes(per_token), "total": cost.format_bytes(total),
+                     "bytes": f"{total:,}"})
+    # a static table: its cells wrap instead of being clipped at the width of a narrow window
+    st.table(pd.DataFrame(rows).set_index("model"))
 
 st.header("FLOPs against sequence length")
 f1, f2, f3 = st.columns(3)

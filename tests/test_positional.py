@@ -372,6 +372,41 @@ def test_attention_by_distance_against_a_loop():
         P.attention_by_distance(pattern, exclude_keys=8)
 
 
+@pytest.mark.parametrize("n_query,n_key,skip", [(6, 6, 0), (6, 6, 2), (5, 8, 0), (5, 8, 3), (1, 4, 1)])
+def test_attention_by_signed_distance_against_a_loop(n_query, n_key, skip):
+    """Both directions, r = query position - key position in [-(n_query - 1), n_key - 1]: a loop over every
+    (head, query, key) pair, grouped by r; its r >= 0 half is attention_by_distance's."""
+    pattern = RNG.random((2, 3, n_query, n_key))
+    offset = n_key - n_query  # query i sits at position i + offset
+    distances, out = P.attention_by_signed_distance(pattern, exclude_keys=skip)
+    _, per_head = P.attention_by_signed_distance(pattern, per_head=True, exclude_keys=skip)
+    assert distances.tolist() == list(range(-(n_query - 1), n_key))
+    assert out.shape == (2, len(distances)) and per_head.shape == (2, 3, len(distances))
+    for layer in range(2):
+        for index, r in enumerate(distances):
+            vals = [pattern[layer, h, i, j] for h in range(3) for i in range(n_query) for j in range(skip, n_key)
+                    if i + offset - j == r]
+            if vals:
+                assert out[layer, index] == pytest.approx(np.mean(vals), rel=1e-12)
+            else:
+                assert np.isnan(out[layer, index])
+    np.testing.assert_allclose(per_head.mean(axis=1), out)
+    np.testing.assert_allclose(P.attention_by_signed_distance(pattern[0], exclude_keys=skip)[1], out[0])
+    if n_query == n_key:  # a capture's pattern: the r >= 0 half is attention_by_distance
+        back = P.attention_by_distance(pattern, exclude_keys=skip)
+        np.testing.assert_allclose(out[:, distances >= 0][:, : back.shape[1]], back, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n,skip", [(1, 0), (7, 0), (7, 1), (12, 5)])
+def test_uniform_bidirectional_baseline_is_flat(n, skip):
+    uniform = np.full((1, n, n), 1.0 / n)  # every query spreads its weight evenly over all n keys
+    distances, expected = P.attention_by_signed_distance(uniform, exclude_keys=skip)
+    got_distances, got = P.uniform_bidirectional_by_distance(n, exclude_keys=skip)
+    np.testing.assert_array_equal(got_distances, distances)
+    np.testing.assert_allclose(got, expected, rtol=1e-12)  # NaN where no pair is left, in both
+    assert np.nanmax(got) == np.nanmin(got) == pytest.approx(1 / n)
+
+
 @pytest.mark.parametrize("heads,n,skip", [(1, 5, 0), (12, 40, 0), (8, 30, 1), (3, 17, 4)])
 def test_alibi_by_distance_closed_form_equals_the_pattern_average(heads, n, skip):
     np.testing.assert_allclose(P.alibi_by_distance(heads, n, exclude_keys=skip),
@@ -531,6 +566,55 @@ def test_page_measures_a_toy_bloom_beside_the_alibi_theory():
         np.testing.assert_allclose(_values(traces[f"layer {layer}"]["y"])[::37], expected, rtol=1e-5)
     theory = _values(traces["ALiBi alone (theory)"]["y"])
     assert theory.shape == (n,) and theory[0] > theory[1] > theory[-1]
+    at.toggle(key="pos_meas_skip").set_value(True).run()
+    assert not at.exception, at.exception
+
+
+@pytest.mark.slow
+def test_page_measures_a_bidirectional_encoder_in_both_directions(minilm):
+    """Issue 14: on minilm-l6 (a bidirectional BERT encoder) the page measured backward distances only and its
+    caption spoke of a dotted line it did not draw. Now: signed distances from -(n - 1) to n - 1, each layer's
+    line equal to BERT's attention rebuilt from its own weights in float64 (hidden states entering the layer,
+    its query and key projections, softmax(q k^T / sqrt(d)), no mask) averaged by signed distance in a loop, and
+    the dotted line the caption names is drawn: 1/n, uniform over all keys."""
+    import json
+
+    at = _page()
+    at.radio(key="pos_section").set_value("Measured on models").run()
+    at.selectbox(key="pos_meas_model").set_value("minilm-l6").run()
+    at.button(key="pos_meas_go").click().run()
+    assert not at.exception, at.exception
+    spec = json.loads(at.get("plotly_chart")[-1].proto.spec)
+    traces = {t["name"]: t for t in spec["data"]}
+    text = at.text_area(key="pos_meas_text").value
+    ids = minilm.tokenizer(text, return_tensors="pt")["input_ids"]
+    n = ids.shape[1]
+    bert = minilm.model
+    with torch.no_grad():
+        hidden = bert(ids, output_hidden_states=True).hidden_states  # hidden[l]: what layer l reads
+    heads = bert.config.num_attention_heads
+    d = bert.config.hidden_size // heads
+    distances = np.arange(-(n - 1), n)
+    np.testing.assert_array_equal(_values(traces["layer 0"]["x"]), distances)
+    for layer in (0, len(bert.encoder.layer) - 1):
+        attn = bert.encoder.layer[layer].attention.self
+        h = hidden[layer][0].double()
+        q = (h @ attn.query.weight.double().T + attn.query.bias.double()).view(n, heads, d).transpose(0, 1)
+        k = (h @ attn.key.weight.double().T + attn.key.bias.double()).view(n, heads, d).transpose(0, 1)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1).numpy()  # [head, query, key]
+        shown = _values(traces[f"layer {layer}"]["y"])
+        for r in (-(n - 1), -20, -3, -1, 0, 1, 2, 9, n - 1):
+            expected = np.mean([a[hh, i, i - r] for hh in range(heads) for i in range(n) if 0 <= i - r < n])
+            assert shown[r + n - 1] == pytest.approx(expected, rel=1e-4), (layer, r)
+    baseline = traces["uniform over all keys (no position)"]
+    assert baseline["line"]["dash"] == "dot"
+    np.testing.assert_allclose(_values(baseline["y"]), np.full(2 * n - 1, 1 / n))
+    shown_text = " ".join(c.value for c in at.caption) + " ".join(m.value for m in at.markdown)
+    for word, dash in (("dotted", "dot"), ("dashed", "dash")):  # every line a caption names is drawn
+        if f"the {word} " in shown_text:
+            assert any(t.get("line", {}).get("dash") == dash for t in spec["data"]), word
+    assert "negative distances" in shown_text and "within 8 tokens either side" in shown_text
+    assert "keys after the query are left out" not in shown_text
     at.toggle(key="pos_meas_skip").set_value(True).run()
     assert not at.exception, at.exception
 

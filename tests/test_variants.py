@@ -100,3 +100,36 @@ def test_page_takes_128_query_heads_and_keeps_the_toy_layer_2048_wide():
     at.slider(key="variants_heads").set_value(8).run()
     assert not at.exception, at.exception
     assert at.slider(key="variants_dhead").max == 64
+
+
+def test_page_says_how_much_kv_memory_each_split_saves_and_tables_every_column():
+    """Issue 14: with as many KV heads as query heads the page said "1× less memory than MHA". Its caption now
+    says the saving only when there is one (query heads / KV heads, counted here by hand from the head sharing),
+    and the KV table, a static table whose cells wrap, holds every model's formula and exact byte count (2 x
+    layers x KV heads x head dim x context x batch x bytes, multiplied out here)."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.cost import preset_arch
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "variants.py"),
+                           default_timeout=180)
+    at.run()
+    assert not at.exception, at.exception
+    for kv in (1, 2, 4, 8):
+        at.select_slider(key="variants_kv").set_value(kv).run()
+        assert not at.exception, at.exception
+        caption = next(c.value for c in at.caption if c.value.startswith("Query head h reads"))
+        sharing = len([h for h in range(8) if h // (8 // kv) == 0])  # query heads reading KV head 0
+        assert "1× less" not in caption
+        if sharing == 1:
+            assert "the same memory as MHA" in caption and "less memory" not in caption
+        else:
+            assert f"{sharing}× less memory than MHA" in caption
+    table = at.table[0].value
+    assert list(table.index) == at.multiselect(key="variants_models").value
+    for name, row in table.iterrows():
+        a = preset_arch(name)
+        assert row.iloc[0] == f"2 × {a.layers} × {a.kv_heads} × {a.head_dim} × 4,096 × 1 × 2 B"
+        assert row["bytes"] == f"{2 * a.layers * a.kv_heads * a.head_dim * 4096 * 1 * 2:,}"

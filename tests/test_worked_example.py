@@ -114,3 +114,28 @@ def test_page_softmax_exponents_never_show_a_double_minus():
     latex = " ".join(x.value for x in at.latex)
     assert "e^{" in latex and "--" not in latex.replace(r"-\infty", "")
     assert "-(-" in latex
+
+
+@pytest.mark.parametrize("n_q", [1, 2, 3, 8])
+def test_colour_bars_lie_under_their_own_map_clear_of_the_other(n_q):
+    """Issue 14: the scores' colour bar stood in the gap between the two maps and ran over the next map's title in
+    a narrow window. Each bar now lies flat under its own map: horizontal, below the plot area (past the axis
+    title), centred on its map's x domain and no wider than it, and inside the figure's bottom margin."""
+    from attnviz.figures.worked import scores_and_pattern_figure
+
+    rng = np.random.default_rng(n_q)
+    scores = rng.standard_normal((n_q, 4))
+    pattern = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    fig = scores_and_pattern_figure(scores, pattern, scale_text="× 0.5")
+    layout = fig.layout
+    plot_px = layout.height - layout.margin.t - layout.margin.b
+    for trace, axis in zip(fig.data, (layout.xaxis, layout.xaxis2)):
+        bar = trace.colorbar
+        lo, hi = axis.domain
+        assert bar.orientation == "h" and bar.lenmode == "fraction"
+        assert bar.xanchor == "center" and bar.x == pytest.approx((lo + hi) / 2)
+        assert bar.len <= hi - lo + 1e-12
+        assert bar.yanchor == "top" and -bar.y * plot_px >= 75  # below the tick labels and the axis title
+        bottom_px = -bar.y * plot_px + bar.thickness + 30  # the bar and its tick labels
+        assert bottom_px <= layout.margin.b
+    assert fig.data[0].colorbar.x + fig.data[0].colorbar.len / 2 < layout.xaxis2.domain[0]

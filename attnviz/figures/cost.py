@@ -80,6 +80,13 @@ def head_sharing_figure(n_heads: int, layouts: Mapping[str, Sequence[int]]) -> g
     return apply_layout(fig, title="Which key/value head each query head reads", height=300)
 
 
+def _legend_below(fig: go.Figure) -> go.Figure:
+    """The legend under the x-axis title: above the plot, in a narrow window, it runs over the chart's title."""
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
+                      margin=dict(b=110))
+    return fig
+
+
 def kv_cache_figure(seq_lens, curves: Mapping[str, Sequence[float]], *, batch: int, bytes_per_value: float,
                     budget_gib: float | None = None) -> go.Figure:
     """KV-cache size (GiB) against context length, one line per model; log-log. curves hold bytes."""
@@ -92,7 +99,7 @@ def kv_cache_figure(seq_lens, curves: Mapping[str, Sequence[float]], *, batch: i
         fig.add_trace(go.Scatter(x=[x.min(), x.max()], y=[budget_gib, budget_gib], mode="lines",
                                  name=f"{budget_gib:g} GiB budget", line=dict(color="#868e96", dash="dot"),
                                  hovertemplate=f"{budget_gib:g} GiB<extra></extra>"))
-    return fig
+    return _legend_below(fig)
 
 
 def flops_figure(seq_lens, projections, attention, *, crossover: float, d_model: int, causal: bool) -> go.Figure:
@@ -105,7 +112,7 @@ def flops_figure(seq_lens, projections, attention, *, crossover: float, d_model:
     fig.update_traces(hovertemplate="N = %{x:,}: %{y:.3g} FLOPs")
     fig.add_vline(x=crossover, line=dict(color="#c2255c", dash="dash"),
                   annotation_text=f"crossover N = {crossover:,.0f}", annotation_position="top left")
-    return fig
+    return _legend_below(fig)
 
 
 def variant_maps_figure(patterns: Mapping[str, np.ndarray], heads: Sequence[int], kv_heads: Mapping[str, Sequence[int]]

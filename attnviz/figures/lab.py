@@ -34,13 +34,23 @@ def loss_curve(losses: Sequence[float], chance: float, *, total_steps: int | Non
                              opacity=0.35))
     fig.add_trace(go.Scatter(x=x, y=moving_average(y, window), mode="lines", name=f"mean of last {window} steps",
                              line=dict(color=PALETTE[0], width=2.5)))
-    fig.add_hline(y=chance, line=dict(color=PALETTE[1], dash="dash"),
-                  annotation_text=f"chance: {chance:.2f} nats", annotation_position="top right")
+    _chance_line(fig, chance, total_steps or y.size, PALETTE[1])
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
     fig.update_yaxes(rangemode="tozero")
-    return apply_layout(fig, title="Loss on the answer tokens", x_title="training step",
-                        y_title="cross-entropy (nats)", height=360)
+    apply_layout(fig, title="Loss on the answer tokens", x_title="training step",
+                 y_title="cross-entropy (nats)", height=380)
+    fig.update_layout(margin=dict(b=110), legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0.0))
+    return fig
+
+
+def _chance_line(fig: go.Figure, chance: float, last_step: int, color: str, suffix: str = "") -> None:
+    """The chance level as a dashed line named in the legend: a label drawn on the plot sits where the loss
+    curve, which spends its early steps at chance, runs over it."""
+    fig.add_trace(go.Scatter(x=[0, max(int(last_step), 1)], y=[chance, chance], mode="lines",
+                             name=f"chance: log(letters) = {chance:.2f} nats{suffix}",
+                             line=dict(color=color, dash="dash", width=1.5),
+                             hovertemplate=f"chance: {chance:.3f} nats<extra></extra>"))
 
 
 def score_curves(steps: Sequence[int], scores, *, statistic: str = "induction",
@@ -74,18 +84,17 @@ def best_heads_curve(steps: Sequence[int], losses: Sequence[float], best: dict[s
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=np.asarray(losses, dtype=float), mode="lines+markers", name="loss (left axis)",
                              line=dict(color=PALETTE[0], width=2.5), marker=dict(size=4)))
-    fig.add_hline(y=chance, line=dict(color=PALETTE[0], dash="dash", width=1),
-                  annotation_text="chance", annotation_position="bottom left")
+    _chance_line(fig, chance, total_steps or (int(x.max()) if x.size else 1), PALETTE[0], " (left axis)")
     for i, (name, y) in enumerate(best.items()):
         fig.add_trace(go.Scatter(x=x, y=np.asarray(y, dtype=float), mode="lines+markers",
                                  name=f"best {SCORE_TITLES.get(name, name)} (right axis)", yaxis="y2",
                                  line=dict(color=PALETTE[(i + 1) % len(PALETTE)]), marker=dict(size=4)))
     apply_layout(fig, title="As the loss falls, heads specialise", x_title="training step",
-                 y_title="loss (nats)", height=420)
+                 y_title="loss (nats)", height=460)
     fig.update_layout(yaxis2=dict(title=dict(text="highest score over heads (0–1)"), overlaying="y", side="right",
                                   range=[0, 1.02], dtick=0.2, showgrid=False),
-                      yaxis=dict(rangemode="tozero"), margin=dict(r=70, b=110),
-                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0.0))
+                      yaxis=dict(rangemode="tozero"), margin=dict(r=70, b=150),
+                      legend=dict(orientation="h", yanchor="top", y=-0.26, xanchor="left", x=0.0))
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
     return fig
