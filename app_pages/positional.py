@@ -270,8 +270,9 @@ if section == "Measured on models":
         f"which the lab recorded beside its weights; unless it uses ALiBi it reads at most {LAB_POSITIONS} tokens, "
         "so give it a short text.")
     model_name = ui.model_picker("pos_meas_model", default="smollm2-135m", label="Model to measure")
-    text = st.text_area("Text", MEASURE_TEXT, height=120, key="pos_meas_text",
-                        persist_state="session", max_chars=MAX_MEASURE_CHARS)
+    # no max_chars: a browser silently refuses a paste over it and "Measure" would plot the old text
+    text = st.text_area("Text", MEASURE_TEXT, height=120, key="pos_meas_text", persist_state="session",
+                        help=f"Up to {MAX_MEASURE_CHARS:,} characters.")
     c1, c2 = st.columns([1, 3])
     go_measure = c1.button("Measure", key="pos_meas_go", type="primary")
     c2.caption("The first smollm2-135m load converts its GGUF file once (about 20 s); later loads take about a "
@@ -281,6 +282,9 @@ if section == "Measured on models":
     done = st.session_state.get("pos_meas_done")
     if done is None:
         st.info("Press **Measure** to run the model; the other sections need no model.")
+    elif len(done[1]) > MAX_MEASURE_CHARS:
+        st.error(f"The text is {len(done[1]):,} characters; this section measures up to {MAX_MEASURE_CHARS:,}. "
+                 "Shorten it.")
     elif not done[1].strip():
         st.warning("Type some text to measure: the text box is empty.")
     elif done[0] is None:

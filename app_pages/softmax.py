@@ -303,11 +303,16 @@ else:
     r1, r2 = st.columns([1, 2])
     with r1:
         model_name = ui.model_picker(key="softmax_model", default="smollm2-135m")
-    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", persist_state="session", max_chars=MAX_CHARS)
+    # no max_chars: a browser silently refuses a paste over it; the length is checked below, with the limit
+    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", persist_state="session",
+                         help=f"Up to {MAX_CHARS:,} characters.")
     request = (model_name, text)
     if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
         st.session_state["softmax_request"] = request
-    if not text.strip():
+    if len(text) > MAX_CHARS:
+        st.error(f"The text is {len(text):,} characters; this section captures every head's scores for up to "
+                 f"{MAX_CHARS:,}. Shorten it.")
+    elif not text.strip():
         st.warning("Type some text to run the model on.")
     elif st.session_state.get("softmax_request") != request:
         st.caption("Press the button to run the model on the text. The first load of smollm2-135m converts its "

@@ -173,23 +173,45 @@ def test_a_setting_survives_leaving_the_page_and_coming_back(server, browser):
         context.close()
 
 
-def test_a_text_over_the_limit_is_refused_with_a_message_not_dropped(server, browser):
-    """Pasting more than the text box takes: a browser keeps the old text without a word when the box has
+@pytest.mark.parametrize("path, box, limit, press", [
+    ("heads?model=toy-gpt2", '[data-testid="stTextArea"] textarea', "ui", "Control+Enter"),
+    ("softmax", '[data-testid="stTextInput"] input', "softmax", "Enter"),
+    ("positional", '[data-testid="stTextArea"] textarea', "positional", "Control+Enter"),
+], ids=["heads", "softmax", "positional"])
+def test_a_text_over_the_limit_is_refused_with_a_message_not_dropped(server, browser, path, box, limit, press):
+    """Pasting more than a text box takes: a browser keeps the old text without a word when the box has
     max_chars; the page must keep the new text and say what the limit is."""
+    import importlib.util
+
     from attnviz.ui import MAX_TEXT_CHARS
 
+    def page_constant(name, constant):
+        spec = importlib.util.spec_from_file_location("p", ROOT / "app_pages" / f"{name}.py")
+        source = spec.loader.get_source("p")
+        line = next(x for x in source.splitlines() if x.startswith(f"{constant} ="))
+        return int(line.split("=")[1].split("#")[0].strip().replace("_", ""))
+
+    chars = {"ui": MAX_TEXT_CHARS, "softmax": None, "positional": None}[limit]
+    if chars is None:
+        chars = page_constant(limit, "MAX_CHARS" if limit == "softmax" else "MAX_MEASURE_CHARS")
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     try:
-        page.goto(f"{server}/heads?model=toy-gpt2", wait_until="domcontentloaded")
+        page.goto(f"{server}/{path}", wait_until="domcontentloaded")
         _wait_until_done(page, PAGE_TIMEOUT_S)
-        box = page.locator('[data-testid="stTextArea"] textarea').first
-        box.fill("a" * (MAX_TEXT_CHARS + 1))
-        box.press("Control+Enter")
+        if limit == "positional":  # the measured section is one choice of the page's section radio
+            page.get_by_text("Measured on models", exact=True).click()
+            _wait_until_done(page, PAGE_TIMEOUT_S)
+        field = page.locator(box).first
+        field.fill("a" * (chars + 1))
+        field.press(press)
         _wait_until_done(page, PAGE_TIMEOUT_S)
+        if limit == "positional":  # the measured section runs on its button
+            page.get_by_role("button", name="Measure", exact=True).click()
+            _wait_until_done(page, PAGE_TIMEOUT_S)
         alerts = " ".join(e.inner_text() for e in page.query_selector_all('[data-testid="stAlert"]'))
-        assert f"{MAX_TEXT_CHARS + 1:,} characters" in alerts and f"{MAX_TEXT_CHARS:,}" in alerts, alerts
-        assert len(box.input_value()) == MAX_TEXT_CHARS + 1  # the pasted text is kept, not silently replaced
+        assert f"{chars + 1:,} characters" in alerts and f"{chars:,}" in alerts, alerts
+        assert len(field.input_value()) == chars + 1  # the pasted text is kept, not silently replaced
         assert not page.query_selector_all('[data-testid="stException"]')
     finally:
         context.close()
