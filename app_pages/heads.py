@@ -24,13 +24,13 @@ def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | No
     same pass (else None)."""
     if _capture.pattern is not None:
         return head_stats(_capture), None
-    pooled = []
+    pooled, pooled_nosink = [], []
     bar = st.progress(0.0, text="Computing every head's statistics and the grid, a block of rows at a time…")
-    stats = head_stats(_capture, pool=figs.GRID_TILE, pooled_out=pooled,
+    stats = head_stats(_capture, pool=figs.GRID_TILE, pooled_out=pooled, pooled_nosink_out=pooled_nosink,
                        progress=lambda done, total: bar.progress(done / total, text=f"Statistics: layer {done} of "
                                                                  f"{total}"))
     bar.empty()
-    return stats, np.stack(pooled)
+    return stats, {False: np.stack(pooled), True: np.stack(pooled_nosink)}
 
 
 @st.cache_data(show_spinner=False, max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
@@ -38,9 +38,9 @@ def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | Non
             tile: int, _capture, _pooled=None):
     """The grid of all heads, with the sink hidden layer by layer when asked: a rerun that moves only the detail
     view neither renormalises the whole capture nor pools it again. _pooled: the long capture's heads already
-    pooled by stats_of (used when the sink is shown)."""
+    pooled by stats_of, {hide_sink: [layer, head, m, m]}."""
     if _capture.pattern is None:  # long-text store: each layer pooled a block of rows at a time from q and k
-        pooled = _pooled if (_pooled is not None and not hide_sink and tile == figs.GRID_TILE) else np.stack(
+        pooled = _pooled[hide_sink] if (_pooled is not None and tile == figs.GRID_TILE) else np.stack(
             [views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink) for layer in _capture.layers])
         return figs.head_grid(pooled, _capture.layers, gamma=gamma, tile=tile, causal=_capture.causal,
                               n_tokens=_capture.n_tokens)

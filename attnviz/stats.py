@@ -38,7 +38,8 @@ ROLES: dict[str, tuple[str, bool, str]] = {
 
 
 def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None] | None = None,
-               pool: int | None = None, pooled_out: list | None = None) -> pd.DataFrame:
+               pool: int | None = None, pooled_out: list | None = None,
+               pooled_nosink_out: list | None = None) -> pd.DataFrame:
     """One row per captured (layer, head): layer, head, kv_head and the columns of COLUMNS (see module docstring).
 
     capture: an AttentionCapture in either store (or anything with pattern [layer, head, query, key], layers,
@@ -50,7 +51,7 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     progress: called as progress(layers_done, n_layers).
     pool, pooled_out (qk store): also append each layer's heads max-pooled to `pool` pixels ([head, m, m], as
     attnviz.views.pooled_heads) to the list pooled_out, from the same pass (the Heads page's grid costs no second
-    pass over the scores).
+    pass over the scores); pooled_nosink_out likewise gets them with the first-token sink hidden.
     """
     pattern = getattr(capture, "pattern", None)
     targets = induction_targets(capture.token_ids)
@@ -59,16 +60,19 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     per_layer = []
     for li, layer in enumerate(capture.layers):
         if layer in summary and (not pool or "_pooled" in summary[layer]):  # computed during the forward pass
-            per_layer.append({c: summary[layer][c] for c in COLUMNS})
-            if pooled_out is not None and pool:
-                pooled_out.append(summary[layer]["_pooled"])
+            result = summary[layer]
+            per_layer.append({c: result[c] for c in COLUMNS})
         elif pattern is not None:
+            result = {}
             per_layer.append(pattern_stats(pattern[li], targets, block=block))
         else:
             result = streamed_stats(capture.inputs[layer], targets, pool=pool)
             per_layer.append({c: result[c] for c in COLUMNS})
-            if pooled_out is not None and pool:
+        if pool and "_pooled" in result:
+            if pooled_out is not None:
                 pooled_out.append(result["_pooled"])
+            if pooled_nosink_out is not None:
+                pooled_nosink_out.append(result["_pooled_nosink"])
         if progress is not None:
             progress(li + 1, n_layers)
     return stats_frame(per_layer, capture.layers, capture.kv_head_of, n)
@@ -163,7 +167,7 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
     return out
 
 
-def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 64, key_block: int = 1024,
+def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 128, key_block: int = 2048,
                    pool: int | None = None, values: torch.Tensor | None = None) -> dict[str, np.ndarray]:
     """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs) the way the
     kernel page's FlashAttention kernel computes attention: tiles of `block` query rows x `key_block` keys, with a
@@ -181,12 +185,14 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
       are kept, and p = exp(s - m) / l at the end; a learned sink logit joins m and l at the end.
     Sums over a tile run in float32, totals over rows in float64.
     pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result), from
-    each pooling block's largest raw score (exp is monotone: the largest weight is exp(max s - m) / l).
+    each pooling block's largest raw score (exp is monotone: the largest weight is exp(max s - m) / l), and
+    "_pooled_nosink", the same with the first-token sink hidden (pooled_heads(hide_sink=True): column 0 out, rows
+    rescaled by the weight they keep, rows keeping under MIN_REMAINING blank).
     values: the layer's value vectors [kv_head, n_key, d_v]; also return "_output" [head, n, d_v] float32, the
     attention output sum_k p_k v_k, accumulated as acc <- alpha acc + exp(s - m_new) v: the layer's forward pass.
     """
     from attnviz import attention as core
-    from attnviz.pooling import pool_edges
+    from attnviz.pooling import MIN_REMAINING, pool_edges
 
     n, n_keys, n_heads = inputs.n_query, inputs.n_key, inputs.n_heads
     sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}
@@ -206,6 +212,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
         row_edges, key_edges = pool_edges(n, pool), pool_edges(n_keys, pool)
         n_bins = len(key_edges) - 1
         pooled = np.full((n_heads, len(row_edges) - 1, n_bins), np.nan, dtype=np.float32)
+        pooled_off = pooled.copy()
     for a in range(0, n, block):
         b = min(n, a + block)
         r = b - a
@@ -223,6 +230,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
         pair_t = torch.tensor([p[1] for p in pairs], dtype=torch.long)
         raw_pairs = torch.full((n_heads, len(pairs)), neg_inf)
         bins_max = torch.full((n_heads, r, n_bins), neg_inf) if pool else None
+        bin0_off_sink = torch.full((n_heads, r), neg_inf)  # largest raw score of the first key block, key 0 left out
         for k0 in range(0, key_end, key_block):
             k1 = min(key_end, k0 + key_block)
             s = core.layer_scores(inputs, a, b, key_start=k0, key_end=k1)  # [head, rows, k1 - k0], -inf masked
@@ -242,6 +250,10 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
                 starts = np.maximum(key_edges[first:last + 1], k0) - k0
                 tile_max = torch.from_numpy(np.maximum.reduceat(s.numpy(), starts, axis=-1))
                 bins_max[..., first:last + 1] = torch.maximum(bins_max[..., first:last + 1], tile_max)
+                if first == 0:  # the first key block, without key 0 itself
+                    lo, hi = (1 if k0 == 0 else 0), min(int(key_edges[1]), k1) - k0
+                    if hi > lo:
+                        bin0_off_sink = torch.maximum(bin0_off_sink, s[..., lo:hi].amax(-1))
             m_new = torch.maximum(m, s.amax(-1))
             m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
             alpha = torch.exp(m - m_safe)  # 0 while nothing was seen (m = -inf)
@@ -249,7 +261,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
             s.clamp_(min=-1e30)  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
             e = torch.exp(s)
             shift = torch.where(l > 0, (m - m_safe) * l, torch.zeros_like(l))  # (m_i - m_new) l_i, 0 if l_i = 0
-            big_a = alpha * (big_a + shift) + torch.matmul(e.unsqueeze(-2), s.unsqueeze(-1))[..., 0, 0]
+            big_a = alpha * (big_a + shift) + (e * s).sum(-1)
             l = alpha * l + e.sum(-1)
             if causal_rule:
                 dist = alpha * dist + torch.matmul(e, positions[k0:k1])
@@ -296,12 +308,21 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
             output[:, a:b] = acc / total[..., None]
         if pool:  # the largest weight of each (row, key block), then the largest over each pooling row block
             row_max = (torch.exp(bins_max - m_safe[..., None]) / total[..., None]).numpy()
+            # hiding the sink: key 0 out of the first block, each row divided by the weight it keeps off key 0
+            kept = (mass - p0).numpy()
+            off = row_max.copy()
+            off[..., 0] = (torch.exp(bin0_off_sink - m_safe) / total).numpy()
+            with np.errstate(invalid="ignore", divide="ignore"):
+                off /= kept[..., None]
+            off[kept < MIN_REMAINING] = np.nan
             first_bin = int(np.searchsorted(row_edges, a, side="right")) - 1
             for i in range(first_bin, len(row_edges) - 1):
                 lo, hi = max(a, int(row_edges[i])), min(b, int(row_edges[i + 1]))
                 if lo >= hi:
                     break
                 pooled[:, i] = np.fmax(pooled[:, i], row_max[:, lo - a:hi - a].max(1))
+                with np.errstate(invalid="ignore"):
+                    pooled_off[:, i] = np.fmax(pooled_off[:, i], np.fmax.reduce(off[:, lo - a:hi - a], axis=1))
     out = {
         "entropy": sums["entropy"] / n,
         "sink_mass": sums["sink_mass"] / (n - 1) if n > 1 else np.full(n_heads, np.nan),
@@ -312,6 +333,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     }
     if pool:
         out["_pooled"] = pooled
+        out["_pooled_nosink"] = pooled_off
     if values is not None:
         out["_output"] = output
     return out

@@ -122,3 +122,7 @@ def test_online_tiles_equal_the_dense_statistics_output_and_grid(kind, sink):
         np.testing.assert_allclose(got[column], expected[column], rtol=2e-6, atol=1e-7, err_msg=column)
     np.testing.assert_allclose(got["_output"], layer_output(x, v.double(), dtype=torch.float64).numpy(), atol=2e-6)
     np.testing.assert_allclose(got["_pooled"], max_pool(dense, 9), atol=1e-6)
+    hidden = max_pool(_hidden(dense.astype(np.float32)).astype(np.float32), 9)
+    assert np.array_equal(np.isnan(got["_pooled_nosink"]), np.isnan(hidden))
+    np.testing.assert_allclose(got["_pooled_nosink"], hidden, atol=2e-5)
+    np.testing.assert_allclose(got["_pooled_nosink"], pooled_heads(x, 9, hide_sink=True), atol=2e-5)
