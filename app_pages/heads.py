@@ -104,8 +104,8 @@ def choice_box(label: str, options: list[int], key: str) -> int:
 
 st.title("Heads")
 st.write("Run a model on your text, record what every attention head saw (its queries, keys and mask), and find "
-         "the interesting ones: sinks (everything looks at the first token), previous-token heads (a stripe just below the diagonal), "
-         "induction heads (on repeated text, a stripe one step after the earlier copy).")
+         "the interesting ones: sinks (everything looks at the first token), previous-token heads (a stripe just "
+         "below the diagonal), induction heads (on repeated text, a stripe one step after the earlier copy).")
 from_link()
 
 left, right = st.columns([1, 2])
