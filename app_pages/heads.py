@@ -2,7 +2,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz import ui, views
-from attnviz.capture import capture_to_bytes
+from attnviz.capture import MAX_EXPORT_BYTES, capture_to_bytes, export_bytes
 from attnviz.figures import heads as figs
 from attnviz.models import available_models
 from attnviz.sinks import without_sinks
@@ -360,19 +360,33 @@ with tab_export:
     link = ("The page's link (model, text, layer, head) reproduces this view" if text_in_link else
             f"The page's link keeps the model, layer and head but not the text ({len(text):,} characters, over the "
             f"{URL_TEXT_LIMIT:,} a link holds): send the text along with it")
-    if not long_text:
-        st.download_button("Pattern + tokens (.npz)", data=lambda: capture_to_bytes(capture, "npz"),
-                           file_name=f"{stem}.npz", mime="application/octet-stream", key="heads_dl_npz")
-        st.download_button("Pattern + tokens (.safetensors)", data=lambda: capture_to_bytes(capture, "safetensors"),
-                           file_name=f"{stem}.safetensors", mime="application/octet-stream", key="heads_dl_st")
+    e1, e2 = st.columns([2, 1])
+    scope = e1.radio("Weights to export", ["This head", "This layer", "Every captured layer"], horizontal=True,
+                     key="heads_export_scope", persist_state="session")
+    half = e2.toggle("float16 (half the size)", key="heads_export_half", persist_state="session")
+    export = {"This head": dict(layers=[layer], heads=[head]), "This layer": dict(layers=[layer], heads=None),
+              "Every captured layer": dict(layers=None, heads=None)}[scope]
+    dtype = np.float16 if half else np.float32
+    size = export_bytes(capture, **export, dtype=dtype)
+    what = {"This head": f"layer {layer}, head {head}", "This layer": f"layer {layer}, every head",
+            "Every captured layer": f"{capture.n_layers} layers x {capture.n_heads} heads"}[scope]
+    if size > MAX_EXPORT_BYTES:
+        st.warning(f"{what} x {n:,}² weights would be {size / 2**30:.1f} GiB, over the "
+                   f"{MAX_EXPORT_BYTES / 2**30:.0f} GiB an export builds: pick one layer or one head, or float16.")
+    else:
+        tag = {"This head": f"-L{layer}H{head}", "This layer": f"-L{layer}", "Every captured layer": ""}[scope]
+        tag += "-f16" if half else ""
+        for fmt in ("npz", "safetensors"):
+            st.download_button(f"Pattern + tokens, {what} (.{fmt})",
+                               data=lambda fmt=fmt: capture_to_bytes(capture, fmt, **export, dtype=dtype),
+                               file_name=f"{stem}{tag}.{fmt}", mime="application/octet-stream",
+                               key=f"heads_dl_{fmt}")
+        st.caption(f"pattern [layer, head, query, key] = [{len(export['layers'] or capture.layers)}, "
+                   f"{1 if export['heads'] else capture.n_heads}, {n:,}, {n:,}] {np.dtype(dtype).name}, "
+                   f"{size / 2**20:,.1f} MiB before compression"
+                   + (", computed from the layer's q and k when you press the button." if long_text else "."))
     st.download_button("Statistics table (.csv)", data=stats.to_csv(index=False), file_name=f"{stem}-stats.csv",
                        mime="text/csv", key="heads_dl_csv")
-    if long_text:
-        st.write(f"The {n:,}-token pattern is not kept, so it cannot be downloaded whole "
-                 f"({capture.n_layers * capture.n_heads * n * n * 4 / 2**30:,.1f} GiB in float32); the statistics "
-                 f"can. {link}; the command line writes the same statistics at any length: "
-                 f"`python -m attnviz stats --model {model} --text-file text.txt --out {stem}-stats.csv`.")
-    else:
-        st.write(f"pattern is [layer, head, query, key] = {list(capture.pattern.shape)} float32 "
-                 f"({capture.pattern.nbytes / 2**20:.1f} MiB). {link}; the command line writes the same file: "
-                 f"`python -m attnviz capture --model {model} --text \"...\" --out {stem}.npz`.")
+    st.write(f"{link}; the command line writes every layer's file (`python -m attnviz capture --model {model} "
+             f"--text-file text.txt --out {stem}.npz`) and, at any length, the statistics (`python -m attnviz "
+             f"stats --model {model} --text-file text.txt --out {stem}-stats.csv`).")

@@ -717,21 +717,52 @@ def _input_device(model) -> torch.device:
         return next(model.parameters()).device
 
 
-def capture_to_bytes(capture: AttentionCapture, fmt: str = "npz") -> bytes:
+MAX_EXPORT_BYTES = 2 * 1024**3  # the largest pattern an export builds
+
+
+def export_bytes(capture: AttentionCapture, *, layers=None, heads=None, dtype=np.float32) -> int:
+    """Bytes of the pattern array capture_to_bytes would write for these layers and heads (before compression)."""
+    n_layers = capture.n_layers if layers is None else len(set(layers))
+    n_heads = capture.n_heads if heads is None else len(set(heads))
+    return n_layers * n_heads * capture.n_tokens ** 2 * np.dtype(dtype).itemsize
+
+
+def capture_to_bytes(capture: AttentionCapture, fmt: str = "npz", *, layers=None, heads=None,
+                     dtype=None) -> bytes:
     """The capture as a file: "npz" (numpy.load) or "safetensors" (safetensors.numpy.load; tokens and names in the
-    metadata as JSON). Arrays: pattern [layer, head, query, key], token_ids, layers, kv_head_of, scores if any."""
+    metadata as JSON). Arrays: pattern [layer, head, query, key], token_ids, layers, heads, kv_head_of (of the heads
+    written), scores if any.
+
+    layers, heads: write only these model layers and heads (default all captured); dtype: np.float16 halves the
+    file (default: the capture's own dtype). In the long-text store the weights are computed from q and k for the
+    layers and heads asked; more than MAX_EXPORT_BYTES of pattern is refused with the size."""
     import io
     import json
 
-    if capture.pattern is None:
-        raise CaptureError("This capture keeps no dense pattern (long-text store): export one layer's or one "
-                           "head's weights instead.")
-    arrays = {"pattern": np.ascontiguousarray(capture.pattern),
+    layers = list(capture.layers) if layers is None else sorted({int(i) for i in layers})
+    heads = list(range(capture.n_heads)) if heads is None else sorted({int(h) for h in heads})
+    if not heads or any(not 0 <= h < capture.n_heads for h in heads):
+        raise CaptureError(f"Heads must lie in 0 .. {capture.n_heads - 1}.")
+    out_dtype = np.dtype(dtype) if dtype is not None else (
+        capture.pattern.dtype if capture.pattern is not None else np.dtype(np.float32))
+    need = export_bytes(capture, layers=layers, heads=heads, dtype=out_dtype)
+    if need > MAX_EXPORT_BYTES:
+        raise CaptureError(f"{len(layers)} layers x {len(heads)} heads x {capture.n_tokens:,}² weights would be "
+                           f"{need / 2**30:.1f} GiB (limit {MAX_EXPORT_BYTES / 2**30:.0f} GiB): export fewer "
+                           "layers or heads, or float16.")
+    if capture.pattern is not None:
+        index = [capture.index_of(i) for i in layers]
+        pattern = capture.pattern[np.ix_(index, heads)].astype(out_dtype, copy=False)
+    else:
+        pattern = np.stack([capture.layer_rows(i, heads=heads).astype(out_dtype, copy=False) for i in layers])
+    arrays = {"pattern": np.ascontiguousarray(pattern),
               "token_ids": np.asarray(capture.token_ids, dtype=np.int64),
-              "layers": np.asarray(capture.layers, dtype=np.int64),
-              "kv_head_of": np.asarray(capture.kv_head_of, dtype=np.int64)}
+              "layers": np.asarray(layers, dtype=np.int64),
+              "heads": np.asarray(heads, dtype=np.int64),
+              "kv_head_of": np.asarray([capture.kv_head_of[h] for h in heads], dtype=np.int64)}
     if capture._scores is not None:  # computed because they were asked for (with_scores, --scores)
-        arrays["scores"] = np.ascontiguousarray(capture._scores)
+        index = [capture.index_of(i) for i in layers]
+        arrays["scores"] = np.ascontiguousarray(capture._scores[np.ix_(index, heads)])
     meta = {"tokens": capture.tokens, "model_name": capture.model_name, "causal": capture.causal,
             "scaling": capture.scaling, "head_dim": capture.head_dim}
     if fmt == "npz":

@@ -293,3 +293,34 @@ def test_encoder_decoder_models_are_refused_with_a_message():
     loaded = LoadedModel(T5Model(config).eval(), byte_tokenizer(), ModelSpec("t5", "t5", "local", True, None, ""))
     with pytest.raises(CaptureError, match="encoder-decoder"):
         capture_attention(loaded, "hello")
+
+
+def test_export_of_one_head_one_layer_or_all_in_float16_reads_back_equal(toys, tmp_path):
+    import io
+
+    from attnviz.capture import capture_to_bytes, export_bytes
+
+    dense = capture_attention(toys["toy-llama-gqa"], TEXT)
+    qk = capture_attention(toys["toy-llama-gqa"], TEXT, store="qk")
+    for cap in (dense, qk):
+        for layers, heads, dtype in (([1], [3], np.float32), ([0], None, np.float16), (None, None, np.float32)):
+            data = np.load(io.BytesIO(capture_to_bytes(cap, "npz", layers=layers, heads=heads, dtype=dtype)))
+            lw = dense.layers if layers is None else layers
+            hw = list(range(dense.n_heads)) if heads is None else heads
+            expected = dense.pattern[np.ix_([dense.index_of(i) for i in lw], hw)]
+            assert data["pattern"].dtype == dtype and data["pattern"].shape == expected.shape
+            np.testing.assert_allclose(data["pattern"], expected, atol=2e-6 if dtype == np.float32 else 1e-3)
+            assert data["layers"].tolist() == lw and data["heads"].tolist() == hw
+            assert data["kv_head_of"].tolist() == [dense.kv_head_of[h] for h in hw]
+            assert export_bytes(cap, layers=layers, heads=heads, dtype=dtype) == expected.size * np.dtype(dtype).itemsize
+    with pytest.raises(CaptureError, match="Heads must lie"):
+        capture_to_bytes(dense, "npz", heads=[99])
+
+
+def test_an_export_too_big_is_refused_with_its_size(toys, monkeypatch):
+    from attnviz import capture as cap
+
+    monkeypatch.setattr(cap, "MAX_EXPORT_BYTES", 1000)
+    dense = capture_attention(toys["toy-llama-gqa"], TEXT)
+    with pytest.raises(CaptureError, match="GiB.*export fewer layers or heads"):
+        cap.capture_to_bytes(dense, "npz")
