@@ -84,21 +84,41 @@ def from_link() -> None:
             st.session_state["heads_link_model_pending"] = q["model"]
     if "text" in q:
         st.session_state["heads_text"] = q["text"][:ui.MAX_TEXT_CHARS]
+    asked = {}
     for name in ("layer", "head"):
         if q.get(name, "").isdigit():
-            st.session_state[f"heads_{name}"] = int(q[name])
+            st.session_state[f"heads_{name}"] = asked[f"heads_{name}"] = int(q[name])
+    st.session_state["heads_link_asked"] = asked  # choice_box says so when the model has no such layer or head
+    first, _, last = q.get("layers", "").partition("-")
+    if first.isdigit() and last.isdigit() and int(first) <= int(last):
+        st.session_state["heads_layer_range"] = (int(first), int(last))
+    if q.get("boost") in ("0", "1"):
+        st.session_state["heads_link_boost"] = q["boost"] == "1"  # applied over the long-text default
+    if q.get("sink") in ("0", "1"):
+        st.session_state["heads_hide_sink"] = q["sink"] == "1"
+    if q.get("query", "").isdigit():
+        st.session_state["heads_link_query"] = int(q["query"])  # applied once the text's tokens are known
+
+
+LINK_KEYS = ("model", "text", "layer", "head", "layers", "boost", "sink", "query")
 
 
 def _link_key(query: dict) -> tuple:
-    return tuple(sorted((k, str(v)) for k, v in query.items() if k in ("model", "text", "layer", "head")))
+    return tuple(sorted((k, str(v)) for k, v in query.items() if k in LINK_KEYS))
 
 
 def choice_box(label: str, options: list[int], key: str) -> int:
     """A selectbox over integer options whose remembered value (from the link or another model) is kept when it
-    is still an option and replaced by the nearest option otherwise."""
+    is still an option and replaced by the nearest option otherwise; a value a link asked for that does not exist
+    is replaced with a warning that says so."""
     current = st.session_state.get(key, options[0])
     if current not in options:
         st.session_state[key] = min(options, key=lambda o: abs(o - int(current)) if str(current).isdigit() else o)
+        asked = st.session_state.get("heads_link_asked", {})
+        if asked.get(key) == current:
+            st.warning(f"The link asked for {label.lower()} {current}, which this model does not have "
+                       f"({label.lower()}s {options[0]}–{options[-1]}): showing {st.session_state[key]}.")
+    st.session_state.get("heads_link_asked", {}).pop(key, None)
     return st.selectbox(label, options, key=key, persist_state="session")
 
 
@@ -128,6 +148,11 @@ if loaded is None:
 n_model_layers = int(getattr(loaded.model.config, "num_hidden_layers", 0) or getattr(loaded.model.config, "n_layer", 0))
 layers = None
 if n_model_layers > 12:
+    asked_range = st.session_state.get("heads_layer_range")
+    if asked_range and not (0 <= asked_range[0] <= asked_range[1] < n_model_layers):
+        st.warning(f"The link asked for layers {asked_range[0]}–{asked_range[1]}; this model has layers 0–"
+                   f"{n_model_layers - 1}: showing them all.")
+        st.session_state["heads_layer_range"] = (0, n_model_layers - 1)
     first, last = st.slider("Layers to capture (fewer layers = less memory for long texts)", 0, n_model_layers - 1,
                             (0, n_model_layers - 1), key="heads_layer_range", persist_state="session")
     layers = tuple(range(first, last + 1)) if (first, last) != (0, n_model_layers - 1) else None
@@ -152,6 +177,9 @@ with c3:
     # Long texts spread each row over ~n keys, so weights are ~1/n and a linear colour scale is near black: a new
     # text of BOOST_FROM_TOKENS tokens or more turns the boost on (the user can turn it off again).
     capture_id = (model, version, text, layers)
+    if "heads_link_boost" in st.session_state:  # a link's boost setting wins over the long-text default
+        st.session_state["heads_gamma"] = st.session_state.pop("heads_link_boost")
+        st.session_state["heads_gamma_set_for"] = capture_id
     if st.session_state.get("heads_gamma_set_for") != capture_id:
         st.session_state["heads_gamma_set_for"] = capture_id
         if n >= figs.BOOST_FROM_TOKENS:
@@ -167,15 +195,13 @@ with c4:
                                "so the rest of the map is not swamped by the sink.")
 li = capture.layers.index(layer)
 
-view = dict(model=model, layer=str(layer), head=str(head))
+view = dict(model=model, layer=str(layer), head=str(head), boost="1" if boost else "0",
+            sink="1" if hide_sink else "0")
+if layers is not None:
+    view["layers"] = f"{layers[0]}-{layers[-1]}"
 text_in_link = len(text) <= URL_TEXT_LIMIT
 if text_in_link:
     view["text"] = text
-# The whole link is compared, text included: a text too long for the link must also take an older text= out of it,
-# or the next rerun would read that older text back as a new link (from_link) over the user's own.
-if _link_key(st.query_params.to_dict()) != _link_key(view):
-    st.query_params.from_dict(view)
-st.session_state["heads_link_seen"] = _link_key(view)
 if not text_in_link:
     st.caption(f"The text is {len(text):,} characters, over the {URL_TEXT_LIMIT:,} a link holds: the page's link "
                "keeps the model, layer and head, but not the text.")
@@ -259,6 +285,9 @@ with tab_head:
                      f"rows have under {figs.MIN_REMAINING:.0%} and are blank in the map above.")
 
 with tab_token:
+    if "heads_link_query" in st.session_state:  # the query token a link names (the last one if it is too far)
+        st.session_state["heads_query"] = min(st.session_state.pop("heads_link_query"), n - 1)
+        st.session_state["heads_query_for"] = capture_id
     if st.session_state.get("heads_query_for") != capture_id or st.session_state.get("heads_query", 0) >= n:
         # a new model or text: the query follows it (its last token), never a stale position from the old one
         st.session_state["heads_query_for"] = capture_id
@@ -390,3 +419,11 @@ with tab_export:
     st.write(f"{link}; the command line writes every layer's file (`python -m attnviz capture --model {model} "
              f"--text-file text.txt --out {stem}.npz`) and, at any length, the statistics (`python -m attnviz "
              f"stats --model {model} --text-file text.txt --out {stem}-stats.csv`).")
+
+# The view goes into the link last, once every tab has drawn (the query token is chosen in its tab). The whole link
+# is compared, text included: a text too long for the link must also take an older text= out of it, or the next
+# rerun would read that older text back as a new link (from_link) over the user's own.
+view["query"] = str(query)
+if _link_key(st.query_params.to_dict()) != _link_key(view):
+    st.query_params.from_dict(view)
+st.session_state["heads_link_seen"] = _link_key(view)

@@ -505,3 +505,23 @@ def test_narrowing_the_layers_slices_the_capture_already_made(monkeypatch):
     part = ui._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", (1,), False)
     assert part.layers == [1] and np.array_equal(part.pattern[0], whole.pattern[1])
     assert calls == [None]  # one forward pass, for the whole capture
+
+
+def test_a_link_carries_boost_hidden_sink_query_and_layer_range_and_says_when_it_is_clamped():
+    at = heads_page({"model": "toy-llama-gqa", "text": "abab abab", "layer": "1", "head": "2", "boost": "1",
+                     "sink": "1", "query": "4"})
+    assert at.toggle(key="heads_gamma").value is True and at.toggle(key="heads_hide_sink").value is True
+    assert at.selectbox(key="heads_query").value == 4
+    q = {k: (v[0] if isinstance(v, list) else v) for k, v in at.query_params.items()}
+    assert (q["boost"], q["sink"], q["query"], q["layer"], q["head"]) == ("1", "1", "4", "1", "2")
+    at.selectbox(key="heads_query").set_value(6).run()
+    assert at.query_params["query"] in ("6", ["6"])
+    # a link to a layer and head the model does not have: clamped, and the page says so
+    at = heads_page({"model": "toy-llama-gqa", "text": "abab", "layer": "99", "head": "42"})
+    warnings = " ".join(w.value for w in at.warning)
+    assert "layer 99" in warnings and "head 42" in warnings and "showing 1" in warnings and "showing 3" in warnings
+    assert at.selectbox(key="heads_layer").value == 1 and at.selectbox(key="heads_head").value == 3
+    # the layer range travels too (smollm2 has 30 layers: the range slider exists from 13 layers)
+    at = heads_page({"model": "smollm2-135m", "text": "The cat sat.", "layers": "3-5"})
+    assert at.slider(key="heads_layer_range").value == (3, 5)
+    assert at.query_params["layers"] in ("3-5", ["3-5"])
