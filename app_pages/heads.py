@@ -204,7 +204,7 @@ if text_in_link:
     view["text"] = text
 if not text_in_link:
     st.caption(f"The text is {len(text):,} characters, over the {URL_TEXT_LIMIT:,} a link holds: the page's link "
-               "keeps the model, layer and head, but not the text.")
+               "keeps the rest of the view (model, layers, head and settings), but not the text.")
 
 
 def shown(p):
@@ -362,7 +362,10 @@ with tab_compare:
             b, b_title, b_tokens = shown(other_capture.pattern[li, head]), f"B: text B, layer {layer}, head {head}", \
                 other_capture.tokens
     if b is not None:
-        e1, e2 = st.columns(2)
+        # side by side while the maps are small enough to read in half the width; longer texts get the full width
+        # each, one under the other (two 1,800-token images in half columns shrink to ~200 px with piled-up ticks)
+        e1, e2 = st.columns(2) if max(a.shape[-1], b.shape[-1]) <= figs.DETAIL_MAX_TOKENS else (st.container(),
+                                                                                                st.container())
         with e1:
             st.plotly_chart(figs.head_detail(a, capture.tokens, title=a_title, gamma=gamma, causal=capture.causal),
                             width="stretch")
@@ -386,8 +389,8 @@ with tab_compare:
 
 with tab_export:
     stem = f"attention-{model.replace('/', '_')}-{n}tok"
-    link = ("The page's link (model, text, layer, head) reproduces this view" if text_in_link else
-            f"The page's link keeps the model, layer and head but not the text ({len(text):,} characters, over the "
+    link = ("The page's link (model, text, layers, head and settings) reproduces this view" if text_in_link else
+            f"The page's link keeps the view but not the text ({len(text):,} characters, over the "
             f"{URL_TEXT_LIMIT:,} a link holds): send the text along with it")
     e1, e2 = st.columns([2, 1])
     scope = e1.radio("Weights to export", ["This head", "This layer", "Every captured layer"], horizontal=True,
