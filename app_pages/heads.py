@@ -168,6 +168,12 @@ st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads
            + (f"; query heads share {len(set(capture.kv_head_of))} key/value heads" if
               len(set(capture.kv_head_of)) < capture.n_heads else "") + ".")
 
+if "learned_sink" in stats.columns:
+    share = stats["learned_sink"]
+    st.info(f"{model} has a learned sink logit in every head (as gpt-oss does): one extra logit in each row's "
+            "softmax that belongs to no token, so a row's weights sum to 1 minus what the sink took. Here the sinks "
+            f"take {share.mean():.1%} of the attention on average (from {share.min():.1%} to {share.max():.1%} by "
+            "head): see the learned_sink column in Statistics.")
 c1, c2, c3, c4 = st.columns(4)
 with c1:
     layer = choice_box("Layer", list(capture.layers), "heads_layer")
@@ -320,7 +326,8 @@ with tab_stats:
             else:
                 st.dataframe(top, hide_index=True, width="stretch")
     st.caption(SINK_MASS_NOTE)
-    column = st.selectbox("Statistic to map", list(COLUMNS), key="heads_stat", persist_state="session")
+    extra = ["learned_sink"] if "learned_sink" in stats.columns else []
+    column = st.selectbox("Statistic to map", [*COLUMNS, *extra], key="heads_stat", persist_state="session")
     units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
     st.plotly_chart(figs.stat_grid(stats, column, title=f"{column} of every head", colorbar_title=f"{column} "
                                    f"({units})"), width="stretch")
@@ -329,7 +336,9 @@ with tab_stats:
     st.caption("Click a column header to sort. entropy: nats, averaged over query rows; sink_mass: attention on "
                "token 0 over queries 1 … n−1 (above); mean_distance: expected |query − key| in tokens; "
                "prev_token / self: attention on the key just before / at the query; induction: attention on the "
-               "token that followed an earlier copy of the query's token (empty when nothing repeats).")
+               "token that followed an earlier copy of the query's token (empty when nothing repeats)"
+               + ("; learned_sink: the share each head gives its learned sink logit, 1 − the row's sum." if extra
+                  else "."))
 
 with tab_compare:
   if long_text:

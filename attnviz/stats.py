@@ -10,6 +10,8 @@ over the query rows named. Token 0 is the first token (BOS for the toy models, t
 - mean_distance  mean over all q of sum_k P[q,k] |q - k|, in tokens: how far a head looks on average.
 - prev_token     mean over q >= 1 of P[q, q-1]: a previous-token head scores near 1.
 - self           mean over all q of P[q, q]: attention to the query's own token.
+- learned_sink   (models with learned sink logits, gpt-oss, only) mean over all q of the weight the row gives the
+                 head's sink logit, 1 - sum_k P[q, k]: the attention that goes to no token at all.
 - induction      mean over the queries q that have an earlier copy of their own token (token_ids[j] == token_ids[q],
                  j + 1 < q) of sum over the distinct targets t = j + 1 of P[q, t]: attention to the token that came
                  after the earlier copy, the "[A][B] ... [A] -> [B]" pattern of Olsson et al. 2022, "In-context
@@ -57,17 +59,21 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     targets = induction_targets(capture.token_ids)
     n_layers, n_heads, n = len(capture.layers), len(capture.kv_head_of), len(capture.token_ids)
     summary = getattr(capture, "summary", None) or {}
+    # a model with learned sink logits (gpt-oss): each row's weights sum to 1 minus its sink's share
+    sinks = getattr(capture, "learned_sink", None) if pattern is not None else None
     per_layer = []
     for li, layer in enumerate(capture.layers):
         if layer in summary and (not pool or "_pooled" in summary[layer]):  # computed during the forward pass
             result = summary[layer]
-            per_layer.append({c: result[c] for c in COLUMNS})
+            per_layer.append({c: result[c] for c in (*COLUMNS, "learned_sink") if c in result})
         elif pattern is not None:
             result = {}
             per_layer.append(pattern_stats(pattern[li], targets, block=block))
+            if sinks is not None:
+                per_layer[-1]["learned_sink"] = np.asarray(sinks[li], dtype=np.float64).mean(-1)
         else:
             result = streamed_stats(capture.inputs[layer], targets, pool=pool)
-            per_layer.append({c: result[c] for c in COLUMNS})
+            per_layer.append({c: result[c] for c in (*COLUMNS, "learned_sink") if c in result})
         if pool and "_pooled" in result:
             if pooled_out is not None:
                 pooled_out.append(result["_pooled"])
@@ -96,12 +102,13 @@ def streaming_attend(token_ids, *, pool: int | None = None):
 def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_tokens: int) -> pd.DataFrame:
     """The head_stats table from one pattern_stats / streamed_stats result per layer."""
     n_layers, n_heads = len(per_layer), len(kv_head_of)
+    extra = ["learned_sink"] if all("learned_sink" in s for s in per_layer) and per_layer else []
     frame = pd.DataFrame({
         "layer": np.repeat(np.asarray(layers, dtype=np.int64), n_heads),
         "head": np.tile(np.arange(n_heads, dtype=np.int64), n_layers),
         "kv_head": np.tile(np.asarray(kv_head_of, dtype=np.int64), n_layers),
-        **{c: np.concatenate([s[c] for s in per_layer]).astype(np.float64) for c in COLUMNS},
-    }, columns=["layer", "head", "kv_head", *COLUMNS])
+        **{c: np.concatenate([s[c] for s in per_layer]).astype(np.float64) for c in (*COLUMNS, *extra)},
+    }, columns=["layer", "head", "kv_head", *COLUMNS, *extra])
     frame.attrs["n_tokens"] = n_tokens
     return frame
 
@@ -199,6 +206,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     per_query = np.zeros((n_heads, n))
     with_targets = np.zeros(n, dtype=bool)
     sink = inputs.sink
+    sink_share = np.zeros(n_heads)
     causal_rule = inputs.mask.kind == "causal" and n_keys == n
     positions = torch.arange(n_keys, dtype=torch.float32)
     neg_inf = float("-inf")
@@ -288,6 +296,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
             m_safe = m_f
         total = torch.where(l > 0, l, torch.ones_like(l))
         mass = l_keys / total  # sum_k p_k: 1, or 1 - the sink's share
+        sink_share += (1.0 - mass).double().sum(-1).numpy() if sink is not None else 0.0
         entropy = torch.log(total) * mass - big_a / total
         sums["entropy"] += entropy.double().sum(-1).numpy()
         distance = qpos.float() * mass - dist / total if causal_rule else dist / total
@@ -331,6 +340,8 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
         "self": sums["self"] / n,
         "induction": per_query[:, with_targets].mean(-1) if with_targets.any() else np.full(n_heads, np.nan),
     }
+    if sink is not None:
+        out["learned_sink"] = sink_share / n
     if pool:
         out["_pooled"] = pooled
         out["_pooled_nosink"] = pooled_off

@@ -225,3 +225,25 @@ def test_families_without_the_interface_refuse_scores(family_of, name):
         capture_attention(fam.loaded, TEXT, store="qk")
     with pytest.raises(CaptureError, match="scores are not available"):
         cap.head_scores(0, 0)
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "llama"])
+def test_statistics_report_the_learned_sink_share_in_both_stores(family_of, name):
+    from attnviz.stats import head_stats, streaming_attend
+
+    fam = family_of(name)
+    dense = fam.capture("pattern")
+    qk = fam.capture("qk")
+    attend, summary = streaming_attend(dense.token_ids, pool=8)
+    fused = capture_attention(fam.loaded, TEXT, store="qk", attend=attend)
+    fused.summary = summary
+    frames = [head_stats(dense), head_stats(qk), head_stats(fused)]
+    if name == "llama":
+        assert all("learned_sink" not in f.columns for f in frames)
+        return
+    expected = dense.learned_sink.astype(np.float64).mean(-1).ravel()  # [layer x head], rows' sink weight
+    # independently: 1 - the row sums of the model's own eager pattern
+    np.testing.assert_allclose(expected, (1 - fam.reference.astype(np.float64).sum(-1)).mean(-1).ravel(), atol=1e-6)
+    assert expected.max() > 0.01
+    for frame in frames:
+        np.testing.assert_allclose(frame["learned_sink"], expected, atol=2e-6)

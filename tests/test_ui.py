@@ -525,3 +525,21 @@ def test_a_link_carries_boost_hidden_sink_query_and_layer_range_and_says_when_it
     at = heads_page({"model": "smollm2-135m", "text": "The cat sat.", "layers": "3-5"})
     assert at.slider(key="heads_layer_range").value == (3, 5)
     assert at.query_params["layers"] in ("3-5", ["3-5"])
+
+
+def test_heads_page_shows_a_models_learned_sinks(tmp_path):
+    """A gpt-oss folder (learned sink logits): the page says how much the sinks take and maps the column."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from families import build_family
+
+    folder = build_family("gpt_oss", tmp_path)
+    at = heads_page({"model": str(folder), "text": "abcabc abcabc"})
+    at.button(key="heads_link_model_confirm").click().run()  # a link's folder loads only once confirmed
+    assert not at.exception, at.exception
+    info = " ".join(i.value for i in at.info)
+    assert "learned sink logit in every head" in info and "%" in info
+    assert "learned_sink" in at.selectbox(key="heads_stat").options
+    at.selectbox(key="heads_stat").set_value("learned_sink").run()
+    assert not at.exception
