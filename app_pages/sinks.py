@@ -73,6 +73,13 @@ def show_sink_scores() -> None:
     if capture.n_tokens < 2:
         st.warning("The text is a single token: a sink needs at least two. Type a longer text.")
         return
+    learned = capture.learned_sink  # [layer, head, query] or None
+    if learned is not None:
+        by_layer = learned.mean(axis=(1, 2))
+        st.info(f"{model} also has a learned sink: one logit per head that joins every row's softmax and belongs to "
+                f"no token (gpt-oss). It takes {learned.mean():.1%} of all attention here (layer means from "
+                f"{by_layer.min():.1%} to {by_layer.max():.1%}). The α_k below count the weights on tokens only, "
+                "so a head whose learned sink takes most of its attention has small α_k everywhere.")
     alpha = sinks.sink_scores(capture.pattern, causal=capture.causal)  # [layer, head, key]
     share = sinks.sink_head_share(alpha)
     top = sinks.top_sink_keys(alpha, capture.tokens, causal=capture.causal)

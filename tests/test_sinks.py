@@ -592,3 +592,29 @@ def test_alpha0_and_the_heads_pages_sink_mass_relation():
     alpha0 = sink_scores(cap.pattern, causal=cap.causal)[..., 0].reshape(-1)
     m = cap.n_tokens
     np.testing.assert_allclose(alpha0, (1 + (m - 1) * frame["sink_mass"].to_numpy()) / m, atol=1e-6)
+
+
+def test_page_states_a_learned_sinks_share(tmp_path):
+    """A gpt-oss folder: the Sinks page says what its learned sink logits take, computed from the capture."""
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from families import build_family
+
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+
+    folder = build_family("gpt_oss", tmp_path)
+    text = "abcabc abcabc"
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"), default_timeout=120)
+    at.session_state["sinks_model"] = "Other: a local folder or hub id…"
+    at.session_state["sinks_model_custom"] = str(folder)
+    at.session_state["sinks_text"] = text
+    at.run()
+    assert not at.exception, at.exception
+    expected = capture_attention(load_model(str(folder)), text).learned_sink.mean()
+    info = " ".join(i.value for i in at.info)
+    assert "learned sink" in info and f"{expected:.1%}" in info, info
