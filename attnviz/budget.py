@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 
@@ -45,7 +46,8 @@ class MemoryBudget:
 
     with budget.admit(nbytes, on_wait=...): the block runs once `nbytes` fit beside the work already admitted;
     waiting works are served in the order they asked. on_wait(held_bytes, queue_position) is called once, before
-    waiting, when the work cannot start at once. Raises OverBudget when nbytes exceeds the whole limit, and
+    waiting, when the work cannot start at once; on_poll() every poll_seconds while it waits after that (a
+    Streamlit page touches an element there, which lets Streamlit stop a run whose visitor left). Raises OverBudget when nbytes exceeds the whole limit, and
     TimeoutError when timeout (seconds) passes first.
     """
 
@@ -58,7 +60,8 @@ class MemoryBudget:
 
     @contextlib.contextmanager
     def admit(self, nbytes: int, *, on_wait: Callable[[int, int], None] | None = None,
-              timeout: float | None = None, what: str = "This work") -> Iterator[None]:
+              on_poll: Callable[[], None] | None = None, timeout: float | None = None, poll_seconds: float = 0.5,
+              what: str = "This work") -> Iterator[None]:
         nbytes = max(0, int(nbytes))
         if nbytes > self.limit:
             raise OverBudget(f"{what} needs about {nbytes / 2**30:.2f} GiB, more than the {self.limit / 2**30:.2f} "
@@ -68,12 +71,17 @@ class MemoryBudget:
             self._queue.append(ticket)
             try:
                 told = False
+                deadline = None if timeout is None else time.monotonic() + timeout
                 while not (self._queue[0] == ticket and self.held + nbytes <= self.limit):
                     if not told and on_wait is not None:
                         told = True
                         on_wait(self.held, self._queue.index(ticket))
-                    if not self._cond.wait(timeout):
+                    elif on_poll is not None:  # a caller that may be stopped (a Streamlit run) gets its chance
+                        on_poll()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
                         raise TimeoutError(f"{what} waited {timeout:g} s for memory held by other visitors.")
+                    self._cond.wait(poll_seconds if left is None else min(poll_seconds, left))
                 self.held += nbytes
             finally:
                 self._queue.remove(ticket)
@@ -89,17 +97,22 @@ class MemoryBudget:
 BUDGET = MemoryBudget(default_budget_bytes())
 
 
-def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, itemsize: int = 4) -> int:
+def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, itemsize: int = 4,
+                          uses_sdpa: bool = True) -> int:
     """Estimated peak bytes of one capture beyond the model's weights: what it keeps (the dense pattern, or q and k
     per layer) plus the forward pass's working set (hidden states and MLP activations, float32, a few copies), and
-    for the pattern store one layer's eager [head, n, n] scores and weights."""
+    for the pattern store (and for families read by hooks, uses_sdpa=False, in either store) one layer's eager
+    [head, n, n] scores and weights."""
     from attnviz.capture import _hidden, _n_heads, inputs_bytes, pattern_bytes
 
     hidden = _hidden(config)
+    eager_layer = pattern_bytes(1, _n_heads(config), n_tokens, 4) * 3  # one layer's eager scores, weights, copy
     inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
     n_heads = _n_heads(config)
     forward = n_tokens * (8 * hidden + 3 * inner) * 4
     keeps = inputs_bytes(config, n_layers, n_tokens)
     if store == "pattern":
-        keeps += pattern_bytes(n_layers, n_heads, n_tokens, itemsize) + pattern_bytes(1, n_heads, n_tokens, 4) * 3
+        keeps += pattern_bytes(n_layers, n_heads, n_tokens, itemsize) + eager_layer
+    elif not uses_sdpa:  # a family read by hooks (BLOOM) runs eager attention even in the qk store
+        keeps += eager_layer
     return int(forward + keeps)

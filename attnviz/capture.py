@@ -513,7 +513,12 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
 
 
 def _core_output(module, query, key, value, attention_mask, scale, softcap, sink):
-    """[batch, query, head, d_v] attention output by attnviz.attention.layer_output, batch by batch."""
+    """[batch, query, head, d_v] attention output by attnviz.attention.layer_output, batch by batch, computed on
+    the CPU (where the core's masks live) and handed back on the model's device."""
+    device = query.device
+    query, key, value = (x.detach().cpu() for x in (query, key, value))
+    attention_mask = None if attention_mask is None else attention_mask.cpu()
+    sink = None if sink is None else sink.detach().cpu()
     outs = []
     causal = bool(getattr(module, "is_causal", True)) and query.shape[-2] > 1
     for b in range(query.shape[0]):
@@ -524,7 +529,7 @@ def _core_output(module, query, key, value, attention_mask, scale, softcap, sink
                              mask=mask, softcap=float(softcap) if softcap else None,
                              sink=None if sink is None else sink.float().reshape(-1))
         outs.append(core.layer_output(inputs, value[b].float()).to(query.dtype))
-    return torch.stack(outs).transpose(1, 2).contiguous()
+    return torch.stack(outs).transpose(1, 2).contiguous().to(device)
 
 
 def _mask_rule(attention_mask, n_query: int, n_key: int, causal_if_none: bool) -> MaskRule:
@@ -641,7 +646,8 @@ def _after(layer: int, module, args, output):
     weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
     if weights is None:
         raise CaptureError(f"{type(module).__name__} returned no attention weights (is attention eager?).")
-    rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
+    if rec.store == "pattern":  # the long-text store keeps q and k only, never the N x N weights
+        rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
     rec.layer_done(layer)
     return None
 
@@ -753,8 +759,12 @@ def capture_to_bytes(capture: AttentionCapture, fmt: str = "npz", *, layers=None
     if capture.pattern is not None:
         index = [capture.index_of(i) for i in layers]
         pattern = capture.pattern[np.ix_(index, heads)].astype(out_dtype, copy=False)
-    else:
-        pattern = np.stack([capture.layer_rows(i, heads=heads).astype(out_dtype, copy=False) for i in layers])
+    else:  # computed a block of rows at a time into the one array written, never a float32 copy of it all
+        pattern = np.empty((len(layers), len(heads), capture.n_tokens, capture.n_tokens), dtype=out_dtype)
+        for li, layer in enumerate(layers):
+            for a in range(0, capture.n_tokens, 256):
+                b = min(capture.n_tokens, a + 256)
+                pattern[li, :, a:b] = capture.layer_rows(layer, a, b, heads=heads)
     arrays = {"pattern": np.ascontiguousarray(pattern),
               "token_ids": np.asarray(capture.token_ids, dtype=np.int64),
               "layers": np.asarray(layers, dtype=np.int64),

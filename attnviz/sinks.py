@@ -306,6 +306,11 @@ class ComputeOnce:
         with self._lock:
             return key in self._values
 
+    def peek(self, key: Hashable):
+        """(True, value) when key is cached (marking it recently used), else (False, None); never computes."""
+        with self._lock:
+            return self._cached(key)
+
     def _cached(self, key):
         """(True, value) when key is cached (and marks it recently used), else (False, None). Hold self._lock."""
         if key in self._values:

@@ -180,9 +180,9 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
     if _CAPTURES is None:
         _CAPTURES = ComputeOnce(max_items=4)
     if layers is not None:  # a capture of every layer already made for this text holds these layers too
-        whole = (name, version, text, None, with_scores, store)
-        if whole in _CAPTURES:
-            return _CAPTURES.get(whole, lambda: None).select(layers)
+        found, whole = _CAPTURES.peek((name, version, text, None, with_scores, store))
+        if found:
+            return whole.select(layers)
 
     def compute():
         loaded = _cached_model(name, version)
@@ -217,8 +217,12 @@ def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
     modules = cap.attention_modules(model)
     n_layers = len(modules) if layers is None else len(set(layers))
     can_stream = cap.records_inputs(model)
-    store, why = choose_store(n_layers, cap._n_heads(model.config), n_tokens, limit_bytes=cap.MAX_CAPTURE_BYTES,
-                              can_stream=can_stream)
+    from attnviz import budget
+
+    # the dense store within its own limit and within half of what the server gives all visitors' work
+    limit = min(cap.MAX_CAPTURE_BYTES, budget.BUDGET.limit // 2)
+    store, why = choose_store(n_layers, cap._n_heads(model.config), n_tokens, limit_bytes=limit,
+                              can_stream=can_stream, max_dense_tokens=cap.MAX_TOKENS)
     return store, why, n_tokens
 
 
@@ -258,10 +262,12 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
                 st.info(f"{n_tokens:,} tokens: {why}.")
         if n_tokens is None:
             n_tokens = int(loaded.tokenizer(text, return_tensors="pt").input_ids.shape[1])
-        from attnviz.capture import attention_modules
+        from attnviz.capture import attention_modules, uses_interface
 
-        n_layers = len(attention_modules(loaded.model)) if key_layers is None else len(key_layers)
-        need = budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers, store=store)
+        modules = attention_modules(loaded.model)
+        n_layers = len(modules) if key_layers is None else len(key_layers)
+        need = budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers, store=store,
+                                            uses_sdpa=uses_interface(modules[0]))
         waiting = st.empty()
 
         def on_wait(held, position):
@@ -274,7 +280,20 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
         def progress(done, total):
             bar.progress(done / total, text=f"Running {name}: layer {done} of {total} captured")
 
-        with budget.BUDGET.admit(need, on_wait=on_wait, what=f"Capturing {n_tokens:,} tokens"):
+        if _CAPTURES is not None:  # already made (by this visitor or another): no memory to admit, no waiting
+            found, capture = _CAPTURES.peek((name, version, text, key_layers, bool(with_scores), store))
+            if not found and key_layers is not None:
+                found, whole = _CAPTURES.peek((name, version, text, None, bool(with_scores), store))
+                capture = whole.select(key_layers) if found else None
+            if found:
+                return capture
+        def on_poll():  # touches the page every half second while waiting, so Streamlit can stop a run the
+            # visitor left
+            waiting.info(f"Waiting for memory: other visitors' captures hold {budget.BUDGET.held / 2**30:.1f} GiB "
+                         f"of the {budget.BUDGET.limit / 2**30:.1f} GiB budget. It starts by itself as soon as they "
+                         "finish.")
+
+        with budget.BUDGET.admit(need, on_wait=on_wait, on_poll=on_poll, what=f"Capturing {n_tokens:,} tokens"):
             waiting.empty()
             capture = _cached_capture(name, version, text, key_layers, bool(with_scores), store, progress=progress)
         bar.empty()

@@ -18,9 +18,14 @@ from attnviz.pooling import MIN_REMAINING, pool_edges  # noqa: F401  (the edges 
 
 
 def choose_store(n_layers: int, n_heads: int, n_tokens: int, *, limit_bytes: int, itemsize: int = 4,
-                 can_stream: bool = True) -> tuple[str, str]:
-    """("pattern" or "qk", why): the dense store while [layer, head, n, n] fits limit_bytes, else the qk store."""
+                 can_stream: bool = True, max_dense_tokens: int | None = None) -> tuple[str, str]:
+    """("pattern" or "qk", why): the dense store while [layer, head, n, n] fits limit_bytes (and the text is at most
+    max_dense_tokens long), else the qk store."""
     need = n_layers * n_heads * n_tokens * n_tokens * itemsize
+    if can_stream and max_dense_tokens is not None and n_tokens > max_dense_tokens:
+        return "qk", (f"the text is longer than the {max_dense_tokens:,} tokens the dense pattern store takes, so "
+                      "only each layer's q and k are kept and every map is computed from them, a block of rows at "
+                      "a time: the N x N matrix is never built")
     if need <= limit_bytes or not can_stream:
         return "pattern", (f"the dense pattern ({need / 2**20:,.0f} MiB) fits the "
                            f"{limit_bytes / 2**30:.0f} GiB budget")

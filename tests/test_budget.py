@@ -87,3 +87,24 @@ def test_the_estimate_grows_with_the_text_and_the_dense_store_costs_more():
     assert capture_working_bytes(config, 1000, 2, store="pattern") > capture_working_bytes(config, 1000, 2, store="qk")
     # the dense pattern alone: 2 layers x 4 heads x 1000^2 float32
     assert capture_working_bytes(config, 1000, 2, store="pattern") >= 2 * 4 * 1000 * 1000 * 4
+
+
+def test_a_waiting_caller_is_polled_and_can_give_up_by_raising():
+    budget = MemoryBudget(100)
+    polls = []
+
+    class Stop(Exception):
+        pass
+
+    def on_poll():
+        polls.append(1)
+        if len(polls) == 3:
+            raise Stop  # what Streamlit does to a run whose visitor left
+
+    with budget.admit(90):
+        with pytest.raises(Stop):
+            with budget.admit(20, on_wait=lambda held, ahead: None, on_poll=on_poll, poll_seconds=0.01):
+                pass
+        assert budget.held == 90 and not budget._queue  # the quitter left the queue
+    with budget.admit(100):  # and nothing is left held
+        pass

@@ -126,3 +126,17 @@ def test_online_tiles_equal_the_dense_statistics_output_and_grid(kind, sink):
     assert np.array_equal(np.isnan(got["_pooled_nosink"]), np.isnan(hidden))
     np.testing.assert_allclose(got["_pooled_nosink"], hidden, atol=2e-5)
     np.testing.assert_allclose(got["_pooled_nosink"], pooled_heads(x, 9, hide_sink=True), atol=2e-5)
+
+
+def test_a_text_over_the_dense_token_limit_goes_to_the_qk_store_even_when_it_would_fit():
+    assert choose_store(2, 4, 3000, limit_bytes=2 * 2**30, max_dense_tokens=2048)[0] == "qk"
+    assert choose_store(2, 4, 3000, limit_bytes=2 * 2**30, max_dense_tokens=2048, can_stream=False)[0] == "pattern"
+    assert choose_store(2, 4, 2000, limit_bytes=2 * 2**30, max_dense_tokens=2048)[0] == "pattern"
+
+
+def test_bloom_in_the_qk_store_keeps_no_pattern():
+    loaded = load_model("toy-bloom-alibi")
+    qk = capture_attention(loaded, TEXT, store="qk")
+    assert qk.pattern is None and qk.inputs and qk.store == "qk"
+    dense = capture_attention(loaded, TEXT)
+    np.testing.assert_allclose(qk.layer_rows(1), dense.pattern[1], atol=2e-6)
