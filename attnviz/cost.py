@@ -64,11 +64,13 @@ def crossover_seq_len(*, d_model: int, causal: bool = False, kv_dim: int | None 
 
 def kv_head_of(n_heads: int, n_kv_heads: int) -> list[int]:
     """For each query head, the KV head it reads: query heads are split into n_kv_heads consecutive groups
-    (Ainslie et al. 2023, GQA; as transformers' repeat_kv). MHA: n_kv_heads = n_heads; MQA: n_kv_heads = 1."""
+    (Ainslie et al. 2023, GQA; as transformers' repeat_kv). MHA: n_kv_heads = n_heads; MQA: n_kv_heads = 1.
+    attnviz.attention.kv_head_of's rule, which capture and the core use, with n_kv_heads required here."""
+    from attnviz.attention import kv_head_of as core_kv_head_of
+
     if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ValueError(f"{n_heads} query heads cannot be split evenly over {n_kv_heads} KV heads")
-    group = n_heads // n_kv_heads
-    return [h // group for h in range(n_heads)]
+    return core_kv_head_of(n_heads, n_kv_heads)
 
 
 @dataclass(frozen=True)

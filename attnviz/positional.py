@@ -241,12 +241,15 @@ def alibi_bias(n_heads: int, n_query: int, n_key: int | None = None, causal: boo
 def alibi_pattern(n_heads: int, n: int, scores=None) -> np.ndarray:
     """softmax(scores + alibi_bias) over the keys, causal. scores: [n_heads or 1, n, n] or None (all zero,
     i.e. position only). Returns the pattern [n_heads, n, n], float64."""
-    logits = alibi_bias(n_heads, n)
+    import torch
+
+    from attnviz.attention import softmax_with_sink
+
+    logits = alibi_bias(n_heads, n)  # -inf above the diagonal: the causal mask
     if scores is not None:
         logits = logits + np.asarray(scores, dtype=np.float64)
-    logits = logits - logits.max(axis=-1, keepdims=True)
-    weights = np.exp(logits)
-    return weights / weights.sum(axis=-1, keepdims=True)
+    weights, _ = softmax_with_sink(torch.from_numpy(np.ascontiguousarray(logits)))  # the core's masked softmax
+    return weights.numpy()
 
 
 # ---------------------------------------------------------------- measured attention against distance
