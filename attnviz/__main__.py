@@ -8,15 +8,21 @@ import sys
 from pathlib import Path
 
 
+def _model_and_text(command) -> None:
+    """The --model and --text / --text-file arguments that capture and stats share."""
+    command.add_argument("--model", required=True,
+                         help="a model name (see `models`), a local folder or a cached hub id")
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="the text to run the model on")
+    source.add_argument("--text-file", type=Path, help="read the text from this UTF-8 file")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnviz", description="attnviz from the command line.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     cap = commands.add_parser("capture", help="Capture every head's attention on a text and write it to a file.")
-    cap.add_argument("--model", required=True, help="a model name (see `models`), a local folder or a cached hub id")
-    source = cap.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="the text to run the model on")
-    source.add_argument("--text-file", type=Path, help="read the text from this UTF-8 file")
+    _model_and_text(cap)
     cap.add_argument("--out", required=True, type=Path, help="output file, .npz or .safetensors")
     cap.add_argument("--layers", help="comma-separated layer indices (default: all)")
     cap.add_argument("--float16", action="store_true", help="store the pattern as float16 (half the size)")
@@ -27,10 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     st = commands.add_parser("stats", help="Every captured head's statistics (entropy, sink mass, distance, "
                              "previous-token, self, induction) as CSV, at any text length: the N x N pattern is "
                              "never built.")
-    st.add_argument("--model", required=True, help="a model name (see `models`), a local folder or a cached hub id")
-    st_source = st.add_mutually_exclusive_group(required=True)
-    st_source.add_argument("--text", help="the text to run the model on")
-    st_source.add_argument("--text-file", type=Path, help="read the text from this UTF-8 file")
+    _model_and_text(st)
     st.add_argument("--out", required=True, type=Path, help="output CSV file")
     st.add_argument("--layers", help="comma-separated layer indices (default: all)")
     st.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")

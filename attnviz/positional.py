@@ -255,6 +255,22 @@ def alibi_pattern(n_heads: int, n: int, scores=None) -> np.ndarray:
 # ---------------------------------------------------------------- measured attention against distance
 
 
+def _layered(pattern, exclude_keys):
+    """(p [layer, head, query, key], whether a layer axis was added, n_query, n_key, key offset of the queries,
+    exclude_keys checked) for the distance averages. No float64 copy: a real model's pattern can be hundreds of MB."""
+    p = np.asarray(pattern)
+    squeeze = p.ndim == 3
+    if squeeze:
+        p = p[None]
+    if p.ndim != 4:
+        raise ValueError(f"pattern must be [layer, head, query, key], got shape {p.shape}")
+    n_query, n_key = p.shape[-2], p.shape[-1]
+    exclude_keys = int(exclude_keys)
+    if not 0 <= exclude_keys < n_key:
+        raise ValueError(f"exclude_keys must be in [0, {n_key}), got {exclude_keys}")
+    return p, squeeze, n_query, n_key, n_key - n_query, exclude_keys
+
+
 def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int | None = None,
                           exclude_keys: int = 0) -> np.ndarray:
     """Mean attention weight at each query-key distance r = i - j >= 0.
@@ -266,17 +282,7 @@ def attention_by_distance(pattern, *, per_head: bool = False, max_distance: int 
     Returns [layer, n_distances] (or [layer, head, n_distances]; without a layer axis, that axis is dropped),
     n_distances = min(n_key - exclude_keys, max_distance + 1) capped at n_query.
     """
-    p = np.asarray(pattern)  # no float64 copy: a real model's pattern can be hundreds of MB
-    squeeze = p.ndim == 3
-    if squeeze:
-        p = p[None]
-    if p.ndim != 4:
-        raise ValueError(f"pattern must be [layer, head, query, key], got shape {p.shape}")
-    n_query, n_key = p.shape[-2], p.shape[-1]
-    offset = n_key - n_query
-    exclude_keys = int(exclude_keys)
-    if not 0 <= exclude_keys < n_key:
-        raise ValueError(f"exclude_keys must be in [0, {n_key}), got {exclude_keys}")
+    p, squeeze, n_query, n_key, offset, exclude_keys = _layered(pattern, exclude_keys)
     n_dist = min(n_query, n_key - exclude_keys)
     n_dist = n_dist if max_distance is None else min(n_dist, int(max_distance) + 1)
     out = np.empty(p.shape[:2] + (n_dist,), dtype=np.float64)
@@ -301,17 +307,7 @@ def attention_by_signed_distance(pattern, *, per_head: bool = False,
     means [layer, n_r] (or [layer, head, n_r]; without a layer axis, that axis is dropped)); NaN where no pair is
     left.
     """
-    p = np.asarray(pattern)
-    squeeze = p.ndim == 3
-    if squeeze:
-        p = p[None]
-    if p.ndim != 4:
-        raise ValueError(f"pattern must be [layer, head, query, key], got shape {p.shape}")
-    n_query, n_key = p.shape[-2], p.shape[-1]
-    offset = n_key - n_query
-    exclude_keys = int(exclude_keys)
-    if not 0 <= exclude_keys < n_key:
-        raise ValueError(f"exclude_keys must be in [0, {n_key}), got {exclude_keys}")
+    p, squeeze, n_query, n_key, offset, exclude_keys = _layered(pattern, exclude_keys)
     distances = np.arange(-(n_query - 1), n_key)
     out = np.full(p.shape[:2] + (len(distances),), np.nan)
     for index, r in enumerate(distances):

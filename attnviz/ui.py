@@ -179,10 +179,9 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
 
     if _CAPTURES is None:
         _CAPTURES = ComputeOnce(max_items=4)
-    if layers is not None:  # a capture of every layer already made for this text holds these layers too
-        found, whole = _CAPTURES.peek((name, version, text, None, with_scores, store))
-        if found:
-            return whole.select(layers)
+    made = _made_capture(name, version, text, layers, with_scores, store)
+    if made is not None:
+        return made
 
     def compute():
         loaded = _cached_model(name, version)
@@ -203,6 +202,18 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
         return capture
 
     return _CAPTURES.get((name, version, text, layers, with_scores, store), compute)
+
+
+def _made_capture(name, version, text, layers, with_scores, store):
+    """The capture if it was already made, never computing: its own entry, or the same text's capture of every
+    layer restricted to these layers (narrowing the layer range needs no new forward pass). Else None."""
+    if _CAPTURES is None:
+        return None
+    found, capture = _CAPTURES.peek((name, version, text, layers, with_scores, store))
+    if not found and layers is not None:
+        found, whole = _CAPTURES.peek((name, version, text, None, with_scores, store))
+        capture = whole.select(layers) if found else None
+    return capture if found else None
 
 
 def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
@@ -280,13 +291,10 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
         def progress(done, total):
             bar.progress(done / total, text=f"Running {name}: layer {done} of {total} captured")
 
-        if _CAPTURES is not None:  # already made (by this visitor or another): no memory to admit, no waiting
-            found, capture = _CAPTURES.peek((name, version, text, key_layers, bool(with_scores), store))
-            if not found and key_layers is not None:
-                found, whole = _CAPTURES.peek((name, version, text, None, bool(with_scores), store))
-                capture = whole.select(key_layers) if found else None
-            if found:
-                return capture
+        # already made (by this visitor or another): no memory to admit, no waiting
+        made = _made_capture(name, version, text, key_layers, bool(with_scores), store)
+        if made is not None:
+            return made
         def on_poll():  # touches the page every half second while waiting, so Streamlit can stop a run the
             # visitor left
             waiting.info(f"Waiting for memory: other visitors' captures hold {budget.BUDGET.held / 2**30:.1f} GiB "
