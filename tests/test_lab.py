@@ -282,16 +282,25 @@ def test_time_limit_ends_a_run():
     assert snap.status == "time limit" and snap.step == 0
 
 
-def test_concurrent_runs_do_not_interfere():
+def test_concurrent_runs_do_not_interfere(monkeypatch):
     """Two runs trained side by side give exactly the losses each gives alone; a third is refused meanwhile."""
+    import threading
+
     cfgs = [lab.LabConfig(steps=25, d_model=32, seed=5, positional="rope"),
             lab.LabConfig(steps=25, d_model=32, seed=6, positional="learned", task="copy")]
     alone = [lab.LabRun(c).start().join(timeout=120) for c in cfgs]
+    # the two runs wait at a gate until the third has been refused: on a fast machine 25 steps could otherwise end
+    # before the third start, and the refusal would not be tested
+    gate, real_run = threading.Event(), lab.LabRun.run
+    monkeypatch.setattr(lab.LabRun, "run", lambda self: (gate.wait(30), real_run(self))[1])
     runs = [lab.LabRun(c) for c in cfgs]
     for r in runs:
         r.start()
-    with pytest.raises(lab.LabBusyError):
-        lab.LabRun(cfgs[0]).start()
+    try:
+        with pytest.raises(lab.LabBusyError):
+            lab.LabRun(cfgs[0]).start()
+    finally:
+        gate.set()
     together = [r.join(timeout=120) for r in runs]
     for x, y in zip(alone, together):
         assert x.status == y.status == "done" and x.losses == y.losses
