@@ -2,7 +2,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz import ui, views
-from attnviz.capture import MAX_EXPORT_BYTES, capture_to_bytes, export_bytes
+from attnviz.capture_io import MAX_EXPORT_BYTES, capture_to_bytes, export_bytes
 from attnviz.figures import heads as figs
 from attnviz.models import available_models
 from attnviz.sinks import without_sinks
@@ -145,7 +145,7 @@ loaded = ui.get_model(model)
 if loaded is None:
     st.stop()
 
-n_model_layers = int(getattr(loaded.model.config, "num_hidden_layers", 0) or getattr(loaded.model.config, "n_layer", 0))
+n_model_layers = loaded.shape.layers
 layers = None
 if n_model_layers > 12:
     asked_range = st.session_state.get("heads_layer_range")

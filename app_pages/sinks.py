@@ -8,6 +8,7 @@ import streamlit as st
 
 from attnviz import sinks, ui
 from attnviz.figures import sinks as figs
+from attnviz.once import ComputeOnce
 
 DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
@@ -31,13 +32,13 @@ def choice_box(label: str, options: list[int], key: str, default: int) -> int:
 
 
 @st.cache_resource(show_spinner=False)
-def loss_store() -> sinks.ComputeOnce:
+def loss_store() -> ComputeOnce:
     """Per-token losses already computed, shared by every session: (text hash, window, sinks, positions) -> losses.
 
-    A sinks.ComputeOnce rather than st.cache_data because the computation reports progress to the page while it
+    A ComputeOnce rather than st.cache_data because the computation reports progress to the page while it
     runs, and st.cache_data would record and replay those progress updates. Two sessions asking for the same
     setting at once compute it once: the second waits for the first one's result."""
-    return sinks.ComputeOnce(max_items=64)
+    return ComputeOnce(max_items=64)
 
 
 def cached_losses(loaded, text: str, window: int | None, n_sinks: int, positions: str, bar, label: str):

@@ -136,7 +136,8 @@ def _stats(args) -> int:
 def _capture(args) -> int:
     import numpy as np
 
-    from attnviz.capture import CaptureError, capture_attention, save_capture
+    from attnviz.capture import CaptureError, capture_attention
+    from attnviz.capture_io import save_capture
     from attnviz.models import load_model
 
     if args.out.suffix.lower() not in (".npz", ".safetensors"):

@@ -103,12 +103,14 @@ def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, i
     per layer) plus the forward pass's working set (hidden states and MLP activations, float32, a few copies), and
     for the pattern store (and for families read by hooks, uses_sdpa=False, in either store) one layer's eager
     [head, n, n] scores and weights."""
-    from attnviz.capture import _hidden, _n_heads, inputs_bytes, pattern_bytes
+    from attnviz.capture import inputs_bytes, pattern_bytes
+    from attnviz.shape import hidden_size
+    from attnviz.shape import n_heads as heads_of
 
-    hidden = _hidden(config)
-    eager_layer = pattern_bytes(1, _n_heads(config), n_tokens, 4) * 3  # one layer's eager scores, weights, copy
+    hidden = hidden_size(config)
+    n_heads = heads_of(config)
+    eager_layer = pattern_bytes(1, n_heads, n_tokens, 4) * 3  # one layer's eager scores, weights, copy
     inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
-    n_heads = _n_heads(config)
     forward = n_tokens * (8 * hidden + 3 * inner) * 4
     keeps = inputs_bytes(config, n_layers, n_tokens)
     if store == "pattern":

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from attnviz import attention as core
+from attnviz import shape
 from attnviz.attention import LayerInputs, MaskRule
 from attnviz.tokenizer import _BYTE_OF
 
@@ -221,11 +222,7 @@ def pattern_bytes(n_layers: int, n_heads: int, n_tokens: int, itemsize: int = 4)
 
 def inputs_bytes(config, n_layers: int, n_tokens: int) -> int:
     """Bytes the qk store holds for n_layers layers of n_tokens: float32 q [head, n, d] and k [kv_head, n, d]."""
-    n_heads = _n_heads(config)
-    n_kv = _n_kv_heads(config)
-    d = getattr(config, "head_dim", None) or _hidden(config) // n_heads
-    d_qk = (getattr(config, "qk_nope_head_dim", 0) or 0) + (getattr(config, "qk_rope_head_dim", 0) or 0) or d
-    return n_layers * n_tokens * d_qk * (n_heads + n_kv) * 4
+    return n_layers * n_tokens * shape.qk_head_dim(config) * (shape.n_heads(config) + shape.n_kv_heads(config)) * 4
 
 
 def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_scores: bool = False,
@@ -277,13 +274,13 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     if n == 0:
         raise CaptureError(f"{loaded.spec.name}'s tokenizer turned the text into no tokens; try another text or "
                            "check the model folder's tokenizer files.")
-    position_limit = _position_limit(model.config)
+    position_limit = shape.position_limit(model.config)
     limit = min(position_limit, (MAX_TOKENS if store == "pattern" else position_limit) if max_tokens is None
                 else max_tokens)
     if n > limit:
         raise CaptureError(f"The text is {n:,} tokens long; the limit for {loaded.spec.name} here is {limit:,} "
                            "tokens. Shorten the text.")
-    n_heads = _n_heads(model.config)
+    n_heads = shape.n_heads(model.config)
     if store == "pattern":
         need = pattern_bytes(len(wanted), n_heads, n, dtype.itemsize + (4 if with_scores else 0))
         if need > MAX_CAPTURE_BYTES:
@@ -323,7 +320,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
         # the sharing attention itself used where q and k were recorded; else the config's
         kv_head_of=list(recorder.kv_head_of) if records_inputs else kv_head_of(model.config),
         model_name=loaded.spec.name,
-        causal=_is_causal(model, modules[0]),
+        causal=is_causal(model, modules[0]),
         store=store,
         pattern=np.stack([recorder.pattern[i] for i in wanted]) if store == "pattern" else None,
         inputs={i: recorder.inputs[i] for i in wanted} if records_inputs and keep_inputs else None,
@@ -364,18 +361,8 @@ def attention_modules(model) -> list[torch.nn.Module]:
 
 def kv_head_of(config) -> list[int]:
     """For each query head, the key/value head it reads: query head h uses KV head h // (n_heads / n_kv_heads)."""
-    return core.kv_head_of(_n_heads(config), _n_kv_heads(config))
+    return core.kv_head_of(shape.n_heads(config), shape.n_kv_heads(config))
 
-
-def _n_kv_heads(config) -> int:
-    """How many key/value heads the config's attention has."""
-    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
-        return 1  # GPT-BigCode (StarCoder), Falcon-7B: one KV head. Falcon-40B sets both and uses num_kv_heads.
-    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):  # Llama & most; Falcon; Falcon-RW
-        value = getattr(config, key, None)
-        if value:
-            return int(value)
-    return _n_heads(config)
 
 
 def readable_tokens(tokenizer, token_ids: list[int]) -> list[str]:
@@ -685,31 +672,11 @@ def _wanted_layers(layers, n_layers: int) -> list[int]:
     return sorted(set(out))
 
 
-def _n_heads(config) -> int:
-    for key in ("num_attention_heads", "n_head", "n_heads"):
-        value = getattr(config, key, None)
-        if value:
-            return int(value)
-    raise CaptureError(f"Cannot tell how many heads {type(config).__name__} has.")
 
 
-def _hidden(config) -> int:
-    for key in ("hidden_size", "n_embd", "d_model", "dim"):
-        value = getattr(config, key, None)
-        if value:
-            return int(value)
-    raise CaptureError(f"Cannot tell the hidden size of {type(config).__name__}.")
 
-
-def _position_limit(config) -> int:
-    for key in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, key, None)
-        if value:
-            return int(value)
-    return sys.maxsize  # ALiBi (BLOOM) has no learned limit
-
-
-def _is_causal(model, module) -> bool:
+def is_causal(model, module) -> bool:
+    """Whether this attention module (of this model) is causal: its is_causal flag, else the model class."""
     causal = getattr(module, "is_causal", None)
     if causal is not None:
         return bool(causal)
@@ -721,101 +688,3 @@ def _input_device(model) -> torch.device:
         return model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
         return next(model.parameters()).device
-
-
-MAX_EXPORT_BYTES = 2 * 1024**3  # the largest pattern an export builds
-
-
-def export_bytes(capture: AttentionCapture, *, layers=None, heads=None, dtype=np.float32) -> int:
-    """Bytes of the pattern array capture_to_bytes would write for these layers and heads (before compression)."""
-    n_layers = capture.n_layers if layers is None else len(set(layers))
-    n_heads = capture.n_heads if heads is None else len(set(heads))
-    return n_layers * n_heads * capture.n_tokens ** 2 * np.dtype(dtype).itemsize
-
-
-def capture_to_bytes(capture: AttentionCapture, fmt: str = "npz", *, layers=None, heads=None,
-                     dtype=None) -> bytes:
-    """The capture as a file: "npz" (numpy.load) or "safetensors" (safetensors.numpy.load; tokens and names in the
-    metadata as JSON). Arrays: pattern [layer, head, query, key], token_ids, layers, heads, kv_head_of (of the heads
-    written), scores if any.
-
-    layers, heads: write only these model layers and heads (default all captured); dtype: np.float16 halves the
-    file (default: the capture's own dtype). In the long-text store the weights are computed from q and k for the
-    layers and heads asked; more than MAX_EXPORT_BYTES of pattern is refused with the size."""
-    import io
-    import json
-
-    layers = list(capture.layers) if layers is None else sorted({int(i) for i in layers})
-    heads = list(range(capture.n_heads)) if heads is None else sorted({int(h) for h in heads})
-    if not heads or any(not 0 <= h < capture.n_heads for h in heads):
-        raise CaptureError(f"Heads must lie in 0 .. {capture.n_heads - 1}.")
-    out_dtype = np.dtype(dtype) if dtype is not None else (
-        capture.pattern.dtype if capture.pattern is not None else np.dtype(np.float32))
-    need = export_bytes(capture, layers=layers, heads=heads, dtype=out_dtype)
-    if need > MAX_EXPORT_BYTES:
-        raise CaptureError(f"{len(layers)} layers x {len(heads)} heads x {capture.n_tokens:,}² weights would be "
-                           f"{need / 2**30:.1f} GiB (limit {MAX_EXPORT_BYTES / 2**30:.0f} GiB): export fewer "
-                           "layers or heads, or float16.")
-    if capture.pattern is not None:
-        index = [capture.index_of(i) for i in layers]
-        pattern = capture.pattern[np.ix_(index, heads)].astype(out_dtype, copy=False)
-    else:  # computed a block of rows at a time into the one array written, never a float32 copy of it all
-        pattern = np.empty((len(layers), len(heads), capture.n_tokens, capture.n_tokens), dtype=out_dtype)
-        for li, layer in enumerate(layers):
-            for a in range(0, capture.n_tokens, 256):
-                b = min(capture.n_tokens, a + 256)
-                pattern[li, :, a:b] = capture.layer_rows(layer, a, b, heads=heads)
-    arrays = {"pattern": np.ascontiguousarray(pattern),
-              "token_ids": np.asarray(capture.token_ids, dtype=np.int64),
-              "layers": np.asarray(layers, dtype=np.int64),
-              "heads": np.asarray(heads, dtype=np.int64),
-              "kv_head_of": np.asarray([capture.kv_head_of[h] for h in heads], dtype=np.int64)}
-    if capture._scores is not None:  # computed because they were asked for (with_scores, --scores)
-        index = [capture.index_of(i) for i in layers]
-        arrays["scores"] = np.ascontiguousarray(capture._scores[np.ix_(index, heads)])
-    meta = {"tokens": capture.tokens, "model_name": capture.model_name, "causal": capture.causal,
-            "scaling": capture.scaling, "head_dim": capture.head_dim}
-    if fmt == "npz":
-        buffer = io.BytesIO()
-        np.savez_compressed(buffer, **arrays, meta=np.asarray(json.dumps(meta)))
-        return buffer.getvalue()
-    if fmt == "safetensors":
-        from safetensors.numpy import save
-
-        return save(arrays, metadata={"attnviz": json.dumps(meta)})
-    raise CaptureError(f"Unknown export format {fmt!r}: use npz or safetensors.")
-
-
-def save_capture(capture: AttentionCapture, path) -> None:
-    """Writes capture_to_bytes to path; the format follows the suffix (.npz or .safetensors)."""
-    from pathlib import Path
-
-    path = Path(path)
-    fmt = path.suffix.lstrip(".").lower()
-    if fmt not in ("npz", "safetensors"):
-        raise CaptureError(f"Output file {path.name!r} must end in .npz or .safetensors.")
-    path.write_bytes(capture_to_bytes(capture, fmt))
-
-
-def load_capture(path) -> AttentionCapture:
-    """Reads a file written by save_capture (either format) back into an AttentionCapture."""
-    import json
-    from pathlib import Path
-
-    path = Path(path)
-    if path.suffix.lower() == ".npz":
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-        meta = json.loads(str(arrays.pop("meta")))
-    else:
-        from safetensors import safe_open
-        from safetensors.numpy import load_file
-
-        arrays = load_file(str(path))
-        with safe_open(str(path), framework="numpy") as fh:
-            meta = json.loads(fh.metadata()["attnviz"])
-    return AttentionCapture(tokens=list(meta["tokens"]), token_ids=arrays["token_ids"].tolist(),
-                            pattern=arrays["pattern"], layers=arrays["layers"].tolist(),
-                            kv_head_of=arrays["kv_head_of"].tolist(), model_name=meta["model_name"],
-                            causal=bool(meta["causal"]), _scores=arrays.get("scores"),
-                            _saved={"scaling": meta["scaling"], "head_dim": meta["head_dim"]})

@@ -60,6 +60,7 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     spec: ModelSpec
+    shape: Any = None  # attnviz.shape.ModelShape, read once at load: layers, heads, KV heads, head dim, positions...
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,19 @@ def _finish(model, tokenizer, spec: ModelSpec) -> LoadedModel:
     from attnviz.capture import prepare_model
 
     prepare_model(model)  # the family's eager attention, through attnviz's registered function where it can
-    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, shape=shape_of(model, spec))
+
+
+def shape_of(model, spec: ModelSpec):
+    """The ModelShape of a loaded model: its config's facts, whether its attention is causal, and (for a toy-lab
+    or local folder) the positional scheme its lab.json records."""
+    from attnviz.capture import attention_modules, is_causal
+    from attnviz.shape import model_shape
+
+    folder = lab_folder(spec.name) if spec.source == "lab" else local_folder(spec.name) if spec.source == "local" \
+        else None
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return model_shape(config, causal=is_causal(model, attention_modules(model)[0]), folder=folder)
 
 
 def toy_config(name: str):

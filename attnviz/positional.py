@@ -376,8 +376,7 @@ def position_scheme(config, folder=None) -> str:
     """
     if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
         return "alibi"
-    params = getattr(config, "rope_parameters", None)
-    if (isinstance(params, dict) and "rope_theta" in params) or getattr(config, "rope_theta", None):
+    if _rope_theta(config) is not None or getattr(config, "rotary_dim", None):  # GPT-J: rotary_dim, base 10,000
         return "rope"
     lab = lab_positional(folder) if folder is not None else None
     return lab if lab in ("learned", "sinusoidal") else "other"
@@ -418,10 +417,22 @@ def loaded_position_scheme(loaded) -> str:
 def rope_settings(config) -> tuple[int, float]:
     """(d_head, base) of a transformers config that uses RoPE (Llama-style: rope_parameters or rope_theta)."""
     d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    params = getattr(config, "rope_parameters", None) or {}
-    base = params.get("rope_theta") if isinstance(params, dict) else None
-    base = base or getattr(config, "rope_theta", None) or 10000.0
-    return int(d_head), float(base)
+    return int(d_head), float(_rope_theta(config) or 10000.0)
+
+
+def _rope_theta(config) -> float | None:
+    """The RoPE base of a config: rope_parameters["rope_theta"] (recent transformers), per layer type as Gemma 3
+    writes it ({"full_attention": {...}, "sliding_attention": {...}}: the full-attention layers' base), or the
+    older rope_theta attribute; None when the config names none."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        if "rope_theta" in params:
+            return float(params["rope_theta"])
+        nested = params.get("full_attention") or next((v for v in params.values() if isinstance(v, dict)), None)
+        if isinstance(nested, dict) and "rope_theta" in nested:
+            return float(nested["rope_theta"])
+    base = getattr(config, "rope_theta", None)
+    return float(base) if base else None
 
 
 def compare_schemes(q, k, n: int, *, base: float = 10000.0, alibi_slope: float = 0.0625) -> dict[str, np.ndarray]:

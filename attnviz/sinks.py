@@ -28,10 +28,8 @@ Llama-family models (SmolLM2), whose layers it calls one by one.
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -277,85 +275,6 @@ def rolling_mean(values, width: int) -> np.ndarray:
     idx = np.arange(1, len(v) + 1)
     lo = np.maximum(0, idx - int(width))
     return (c[idx] - c[lo]) / (idx - lo)
-
-
-class ComputeOnce:
-    """A bounded, thread-safe cache that computes each key once, however many threads ask for it at the same time.
-
-    get(key, compute) returns the cached value, or runs compute() and caches what it returns. A second caller of a
-    key being computed waits for that result instead of computing it again; callers of different keys never wait
-    on each other (each key has its own lock, taken from a dict under one short global lock, and compute() runs
-    outside the global lock). If compute() raises, nothing is cached and the exception goes to its caller only; a
-    caller that was waiting then computes the key itself, so a failed or interrupted run does not poison the key.
-    At most max_items values are kept, the least recently used going first.
-    """
-
-    def __init__(self, max_items: int = 64):
-        if max_items < 1:
-            raise ValueError("max_items must be at least 1")
-        self.max_items = int(max_items)
-        self._lock = threading.Lock()
-        self._values: OrderedDict = OrderedDict()
-        self._key_locks: dict = {}  # key -> [its lock, number of callers holding or waiting for it]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._values)
-
-    def __contains__(self, key: Hashable) -> bool:
-        with self._lock:
-            return key in self._values
-
-    def peek(self, key: Hashable):
-        """(True, value) when key is cached (marking it recently used), else (False, None); never computes."""
-        with self._lock:
-            return self._cached(key)
-
-    def _cached(self, key):
-        """(True, value) when key is cached (and marks it recently used), else (False, None). Hold self._lock."""
-        if key in self._values:
-            self._values.move_to_end(key)
-            return True, self._values[key]
-        return False, None
-
-    def get(self, key: Hashable, compute: Callable[[], object], *,
-            on_wait: Callable[[float], None] | None = None, poll_seconds: float = 0.5):
-        """The value of key, computed by compute() at most once at a time across threads.
-
-        on_wait(seconds waited) is called every poll_seconds while another thread computes the same key (a page
-        can show that it is waiting, and a caller that must stop can raise from it).
-        """
-        with self._lock:
-            hit, value = self._cached(key)
-            if hit:
-                return value
-            entry = self._key_locks.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            key_lock = entry[0]
-            start = time.monotonic()
-            while not key_lock.acquire(timeout=poll_seconds):
-                if on_wait is not None:
-                    on_wait(time.monotonic() - start)
-            try:
-                with self._lock:  # the caller before us may have finished it while we waited
-                    hit, value = self._cached(key)
-                if hit:
-                    return value
-                value = compute()
-                with self._lock:
-                    self._values[key] = value
-                    self._values.move_to_end(key)
-                    while len(self._values) > self.max_items:
-                        self._values.popitem(last=False)
-                return value
-            finally:
-                key_lock.release()
-        finally:
-            with self._lock:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._key_locks[key]
 
 
 SETTINGS = ("full attention", "window only", "window + sinks")

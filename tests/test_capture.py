@@ -236,7 +236,7 @@ def test_memory_limit_message(toys, monkeypatch):
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
 def test_save_and_load_round_trip(toys, tmp_path, suffix):
-    from attnviz.capture import load_capture, save_capture
+    from attnviz.capture_io import load_capture, save_capture
 
     cap = capture_attention(toys["toy-llama-gqa"], TEXT, with_scores=True)
     save_capture(cap, tmp_path / f"cap{suffix}")
@@ -298,7 +298,7 @@ def test_encoder_decoder_models_are_refused_with_a_message():
 def test_export_of_one_head_one_layer_or_all_in_float16_reads_back_equal(toys, tmp_path):
     import io
 
-    from attnviz.capture import capture_to_bytes, export_bytes
+    from attnviz.capture_io import capture_to_bytes, export_bytes
 
     dense = capture_attention(toys["toy-llama-gqa"], TEXT)
     qk = capture_attention(toys["toy-llama-gqa"], TEXT, store="qk")
@@ -318,7 +318,7 @@ def test_export_of_one_head_one_layer_or_all_in_float16_reads_back_equal(toys, t
 
 
 def test_an_export_too_big_is_refused_with_its_size(toys, monkeypatch):
-    from attnviz import capture as cap
+    from attnviz import capture_io as cap
 
     monkeypatch.setattr(cap, "MAX_EXPORT_BYTES", 1000)
     dense = capture_attention(toys["toy-llama-gqa"], TEXT)

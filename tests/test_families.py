@@ -251,3 +251,39 @@ def test_statistics_report_the_learned_sink_share_in_both_stores(family_of, name
     assert expected.max() > 0.01
     for frame in frames:
         np.testing.assert_allclose(frame["learned_sink"], expected, atol=2e-6)
+
+
+ROPE = {"falcon", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "gpt_oss", "olmo2",
+        "stablelm", "granite", "cohere", "gptj", "deepseek_v3"}
+
+
+@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+def test_model_shape_is_what_the_layers_saw(family_of, name):
+    """loaded.shape, read once from the config, against what the model itself did: one output_attentions map per
+    layer, the q and k widths and head counts each layer was called with, causality from the reference maps
+    (a decoder's maps are zero above the diagonal), and RoPE exactly where the family rotates q and k."""
+    fam = family_of(name)
+    shape = fam.loaded.shape
+    reference = fam.reference
+    assert shape.family == name
+    assert shape.layers == reference.shape[0]
+    assert shape.heads == reference.shape[1] == 4
+    assert shape.kv_heads == KV_HEADS[name]
+    assert shape.kv_head_of == [h * KV_HEADS[name] // 4 for h in range(4)]
+    upper = np.triu(reference[:, :, :, :], k=1)
+    assert shape.causal == (name not in ENCODERS) == bool(np.all(upper == 0))
+    assert (shape.position == "rope") == (name in ROPE)
+    assert (shape.rope_base is not None) == (name in ROPE)
+    if name in ROPE:  # the base the model's own rotary embedding was built with
+        rotary = [m for m in fam.loaded.model.modules() if hasattr(m, "inv_freq")
+                  and getattr(m, "rope_type", "default") == "default"]  # YaRN (gpt-oss) rescales inv_freq
+        if rotary:  # inv_freq[1] = base^(-2 / rotary width): the base is inv_freq[1]^(-rotary width / 2)
+            inv = rotary[-1].inv_freq.double()
+            width = 2 * inv.numel()
+            assert shape.rope_base == pytest.approx(float(inv[1]) ** (-width / 2), rel=1e-4)
+    if name == "bloom":
+        assert shape.position == "alibi" and shape.max_positions is None
+    if name not in UNRECORDED:
+        cap = fam.capture("qk")
+        x = next(iter(cap.inputs.values()))
+        assert (x.q.shape[0], x.k.shape[0], x.q.shape[-1]) == (shape.heads, shape.kv_heads, shape.head_dim)

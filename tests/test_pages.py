@@ -119,7 +119,7 @@ def test_every_keyed_input_widget_keeps_its_value_across_pages():
                "text_input", "multiselect", "segmented_control", "pills", "color_picker", "date_input", "time_input"}
     root = Path(APP).parent
     checked, missing = 0, []
-    for script in [root / p.script for p in PAGES] + [root / "attnviz" / "ui.py"]:
+    for script in [root / p.script for p in PAGES] + sorted((root / "attnviz" / "ui").glob("*.py")):
         for node in ast.walk(ast.parse(script.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in widgets:
                 keywords = {kw.arg: kw.value for kw in node.keywords}

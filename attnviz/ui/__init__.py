@@ -1,4 +1,8 @@
-"""The one attnviz module that imports streamlit: the page list, cached loaders and shared widgets."""
+"""attnviz.ui, the one attnviz package that imports streamlit: the page list, cached loaders and shared widgets.
+
+This file holds what every page shares (the page list, the model picker, model and capture caches, the text box);
+each topic's caches and widgets live beside it in attnviz/ui/<topic>.py. Nothing else in attnviz imports
+streamlit."""
 
 from __future__ import annotations
 
@@ -43,6 +47,9 @@ PAGES: tuple[PageInfo, ...] = (
     PageInfo("app_pages/kernel.py", "Tiled kernel", "🧱", "kernel",
              "A FlashAttention-style Triton kernel, tile by tile, checked and timed against naive attention.",
              state_prefix="kernel_"),
+    PageInfo("app_pages/experiments.py", "Experiments", "🔬", "experiments",
+             "Does a head matter? Attention during generation, head knock-outs with their effect on the loss, "
+             "and attention rollout.", state_prefix="exp_"),
     PageInfo("app_pages/toy_lab.py", "Toy lab", "🧪", "toy-lab",
              "Train a small transformer in the browser and watch previous-token and induction heads form.",
              state_prefix="lab_"),
@@ -165,7 +172,7 @@ def _get_model(name: str, version: tuple):
         return None
 
 
-_CAPTURES = None  # attnviz.sinks.ComputeOnce, made on first use
+_CAPTURES = None  # attnviz.once.ComputeOnce, made on first use
 
 
 def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...] | None, with_scores: bool,
@@ -175,7 +182,7 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
     and a Streamlit cache may not touch page elements from inside."""
     global _CAPTURES
     from attnviz.capture import capture_attention
-    from attnviz.sinks import ComputeOnce
+    from attnviz.once import ComputeOnce
 
     if _CAPTURES is None:
         _CAPTURES = ComputeOnce(max_items=4)
@@ -232,7 +239,7 @@ def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
 
     # the dense store within its own limit and within half of what the server gives all visitors' work
     limit = min(cap.MAX_CAPTURE_BYTES, budget.BUDGET.limit // 2)
-    store, why = choose_store(n_layers, cap._n_heads(model.config), n_tokens, limit_bytes=limit,
+    store, why = choose_store(n_layers, loaded.shape.heads, n_tokens, limit_bytes=limit,
                               can_stream=can_stream, max_dense_tokens=cap.MAX_TOKENS)
     return store, why, n_tokens
 
