@@ -108,18 +108,7 @@ def _link_key(query: dict) -> tuple:
 
 
 def choice_box(label: str, options: list[int], key: str) -> int:
-    """A selectbox over integer options whose remembered value (from the link or another model) is kept when it
-    is still an option and replaced by the nearest option otherwise; a value a link asked for that does not exist
-    is replaced with a warning that says so."""
-    current = st.session_state.get(key, options[0])
-    if current not in options:
-        st.session_state[key] = min(options, key=lambda o: abs(o - int(current)) if str(current).isdigit() else o)
-        asked = st.session_state.get("heads_link_asked", {})
-        if asked.get(key) == current:
-            st.warning(f"The link asked for {label.lower()} {current}, which this model does not have "
-                       f"({label.lower()}s {options[0]}–{options[-1]}): showing {st.session_state[key]}.")
-    st.session_state.get("heads_link_asked", {}).pop(key, None)
-    return st.selectbox(label, options, key=key, persist_state="session")
+    return ui.choice_box(label, options, key, link_asked_key="heads_link_asked")
 
 
 st.title("Heads")

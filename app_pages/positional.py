@@ -27,11 +27,6 @@ SCHEME_NAMES = {
 MAX_MEASURE_CHARS = 1500  # ~350 smollm2 tokens: its 30 x 9 patterns stay near 130 MB
 
 
-def chart(fig, caption: str) -> None:
-    st.plotly_chart(fig, width="stretch")
-    st.caption(caption)
-
-
 @st.cache_data(max_entries=16, show_spinner=False)
 def decay_curves(max_distance: int, d_head: int, base: float, scaling: str, factor: float):
     distances = np.arange(max_distance + 1, dtype=float) if max_distance <= 4000 else \
@@ -68,11 +63,11 @@ if section == "Sinusoidal":
     pe = P.sinusoidal_encoding(n_pos, d_model, base_sin)
     left, right = st.columns(2)
     with left:
-        chart(F.encoding_heatmap(pe), "Early dimensions turn fast (stripes), late ones barely move: each position "
+        ui.chart(F.encoding_heatmap(pe), "Early dimensions turn fast (stripes), late ones barely move: each position "
                                       "gets its own pattern of phases.")
     with right:
         offsets = np.arange(n_pos)
-        chart(F.dot_by_offset(offsets, P.sinusoidal_dot(offsets, d_model, base_sin), d_model=d_model),
+        ui.chart(F.dot_by_offset(offsets, P.sinusoidal_dot(offsets, d_model, base_sin), d_model=d_model),
               "PE_p · PE_(p+k) = Σ cos(k ω_i) depends on the offset k only, not on p, and mostly falls as k grows.")
 
     st.subheader("PE at p + k is a fixed rotation of PE at p")
@@ -84,7 +79,7 @@ if section == "Sinusoidal":
     w = P.sinusoidal_frequencies(d_model, base_sin)
     left, right = st.columns([1, 1])
     with left:
-        chart(F.matrix_heatmap(m_k[:16, :16], title=f"M_k for k = {k_shift} (first 16 dimensions)"),
+        ui.chart(F.matrix_heatmap(m_k[:16, :16], title=f"M_k for k = {k_shift} (first 16 dimensions)"),
               "Block diagonal: one 2×2 rotation by k·ω_i per (sin, cos) pair, and nothing that depends on p.")
     with right:
         table, errors = {}, {}
@@ -121,7 +116,7 @@ if section == "RoPE":
     # the paper's layout: pair i is features (2i, 2i+1)
     left, right = st.columns(2)
     with left:
-        chart(F.rope_pair_rotation(q[2 * pair: 2 * pair + 2], k[2 * pair: 2 * pair + 2], theta[pair], m_pos, n_pos_k),
+        ui.chart(F.rope_pair_rotation(q[2 * pair: 2 * pair + 2], k[2 * pair: 2 * pair + 2], theta[pair], m_pos, n_pos_k),
               f"Pair {pair} turns by θ_{pair} = {theta[pair]:.3g} rad per position; the angle between R_m q and "
               f"R_n k changes only when n − m does.")
     with right:
@@ -157,7 +152,7 @@ if section == "RoPE":
                               key="pos_bound_factor", persist_state="session", disabled=scaling == "none")
     log_x = st.toggle("Log distance axis", value=False, key="pos_bound_logx", persist_state="session")
     distances, curves = decay_curves(max_dist, d_bound, base_bound, scaling, factor)
-    chart(F.decay_bound_chart(distances if not log_x else np.maximum(distances, 0.5), curves, log_x=log_x),
+    ui.chart(F.decay_bound_chart(distances if not log_x else np.maximum(distances, 0.5), curves, log_x=log_x),
           f"Starts at (d/2+1)/2 = {(d_bound / 2 + 1) / 2:g} and falls with distance, with ripples; a larger base or "
           "context scaling stretches the decay over more tokens." +
           (" Above 4000 tokens the curve is sampled at 4001 evenly spaced distances." if max_dist > 4000 else ""))
@@ -170,15 +165,15 @@ if section == "RoPE":
     b = P.apply_rope(x, [m_pos], base_rope, interleaved=True)[0][perm]
     c1, c2, c3 = st.columns(3)
     with c1:
-        chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope, interleaved=True),
+        ui.chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope, interleaved=True),
                                title=f"Paper layout R_m, m = {m_pos}"),
               "Pairs (x_2i, x_2i+1): 2×2 blocks on the diagonal.")
     with c2:
-        chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope),
+        ui.chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope),
                                title=f"rotate_half layout R_m, m = {m_pos}"),
               "Pairs (x_i, x_i+d/2), as transformers' rotate_half: the same rotations, spread over four diagonals.")
     with c3:
-        chart(F.matrix_heatmap(np.eye(d_small)[perm], title="Permutation P: interleaved → rotate_half",
+        ui.chart(F.matrix_heatmap(np.eye(d_small)[perm], title="Permutation P: interleaved → rotate_half",
                                x_title="interleaved index", y_title="rotate_half index"),
               f"Reorder the features by {perm.tolist()}: what transformers does to each head's W_q, W_k rows "
               "when it loads a llama.cpp GGUF file.")
@@ -200,7 +195,7 @@ if section == "ALiBi":
     left, right = st.columns(2)
     with left:
         closest = 2 ** int(np.floor(np.log2(n_heads)))
-        chart(F.slopes_bar(slopes, closest),
+        ui.chart(F.slopes_bar(slopes, closest),
               "For a power of two the slopes are geometric (a straight line here). Otherwise the reference code "
               "takes the 2^⌊log2 n⌋ slopes, then every other slope of the next power of two: a second, "
               "interleaved line.")
@@ -217,10 +212,10 @@ if section == "ALiBi":
     pattern = P.alibi_pattern(n_heads, seq, scores)
     left, right = st.columns(2)
     with left:
-        chart(F.bias_heatmap(bias[head], title=f"ALiBi bias, head {head} (slope {slopes[head]:.4g})"),
+        ui.chart(F.bias_heatmap(bias[head], title=f"ALiBi bias, head {head} (slope {slopes[head]:.4g})"),
               "−m·(i−j) below the diagonal, masked (blank) above it: each token further back costs m.")
     with right:
-        chart(F.pattern_heatmap(pattern[head], title=f"Attention softmax(scores + bias), head {head}"),
+        ui.chart(F.pattern_heatmap(pattern[head], title=f"Attention softmax(scores + bias), head {head}"),
               "Steep heads attend to the last few tokens only; the gentlest heads still see far back.")
 
 # ---------------------------------------------------------------- compare
@@ -244,11 +239,11 @@ if section == "Compare":
     r = np.arange(n_cmp)
     left, right = st.columns(2)
     with left:
-        chart(F.scheme_lines(r, scores_by, title="Score against distance", y_title="score q·k/√d (unitless)"),
+        ui.chart(F.scheme_lines(r, scores_by, title="Score against distance", y_title="score q·k/√d (unitless)"),
               "RoPE's score decays and oscillates, ALiBi's falls in a straight line, sinusoidal wobbles around "
               "the content score plus PE·PE.")
     with right:
-        chart(F.scheme_lines(r, {name: P.softmax_over_distance(s) for name, s in scores_by.items()},
+        ui.chart(F.scheme_lines(r, {name: P.softmax_over_distance(s) for name, s in scores_by.items()},
                              title="Attention of the last query against distance",
                              y_title="attention weight (fraction)", log_y=True),
               "After the softmax: without position the weight is flat at 1/n; the schemes tilt it toward nearby "
@@ -339,7 +334,7 @@ if section == "Measured on models":
                 else:
                     theory_note = "this model's positions are not RoPE or ALiBi, so no theory curve is drawn"
                 st.caption(f"How {done[0]} encodes position: {SCHEME_NAMES[scheme]}.")
-                chart(F.distance_profile(per_layer, layers=list(capture.layers), distances=distances,
+                ui.chart(F.distance_profile(per_layer, layers=list(capture.layers), distances=distances,
                                          title=f"{capture.model_name}: attention against distance, {n_tok} tokens",
                                          theory=theory, theory_name="ALiBi alone (theory)", baseline=baseline,
                                          baseline_name=baseline_name, relative_theory=relative,

@@ -19,18 +19,6 @@ WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
 POSITIONS = {"inside the cache (StreamingLLM)": "cache", "as in the text": "original"}
 
 
-def chart(fig, caption: str) -> None:
-    st.plotly_chart(fig, width="stretch")
-    st.caption(caption)
-
-
-def choice_box(label: str, options: list[int], key: str, default: int) -> int:
-    """A selectbox over integers that keeps its value while it is still an option (another model, another text)."""
-    if st.session_state.get(key) not in options:
-        st.session_state[key] = default
-    return st.selectbox(label, options, key=key, persist_state="session")
-
-
 @st.cache_resource(show_spinner=False)
 def loss_store() -> ComputeOnce:
     """Per-token losses already computed, shared by every session: (text hash, window, sinks, positions) -> losses.
@@ -102,10 +90,10 @@ def show_sink_scores() -> None:
                 f"out: α₀ = (1 + (n − 1) · sink_mass) / n, here n = {n}." if capture.causal else
                 f" α₀ averages all n queries, while the Heads page's sink_mass leaves query 0 out: "
                 f"α₀ = (A₀₀ + (n − 1) · sink_mass) / n, A₀₀ being query 0's attention on itself, here n = {n}.")
-    chart(figs.sink_score_grid(alpha[..., 0], capture.layers, threshold=sinks.SINK_THRESHOLD),
+    ui.chart(figs.sink_score_grid(alpha[..., 0], capture.layers, threshold=sinks.SINK_THRESHOLD),
           "Each cell is one head: the mean attention its queries give token 0. Bright rows are layers where almost "
           "every head parks its attention on the first token, whatever that token says." + relation)
-    chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
+    ui.chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")
     quarter = " and at least a quarter of the queries see it" if capture.causal else ""
@@ -114,7 +102,7 @@ def show_sink_scores() -> None:
     late = (f" Grey: the last keys, seen by fewer than a quarter of the {n} queries (key k by {n} − k of them); "
             "their α_k averages a few rows, for the last key only the newest token's attention to itself, so it "
             "is inflated and they are neither called sinks nor ranked." if len(unjudged) else "")
-    chart(figs.key_score_bars(alpha.mean(axis=(0, 1)), capture.tokens, highlight=found, unjudged=unjudged),
+    ui.chart(figs.key_score_bars(alpha.mean(axis=(0, 1)), capture.tokens, highlight=found, unjudged=unjudged),
           f"Which tokens are sinks: a key is a sink (orange) when {rule}"
           + (f": here key{'s' if len(found) > 1 else ''} {', '.join(map(str, found))}." if found
              else "; none is here.") + late)
@@ -131,9 +119,9 @@ def show_sink_scores() -> None:
     li_default, head_default = (int(i) for i in np.unravel_index(np.argmax(alpha[..., 0]), alpha.shape[:2]))
     c1, c2, c3 = st.columns(3)
     with c1:
-        layer = choice_box("Layer", list(capture.layers), "sinks_layer", capture.layers[li_default])
+        layer = ui.choice_box("Layer", list(capture.layers), "sinks_layer", capture.layers[li_default])
     with c2:
-        head = choice_box("Head", list(range(alpha.shape[1])), "sinks_head", head_default)
+        head = ui.choice_box("Head", list(range(alpha.shape[1])), "sinks_head", head_default)
     with c3:
         hide = st.toggle("Hide the sinks", key="sinks_hide", persist_state="session",
                          help=f"Zero the attention on the sink keys (positions {', '.join(map(str, hidden))}) and "
@@ -143,7 +131,7 @@ def show_sink_scores() -> None:
     if hide:
         p = sinks.without_sinks(p, sink_keys=hidden)
     shown = min(capture.n_tokens, MAX_MAP_TOKENS)
-    chart(figs.head_map(p[:shown, :shown], capture.tokens[:shown],
+    ui.chart(figs.head_map(p[:shown, :shown], capture.tokens[:shown],
                         title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
                         + (f" (keys {', '.join(map(str, hidden))} hidden, rows renormalised)" if hide else "")),
           "Rows are queries, columns keys. A bright first column is the sink; hide it and the map's colour scale "
@@ -199,7 +187,7 @@ def show_experiment() -> None:
                    delta_color="inverse")
     st.markdown("**What SmolLM2 shows:** " + sinks.describe_experiment(result, "SmolLM2-135M"))
     smoothed = {name: sinks.rolling_mean(v, smoothing) for name, v in result.losses.items()}
-    chart(figs.loss_curves(result.positions, smoothed, window=window, smoothing=smoothing),
+    ui.chart(figs.loss_curves(result.positions, smoothed, window=window, smoothing=smoothing),
           "Before the dotted line the window still holds token 0, so the three curves coincide. After it, the gap "
           "between (b) and (a) is the price of losing the sink, and (c) shows how much keeping the first tokens "
           "wins back.")

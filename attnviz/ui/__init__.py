@@ -326,3 +326,30 @@ def text_input(key: str, default: str = DEFAULT_TEXT, *, label: str = "Text", he
     # the text is used (get_capture), with a message that gives the limit
     return st.text_area(label, key=key, persist_state="session", height=height,
                         help=f"Up to {MAX_TEXT_CHARS:,} characters.")
+
+
+def chart(fig, caption: str) -> None:
+    """A plotly figure across the page's width, with the one sentence that says what to see under it."""
+    st.plotly_chart(fig, width="stretch")
+    st.caption(caption)
+
+
+def choice_box(label: str, options: list[int], key: str, default: int | None = None, *,
+               link_asked_key: str | None = None) -> int:
+    """A selectbox over integer options that keeps its remembered value (from a link, another model or text) while
+    it is still an option. Otherwise the value becomes `default` when given, else the nearest option. When
+    link_asked_key names a session-state dict of values a link asked for, a value the link asked for that does not
+    exist is replaced with a warning that says so."""
+    current = st.session_state.get(key, options[0] if default is None else default)
+    if current not in options:
+        if default is not None and default in options:
+            st.session_state[key] = default
+        else:
+            st.session_state[key] = min(options, key=lambda o: abs(o - int(current)) if str(current).isdigit() else o)
+        asked = st.session_state.get(link_asked_key, {}) if link_asked_key else {}
+        if asked.get(key) == current:
+            st.warning(f"The link asked for {label.lower()} {current}, which this model does not have "
+                       f"({label.lower()}s {options[0]}–{options[-1]}): showing {st.session_state[key]}.")
+    if link_asked_key:
+        st.session_state.get(link_asked_key, {}).pop(key, None)
+    return st.selectbox(label, options, key=key, persist_state="session")
