@@ -206,23 +206,46 @@ def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *
     return scores
 
 
+def masked_softmax(logits, axis: int = -1, extra=None):
+    """The one softmax of attnviz: exp(x_i - m) / (sum_j exp(x_j - m) + exp(extra - m)), m the largest logit.
+
+    -inf logits (masked keys) get weight 0, and a slice with no finite logit (and no extra) gets zeros rather than
+    NaN. extra: an additional logit per slice (broadcast against the reduced shape, e.g. a learned sink [head, 1]
+    for scores [head, rows, keys]) that takes part in the normalisation but is not returned. Works on torch
+    tensors (in their dtype) and on numpy arrays (float64; numpy has its own path because small torch ops on numpy
+    data pay thread-pool overheads that dominate the pages' sweeps). Returns (weights like logits, extra's weight
+    of the reduced shape, or None)."""
+    if isinstance(logits, torch.Tensor):
+        m = logits.amax(dim=axis)
+        if extra is not None:
+            extra = torch.as_tensor(extra, dtype=logits.dtype, device=logits.device)
+            m = torch.maximum(m, extra)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        e = torch.exp(logits - m.unsqueeze(axis))
+        total = e.sum(dim=axis)
+        extra_e = None if extra is None else torch.exp(extra - m)
+        total = total if extra_e is None else total + extra_e
+        safe = torch.where(total > 0, total, torch.ones_like(total))
+        return e / safe.unsqueeze(axis), (None if extra_e is None else extra_e / safe)
+    x = np.asarray(logits, dtype=np.float64)
+    m = np.max(x, axis=axis)
+    if extra is not None:
+        extra = np.asarray(extra, dtype=np.float64)
+        m = np.maximum(m, extra)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(x - np.expand_dims(m, axis))
+    total = e.sum(axis=axis)
+    extra_e = None if extra is None else np.exp(extra - m)
+    total = total if extra_e is None else total + extra_e
+    safe = np.where(total > 0, total, 1.0)
+    return e / np.expand_dims(safe, axis), (None if extra_e is None else extra_e / safe)
+
+
 def softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor | None = None):
-    """softmax over the last axis, with an optional extra logit per head (sink [head], scores [head, rows, keys])
-    that takes part in the normalisation but is not returned as a column. Rows with no visible key (and no sink)
-    get zeros. Returns (weights like scores, sink_weight [head, rows] or None)."""
-    m = scores.amax(-1)
-    if sink is not None:
-        m = torch.maximum(m, sink.to(scores.dtype)[:, None])
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(scores - m[..., None])
-    total = e.sum(-1)
-    sink_e = None
-    if sink is not None:
-        sink_e = torch.exp(sink.to(scores.dtype)[:, None] - m)
-        total = total + sink_e
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    weights = e / safe[..., None]
-    return weights, (None if sink_e is None else sink_e / safe)
+    """masked_softmax over the last axis, with an optional extra logit per head (sink [head], scores [head, rows,
+    keys]) that takes part in the normalisation but is not returned as a column. Rows with no visible key (and no
+    sink) get zeros. Returns (weights like scores, sink_weight [head, rows] or None)."""
+    return masked_softmax(scores, -1, None if sink is None else sink.to(scores.dtype)[:, None])
 
 
 def layer_pattern(inputs: LayerInputs, start: int = 0, stop: int | None = None, *, heads=None, key_end=None,

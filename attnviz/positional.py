@@ -241,15 +241,12 @@ def alibi_bias(n_heads: int, n_query: int, n_key: int | None = None, causal: boo
 def alibi_pattern(n_heads: int, n: int, scores=None) -> np.ndarray:
     """softmax(scores + alibi_bias) over the keys, causal. scores: [n_heads or 1, n, n] or None (all zero,
     i.e. position only). Returns the pattern [n_heads, n, n], float64."""
-    import torch
-
-    from attnviz.attention import softmax_with_sink
+    from attnviz.attention import masked_softmax
 
     logits = alibi_bias(n_heads, n)  # -inf above the diagonal: the causal mask
     if scores is not None:
         logits = logits + np.asarray(scores, dtype=np.float64)
-    weights, _ = softmax_with_sink(torch.from_numpy(np.ascontiguousarray(logits)))  # the core's masked softmax
-    return weights.numpy()
+    return masked_softmax(logits)[0]  # the core's masked softmax
 
 
 # ---------------------------------------------------------------- measured attention against distance
@@ -460,6 +457,6 @@ def compare_schemes(q, k, n: int, *, base: float = 10000.0, alibi_slope: float =
 
 def softmax_over_distance(scores) -> np.ndarray:
     """softmax of scores [..., n] over its last axis (the keys, indexed by distance). Returns [..., n]."""
-    s = np.asarray(scores, dtype=np.float64)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    from attnviz.attention import masked_softmax
+
+    return masked_softmax(np.asarray(scores, dtype=np.float64))[0]

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.attention import attention_scores, layer_scores, scaled_dot_product_attention
+from attnviz.attention import attention_scores, layer_scores, masked_softmax, scaled_dot_product_attention
 
 SATURATION_THRESHOLD = 0.99  # a row is "saturated" when one key takes more than 99 % of its weight
 SCALED, UNSCALED = "scaled", "unscaled"
@@ -35,18 +35,9 @@ def softmax(x, axis: int = -1, temperature: float = 1.0):
     temperature = _check_temperature(temperature)
     if isinstance(x, torch.Tensor):
         logits = (x if x.is_floating_point() else x.to(torch.float64)) / temperature
-        top = logits.amax(dim=axis, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # an all -inf slice stays all -inf
-        exp = torch.exp(logits - top)
-        total = exp.sum(dim=axis, keepdim=True)
-        return exp / torch.where(total > 0, total, torch.ones_like(total))
-    # numpy has its own path: small torch ops on numpy data pay thread-pool overheads that dominate page sweeps
-    logits = _as_float_array(x) / temperature
-    top = np.max(logits, axis=axis, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    exp = np.exp(logits - top)
-    total = exp.sum(axis=axis, keepdims=True)
-    return exp / np.where(total > 0, total, 1.0)
+    else:
+        logits = _as_float_array(x) / temperature
+    return masked_softmax(logits, axis)[0]  # the attention core's softmax
 
 
 def entropy(p, axis: int = -1):

@@ -164,3 +164,42 @@ def test_kv_head_of_for_mha_gqa_and_mqa():
     assert kv_head_of(4) == [0, 1, 2, 3] and kv_head_of(4, 2) == [0, 0, 1, 1] and kv_head_of(4, 1) == [0] * 4
     with pytest.raises(ValueError):
         kv_head_of(6, 4)
+
+
+def test_masked_softmax_numpy_and_torch_against_a_python_loop():
+    """The one softmax of attnviz, both paths, with -inf masks, an all-masked row and an extra (sink) logit, against
+    exp / sum written out per row in Python floats."""
+    import math
+
+    from attnviz.attention import masked_softmax
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 4, 5)) * 30  # large logits: the max subtraction matters
+    x[0, 1, 2:] = -np.inf
+    x[1, 3, :] = -np.inf  # no visible key
+    extra = rng.normal(size=(2, 4)) * 30
+
+    def loop(row, ex=None):
+        finite = [v for v in row if v != -math.inf] + ([ex] if ex is not None else [])
+        if not finite:
+            return [0.0] * len(row), None
+        m = max(finite)
+        total = sum(math.exp(v - m) for v in finite)
+        return [0.0 if v == -math.inf else math.exp(v - m) / total for v in row], (
+            None if ex is None else math.exp(ex - m) / total)
+
+    for use_extra in (False, True):
+        w_np, e_np = masked_softmax(x, -1, extra if use_extra else None)
+        w_t, e_t = masked_softmax(torch.from_numpy(x), -1, torch.from_numpy(extra) if use_extra else None)
+        for a in range(2):
+            for b in range(4):
+                want, want_extra = loop(list(x[a, b]), float(extra[a, b]) if use_extra else None)
+                np.testing.assert_allclose(w_np[a, b], want, rtol=1e-12, atol=1e-300)
+                np.testing.assert_allclose(w_t[a, b].numpy(), want, rtol=1e-12, atol=1e-300)
+                if use_extra:
+                    assert e_np[a, b] == pytest.approx(want_extra, rel=1e-12)
+                    assert float(e_t[a, b]) == pytest.approx(want_extra, rel=1e-12)
+        assert not np.isnan(w_np).any() and not torch.isnan(w_t).any()
+    # along another axis: the same as moving that axis last
+    w0, _ = masked_softmax(x[0], 0)
+    np.testing.assert_allclose(w0, masked_softmax(x[0].T, -1)[0].T, rtol=1e-12)
