@@ -1,14 +1,12 @@
 """Attention sinks: where the attention mass goes, and what breaks when the first tokens are evicted."""
 
-import hashlib
-
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import sinks, ui
+from attnviz import sinks, streaming, ui
 from attnviz.figures import sinks as figs
-from attnviz.once import ComputeOnce
+from attnviz.ui import sinks as sink_ui
 
 DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
@@ -17,31 +15,6 @@ MAX_MAP_TOKENS = 160  # one head's map is drawn for at most this many tokens (th
 EXPERIMENT_MODEL = "smollm2-135m"
 WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
 POSITIONS = {"inside the cache (StreamingLLM)": "cache", "as in the text": "original"}
-
-
-@st.cache_resource(show_spinner=False)
-def loss_store() -> ComputeOnce:
-    """Per-token losses already computed, shared by every session: (text hash, window, sinks, positions) -> losses.
-
-    A ComputeOnce rather than st.cache_data because the computation reports progress to the page while it
-    runs, and st.cache_data would record and replay those progress updates. Two sessions asking for the same
-    setting at once compute it once: the second waits for the first one's result."""
-    return ComputeOnce(max_items=64)
-
-
-def cached_losses(loaded, text: str, window: int | None, n_sinks: int, positions: str, bar, label: str):
-    """streaming_token_losses on `text`, computed once per (text, window, sinks, positions), with a progress bar."""
-    key = (hashlib.sha256(text.encode()).hexdigest(), window, n_sinks if window else 0, positions if window else "")
-
-    def compute():
-        ids = loaded.tokenizer(text)["input_ids"]
-        return sinks.streaming_token_losses(loaded.model, ids, window=window, n_sinks=n_sinks, positions=positions,
-                                            progress=lambda f: bar.progress(f, text=f"{label}: {f:.0%} of the layers"))
-
-    def waiting(seconds: float) -> None:
-        bar.progress(0.0, text=f"{label}: another visitor is computing this setting; waiting for it ({seconds:.0f} s)")
-
-    return loss_store().get(key, compute, on_wait=waiting, poll_seconds=1.0)
 
 
 def show_sink_scores() -> None:
@@ -148,9 +121,9 @@ def show_experiment() -> None:
         "(public domain, shipped with attnviz) three ways: (a) full attention, (b) a window of the last W "
         "tokens, (c) the same window plus the first tokens.")
     c1, c2, c3, c4 = st.columns(4)
-    window = c1.select_slider("Window W (recent tokens kept)", WINDOWS, value=sinks.DEFAULT_WINDOW,
+    window = c1.select_slider("Window W (recent tokens kept)", WINDOWS, value=streaming.DEFAULT_WINDOW,
                               key="sinks_window", persist_state="session")
-    n_sinks = c2.slider("Sink tokens kept in (c)", 0, 16, sinks.DEFAULT_SINKS, key="sinks_n_sinks",
+    n_sinks = c2.slider("Sink tokens kept in (c)", 0, 16, streaming.DEFAULT_SINKS, key="sinks_n_sinks",
                         persist_state="session")
     positions = POSITIONS[c3.radio("Positions of the sinks", list(POSITIONS), key="sinks_positions",
                                    persist_state="session",
@@ -168,25 +141,25 @@ def show_experiment() -> None:
     loaded = ui.get_model(EXPERIMENT_MODEL)
     if loaded is None:
         return
-    text = sinks.shipped_text()
-    runs = [(sinks.SETTINGS[0], None, 0), (sinks.SETTINGS[1], window, 0), (sinks.SETTINGS[2], window, n_sinks)]
+    text = streaming.shipped_text()
+    runs = [(streaming.SETTINGS[0], None, 0), (streaming.SETTINGS[1], window, 0), (streaming.SETTINGS[2], window, n_sinks)]
     losses = {}
     with st.status("Running the eviction experiment…", expanded=True) as status:
         for i, (name, w, s) in enumerate(runs):
             bar = st.progress(0.0, text=f"({'abc'[i]}) {name}")
-            losses[name] = cached_losses(loaded, text, w, s, positions, bar, f"({'abc'[i]}) {name}")
+            losses[name] = sink_ui.cached_losses(loaded, text, w, s, positions, bar, f"({'abc'[i]}) {name}")
             bar.progress(1.0, text=f"({'abc'[i]}) {name}: done")
         status.update(label="Eviction experiment: done", state="complete", expanded=False)
-    result = sinks.StreamingResult.from_losses(window, n_sinks, losses)
+    result = streaming.StreamingResult.from_losses(window, n_sinks, losses)
 
     cols = st.columns(3)
-    full = result.perplexity[sinks.SETTINGS[0]]
+    full = result.perplexity[streaming.SETTINGS[0]]
     for i, (col, (name, ppl)) in enumerate(zip(cols, result.perplexity.items())):
         col.metric(f"({'abc'[i]}) {name}: perplexity", f"{ppl:.2f}",
-                   delta=None if name == sinks.SETTINGS[0] else f"{ppl / full - 1:+.1%} vs full",
+                   delta=None if name == streaming.SETTINGS[0] else f"{ppl / full - 1:+.1%} vs full",
                    delta_color="inverse")
-    st.markdown("**What SmolLM2 shows:** " + sinks.describe_experiment(result, "SmolLM2-135M"))
-    smoothed = {name: sinks.rolling_mean(v, smoothing) for name, v in result.losses.items()}
+    st.markdown("**What SmolLM2 shows:** " + streaming.describe_experiment(result, "SmolLM2-135M"))
+    smoothed = {name: streaming.rolling_mean(v, smoothing) for name, v in result.losses.items()}
     ui.chart(figs.loss_curves(result.positions, smoothed, window=window, smoothing=smoothing),
           "Before the dotted line the window still holds token 0, so the three curves coincide. After it, the gap "
           "between (b) and (a) is the price of losing the sink, and (c) shows how much keeping the first tokens "

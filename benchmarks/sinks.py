@@ -21,54 +21,55 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import sinks  # noqa: E402
+from attnviz import streaming  # noqa: E402
 from attnviz.models import load_model  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--window", type=int, default=sinks.DEFAULT_WINDOW)
-    parser.add_argument("--sinks", type=int, default=sinks.DEFAULT_SINKS)
+    parser.add_argument("--window", type=int, default=streaming.DEFAULT_WINDOW)
+    parser.add_argument("--sinks", type=int, default=streaming.DEFAULT_SINKS)
     parser.add_argument("--rolling-tokens", type=int, default=None,
                         help="tokens decoded one by one for the timing (default: window + sinks + 64, so the cache "
                              "fills up and evicts)")
     args = parser.parse_args()
 
     loaded = load_model("smollm2-135m")
-    ids = torch.as_tensor(loaded.tokenizer(sinks.shipped_text())["input_ids"])
+    ids = torch.as_tensor(loaded.tokenizer(streaming.shipped_text())["input_ids"])
     n = len(ids)
-    print(f"SmolLM2-135M on {sinks.STREAMING_TEXT.name}: {n} tokens, window {args.window}, {args.sinks} sink tokens, "
+    print(f"SmolLM2-135M on {streaming.STREAMING_TEXT.name}: {n} tokens, window {args.window}, "
+          f"{args.sinks} sink tokens, "
           f"{torch.get_num_threads()} torch threads")
 
-    result = sinks.streaming_experiment(loaded.model, ids, window=args.window, n_sinks=args.sinks)
+    result = streaming.streaming_experiment(loaded.model, ids, window=args.window, n_sinks=args.sinks)
     start = time.perf_counter()
-    original = sinks.streaming_token_losses(loaded.model, ids, window=args.window, n_sinks=args.sinks,
+    original = streaming.streaming_token_losses(loaded.model, ids, window=args.window, n_sinks=args.sinks,
                                             positions="original")
     original_s = time.perf_counter() - start
-    full = result.perplexity[sinks.SETTINGS[0]]
+    full = result.perplexity[streaming.SETTINGS[0]]
     print(f"{'setting':<48}{'perplexity':>12}{'x full':>9}{'seconds':>10}")
     rows = [(f"({'abc'[i]}) {name}", result.perplexity[name], result.seconds[name])
-            for i, name in enumerate(sinks.SETTINGS)]
-    rows.append(("(c') as (c), sinks at their text positions", sinks.perplexity(original), original_s))
+            for i, name in enumerate(streaming.SETTINGS)]
+    rows.append(("(c') as (c), sinks at their text positions", streaming.perplexity(original), original_s))
     for label, ppl, seconds in rows:
         print(f"{label:<48}{ppl:>12.2f}{ppl / full:>9.2f}{seconds:>10.1f}")
-    print(sinks.describe_experiment(result, "SmolLM2-135M"))
+    print(streaming.describe_experiment(result, "SmolLM2-135M"))
 
     m = min(n, args.rolling_tokens or args.window + args.sinks + 64)
     w, s = args.window, args.sinks
     head = ids[:m]
     start = time.perf_counter()
-    rolling = sinks.rolling_cache_token_losses(loaded.model, head, window=w, n_sinks=s)
+    rolling = streaming.rolling_cache_token_losses(loaded.model, head, window=w, n_sinks=s)
     rolling_s = time.perf_counter() - start
     start = time.perf_counter()
-    one_pass = sinks.streaming_token_losses(loaded.model, head, window=w, n_sinks=s)
+    one_pass = streaming.streaming_token_losses(loaded.model, head, window=w, n_sinks=s)
     one_pass_s = time.perf_counter() - start
     per_token = rolling_s / m
     print(f"rolling KV cache, one forward call per token, first {m} tokens (window {w}, {s} sinks): "
           f"{per_token * 1000:.0f} ms per token, {rolling_s:.1f} s; one masked pass over the same tokens: "
           f"{one_pass_s:.2f} s ({rolling_s / one_pass_s:.0f}x faster); "
           f"max |loss difference| {np.abs(rolling - one_pass).max():.1e} nats")
-    c_seconds = result.seconds[sinks.SETTINGS[2]]
+    c_seconds = result.seconds[streaming.SETTINGS[2]]
     print(f"extrapolated: the rolling cache over all {n} tokens would take ~{per_token * n / 60:.0f} min per setting "
           f"against {c_seconds:.0f} s for the masked pass of (c)")
 

@@ -1,0 +1,333 @@
+"""StreamingLLM's eviction experiment (Xiao et al., ICLR 2024, "Efficient Streaming Language Models with Attention
+Sinks"): a sliding-window KV cache fails once the first tokens are evicted, and keeping them fixes it.
+
+How the eviction experiment runs. StreamingLLM decodes one token at a time against a cache holding the first
+`n_sinks` tokens and the `window` most recent ones, and gives every cached key its position *inside the cache*,
+not in the text. Decoding that way costs one forward call per token (`rolling_cache_token_losses`, kept as the
+reference): each call pays for all the weights to process one token, tens of milliseconds on a quiet 2-core CPU
+and seconds on a busy one, so minutes to hours for a few thousand tokens and three settings
+(benchmarks/sinks.py measures it). `streaming_token_losses` gets the same numbers from one forward pass:
+
+- Token t's keys and values, at every layer, were computed when t was the newest token, so they depend only on
+  what t could see then. A mask that lets query t see keys {j < n_sinks} and {t - window < j <= t} reproduces
+  exactly that, for every token at once.
+- RoPE scores depend only on the distance between query and key. The window keys sit contiguously in the cache
+  behind the query, so their distances in the cache equal their distances in the text. Only the sink keys move:
+  in the cache, query t sits at p_t = min(t, n_sinks + window - 1) and sink j at j, so the sink columns are scored
+  with the query rotated to p_t instead of t. One extra query rotation per layer; nothing else changes.
+
+So the single pass equals the rolling cache up to float rounding (the tests check this token by token), and
+`positions="original"` gives the cheaper variant that keeps text positions for the sinks too. It is written for
+Llama-family models (SmolLM2), whose layers it calls one by one, with the family's own RoPE
+(transformers' apply_rotary_pos_emb). The sink metrics live in attnviz.sinks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+DEFAULT_SINKS = 4  # Xiao et al. 2024 keep four initial tokens
+DEFAULT_WINDOW = 256
+STREAMING_TEXT = Path(__file__).resolve().parent.parent / "data" / "declaration_and_lincoln.txt"
+
+def window_mask(n: int, window: int | None, n_sinks: int = 0) -> np.ndarray:
+    """[query, key] bool, True where query t may read key j: j <= t and (j > t - window or j < n_sinks).
+
+    window counts the most recent tokens kept, the current one included; None keeps everything (full attention).
+    """
+    return _may_read(np.arange(n)[:, None], np.arange(n)[None, :], window, n_sinks)
+
+
+def _may_read(t, j, window, n_sinks):
+    if window is None:
+        return j <= t
+    return (j <= t) & ((j > t - window) | (j < n_sinks))
+
+
+def cache_positions(n: int, window: int | None, n_sinks: int = 0) -> np.ndarray:
+    """[n] the position each token's query has inside a StreamingLLM cache: min(t, n_sinks + window - 1).
+
+    Until the cache is full a token sits where it sits in the text; after that it is always the last slot.
+    """
+    t = np.arange(n)
+    return t if window is None else np.minimum(t, n_sinks + window - 1)
+
+
+@torch.no_grad()
+def streaming_token_losses(model, input_ids, *, window: int | None = None, n_sinks: int = 0,
+                           positions: str = "cache", query_chunk: int = 256,
+                           progress: Callable[[float], None] | None = None) -> np.ndarray:
+    """Per-token cross-entropy (nats) of a Llama-family causal LM that reads only the first n_sinks tokens and the
+    last `window` tokens, in one forward pass. Returns [n - 1]: entry i is the loss of token i + 1.
+
+    window=None is full attention (loss equal to the model's own labels= loss). positions="cache" scores sink keys
+    as StreamingLLM does (query at its position inside the cache, see the module docstring); "original" keeps the
+    text positions. input_ids: [n] or [1, n]. query_chunk bounds the memory of the score matrix.
+    progress(fraction) is called after every layer.
+    """
+    if positions not in ("cache", "original"):
+        raise ValueError(f"positions must be 'cache' or 'original', not {positions!r}")
+    ids = torch.as_tensor(input_ids).reshape(1, -1)
+    n = ids.shape[1]
+    n_sinks = 0 if window is None else int(n_sinks)
+    inner = _llama_inner(model)
+    h = inner.embed_tokens(ids)  # [1, n, d_model]
+    rope = inner.rotary_emb(h, torch.arange(n)[None])
+    rope_cache = None
+    if positions == "cache" and n_sinks > 0:
+        rope_cache = inner.rotary_emb(h, torch.as_tensor(cache_positions(n, window, n_sinks))[None])
+    chunks = None if window is None else _plan_chunks(n, window, n_sinks, query_chunk)
+    for i, layer in enumerate(inner.layers):
+        h = h + _attention_block(layer, h, rope, rope_cache, chunks)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if progress is not None:
+            progress((i + 1) / len(inner.layers))
+    return _next_token_losses(model, inner.norm(h)[0], ids[0])
+
+
+@torch.no_grad()
+def rolling_cache_token_losses(model, input_ids, *, window: int, n_sinks: int = 0,
+                               progress: Callable[[float], None] | None = None) -> np.ndarray:
+    """The StreamingLLM reference: decode one token at a time against a cache of the first n_sinks tokens and the
+    last `window` tokens, keys stored before RoPE and rotated to their positions inside the cache at every step
+    (Xiao et al. 2024, "rolling KV cache with attention sinks"). Slow (one forward call per token);
+    streaming_token_losses gives the same numbers in one pass. Returns [n - 1] per-token cross-entropy in nats.
+    """
+    ids = torch.as_tensor(input_ids).reshape(-1)
+    n = ids.shape[0]
+    inner = _llama_inner(model)
+    cfg = model.config
+    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    kept: list[int] = []  # text positions of the cached tokens, in cache order
+    keys = [torch.empty(1, n_kv, 0, d_head) for _ in inner.layers]  # before RoPE
+    values = [torch.empty(1, n_kv, 0, d_head) for _ in inner.layers]
+    finals = []
+    for t in range(n):
+        drop = [i for i, pos in enumerate(kept) if n_sinks <= pos <= t - window]
+        keep_idx = torch.tensor([i for i in range(len(kept)) if i not in drop], dtype=torch.long)
+        kept = [kept[i] for i in keep_idx.tolist()] + [t]
+        h = inner.embed_tokens(ids[t].reshape(1, 1))  # [1, 1, d_model]
+        slots = torch.arange(len(kept))[None]  # positions inside the cache
+        cos, sin = inner.rotary_emb(h, slots)
+        for li, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(1, 1, n_heads, d_head).transpose(1, 2)  # [1, head, 1, d_head]
+            k = attn.k_proj(x).view(1, 1, n_kv, d_head).transpose(1, 2)  # [1, kv_head, 1, d_head]
+            v = attn.v_proj(x).view(1, 1, n_kv, d_head).transpose(1, 2)
+            keys[li] = torch.cat([keys[li].index_select(2, keep_idx), k], dim=2)  # [1, kv_head, cache, d_head]
+            values[li] = torch.cat([values[li].index_select(2, keep_idx), v], dim=2)
+            q_rot = _rotate(q, cos[:, -1:], sin[:, -1:])
+            k_rot = _rotate(keys[li], cos, sin)
+            scores = q_rot @ _repeat_kv(k_rot, n_heads // n_kv).transpose(-1, -2) * attn.scaling  # [1, head, 1, cache]
+            out = scores.softmax(dim=-1) @ _repeat_kv(values[li], n_heads // n_kv)  # [1, head, 1, d_head]
+            h = h + attn.o_proj(out.transpose(1, 2).reshape(1, 1, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        finals.append(inner.norm(h)[0, 0])
+        if progress is not None:
+            progress((t + 1) / n)
+    return _next_token_losses(model, torch.stack(finals), ids)
+
+
+def shipped_text() -> str:
+    """The public-domain text of the eviction experiment (data/README.md says where it comes from)."""
+    return STREAMING_TEXT.read_text(encoding="utf-8")
+
+
+def perplexity(losses) -> float:
+    """exp(mean per-token cross-entropy in nats)."""
+    return float(np.exp(np.mean(np.asarray(losses, dtype=np.float64))))
+
+
+def rolling_mean(values, width: int) -> np.ndarray:
+    """Trailing mean over the last `width` values (fewer at the start). [n] -> [n]. Smooths per-token losses."""
+    v = np.asarray(values, dtype=np.float64)
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    idx = np.arange(1, len(v) + 1)
+    lo = np.maximum(0, idx - int(width))
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+SETTINGS = ("full attention", "window only", "window + sinks")
+
+
+@dataclass
+class StreamingResult:
+    """Per-token losses of StreamingLLM's three settings on one text: full attention, window, window + sinks.
+
+    positions: [n - 1] text position of each predicted token (1 .. n-1); losses: setting -> [n - 1] nats;
+    perplexity: setting -> exp(mean loss); seconds: setting -> wall time of its forward pass.
+    """
+    window: int
+    n_sinks: int
+    n_tokens: int
+    positions: np.ndarray
+    losses: dict[str, np.ndarray]
+    perplexity: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_losses(cls, window: int, n_sinks: int, losses: dict, seconds: dict | None = None) -> StreamingResult:
+        n = len(next(iter(losses.values()))) + 1
+        return cls(window=window, n_sinks=n_sinks, n_tokens=n, positions=np.arange(1, n),
+                   losses={k: np.asarray(v, dtype=np.float64) for k, v in losses.items()},
+                   perplexity={k: perplexity(v) for k, v in losses.items()}, seconds=dict(seconds or {}))
+
+
+def describe_experiment(result: StreamingResult, model_name: str = "the model") -> str:
+    """One sentence saying what the three perplexities show, whatever they show."""
+    full, window_only, with_sinks = (result.perplexity[k] for k in SETTINGS)
+    w, s = result.window, result.n_sinks
+    if w >= result.n_tokens:
+        return (f"The window ({w} tokens) holds the whole text ({result.n_tokens} tokens), so nothing is evicted and "
+                f"the three settings agree (perplexity {full:.2f}); make the window smaller than the text.")
+    said = (f"Over {result.n_tokens:,} tokens with a window of {w}, {model_name} has perplexity {full:.2f} with full "
+            f"attention and {window_only:.2f} once the first tokens are evicted ({window_only / full:.2f}× full)")
+    if s == 0:
+        return said + "; with no sink tokens kept, the third setting is the second one."
+    tokens = f"{s} token{'s' if s > 1 else ''}"
+    said += f"; keeping the first {tokens} gives {with_sinks:.2f} ({with_sinks / full:.2f}× full)"
+    gap = window_only - full
+    if window_only / full < 1.05:
+        return said + ": evicting the first tokens barely hurts here, so there is little for the sinks to repair."
+    repaired = (window_only - with_sinks) / gap
+    if repaired >= 0.9 and with_sinks <= full:
+        return said + (". StreamingLLM's finding holds: keeping the sink tokens repairs all of the damage, and here "
+                       "even edges out full attention.")
+    if repaired >= 0.9:
+        return said + f". StreamingLLM's finding holds: the sink tokens repair {repaired:.0%} of the damage."
+    if repaired > 0.1:
+        return said + f": the sink tokens repair {repaired:.0%} of the damage, not all of it."
+    return said + ": keeping the first tokens does not repair the damage here."
+
+
+def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAULT_SINKS,
+                         full_losses=None, progress: Callable[[float, str], None] | None = None,
+                         positions: str = "cache") -> StreamingResult:
+    """(a) full attention, (b) a window of the last `window` tokens, (c) the same window plus the first n_sinks
+    tokens, on one text, each as one masked forward pass (see streaming_token_losses). full_losses, when given,
+    is reused for (a) (it does not depend on the window). progress(fraction, message) is called after every layer.
+    """
+    ids = torch.as_tensor(input_ids).reshape(-1)
+    n = ids.shape[0]
+    if n < 2:
+        raise ValueError("the text needs at least two tokens")
+    if window < 1:
+        raise ValueError("the window must keep at least one token")
+    runs = [(SETTINGS[0], None, 0), (SETTINGS[1], window, 0), (SETTINGS[2], window, n_sinks)]
+    losses, seconds = {}, {}
+    for i, (name, w, s) in enumerate(runs):
+        if name == SETTINGS[0] and full_losses is not None:
+            losses[name] = np.asarray(full_losses, dtype=np.float64)
+            continue
+        report = None
+        if progress is not None:
+            def report(f, i=i, name=name):
+                progress((i + f) / len(runs), f"{name} ({i + 1}/{len(runs)})")
+        start = time.perf_counter()
+        losses[name] = streaming_token_losses(model, ids, window=w, n_sinks=s, positions=positions, progress=report)
+        seconds[name] = time.perf_counter() - start
+    return StreamingResult(window=window, n_sinks=n_sinks, n_tokens=n, positions=np.arange(1, n), losses=losses,
+                           perplexity={k: perplexity(v) for k, v in losses.items()}, seconds=seconds)
+
+
+def _llama_inner(model):
+    """The decoder stack of a transformers LlamaForCausalLM, whose layers these functions call one by one."""
+    inner = getattr(model, "model", None)
+    if getattr(model.config, "model_type", None) != "llama" or inner is None or not hasattr(model, "lm_head"):
+        raise ValueError("the eviction experiment needs a Llama causal LM (e.g. smollm2-135m)")
+    return inner
+
+
+def _rotate(x, cos, sin):
+    """x rotated by the model's own RoPE (transformers' apply_rotary_pos_emb, rotate-half layout).
+    x: [b, head, n, d]; cos, sin: [b, n, d] from the model's rotary_emb."""
+    return apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+def _repeat_kv(x, n_rep: int):
+    """[b, kv_head, n, d] -> [b, kv_head * n_rep, n, d]: each query head reads its group's KV head (GQA), as
+    attnviz.attention.kv_head_of assigns them."""
+    from attnviz.attention import kv_head_of
+
+    return x if n_rep == 1 else x[:, kv_head_of(x.shape[1] * n_rep, x.shape[1])]
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Queries lo..hi-1 and the keys they may read: the sinks 0..n_sink_cols-1, then the span start..hi-1."""
+    lo: int
+    hi: int
+    n_sink_cols: int
+    start: int
+    bias: torch.Tensor  # [hi - lo, n_sink_cols + hi - start], 0 where the query may read the key, -inf elsewhere
+
+
+def _plan_chunks(n: int, window: int, n_sinks: int, query_chunk: int) -> list[_Chunk]:
+    chunks = []
+    for lo in range(0, n, query_chunk):
+        hi = min(n, lo + query_chunk)
+        sinks = min(n_sinks, hi)
+        start = max(sinks, lo - window + 1)
+        keys = torch.cat([torch.arange(sinks), torch.arange(start, hi)])
+        allowed = _may_read(torch.arange(lo, hi)[:, None], keys[None, :], window, n_sinks)
+        chunks.append(_Chunk(lo, hi, sinks, start, torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))))
+    return chunks
+
+
+def _attention_block(layer, h, rope, rope_cache, chunks: list[_Chunk] | None):
+    """One layer's attention on the whole sequence. chunks=None: plain causal attention. Otherwise each chunk of
+    queries reads only its sinks and window span (so a small window costs O(n * window), not O(n^2)); when
+    rope_cache is given, the sink columns are scored with the queries rotated to their position inside the cache,
+    passed to SDPA as an additive per-head bias on zeroed sink keys (SDPA has no way to take two query versions).
+    """
+    attn = layer.self_attn
+    cfg = attn.config
+    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d_head = attn.head_dim
+    b, n, _ = h.shape
+    x = layer.input_layernorm(h)
+    q_raw = attn.q_proj(x).view(b, n, n_heads, d_head).transpose(1, 2)  # [1, head, n, d_head]
+    k = attn.k_proj(x).view(b, n, n_kv, d_head).transpose(1, 2)  # [1, kv_head, n, d_head]
+    v = attn.v_proj(x).view(b, n, n_kv, d_head).transpose(1, 2)
+    q = _rotate(q_raw, *rope)
+    k = _rotate(k, *rope)
+    if chunks is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True)
+        return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+    k = _repeat_kv(k, n_heads // n_kv)  # [1, head, n, d_head]
+    v = _repeat_kv(v, n_heads // n_kv)
+    q_sink = None if rope_cache is None else _rotate(q_raw, *rope_cache)
+    out = torch.empty_like(q)
+    for c in chunks:
+        s = c.n_sink_cols
+        k_c = torch.cat([k[:, :, :s], k[:, :, c.start:c.hi]], dim=2)  # [1, head, m, d_head]
+        v_c = torch.cat([v[:, :, :s], v[:, :, c.start:c.hi]], dim=2)
+        bias = c.bias
+        if q_sink is not None and s > 0:
+            # [1, head, chunk, s]: the sink columns, scored with the query at its slot in the cache
+            scores_on_sinks = q_sink[:, :, c.lo:c.hi] @ k_c[:, :, :s].transpose(-1, -2) * attn.scaling
+            bias = bias.expand(1, n_heads, *bias.shape).clone()  # [1, head, chunk, m]
+            bias[..., :s] += scores_on_sinks
+            k_c[:, :, :s] = 0.0
+        out[:, :, c.lo:c.hi] = F.scaled_dot_product_attention(q[:, :, c.lo:c.hi], k_c, v_c, attn_mask=bias,
+                                                              scale=attn.scaling)
+    return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+def _next_token_losses(model, final_hidden, ids, chunk: int = 512) -> np.ndarray:
+    """Cross-entropy of token i + 1 given the final hidden state at i. final_hidden: [n, d_model]. Returns [n - 1]."""
+    out = []
+    for lo in range(0, ids.shape[0] - 1, chunk):
+        hi = min(ids.shape[0] - 1, lo + chunk)
+        logits = model.lm_head(final_hidden[lo:hi]).float()  # [chunk, vocab]
+        out.append(F.cross_entropy(logits, ids[lo + 1:hi + 1], reduction="none"))
+    return torch.cat(out).double().numpy()
