@@ -6,6 +6,7 @@ import streamlit as st
 
 from attnviz import positional as P
 from attnviz import ui
+from attnviz.ui import positional as ui_pos
 from attnviz.figures import positional as F
 
 BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
@@ -24,18 +25,7 @@ SCHEME_NAMES = {
     "learned": "learned absolute position vectors added to the token embeddings once, at the input (GPT-2 style)",
     "other": "not RoPE or ALiBi (learned or fixed vectors added at the input, or none)",
 }
-MAX_MEASURE_CHARS = 1500  # ~350 smollm2 tokens: its 30 x 9 patterns stay near 130 MB
-
-
-@st.cache_data(max_entries=16, show_spinner=False)
-def decay_curves(max_distance: int, d_head: int, base: float, scaling: str, factor: float):
-    distances = np.arange(max_distance + 1, dtype=float) if max_distance <= 4000 else \
-        np.linspace(0, max_distance, 4001)
-    curves = {f"d = {d_head}, base = {base:g}": P.rope_decay_bound(distances, d_head, base)}
-    if scaling != "none":
-        curves[f"{scaling} scaling × {factor:g}"] = P.rope_decay_bound(distances, d_head, base, scaling=scaling,
-                                                                      factor=factor)
-    return distances, curves
+MAX_MEASURE_CHARS = ui.MAX_TEXT_CHARS  # long texts are measured from q and k a block of rows at a time
 
 
 st.title("Positional encodings")
@@ -151,7 +141,7 @@ if section == "RoPE":
     factor = c5.select_slider("Scale factor s", options=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], value=4.0,
                               key="pos_bound_factor", persist_state="session", disabled=scaling == "none")
     log_x = st.toggle("Log distance axis", value=False, key="pos_bound_logx", persist_state="session")
-    distances, curves = decay_curves(max_dist, d_bound, base_bound, scaling, factor)
+    distances, curves = ui_pos.decay_curves(max_dist, d_bound, base_bound, scaling, factor)
     ui.chart(F.decay_bound_chart(distances if not log_x else np.maximum(distances, 0.5), curves, log_x=log_x),
           f"Starts at (d/2+1)/2 = {(d_bound / 2 + 1) / 2:g} and falls with distance, with ripples; a larger base or "
           "context scaling stretches the decay over more tokens." +
@@ -286,79 +276,36 @@ if section == "Measured on models":
         st.warning("Pick a model first.")
     else:
         loaded = ui.get_model(done[0])
-        capture = ui.get_capture(done[0], done[1]) if loaded is not None else None
+        capture = ui.get_capture(done[0], done[1], store="auto") if loaded is not None else None
         if capture is not None:
             if (model_name, text) != done:
                 st.caption(f"Showing {done[0]} on the text as it was when Measure was pressed; press it again to "
                            "update.")
-            pattern = capture.pattern  # [layer, head, query, key], read-only, shared with other sessions
-            n_tok = pattern.shape[-2]
+            n_tok = capture.n_tokens
             if n_tok < 2:
                 st.warning("The text gave a single token; type a longer text.")
             else:
                 skip = int(st.toggle("Leave out the first token (an attention sink)", value=False,
                                      key="pos_meas_skip", persist_state="session"))
-                config = loaded.model.config
-                scheme = P.loaded_position_scheme(loaded)
+                prof = ui_pos.profile(done[0], done[1], skip, capture)
+                st.caption(f"How {done[0]} encodes position: {SCHEME_NAMES[loaded.shape.position]}.")
                 causal = bool(capture.causal)
-                if causal:
-                    per_layer = P.attention_by_distance(pattern, exclude_keys=skip)
-                    distances = np.arange(per_layer.shape[-1])
-                    baseline = P.uniform_causal_by_distance(n_tok, exclude_keys=skip)
-                    baseline_name = "uniform causal (no position)"
-                else:  # keys on both sides: signed distances, from -(n - 1) (last key, first query) to n - 1
-                    distances, per_layer = P.attention_by_signed_distance(pattern, exclude_keys=skip)
-                    baseline = P.uniform_bidirectional_by_distance(n_tok, exclude_keys=skip)[1]
-                    baseline_name = "uniform over all keys (no position)"
-                theory = relative = None
-                if scheme == "alibi" and causal:
-                    theory = P.alibi_by_distance(config.n_head, n_tok, exclude_keys=skip)
-                    theory_note = "the dashed line is softmax of the ALiBi bias alone, with no content scores"
-                elif scheme == "alibi":
-                    theory_note = ("the ALiBi prediction drawn for causal models does not apply to this "
-                                   "bidirectional one, so no theory curve is drawn")
-                elif scheme == "rope":
-                    d_head, rope_base = P.rope_settings(config)
-                    bound = P.rope_decay_bound(np.abs(distances), d_head, rope_base)
-                    relative = bound / P.rope_decay_bound(np.array([0.0]), d_head, rope_base)[0]
-                    theory_note = (f"the dashed line (right axis) is the RoFormer bound for d_head = {d_head}, "
-                                   f"base = {rope_base:g}, divided by its value at distance 0" +
-                                   ("" if causal else "; it depends on |distance| only"))
-                elif scheme in ("sinusoidal", "learned"):
-                    added = ("the sinusoidal encoding of Vaswani et al." if scheme == "sinusoidal" else
-                             "a learned position table")
-                    theory_note = (f"this model adds {added} to its token embeddings once, at the input, so how "
-                                   "attention falls with distance depends on the trained weights (W_q, W_k) and no "
-                                   "formula predicts it: no theory curve is drawn, and the RoPE bound and ALiBi "
-                                   "curves do not apply")
-                else:
-                    theory_note = "this model's positions are not RoPE or ALiBi, so no theory curve is drawn"
-                st.caption(f"How {done[0]} encodes position: {SCHEME_NAMES[scheme]}.")
-                ui.chart(F.distance_profile(per_layer, layers=list(capture.layers), distances=distances,
-                                         title=f"{capture.model_name}: attention against distance, {n_tok} tokens",
-                                         theory=theory, theory_name="ALiBi alone (theory)", baseline=baseline,
-                                         baseline_name=baseline_name, relative_theory=relative,
-                                         relative_name="RoFormer bound"),
-                      "Lines above the dotted one mean the layer prefers those distances more than " +
-                      ("causal masking alone would" if causal else
-                       "uniform attention over all the keys would; this model is bidirectional, so keys after the "
-                       "query are measured too, at negative distances") +
-                      f"; {theory_note}. Far distances average few queries, so they are noisier" +
-                      ("." if skip else "; if the far right rises, that is usually the first token, which many "
-                       "heads use as an attention sink (only it is that far back from the last queries): leave it "
-                       "out with the toggle.") +
-                      ("" if causal else " At the far left, the first query looks at the last token ([SEP] in a "
-                       "BERT encoder), which heads use the same way."))
-                if causal:
-                    per_head = P.attention_by_distance(pattern, per_head=True)
-                    near = per_head[..., 1: min(9, n_tok)].sum(-1)  # weight within 8 tokens back, excluding itself
-                    where = "within 8 tokens back"
-                else:
-                    signed, per_head = P.attention_by_signed_distance(pattern, per_head=True)
-                    # a sum of mean weights: the mean over queries of each row's weight within 8 tokens either side
-                    close = (np.abs(signed) >= 1) & (np.abs(signed) <= 8)
-                    near = np.nan_to_num(per_head[..., close]).sum(-1)
-                    where = "within 8 tokens either side"
+                ui.chart(F.distance_profile(prof.per_layer, layers=list(capture.layers), distances=prof.distances,
+                                            title=f"{capture.model_name}: attention against distance, {n_tok} tokens",
+                                            theory=prof.theory, theory_name="ALiBi alone (theory)",
+                                            baseline=prof.baseline, baseline_name=prof.baseline_name,
+                                            relative_theory=prof.relative, relative_name="RoFormer bound"),
+                         "Lines above the dotted one mean the layer prefers those distances more than " +
+                         ("causal masking alone would" if causal else
+                          "uniform attention over all the keys would; this model is bidirectional, so keys after the "
+                          "query are measured too, at negative distances") +
+                         f"; {prof.theory_note}. Far distances average few queries, so they are noisier" +
+                         ("." if skip else "; if the far right rises, that is usually the first token, which many "
+                          "heads use as an attention sink (only it is that far back from the last queries): leave "
+                          "it out with the toggle.") +
+                         ("" if causal else " At the far left, the first query looks at the last token ([SEP] in a "
+                          "BERT encoder), which heads use the same way."))
+                near, where = prof.near, prof.where
                 st.markdown(f"Share of attention {where} (excluding the token itself), "
                             f"mean over heads: layer {capture.layers[int(near.mean(1).argmax())]} is the most "
                             f"local ({near.mean(1).max():.2f}), layer "

@@ -6,50 +6,16 @@ import streamlit as st
 
 from attnviz import softmax as sm
 from attnviz import ui
+from attnviz.ui import softmax as ui_softmax
 from attnviz.figures import softmax as figs
 
-N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
+N_QUERIES = ui_softmax.N_QUERIES
 ROWS_SHOWN = 12
 MAX_TOKENS = 256  # every head's three softmaxes are computed for the per-head grids
 MAX_CHARS = 1000
-DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)
+DIMS = ui_softmax.DIMS
 REAL_TEXT = "The cat sat on the mat because it was warm. The cat"
 TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def sample(d_k: int, n_keys: int, seed: int, temperature: float):
-    q, k = sm.random_qk(N_QUERIES, n_keys, d_k, seed)
-    out = {}
-    for variant, scaled in ((sm.SCALED, True), (sm.UNSCALED, False)):
-        scores, pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
-        out[variant] = (scores, pattern, sm.row_stats(pattern))
-    return out, sm.gradient_demo(d_k, n_keys, n_queries=N_QUERIES, seed=seed, temperature=temperature)
-
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
-    return sm.saturation_sweep(DIMS, n_queries=N_QUERIES, n_keys=n_keys, seed=seed, temperature=temperature)
-
-
-# The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
-# layer, head, T); the q.k, bias and layer inputs themselves (underscored: not hashed) follow from those.
-@st.cache_data(show_spinner=False, max_entries=32)
-def real_scale_sweep(model_name: str, version: tuple, text: str, layers: tuple, layer_pos: int, head: int,
-                     scaling: float, softcap, _raw, _bias):
-    factors = np.geomspace(scaling / 8, 8.0, 61)
-    return sm.scale_sweep(_raw, factors, bias=_bias, softcap=softcap)
-
-
-@st.cache_data(show_spinner=False, max_entries=16)
-def real_head_saturation(model_name: str, version: tuple, text: str, layers: tuple, scaling: float, softcap,
-                         _inputs):
-    # the grids show the "own scale" and "unscaled" shares only, which do not depend on T: not keyed on it, so
-    # moving the temperature slider does not redo every head (T = 1 makes the unused third variant the first).
-    # Layer by layer (generators): one layer's float64 q.k in memory at a time.
-    raw = (sm.raw_qk(_inputs[layer]) for layer in layers)
-    bias = (None if _inputs[layer].key_bias is None else _inputs[layer].key_bias.double().numpy() for layer in layers)
-    return sm.head_saturation(raw, scaling, 1.0, bias=bias, softcap=softcap)
 
 
 def logit_formula(factor: str, bias: bool, softcap) -> str:
@@ -123,8 +89,8 @@ def show_real_model(cap, text: str) -> None:
     st.caption("The bars show where one query puts its weight under each softmax; the dots, how much gradient "
                "each row of this head would let through.")
 
-    sweep_table = real_scale_sweep(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers), layer_pos,
-                                   head, scaling, softcap, head_raw, head_bias)
+    sweep_table = ui_softmax.real_scale_sweep(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers),
+                                              layer_pos, head, scaling, softcap, head_raw, head_bias)
     # dividing the logits by T equals a factor s / T on q·k only when nothing is added to (or caps) q·k × s
     t_on_curve = not biased and not softcap
     st.plotly_chart(figs.scale_sweep_chart(sweep_table, own_factor=scaling,
@@ -139,8 +105,8 @@ def show_real_model(cap, text: str) -> None:
                 + ("the bias" if biased else "the soft-cap") + " included, which no factor on q·k does: it is no "
                 "point on this curve and is not marked."))
 
-    shares = real_head_saturation(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers), scaling,
-                                  softcap, cap.inputs)
+    shares = ui_softmax.real_head_saturation(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers),
+                                             scaling, softcap, cap.inputs)
     g1, g2 = st.columns(2)
     g1.plotly_chart(figs.head_share_grid(shares["own scale"], layers, title="Saturated rows per head, own scale"),
                     width="stretch", key="softmax_grid_own")
@@ -177,7 +143,7 @@ seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, st
                            persist_state="session"))
 
 with st.spinner("Sampling queries and keys…"):
-    variants, grads = sample(d_k, n_keys, seed, temperature)
+    variants, grads = ui_softmax.sample(d_k, n_keys, seed, temperature)
 
 scale_text = {sm.SCALED: f"scaled: q·k / √{d_k}", sm.UNSCALED: "unscaled: q·k"}
 predicted_var = {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
@@ -232,7 +198,7 @@ st.caption(
 
 st.subheader("Against d_k")
 with st.spinner(f"Sweeping d_k over {len(DIMS)} values…"):
-    curves = sweep(n_keys, seed, temperature)
+    curves = ui_softmax.sweep(n_keys, seed, temperature)
 var_theory = {"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
               "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}
 s1, s2, s3 = st.columns(3)

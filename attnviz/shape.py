@@ -93,8 +93,6 @@ def position_limit(config) -> int:
 def model_shape(config, *, causal: bool | None = None, folder=None) -> ModelShape:
     """The ModelShape of a transformers config. causal: whether the model is a decoder (when the caller knows it
     from the model class); folder: the model's folder, where a toy-lab lab.json records its positional scheme."""
-    from attnviz.positional import position_scheme, rope_settings
-
     if causal is None:
         causal = not (getattr(config, "model_type", "") in ("bert", "roberta", "distilbert", "electra")
                       or getattr(config, "is_encoder_decoder", False))
@@ -107,3 +105,61 @@ def model_shape(config, *, causal: bool | None = None, folder=None) -> ModelShap
         d_model=hidden_size(config), max_positions=None if limit == sys.maxsize else limit, causal=bool(causal),
         position=scheme, rope_base=rope_settings(config)[1] if scheme == "rope" else None,
         vocab=int(getattr(config, "vocab_size", 0) or 0))
+
+
+# ---------------------------------------------------------------- how position enters
+
+SCHEMES = ("rope", "alibi", "learned", "sinusoidal", "other")
+LAB_FILE = "lab.json"  # what attnviz.lab saves beside a toy-lab model's weights; its config names the scheme
+
+
+def position_scheme(config, folder=None) -> str:
+    """How a transformers config encodes position: "alibi" (BLOOM, or an `alibi` flag as in MPT/Falcon), "rope"
+    (a RoPE base in the config, as in Llama, Mistral, Qwen) or "other" (learned absolute, sinusoidal, none).
+
+    folder: the model's folder, if it has one. A toy-lab folder (one holding lab.json, see attnviz.lab) says which
+    of "learned" or "sinusoidal" its GPT-2 uses: both are GPT2LMHeadModel with the same config, the sinusoidal one
+    with its position table wpe set to the Vaswani et al. encoding and frozen, which only lab.json records. Either
+    way the positions are added to the token embeddings. The config decides whenever it says RoPE or ALiBi.
+    """
+    if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
+        return "alibi"
+    if _rope_theta(config) is not None or getattr(config, "rotary_dim", None):  # GPT-J: rotary_dim, base 10,000
+        return "rope"
+    lab = lab_positional(folder) if folder is not None else None
+    return lab if lab in ("learned", "sinusoidal") else "other"
+
+
+def lab_positional(folder) -> str | None:
+    """The positional scheme a toy-lab folder's lab.json records (config.positional: "learned", "sinusoidal",
+    "rope" or "alibi"), or None when the folder has no readable lab.json or it names no known scheme."""
+    import json
+    from pathlib import Path
+
+    try:
+        info = json.loads((Path(folder) / LAB_FILE).read_text(encoding="utf-8"))
+        scheme = info["config"]["positional"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return scheme if scheme in ("learned", "sinusoidal", "rope", "alibi") else None
+
+
+def rope_settings(config) -> tuple[int, float]:
+    """(d_head, base) of a transformers config that uses RoPE (Llama-style: rope_parameters or rope_theta)."""
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(d_head), float(_rope_theta(config) or 10000.0)
+
+
+def _rope_theta(config) -> float | None:
+    """The RoPE base of a config: rope_parameters["rope_theta"] (recent transformers), per layer type as Gemma 3
+    writes it ({"full_attention": {...}, "sliding_attention": {...}}: the full-attention layers' base), or the
+    older rope_theta attribute; None when the config names none."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        if "rope_theta" in params:
+            return float(params["rope_theta"])
+        nested = params.get("full_attention") or next((v for v in params.values() if isinstance(v, dict)), None)
+        if isinstance(nested, dict) and "rope_theta" in nested:
+            return float(nested["rope_theta"])
+    base = getattr(config, "rope_theta", None)
+    return float(base) if base else None

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz import distance as D
 from attnviz import positional as P
+from attnviz import shape as S
 
 RNG = np.random.default_rng(0)
 
@@ -351,77 +353,10 @@ def test_alibi_bias_with_a_cache_and_non_causal():
 # ---------------------------------------------------------------- attention against distance
 
 
-def test_attention_by_distance_against_a_loop():
-    pattern = RNG.random((2, 3, 6, 8))  # [layer, head, query, key], queries are the last 6 of 8 positions
-    out = P.attention_by_distance(pattern)
-    per_head = P.attention_by_distance(pattern, per_head=True)
-    assert out.shape == (2, 6) and per_head.shape == (2, 3, 6)
-    for layer in range(2):
-        for r in range(6):
-            vals = [pattern[layer, h, i, i + 2 - r] for h in range(3) for i in range(r, 6)]
-            assert out[layer, r] == pytest.approx(np.mean(vals))
-    np.testing.assert_allclose(per_head.mean(axis=1), out)
-    assert P.attention_by_distance(pattern, max_distance=2).shape == (2, 3)
-    np.testing.assert_allclose(P.attention_by_distance(pattern[0]), out[0])
-    skipped = P.attention_by_distance(pattern, exclude_keys=3)  # keys 0..2 left out: queries see keys 3..7
-    assert skipped.shape == (2, 5)
-    for r in range(5):
-        vals = [pattern[0, h, i, i + 2 - r] for h in range(3) for i in range(6) if i + 2 - r >= 3 and i >= r]
-        assert skipped[0, r] == pytest.approx(np.mean(vals))
-    with pytest.raises(ValueError):
-        P.attention_by_distance(pattern, exclude_keys=8)
-
-
-@pytest.mark.parametrize("n_query,n_key,skip", [(6, 6, 0), (6, 6, 2), (5, 8, 0), (5, 8, 3), (1, 4, 1)])
-def test_attention_by_signed_distance_against_a_loop(n_query, n_key, skip):
-    """Both directions, r = query position - key position in [-(n_query - 1), n_key - 1]: a loop over every
-    (head, query, key) pair, grouped by r; its r >= 0 half is attention_by_distance's."""
-    pattern = RNG.random((2, 3, n_query, n_key))
-    offset = n_key - n_query  # query i sits at position i + offset
-    distances, out = P.attention_by_signed_distance(pattern, exclude_keys=skip)
-    _, per_head = P.attention_by_signed_distance(pattern, per_head=True, exclude_keys=skip)
-    assert distances.tolist() == list(range(-(n_query - 1), n_key))
-    assert out.shape == (2, len(distances)) and per_head.shape == (2, 3, len(distances))
-    for layer in range(2):
-        for index, r in enumerate(distances):
-            vals = [pattern[layer, h, i, j] for h in range(3) for i in range(n_query) for j in range(skip, n_key)
-                    if i + offset - j == r]
-            if vals:
-                assert out[layer, index] == pytest.approx(np.mean(vals), rel=1e-12)
-            else:
-                assert np.isnan(out[layer, index])
-    np.testing.assert_allclose(per_head.mean(axis=1), out)
-    np.testing.assert_allclose(P.attention_by_signed_distance(pattern[0], exclude_keys=skip)[1], out[0])
-    if n_query == n_key:  # a capture's pattern: the r >= 0 half is attention_by_distance
-        back = P.attention_by_distance(pattern, exclude_keys=skip)
-        np.testing.assert_allclose(out[:, distances >= 0][:, : back.shape[1]], back, rtol=1e-12)
-
-
-@pytest.mark.parametrize("n,skip", [(1, 0), (7, 0), (7, 1), (12, 5)])
-def test_uniform_bidirectional_baseline_is_flat(n, skip):
-    uniform = np.full((1, n, n), 1.0 / n)  # every query spreads its weight evenly over all n keys
-    distances, expected = P.attention_by_signed_distance(uniform, exclude_keys=skip)
-    got_distances, got = P.uniform_bidirectional_by_distance(n, exclude_keys=skip)
-    np.testing.assert_array_equal(got_distances, distances)
-    np.testing.assert_allclose(got, expected, rtol=1e-12)  # NaN where no pair is left, in both
-    assert np.nanmax(got) == np.nanmin(got) == pytest.approx(1 / n)
-
-
 @pytest.mark.parametrize("heads,n,skip", [(1, 5, 0), (12, 40, 0), (8, 30, 1), (3, 17, 4)])
 def test_alibi_by_distance_closed_form_equals_the_pattern_average(heads, n, skip):
     np.testing.assert_allclose(P.alibi_by_distance(heads, n, exclude_keys=skip),
-                               P.attention_by_distance(P.alibi_pattern(heads, n), exclude_keys=skip), rtol=1e-12)
-
-
-def test_uniform_causal_baseline():
-    n = 10
-    pattern = np.array([[1 / (i + 1) if j <= i else 0.0 for j in range(n)] for i in range(n)])
-    np.testing.assert_allclose(P.uniform_causal_pattern(n), pattern)
-    np.testing.assert_allclose(P.uniform_causal_by_distance(n), P.attention_by_distance(pattern[None]))
-    assert P.uniform_causal_by_distance(n)[-1] == pytest.approx(1 / n)
-    for skip in (1, 3):
-        np.testing.assert_allclose(P.uniform_causal_by_distance(n, exclude_keys=skip),
-                                   P.attention_by_distance(pattern[None], exclude_keys=skip))
+                               D.attention_by_distance(P.alibi_pattern(heads, n), exclude_keys=skip), rtol=1e-12)
 
 
 def test_tiny_bloom_without_content_follows_the_alibi_theory():
@@ -440,19 +375,11 @@ def test_tiny_bloom_without_content_follows_the_alibi_theory():
             w.bias.view(6, 3, 4)[:, :2] = 0
         out = model(torch.randint(0, 50, (1, 12)), output_attentions=True)
     pattern = torch.stack(out.attentions)[:, 0].double().numpy()  # [layer, head, query, key]
-    theory = P.attention_by_distance(P.alibi_pattern(6, 12))
-    measured = P.attention_by_distance(pattern)
+    theory = D.attention_by_distance(P.alibi_pattern(6, 12))
+    measured = D.attention_by_distance(pattern)
     for layer in range(2):
         np.testing.assert_allclose(measured[layer], theory, atol=1e-6)
-    assert not np.allclose(theory, P.uniform_causal_by_distance(12))
-
-
-def test_rope_settings_reads_llama_configs():
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(hidden_size=576, num_attention_heads=9, rope_parameters={"rope_type": "default",
-                                                                                  "rope_theta": 100000.0})
-    assert P.rope_settings(config) == (64, 100000.0)
+    assert not np.allclose(theory, D.uniform_causal_by_distance(12))
 
 
 def test_compare_schemes_against_direct_computation():
@@ -476,15 +403,6 @@ def test_compare_schemes_against_direct_computation():
         np.testing.assert_allclose(P.softmax_over_distance(out[name]), weights[0][rev], atol=1e-12, err_msg=name)
         np.testing.assert_allclose(out[name], (qq @ kk.T / math.sqrt(d) + (0 if bias is None else bias))[0][rev],
                                    atol=1e-12, err_msg=name)
-
-
-def test_position_scheme_of_configs():
-    from transformers import BertConfig, BloomConfig, GPT2Config, LlamaConfig
-
-    assert P.position_scheme(BloomConfig()) == "alibi"
-    assert P.position_scheme(LlamaConfig()) == "rope"
-    assert P.position_scheme(GPT2Config()) == "other"
-    assert P.position_scheme(BertConfig()) == "other"
 
 
 # ---------------------------------------------------------------- page
@@ -628,7 +546,7 @@ def test_apply_rope_reproduces_smollm2_layer0_attention(smollm2):
     capture = capture_attention(smollm2, "The cat sat on the mat, and then the dog sat on the cat.", layers=[0])
     model = smollm2.model.model
     config = smollm2.model.config
-    d_head, base = P.rope_settings(config)
+    d_head, base = S.rope_settings(config)
     assert (d_head, base) == (64, 100000.0)
     ids = torch.tensor([capture.token_ids])
     n = ids.shape[1]
@@ -674,24 +592,23 @@ def test_position_scheme_of_lab_models_reads_lab_json(lab_models, tmp_path):
 
     sin, learned = load_model("lab/pos-sinusoidal"), load_model("lab/pos-learned")
     # the configs cannot tell them apart...
-    assert P.position_scheme(sin.model.config) == P.position_scheme(learned.model.config) == "other"
+    assert S.position_scheme(sin.model.config) == S.position_scheme(learned.model.config) == "other"
     # ...the weights show which is which: the sinusoidal table of Vaswani et al., written out with math.sin/cos
     wpe_sin = sin.model.transformer.wpe.weight.detach().double().numpy()
     np.testing.assert_allclose(wpe_sin, _pe_loop(wpe_sin.shape[0], wpe_sin.shape[1]), atol=1e-6)
     wpe_learned = learned.model.transformer.wpe.weight.detach().double().numpy()
     assert np.abs(wpe_learned - _pe_loop(*wpe_learned.shape)).max() > 0.5
     # ...and so does lab.json, which the model-aware functions read
-    assert P.loaded_position_scheme(sin) == "sinusoidal"
-    assert P.loaded_position_scheme(learned) == "learned"
-    assert P.position_scheme(sin.model.config, P.model_folder(sin)) == "sinusoidal"
-    assert P.loaded_position_scheme(load_model("toy-gpt2")) == "other"  # no folder, no lab.json
+    assert sin.shape.position == "sinusoidal"  # read once at load, from the folder's lab.json
+    assert learned.shape.position == "learned"
+    assert load_model("toy-gpt2").shape.position == "other"  # no folder, no lab.json
     # a local folder holding lab.json counts too; a missing or broken lab.json changes nothing
-    assert P.position_scheme(GPT2Config(), tmp_path) == "other"
+    assert S.position_scheme(GPT2Config(), tmp_path) == "other"
     (tmp_path / "lab.json").write_text("{not json")
-    assert P.lab_positional(tmp_path) is None and P.position_scheme(GPT2Config(), tmp_path) == "other"
+    assert S.lab_positional(tmp_path) is None and S.position_scheme(GPT2Config(), tmp_path) == "other"
     (tmp_path / "lab.json").write_text(json.dumps({"config": {"positional": "sinusoidal"}}))
-    assert P.position_scheme(GPT2Config(), tmp_path) == "sinusoidal"
-    assert P.position_scheme(LlamaConfig(), tmp_path) == "rope"  # the config wins when it names RoPE
+    assert S.position_scheme(GPT2Config(), tmp_path) == "sinusoidal"
+    assert S.position_scheme(LlamaConfig(), tmp_path) == "rope"  # the config wins when it names RoPE
 
 
 def test_page_measures_a_sinusoidal_lab_model_without_rope_or_alibi_theory(lab_models):
