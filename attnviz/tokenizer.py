@@ -29,7 +29,9 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 256)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, unk_token=BOS, pad_token=BOS)
+    # split_special_tokens: a text that contains the string "<bos>" is read as its five bytes, not as the token
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, unk_token=BOS, pad_token=BOS,
+                                   split_special_tokens=True)
 
 
 def _byte_of(ch: str) -> int:
