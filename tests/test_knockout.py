@@ -185,4 +185,7 @@ def test_smollm2_knockout_with_shared_first_layers_equals_the_edited_copy(smollm
     assert ko._PREFIX_OK[smollm2.model]  # Llama's blocks broadcast one row's first layers to every row
     for b, heads in enumerate(rows):
         ref = _plain_logits(_edited_copy(smollm2, heads), ids)
-        np.testing.assert_allclose(out[b].double().numpy(), ref.numpy(), atol=1e-5, rtol=0)
+        # float32 matmuls of a batch and of one row round differently: 3e-5 seen on logits of size ~20 (1.5e-6
+        # relative to the largest); the toys above hold 1e-5 absolutely
+        scale = float(ref.abs().max())
+        np.testing.assert_allclose(out[b].double().numpy(), ref.numpy(), atol=1e-5 * scale, rtol=0)
