@@ -5,8 +5,10 @@ block of query rows at a time with attnviz.attention.layer_pattern and keep only
 - pooled_heads: every head of a layer max-pooled to a small square (the all-heads grid, a one-head overview), with
   the same block edges as attnviz.figures.heads.max_pool, so a pooled view equals max_pool of the dense pattern;
 - head_window: one head's weights in a window of queries and keys, at full resolution (zoom).
-Both can hide the first-token sink the way the Heads page does (column 0 zeroed, rows rescaled to 1, rows with under
-MIN_REMAINING of their weight off token 0 blank).
+Both can hide the first-token sink the way the Heads page does (sink_hidden: column 0 zeroed, rows rescaled to 1, rows
+with under MIN_REMAINING of their weight off token 0 blank). The page's other arithmetic on maps lives here too:
+mass_off_sink (what hiding the sink rescales), blank_rows, and map_difference (largest difference and total
+variation between two maps, Compare).
 """
 
 from __future__ import annotations
@@ -34,16 +36,51 @@ def choose_store(n_layers: int, n_heads: int, n_tokens: int, *, limit_bytes: int
                   "time: the N x N matrix is never built")
 
 
-def _hide_sink(w: np.ndarray) -> np.ndarray:
-    """w [head, rows, keys] (a copy) without token 0: column 0 zeroed, rows rescaled to 1, rows with under
-    MIN_REMAINING off token 0 NaN."""
-    kept = w[..., 1:].sum(-1, dtype=np.float64)  # [head, rows]
-    out = w.copy()
-    out[..., 0] = 0.0
-    ok = kept >= MIN_REMAINING
-    out /= np.where(ok, kept, 1.0)[..., None].astype(out.dtype)
-    out[~ok] = np.nan
+def mass_off_sink(source, head: int | None = None, *, block: int = 512) -> np.ndarray:
+    """The weight each query row puts on keys other than token 0: the mass that hiding the sink rescales to 1.
+
+    source: a pattern [..., query, key] -> [..., query] float64; or a layer's LayerInputs with the `head` to read
+    -> [query] float64, computed a block of rows at a time (the long-text store)."""
+    if isinstance(source, core.LayerInputs):
+        out = np.zeros(source.n_query)
+        for a in range(0, source.n_query, block):
+            b = min(source.n_query, a + block)
+            w, _ = core.layer_pattern(source, a, b, heads=[head])
+            out[a:b] = w[0, :, 1:].double().sum(-1).numpy()
+        return out
+    return np.asarray(source)[..., 1:].sum(-1, dtype=np.float64)
+
+
+def blank_rows(p: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """A float copy of p [..., query, key] with every row where keep [..., query] is False set to NaN (drawn grey)."""
+    out = np.array(p, dtype=np.float64 if np.asarray(p).dtype == np.float64 else np.float32)
+    out[~np.asarray(keep, dtype=bool)] = np.nan
     return out
+
+
+def sink_hidden(p: np.ndarray) -> np.ndarray:
+    """p [..., query, key] (a copy comes back: captures are shared and read-only) without the first-token sink:
+    column 0 zeroed and each row rescaled by the weight it keeps off token 0, as attnviz.sinks.without_sinks does,
+    and the rows that keep under MIN_REMAINING set to NaN: a few millionths rescaled to full brightness would draw a
+    pattern that is not there. float64 in -> float64 out, else float32."""
+    kept = mass_off_sink(p)  # [..., query]
+    ok = kept >= MIN_REMAINING
+    out = blank_rows(p, ok)
+    out[..., 0] = np.where(ok, 0.0, np.nan)
+    out /= np.where(ok, kept, 1.0)[..., None].astype(out.dtype)
+    return out
+
+
+def map_difference(a: np.ndarray, b: np.ndarray) -> dict | None:
+    """Two maps [query, key] of the same shape compared over the rows blank (NaN) in neither: the largest |a - b|,
+    the mean over those rows of the total variation distance 1/2 sum_k |a[q, k] - b[q, k]| (0 = same distribution,
+    1 = disjoint supports), and how many rows were compared. None when every row is blank in a or b."""
+    both = ~(np.isnan(a).any(-1) | np.isnan(b).any(-1))
+    if not both.any():
+        return None
+    d = np.abs(np.asarray(a, dtype=np.float64)[both] - np.asarray(b, dtype=np.float64)[both])
+    return {"max": float(d.max()), "total_variation": float(0.5 * d.sum(-1).mean()), "rows": int(both.sum()),
+            "all_rows": bool(both.all())}
 
 
 def pooled_heads(inputs: core.LayerInputs, size: int, *, hide_sink: bool = False, heads=None,
@@ -66,7 +103,7 @@ def pooled_heads(inputs: core.LayerInputs, size: int, *, hide_sink: bool = False
             w, _ = core.layer_pattern(inputs, a, b, heads=heads, key_end=key_end)
             w = w.numpy()
             if hide_sink:
-                w = _hide_sink(w)
+                w = sink_hidden(w)
             starts = keys_e[:-1][keys_e[:-1] < key_end]
             with np.errstate(invalid="ignore"):
                 cols = np.fmax.reduceat(w, starts, axis=-1)  # [head, rows, key blocks seen]
@@ -88,16 +125,5 @@ def head_window(inputs: core.LayerInputs, head: int, rows: tuple[int, int], keys
     w, _ = core.layer_pattern(inputs, a, b, heads=[head], key_end=inputs.n_key)
     w = w.numpy()
     if hide_sink:
-        w = _hide_sink(w)
+        w = sink_hidden(w)
     return w[0, :, k0:k1]
-
-
-def mass_off_sink(inputs: core.LayerInputs, head: int, *, block: int = 512) -> np.ndarray:
-    """[query] float64: the weight each query row of one head puts on keys other than token 0 (what hiding the
-    sink rescales to 1), a block of rows at a time."""
-    out = np.zeros(inputs.n_query)
-    for a in range(0, inputs.n_query, block):
-        b = min(inputs.n_query, a + block)
-        w, _ = core.layer_pattern(inputs, a, b, heads=[head])
-        out[a:b] = w[0, :, 1:].double().sum(-1).numpy()
-    return out

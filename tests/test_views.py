@@ -140,3 +140,25 @@ def test_bloom_in_the_qk_store_keeps_no_pattern():
     assert qk.pattern is None and qk.inputs and qk.store == "qk"
     dense = capture_attention(loaded, TEXT)
     np.testing.assert_allclose(qk.layer_rows(1), dense.pattern[1], atol=2e-6)
+
+
+def test_sink_hidden_and_the_difference_of_two_maps_equal_a_row_by_row_loop():
+    from attnviz.views import map_difference, sink_hidden
+
+    rng = np.random.default_rng(3)
+    a = rng.random((6, 6))
+    a[:2, 0] += 1e4  # two rows almost wholly on the sink: blank once it is hidden
+    a /= a.sum(-1, keepdims=True)
+    b = rng.random((6, 6))
+    b /= b.sum(-1, keepdims=True)
+    np.testing.assert_allclose(sink_hidden(a), _hidden(a), atol=1e-12)  # NaN rows included
+    hidden = sink_hidden(a)
+    rows = [q for q in range(6) if not np.isnan(hidden[q]).any()]
+    tv = [sum(abs(hidden[q, k] - b[q, k]) for k in range(6)) / 2 for q in rows]
+    largest = max(abs(hidden[q, k] - b[q, k]) for q in rows for k in range(6))
+    got = map_difference(hidden, b)
+    assert got["rows"] == 4 and not got["all_rows"]
+    assert got["total_variation"] == pytest.approx(sum(tv) / len(tv), abs=1e-12)
+    assert got["max"] == pytest.approx(largest, abs=1e-12)
+    assert map_difference(a, a)["total_variation"] == 0.0 and map_difference(a, a)["all_rows"]
+    assert map_difference(np.full((2, 2), np.nan), b[:2, :2]) is None

@@ -93,19 +93,6 @@ def max_pool(p: np.ndarray, size: int) -> np.ndarray:
         return np.fmax.reduceat(cols, edges[:-1], axis=-2)
 
 
-def mass_off_sink(p: np.ndarray) -> np.ndarray:
-    """p [..., query, key] -> [..., query] float64: the weight each row puts on keys other than token 0, the mass
-    that hiding the sink rescales to 1."""
-    return np.asarray(p)[..., 1:].sum(-1, dtype=np.float64)
-
-
-def blank_rows(p: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """A float copy of p [..., query, key] with every row where keep [..., query] is False set to NaN (drawn grey)."""
-    out = np.array(p, dtype=np.float64 if np.asarray(p).dtype == np.float64 else np.float32)
-    out[~np.asarray(keep, dtype=bool)] = np.nan
-    return out
-
-
 def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5, tile: int = GRID_TILE,
               layer_map: Callable[[np.ndarray], np.ndarray] | None = None, causal: bool = False,
               n_tokens: int | None = None) -> go.Figure:
@@ -147,7 +134,7 @@ def head_detail(p: np.ndarray, tokens: Sequence[str], *, title: str, gamma: floa
                 causal: bool = False) -> go.Figure:
     """One head p [query, key] with token labels; a heatmap with token hover up to DETAIL_MAX_TOKENS, else an image.
 
-    Grey cells: NaN in p (blank rows, see blank_rows) and, when causal, the keys after each query (masked)."""
+    Grey cells: NaN in p (blank rows, attnviz.views.blank_rows) and, when causal, the keys after each query (masked)."""
     n = p.shape[-1]
     z = np.asarray(p, dtype=np.float64) ** gamma
     if causal:
@@ -220,8 +207,8 @@ def window_detail(w: np.ndarray, tokens: Sequence[str], q0: int, k0: int, *, tit
 
 
 def remaining_mass(kept: np.ndarray, *, title: str, min_mass: float = MIN_REMAINING) -> go.Figure:
-    """kept [query]: each query row's weight off token 0 (mass_off_sink), on a log axis, with the MIN_REMAINING line
-    under which the page leaves the row blank."""
+    """kept [query]: each query row's weight off token 0 (attnviz.views.mass_off_sink), on a log axis, with the
+    MIN_REMAINING line under which the page leaves the row blank."""
     q = np.arange(len(kept))
     floor = 1e-12  # a row with nothing left (query 0 of a causal model) is drawn at the floor of the log axis
     fig = line_chart(q, {"weight off token 0": np.maximum(np.asarray(kept, dtype=np.float64), floor)}, title=title,

