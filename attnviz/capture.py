@@ -82,6 +82,8 @@ class AttentionCapture:
     store: str = "pattern"
     pattern: np.ndarray | None = None
     inputs: dict[int, LayerInputs] | None = None
+    # {model layer: [kv_head, key, d_v] float32 value vectors}, with capture_attention(with_values=True)
+    values: dict[int, torch.Tensor] | None = None
     _scores: np.ndarray | None = field(default=None, repr=False)
     _sink: np.ndarray | None = field(default=None, repr=False)
     _saved: dict = field(default_factory=dict, repr=False)  # scaling and head_dim of a capture read from a file
@@ -195,6 +197,7 @@ class AttentionCapture:
             model_name=self.model_name, causal=self.causal, store=self.store,
             pattern=None if self.pattern is None else self.pattern[index],
             inputs=None if self.inputs is None else {i: self.inputs[i] for i in layers},
+            values=None if self.values is None else {i: self.values[i] for i in layers},
             _scores=None if self._scores is None else self._scores[index],
             _sink=None if self._sink is None else self._sink[index], _saved=dict(self._saved),
             summary=None if self.summary is None else {i: self.summary[i] for i in layers})
@@ -230,8 +233,8 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
                       progress: Callable[[int, int], None] | None = None,
                       on_layer: Callable[[int, LayerInputs], None] | None = None,
                       keep_inputs: bool = True,
-                      attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
-                      ) -> AttentionCapture:
+                      attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None,
+                      with_values: bool = False) -> AttentionCapture:
     """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
@@ -248,6 +251,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     attend (qk store, families of the attention interface): attend(layer, inputs, v [kv_head, n, d_v]) returns
     the wanted layer's attention output [head, n, d_v]; it replaces SDPA there, so a caller that computes the
     weights block by block anyway (attnviz.stats.streamed_stats with values=) computes the scores once for both.
+    with_values: also keep each wanted layer's value vectors (capture.values; families of the attention interface).
     """
     if store not in STORES:
         raise CaptureError(f"Unknown store {store!r}: use 'pattern' or 'qk'.")
@@ -263,6 +267,9 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
         raise CaptureError(f"Patterns are stored as float32 or float16, not {dtype}.")
     records_inputs = _records_inputs(model, modules[0])
+    if with_values and not (uses_interface(modules[0]) and records_inputs):
+        raise CaptureError(f"{loaded.spec.name} ({type(modules[0]).__name__}) does not dispatch through "
+                           "transformers' attention interface, so attnviz cannot record its value vectors.")
     if (with_scores or store == "qk") and not records_inputs:
         raise CaptureError(f"{loaded.spec.name} ({type(modules[0]).__name__}) does not dispatch through "
                            "transformers' attention interface, so attnviz cannot record its query and key vectors: "
@@ -297,7 +304,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
         raise CaptureError("attend= goes with store='qk'.")
     recorder = _Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, store=store,
                          layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress, on_layer=on_layer,
-                         keep_inputs=keep_inputs, attend=attend)
+                         keep_inputs=keep_inputs, attend=attend, with_values=with_values)
     runner = getattr(model, "base_model", model)
     device = _input_device(model)
     with recording(model, recorder), torch.inference_mode():
@@ -324,6 +331,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
         store=store,
         pattern=np.stack([recorder.pattern[i] for i in wanted]) if store == "pattern" else None,
         inputs={i: recorder.inputs[i] for i in wanted} if records_inputs and keep_inputs else None,
+        values={i: recorder.values[i] for i in wanted} if with_values else None,
     )
     if with_scores:
         capture.scores  # noqa: B018  (built now, so that it is exported with the capture)
@@ -475,6 +483,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             kv_head_of=tuple(core.kv_head_of(n_heads, key.shape[1])), scaling=scale, mask=mask,
             softcap=float(softcap) if softcap else None,
             sink=None if sink is None else sink.detach().float().cpu().reshape(-1).clone())
+        if rec.with_values:
+            rec.values[layer] = value[0].detach().float().cpu().clone()
     if rec.store == "pattern":
         out, weights = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         if layer in rec.wanted:
@@ -546,7 +556,10 @@ class _Recorder:
     on_layer: Callable[[int, LayerInputs], None] | None = None
     keep_inputs: bool = True
     attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
+    with_values: bool = False
+    stop: bool = True  # stop the forward pass after the last wanted layer
     pattern: dict[int, np.ndarray] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
     inputs: dict[int, LayerInputs] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)
     kv_head_of: tuple[int, ...] | None = None
@@ -565,8 +578,16 @@ class _Recorder:
             self.done += 1
             if self.progress is not None:
                 self.progress(self.done, len(self.wanted))
-        if layer == self.last:
+        if self.stop and layer == self.last:
             raise _StopForward
+
+    def clear(self) -> None:
+        """Forgets what was recorded, for the next forward pass under the same recorder."""
+        self.pattern.clear()
+        self.inputs.clear()
+        self.values.clear()
+        self.seen.clear()
+        self.done = 0
 
 
 class _StopForward(Exception):
@@ -614,6 +635,20 @@ def recording(model, recorder: _Recorder) -> Iterator[_Recorder]:
                     for handle in hooks.handles:
                         handle.remove()
                     hooks.handles.clear()
+
+
+@contextlib.contextmanager
+def recording_forward(model, layers=None) -> Iterator[_Recorder]:
+    """Records, for this thread, the attention weights of batch row 0 in every wanted layer (None: all) of each
+    forward pass the block runs, without stopping it: recorder.pattern[layer] is [head, query, key] float32 after
+    each pass (recorder.clear() between passes). The caller runs the whole model, a KV cache included
+    (attnviz.generation reads each new token's row this way)."""
+    modules = attention_modules(model)
+    wanted = _wanted_layers(layers, len(modules))
+    recorder = _Recorder(wanted=set(wanted), last=len(modules), dtype=np.dtype(np.float32), store="pattern",
+                         layer_of={id(m): i for i, m in enumerate(modules)}, stop=False)
+    with recording(model, recorder):
+        yield recorder
 
 
 def _before(layer: int, module, args, kwargs):
