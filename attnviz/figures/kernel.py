@@ -11,18 +11,19 @@ from plotly.subplots import make_subplots
 from .common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, line_chart
 
 # Tile states, indexed by the values of tile_states(): what the map colours and its legend say.
-TILE_STATES = ("skipped (causal mask)", "to do", "to do, partly masked", "done", "done, partly masked", "current")
+TILE_STATES = ("skipped (causal mask)", "to do", "to do, masked", "done", "done, masked", "current")
 TILE_COLOURS = ("#f8f9fa", "#ced4da", "#ffd43b", "#74c0fc", "#1c7ed6", "#e8590c")
-SKIPPED, FULL, PARTIAL = 0, 1, 2  # the tile_map codes of attnviz.kernels
+SKIPPED, FULL, MASKED = 0, 1, 2  # the tile_map codes of attnviz.kernels.stages (figures import no torch)
 
 
 def tile_states(codes, done: Sequence[tuple[int, int]], current: tuple[int, int] | None) -> np.ndarray:
-    """[n_query_blocks, n_key_blocks] indices into TILE_STATES from tile_map codes (0 skipped, 1 full, 2 partly
-    masked), the (query block, key block) pairs already done, and the current one."""
+    """[n_query_blocks, n_key_blocks] indices into TILE_STATES from tile_map codes (0 skipped, 1 run without a
+    mask, 2 run masked: the causal diagonal or the ragged last key block), the (query block, key block) pairs
+    already done, and the current one."""
     codes = np.asarray(codes)
-    states = np.where(codes == SKIPPED, 0, np.where(codes == PARTIAL, 2, 1))
+    states = np.where(codes == SKIPPED, 0, np.where(codes == MASKED, 2, 1))
     for qb, kb in done:
-        states[qb, kb] = 4 if codes[qb, kb] == PARTIAL else 3
+        states[qb, kb] = 4 if codes[qb, kb] == MASKED else 3
     if current is not None:
         states[current] = 5
     return states

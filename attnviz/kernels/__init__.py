@@ -1,5 +1,9 @@
 """Attention kernels: naive attention, a two-pass tiled version, the online-softmax stepper and the fused Triton kernel.
 
+triton_attention holds the kernel; stepper mirrors it in torch, one tile at a time; stages holds the stage bounds both
+use (and the tile map drawn from them); traffic counts the bytes naive and tiled attention move; timing checks, times
+and sizes them; naive holds the plain versions and the float64 reference.
+
 Without CUDA the Triton kernel runs under the Triton interpreter. The interpreter is chosen when @triton.jit runs,
 so TRITON_INTERPRET is set here, before the kernel module is imported (an explicit setting is left alone).
 """
@@ -12,19 +16,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from .naive import naive_attention, reference_attention, two_pass_attention  # noqa: E402
-from .stepper import (  # noqa: E402
-    TILE_FULL, TILE_PARTIAL, TILE_SKIPPED, TileStep, naive_traffic, online_attention, tile_map, tiled_steps,
-)
+from .stages import TILE_FULL, TILE_MASKED, TILE_SKIPPED, StageBounds, keys_read, stage_bounds, tile_map  # noqa: E402
+from .stepper import TileStep, online_attention, tiled_steps  # noqa: E402
 from .timing import (  # noqa: E402
-    MAX_INTERPRETED_STEPS, MethodResult, compare_methods, device_peak_tflops, forward_flops, make_inputs,
+    ITEMSIZE, MAX_INTERPRETED_STEPS, MethodResult, compare_methods, device_peak_tflops, forward_flops, make_inputs,
     peak_bytes, peak_cpu_bytes, peak_memory_at, peak_memory_scan, refusal, tile_steps, time_call,
 )
+from .traffic import Traffic, break_even_head_dim, compare_traffic, naive_traffic, tiled_traffic  # noqa: E402
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, KernelTrace, flash_attention  # noqa: E402
 
 __all__ = [
-    "INTERPRETED", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelTrace", "MethodResult", "TILE_FULL",
-    "TILE_PARTIAL", "TILE_SKIPPED", "TileStep", "compare_methods", "device_peak_tflops", "forward_flops",
-    "flash_attention", "make_inputs", "naive_attention", "naive_traffic", "online_attention", "peak_bytes",
-    "peak_cpu_bytes", "peak_memory_at", "peak_memory_scan", "reference_attention", "refusal", "tile_map",
-    "tile_steps", "tiled_steps", "time_call", "two_pass_attention",
+    "INTERPRETED", "ITEMSIZE", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelTrace", "MethodResult", "StageBounds",
+    "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TileStep", "Traffic", "break_even_head_dim", "compare_methods",
+    "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "keys_read", "make_inputs",
+    "naive_attention", "naive_traffic", "online_attention", "peak_bytes", "peak_cpu_bytes", "peak_memory_at",
+    "peak_memory_scan", "reference_attention", "refusal", "stage_bounds", "tile_map", "tile_steps", "tiled_steps",
+    "tiled_traffic", "time_call", "two_pass_attention",
 ]

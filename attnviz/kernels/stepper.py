@@ -1,22 +1,25 @@
-"""The online-softmax tiled attention of flash_attention, in plain torch, one (query block, key block) at a time.
+"""The fused kernel of triton_attention, in plain torch, one (query block, key block) step at a time.
 
-tiled_steps mirrors _attn_fwd_inner line for line, with one change of units: the kernel keeps scores in log2 units
-and uses exp2 (exp(x) = exp2(x log2 e)); the stepper keeps them in natural units and uses exp, so m_i reads like the
-scores. The kernel skips the masks on tiles that every query of the block sees in full (TILE_FULL) and the stepper
-masks every tile; a mask that hides nothing changes nothing, so its state equals the kernel's trace.
-FlashAttention-2: Dao, 2023, Algorithm 1.
+The two functions below mirror the kernel's two: `_attn_fwd_inner` is its loop over key blocks with the kernel's
+names (m_i, l_i, acc, alpha, m_ij, l_ij, p), and `_attn_fwd` one program: it loads the query tile, calls the inner
+loop for stage 1 (key blocks every query sees in full: no mask) and stage 2 (the causal diagonal and the ragged last
+block: masked), with the bounds of stages.stage_bounds, then divides acc by l_i. They are generators: each key block
+yields its state, so the page can show it, and `yield from` hands the state on as the kernel's calls return it.
+
+One change of units: the kernel keeps scores in log2 units and uses exp2 (exp(x) = exp2(x log2 e)); the stepper keeps
+them in natural units and uses exp, so m_i reads like the scores. FlashAttention-2: Dao, 2023, Algorithm 1.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-TILE_SKIPPED, TILE_FULL, TILE_PARTIAL = 0, 1, 2
+from .stages import stage_bounds
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class TileStep:
     alpha: [rows]         exp(m_prev - m_i), the factor the old l and acc are rescaled by
     acc_rescaled: [rows, d]  acc_prev * alpha;  acc: [rows, d] = acc_rescaled + p v
     out: [rows, d]        O = acc / l_i, only on the block's last step (last=True), else None
-    partial: the causal mask hides some of the tile's scores; first: the block's first key tile
+    masked: the step ran in stage 2, with masks (the causal diagonal or the ragged last key block); partial: the
+    causal mask hides some of the tile's scores; first: the block's first key tile
     flops: 4 * rows * cols * d (q k^T and p v, a multiply-add counted as 2)
     bytes_loaded: K and V tiles, plus the Q tile on the block's first step; bytes_stored: the O tile on the last
     """
@@ -44,6 +48,7 @@ class TileStep:
     q_stop: int
     k_start: int
     k_stop: int
+    masked: bool
     partial: bool
     scores: np.ndarray
     p: np.ndarray
@@ -62,16 +67,93 @@ class TileStep:
     bytes_stored: int
 
 
-def key_block_range(q_block, *, n_query, n_key, block_m, causal):
-    """The end (exclusive) of the keys that query block q_block visits: all, or up to the causal diagonal."""
-    if not causal:
-        return n_key
-    return max(0, min(min((q_block + 1) * block_m, n_query) + n_key - n_query, n_key))
+@dataclass(frozen=True)
+class _Inner:
+    """What one pass of _attn_fwd_inner's loop body leaves behind (torch tensors), before TileStep's bookkeeping."""
+
+    start_n: int
+    cols: torch.Tensor
+    qk: torch.Tensor
+    p: torch.Tensor
+    m_prev: torch.Tensor
+    l_prev: torch.Tensor
+    m_i: torch.Tensor
+    l_i: torch.Tensor
+    alpha: torch.Tensor
+    acc_rescaled: torch.Tensor
+    acc: torch.Tensor
+    masked: bool
+    partial: bool
+
+
+def _attn_fwd_inner(acc, l_i, m_i, q, K, V, lo, hi, qk_scale, n_key, causal_offset, offs_m, *, block_n, masked,
+                    causal):
+    """Key blocks lo, lo + block_n, ... < hi, as the kernel's _attn_fwd_inner: yields an _Inner per block and
+    returns (acc, l_i, m_i). K, V: [n_key, d] of one head; q: [rows, d]; offs_m: the rows' query positions."""
+    for start_n in range(lo, hi, block_n):
+        cols = torch.arange(start_n, min(start_n + block_n, n_key))  # the kernel masks the loads past n_key
+        m_prev, l_prev = m_i, l_i
+        # -- compute qk --
+        k = K[cols].to(q.dtype)  # [cols, d]
+        qk = (q @ k.T) * qk_scale  # [rows, cols]
+        visible = torch.ones_like(qk, dtype=torch.bool)
+        if masked:
+            visible = cols[None, :] < n_key
+            if causal:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            qk = torch.where(visible, qk, float("-inf"))
+            m_ij = torch.maximum(m_i, qk.amax(1))
+            # a row that has seen no visible key yet keeps m = -inf; shifting by 0 then gives p = 0, not NaN
+            m_shift = torch.where(m_ij == float("-inf"), 0.0, m_ij)
+        else:  # every key of the block is visible to every row, so the new max is finite
+            m_ij = torch.maximum(m_i, qk.amax(1))
+            m_shift = m_ij
+        p = torch.exp(qk - m_shift[:, None])
+        l_ij = p.sum(1)
+        # -- update m_i and l_i --
+        alpha = torch.exp(m_i - m_shift)
+        l_i = l_i * alpha + l_ij
+        # -- update output accumulator --
+        acc = acc * alpha[:, None]
+        acc_rescaled = acc
+        v = V[cols]
+        p = p.to(v.dtype).to(q.dtype)  # the kernel multiplies p in v's dtype
+        acc = acc + p @ v.to(q.dtype)
+        m_i = m_ij
+        yield _Inner(start_n, cols, qk, p, m_prev, l_prev, m_i, l_i, alpha, acc_rescaled, acc, masked,
+                     bool((~visible).any()))
+    return acc, l_i, m_i
+
+
+def _attn_fwd(Q, K, V, start_m, sm_scale, *, block_m, block_n, causal, dtype):
+    """One program of the kernel: query block start_m // block_m of one head. Q: [n_query, d], K, V: [n_key, d].
+    Yields the _Inner of every key block in stage 1 then stage 2, and returns O [rows, d] = acc / l_i."""
+    n_query, n_key = Q.shape[0], K.shape[0]
+    causal_offset = n_key - n_query
+    offs_m = torch.arange(start_m, min(start_m + block_m, n_query))
+    # initialize the running max, the running sum and the accumulator
+    m_i = torch.full((len(offs_m),), float("-inf"), dtype=dtype)
+    l_i = torch.zeros(len(offs_m), dtype=dtype)
+    acc = torch.zeros(len(offs_m), Q.shape[1], dtype=dtype)
+    q = Q[offs_m].to(dtype)  # [rows, d]: it stays on chip for the whole loop
+    mid, hi = stage_bounds(start_m // block_m, n_query=n_query, n_key=n_key, block_m=block_m, block_n=block_n,
+                           causal=causal)
+    common = (sm_scale, n_key, causal_offset, offs_m)
+    # Stage 1, no masks: key blocks every query of this block sees in full
+    acc, l_i, m_i = yield from _attn_fwd_inner(acc, l_i, m_i, q, K, V, 0, mid, *common, block_n=block_n,
+                                               masked=False, causal=causal)
+    # Stage 2, masked: the blocks on the causal diagonal and the ragged last block of keys
+    acc, l_i, m_i = yield from _attn_fwd_inner(acc, l_i, m_i, q, K, V, mid, hi, *common, block_n=block_n,
+                                               masked=True, causal=causal)
+    # epilogue: O = acc / l; a row that saw no key at all (l = 0) gets 0, as attnviz.attention gives
+    l_safe = torch.where(l_i == 0.0, 1.0, l_i)
+    return acc / l_safe[:, None]
 
 
 def tiled_steps(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32) -> Iterator[TileStep]:
     """Yields a TileStep for every (batch, head, query block, key block) the kernel runs, in the kernel's order
-    within a program (key blocks left to right), programs by batch, head, then query block.
+    within a program (stage 1's key blocks left to right, then stage 2's), programs by batch, head, then query
+    block. Each program's last step carries its output, so it is yielded once the program has returned.
 
     q: [batch, head, n_query, d], k and v: [batch, head, n_key, d] (torch or numpy). Computes in float32 (float64
     for float64 input); p is rounded to v's dtype before p v, as the kernel does.
@@ -79,56 +161,42 @@ def tiled_steps(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32) ->
     q, k, v = (torch.as_tensor(x).cpu() for x in (q, k, v))
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, heads, n_query, d = q.shape
-    n_key = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    offset = n_key - n_query
     itemsize = q.element_size()
     index = 0
     for b in range(batch):
         for h in range(heads):
             for start_m in range(0, n_query, block_m):
-                offs_m = torch.arange(start_m, min(start_m + block_m, n_query))
-                q_tile = q[b, h, offs_m].to(dtype)  # [rows, d]
-                m_i = torch.full((len(offs_m),), float("-inf"), dtype=dtype)
-                l_i = torch.zeros(len(offs_m), dtype=dtype)
-                acc = torch.zeros(len(offs_m), d, dtype=dtype)
-                hi = key_block_range(start_m // block_m, n_query=n_query, n_key=n_key, block_m=block_m, causal=causal)
-                for start_n in range(0, hi, block_n):
-                    cols = torch.arange(start_n, min(start_n + block_n, n_key))
-                    # -- compute qk --
-                    k_tile = k[b, h, cols].to(dtype)  # [cols, d]
-                    qk = (q_tile @ k_tile.T) * scale  # [rows, cols]
-                    visible = torch.ones_like(qk, dtype=torch.bool)
-                    if causal:
-                        visible = cols[None, :] <= offs_m[:, None] + offset
-                    qk = torch.where(visible, qk, float("-inf"))
-                    m_ij = torch.maximum(m_i, qk.amax(1))
-                    m_shift = torch.where(m_ij == float("-inf"), 0.0, m_ij)
-                    p = torch.exp(qk - m_shift[:, None])
-                    l_ij = p.sum(1)
-                    # -- update m_i and l_i --
-                    alpha = torch.exp(m_i - m_shift)
-                    l_new = l_i * alpha + l_ij
-                    # -- update output accumulator --
-                    acc_rescaled = acc * alpha[:, None]
-                    v_tile = v[b, h, cols]
-                    p = p.to(v_tile.dtype)
-                    acc_new = acc_rescaled + p.to(dtype) @ v_tile.to(dtype)
-                    last = start_n + block_n >= hi
-                    out = acc_new / torch.where(l_new == 0, 1.0, l_new)[:, None] if last else None
-                    yield TileStep(
-                        index=index, batch=b, head=h, q_block=start_m // block_m, k_block=start_n // block_n,
-                        q_start=start_m, q_stop=start_m + len(offs_m), k_start=start_n, k_stop=start_n + len(cols),
-                        partial=bool((~visible).any()), scores=qk.numpy(), p=p.to(dtype).numpy(),
-                        m_prev=m_i.numpy(), l_prev=l_i.numpy(), m_i=m_ij.numpy(), l_i=l_new.numpy(),
-                        alpha=alpha.numpy(), acc_rescaled=acc_rescaled.numpy(), acc=acc_new.numpy(),
-                        first=start_n == 0, last=last, out=None if out is None else out.numpy(),
-                        flops=4 * len(offs_m) * len(cols) * d,
-                        bytes_loaded=(2 * len(cols) + (len(offs_m) if start_n == 0 else 0)) * d * itemsize,
-                        bytes_stored=len(offs_m) * d * itemsize if last else 0,
-                    )
+                program = _attn_fwd(q[b, h], k[b, h], v[b, h], start_m, scale, block_m=block_m, block_n=block_n,
+                                    causal=causal, dtype=dtype)
+                held, first = None, True
+                while True:
+                    try:
+                        inner = next(program)
+                    except StopIteration as done:
+                        out = done.value
+                        break
+                    if held is not None:
+                        yield held
+                    held = _tile_step(inner, index, b, h, start_m, block_m, block_n, n_query, d, itemsize, first)
                     index += 1
-                    m_i, l_i, acc = m_ij, l_new, acc_new
+                    first = False
+                if held is not None:
+                    rows = held.q_stop - held.q_start
+                    yield replace(held, last=True, out=out.numpy(), bytes_stored=rows * d * itemsize)
+
+
+def _tile_step(inner: _Inner, index, b, h, start_m, block_m, block_n, n_query, d, itemsize, first) -> TileStep:
+    rows, cols = min(start_m + block_m, n_query) - start_m, len(inner.cols)
+    return TileStep(
+        index=index, batch=b, head=h, q_block=start_m // block_m, k_block=inner.start_n // block_n,
+        q_start=start_m, q_stop=start_m + rows, k_start=inner.start_n, k_stop=inner.start_n + cols,
+        masked=inner.masked, partial=inner.partial, scores=inner.qk.numpy(), p=inner.p.numpy(),
+        m_prev=inner.m_prev.numpy(), l_prev=inner.l_prev.numpy(), m_i=inner.m_i.numpy(), l_i=inner.l_i.numpy(),
+        alpha=inner.alpha.numpy(), acc_rescaled=inner.acc_rescaled.numpy(), acc=inner.acc.numpy(),
+        first=first, last=False, out=None, flops=4 * rows * cols * d,
+        bytes_loaded=(2 * cols + (rows if first else 0)) * d * itemsize, bytes_stored=0,
+    )
 
 
 def online_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32):
@@ -141,30 +209,3 @@ def online_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=3
         if step.last:
             out[step.batch, step.head, step.q_start:step.q_stop] = torch.from_numpy(step.out)
     return out
-
-
-def tile_map(n_query, n_key, *, block_m, block_n, causal) -> np.ndarray:
-    """[n_query_blocks, n_key_blocks] codes: TILE_SKIPPED (never loaded: wholly hidden by the causal mask),
-    TILE_FULL (every score visible) or TILE_PARTIAL (the causal diagonal runs through it)."""
-    n_qb, n_kb = -(-n_query // block_m), -(-n_key // block_n)
-    codes = np.full((n_qb, n_kb), TILE_FULL, dtype=int)
-    if not causal:
-        return codes
-    offset = n_key - n_query
-    for i in range(n_qb):
-        q0, q1 = i * block_m, min((i + 1) * block_m, n_query) - 1
-        for j in range(n_kb):
-            k0, k1 = j * block_n, min((j + 1) * block_n, n_key) - 1
-            if k0 > q1 + offset:
-                codes[i, j] = TILE_SKIPPED
-            elif k1 > q0 + offset:
-                codes[i, j] = TILE_PARTIAL
-    return codes
-
-
-def naive_traffic(n_query, n_key, d, itemsize) -> dict:
-    """Bytes naive attention moves through main memory: read Q, K; write S = Q K^T; read S, write P = softmax(S);
-    read P, V; write O. The [n_query, n_key] matrix is written twice and read twice. Keys "read", "written"."""
-    square = n_query * n_key * itemsize
-    return {"read": (n_query + 2 * n_key) * d * itemsize + 2 * square,
-            "written": n_query * d * itemsize + 2 * square}

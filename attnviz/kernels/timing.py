@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from .naive import naive_attention, reference_attention, two_pass_attention
-from .stepper import key_block_range, online_attention
+from .stages import stage_bounds
+from .stepper import online_attention
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, NUM_STAGES, flash_attention
 
 # Under the interpreter a tile step costs ~8 ms of numpy plus ~14 ns per BLOCK_M * BLOCK_N * d_pad element
@@ -34,6 +35,7 @@ MAX_STEPPER_STEPS = 4096
 MAX_N = 8192
 # Shared memory one block may use when no GPU is here to ask: 227 KiB, the opt-in limit of an H100 or H200.
 DEFAULT_SHARED_MEMORY_BYTES = 227 * 1024
+# bytes a value, by dtype name: the one table the page, the traffic counts and the shared-memory estimate read
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 # torch.profiler is process-wide: one measurement at a time
 _PROFILER_LOCK = threading.Lock()
@@ -56,7 +58,7 @@ def tile_steps(n_query, n_key, *, block_m, block_n, causal, batch_heads=1) -> in
     """How many (query block, key block) steps the kernel runs: key blocks right of the causal diagonal are skipped."""
     total = 0
     for q_block in range(-(-n_query // block_m)):
-        hi = key_block_range(q_block, n_query=n_query, n_key=n_key, block_m=block_m, causal=causal)
+        hi = stage_bounds(q_block, n_query=n_query, n_key=n_key, block_m=block_m, block_n=block_n, causal=causal).hi
         total += -(-hi // block_n)
     return total * batch_heads
 

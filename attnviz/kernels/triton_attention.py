@@ -38,7 +38,7 @@ GPU_LAUNCH_CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 1
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q,  #
                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
-                    TraceM, TraceL, trace_offset,  #
+                    TraceM, TraceL, TraceS, trace_offset,  #
                     lo, hi, qk_scale, N_Q, N_K, causal_offset,  #
                     offs_m, offs_d,  #
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,  #
@@ -93,11 +93,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
             trace_ptrs = trace_offset + (start_n // BLOCK_N) * BLOCK_M + tl.arange(0, BLOCK_M)
             tl.store(TraceM + trace_ptrs, m_i * 0.6931471805599453, mask=offs_m < N_Q)  # ln 2: back to natural units
             tl.store(TraceL + trace_ptrs, l_i, mask=offs_m < N_Q)
+            if MASKED:  # which stage ran this step: 2 masked, 1 not (attnviz.kernels.stages' tile codes)
+                stage = tl.full([BLOCK_M], 2.0, tl.float32)
+            else:
+                stage = tl.full([BLOCK_M], 1.0, tl.float32)
+            tl.store(TraceS + trace_ptrs, stage, mask=offs_m < N_Q)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, TraceM, TraceL, sm_scale,  #
+def _attn_fwd(Q, K, V, Out, TraceM, TraceL, TraceS, sm_scale,  #
               stride_qb, stride_qh, stride_qm, stride_qk,  #
               stride_kb, stride_kh, stride_kn, stride_kk,  #
               stride_vb, stride_vh, stride_vn, stride_vk,  #
@@ -127,7 +132,8 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, sm_scale,  #
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
     trace_offset = (off_bh * tl.num_programs(0) + start_m) * N_K_BLOCKS * BLOCK_M
     # Stage 1, no masks: key blocks wholly inside the keys and, when causal, wholly left of the diagonal for every
-    # query of this block (key j is visible to query i when j <= i + causal_offset).
+    # query of this block (key j is visible to query i when j <= i + causal_offset). attnviz.kernels.stages'
+    # stage_bounds computes the same mid and hi for the stepper and the tile map; a test holds it to the trace.
     full_blocks = N_K // BLOCK_N
     if CAUSAL:
         full_blocks = tl.minimum(full_blocks, tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N)
@@ -138,14 +144,14 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, sm_scale,  #
     mid = full_blocks * BLOCK_N
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
                                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
-                                    TraceM, TraceL, trace_offset,  #
+                                    TraceM, TraceL, TraceS, trace_offset,  #
                                     0, mid, qk_scale, N_Q, N_K, causal_offset,  #
                                     offs_m, offs_d,  #
                                     BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, False, CAUSAL, TRACE, PRECISION)
     # Stage 2, masked: the blocks on the causal diagonal and the ragged last block of keys
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
                                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
-                                    TraceM, TraceL, trace_offset,  #
+                                    TraceM, TraceL, TraceS, trace_offset,  #
                                     mid, hi, qk_scale, N_Q, N_K, causal_offset,  #
                                     offs_m, offs_d,  #
                                     BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, True, CAUSAL, TRACE, PRECISION)
@@ -168,11 +174,14 @@ class KernelTrace:
 
     m_i: [batch, head, key_block, query]  running max of the scaled scores (natural units, like softmax's input)
     l_i: [batch, head, key_block, query]  running sum of exp(score - m_i)
+    stage: [batch, head, key_block, query]  the stage that ran the step: 1 unmasked, 2 masked (TILE_FULL and
+           TILE_MASKED of attnviz.kernels.stages)
     NaN where the kernel never ran that (query block, key block) step (key blocks skipped by the causal mask).
     """
 
     m_i: np.ndarray
     l_i: np.ndarray
+    stage: np.ndarray
     block_m: int
     block_n: int
 
@@ -203,13 +212,14 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
     if trace:
         trace_m = torch.full((batch, heads, n_q_blocks, n_k_blocks, block_m), float("nan"), device=q.device)
         trace_l = torch.full_like(trace_m, float("nan"))
+        trace_s = torch.full_like(trace_m, float("nan"))
     else:
-        trace_m = trace_l = torch.empty(1, device=q.device)
+        trace_m = trace_l = trace_s = torch.empty(1, device=q.device)
     grid = (n_q_blocks, batch * heads)
     try:
         with _LAUNCH_LOCK:
             _attn_fwd[grid](
-                q, k, v, out, trace_m, trace_l, scale,  #
+                q, k, v, out, trace_m, trace_l, trace_s, scale,  #
                 *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #
                 heads, n_query, n_key, n_key - n_query, n_k_blocks,  #
                 HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),  #
@@ -231,7 +241,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
         x = x.permute(0, 1, 3, 2, 4).reshape(batch, heads, n_k_blocks, n_q_blocks * block_m)
         return x[..., :n_query].cpu().numpy()
 
-    return result, KernelTrace(m_i=by_query(trace_m), l_i=by_query(trace_l), block_m=block_m, block_n=block_n)
+    return result, KernelTrace(m_i=by_query(trace_m), l_i=by_query(trace_l), stage=by_query(trace_s),
+                               block_m=block_m, block_n=block_n)
 
 
 def _check_inputs(q, k, v, block_m, block_n):

@@ -1,0 +1,108 @@
+"""The Tiled kernel page's caches: one stepper-and-kernel run per setting, its figures per step, the timing table
+and the peak-memory measurements. Every cache is keyed on every setting its result depends on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import streamlit as st
+
+from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
+from attnviz.figures import kernel as figs
+
+MEMORY_SIZES = (128, 256, 512, 1024, 2048)
+BLOCKS_TOO_BIG = "Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head dim, or float16, and it will run."
+
+
+@dataclass(frozen=True)
+class KernelRun:
+    """The stepper's steps, the Triton kernel's output [n, d] (float64) and trace, the float64 reference [n, d], and
+    the tile map with its edges (positions) for one setting. Shared by every session: read only."""
+
+    steps: list
+    kernel_out: np.ndarray
+    trace: kn.KernelTrace
+    reference: np.ndarray
+    codes: np.ndarray
+    q_edges: list[int]
+    k_edges: list[int]
+
+
+# every TileStep keeps its tiles (up to 4096 steps of 128 x 128 scores): hold only the last two settings
+@st.cache_resource(max_entries=2, show_spinner=False)
+def _kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun:
+    q, k, v = kn.make_inputs(n, d, dtype=dtype, seed=seed)
+    steps = list(kn.tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n))
+    out, trace = kn.flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n, trace=True)
+    reference = kn.reference_attention(q, k, v, causal=causal)[0, 0].numpy()
+    codes = kn.tile_map(n, n, block_m=block_m, block_n=block_n, causal=causal)
+    return KernelRun(steps, out[0, 0].double().numpy(), trace, reference, codes,
+                     [min(i * block_m, n) for i in range(codes.shape[0] + 1)],
+                     [min(j * block_n, n) for j in range(codes.shape[1] + 1)])
+
+
+def kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun | None:
+    """The run for these settings, or None after an st.error saying why it cannot run (a size over the limits, or
+    blocks that need more shared memory than the GPU has)."""
+    reason = kn.refusal(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype)
+    if reason:
+        st.error(f"Not run: {reason}")
+        return None
+    try:
+        with st.spinner("Running the stepper and the Triton kernel…"):
+            return _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
+    except ValueError as exc:  # the kernel's refusals, e.g. blocks that need more shared memory than the GPU has
+        st.error(BLOCKS_TOO_BIG.format(exc))
+        return None
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def step_figures(n, d, block_m, block_n, causal, dtype, seed, index) -> dict:
+    """The step view's figures for step `index` of a run: "tiles", "scores", "state", "acc_rescaled", "acc".
+    Kept as objects (a plotly figure is only read when drawn), so moving back to a step costs no rebuild."""
+    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
+    step = run.steps[index]
+    done = [(s.q_block, s.k_block) for s in run.steps[:index]]
+    states = figs.tile_states(run.codes, done, (step.q_block, step.k_block))
+    rows = np.arange(step.q_start, step.q_stop)
+    return {
+        "tiles": figs.tile_map_figure(states, run.q_edges, run.k_edges, causal=causal,
+                                      title=f"Step {index}: query block {step.q_block}, key block {step.k_block}"),
+        "scores": figs.tile_scores_figure(
+            step.scores, step.q_start, step.k_start,
+            title=f"S tile: queries {step.q_start}–{step.q_stop - 1}, keys {step.k_start}–{step.k_stop - 1}"),
+        "state": figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha),
+        "acc_rescaled": figs.accumulator_figure(step.acc_rescaled, step.q_start,
+                                                title="acc · alpha (old acc, rescaled)"),
+        "acc": figs.accumulator_figure(step.acc, step.q_start, title="acc after + p v (this tile's values)"),
+    }
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _comparison(n, d, block_m, block_n, causal, dtype, seed) -> list[dict]:
+    results = kn.compare_methods(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed)
+    return [r.__dict__ for r in results]
+
+
+def comparison(n, d, block_m, block_n, causal, dtype, seed) -> list[dict] | None:
+    """kernels.compare_methods as dicts (one per method), or None after an st.error when the kernel refuses."""
+    try:
+        with st.spinner("Running and timing the five methods…"):
+            return _comparison(n, d, block_m, block_n, causal, dtype, seed)
+    except ValueError as exc:
+        st.error(BLOCKS_TOO_BIG.format(exc))
+        return None
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def memory_at(n, d, block_m, block_n, causal, dtype, seed) -> dict:
+    """kernels.peak_memory_at: each torch method's measured peak at this size."""
+    return kn.peak_memory_at(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def memory_scan(d, causal) -> dict:
+    """kernels.peak_memory_scan over MEMORY_SIZES with 64 x 64 tiles: it depends on nothing else, so moving N or
+    the blocks reuses it."""
+    return kn.peak_memory_scan(MEMORY_SIZES, d, block_m=64, block_n=64, causal=causal)

@@ -1,0 +1,126 @@
+"""The Tiled kernel page (app_pages/kernel.py through attnviz.ui.kernel): refusals shown as errors, the memory scan
+measured once per head dim, the traffic verdict, and on a GPU the timings with the device's name."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.kernel_cases import keys_read_by_definition, needs_gpu
+
+
+def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    import attnviz.kernels as kn
+
+    def refuse(*args, **kwargs):
+        raise ValueError("BLOCK_M = 128, BLOCK_N = 128 with head dim 128 need more shared memory than this GPU has")
+
+    monkeypatch.setattr(kn, "flash_attention", refuse)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    from attnviz.ui import PAGES
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    page = os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel"))
+    at = AppTest.from_file(page, default_timeout=120)
+    at.run()
+    st.cache_resource.clear()
+    assert not at.exception, at.exception
+    assert any("shared memory" in e.value and "smaller BLOCK_N" in e.value for e in at.error)
+
+
+def test_kernel_page_measures_memory_once_per_head_dim_not_per_n(monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    import attnviz.kernels as kn
+    from attnviz.ui import PAGES
+
+    scans = []
+    real_scan = kn.peak_memory_scan
+    monkeypatch.setattr(kn, "peak_memory_scan", lambda *a, **k: scans.append(a) or real_scan(*a, **k))
+    st.cache_data.clear()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=180)
+    at.run()
+    at.toggle(key="kernel_memory").set_value(True).run()
+    assert not at.exception, at.exception
+    n = at.slider(key="kernel_n").value
+    naive = next(m for m in at.metric if m.label.startswith("naive"))
+    # naive holds at least the float32 [N, N] score matrix
+    assert float(naive.value.split()[0].replace(",", "")) * 2**20 >= n * n * 4 * 0.99
+    at.slider(key="kernel_n").set_value(n + 1).run()
+    assert not at.exception, at.exception
+    assert f"N = {n + 1}" in " ".join(m.label for m in at.metric)
+    assert len(scans) == 1, "the scan over N was measured again when only N moved"
+    st.cache_data.clear()
+
+
+@needs_gpu
+def test_gpu_kernel_page_shows_gpu_timings_with_the_device_name():
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.ui import PAGES
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=300)
+    at.run()
+    at.slider(key="kernel_n").set_value(1024)
+    at.select_slider(key="kernel_d").set_value(64)
+    at.select_slider(key="kernel_block_m").set_value(128)
+    at.select_slider(key="kernel_block_n").set_value(64)
+    at.selectbox(key="kernel_dtype").set_value("bfloat16")
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    kernel = table[table["method"] == "fused Triton kernel"].iloc[0]
+    assert float(kernel["max |O − O_float64|"]) < 3e-2
+    assert "TFLOPS on " + torch.cuda.get_device_name() in kernel["how to read the time"]
+    assert not any("interpreter" in i.value for i in at.info)
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def test_kernel_page_says_when_tiling_does_not_save_traffic():
+    """N = 100, d = 80, 16 x 16 tiles, causal (the page's default mask and tiles): tiled moves more than naive."""
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.ui import PAGES
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=300)
+    at.run()
+    assert not at.exception, at.exception
+    assert (at.select_slider(key="kernel_block_m").value, at.select_slider(key="kernel_block_n").value,
+            at.checkbox(key="kernel_causal").value, at.selectbox(key="kernel_dtype").value) == (16, 16, True, "float32")
+
+    def counters_caption():
+        return next(c.value for c in at.caption if c.value.startswith("Counters for one head"))
+
+    n, d = at.slider(key="kernel_n").value, at.select_slider(key="kernel_d").value
+    keys = keys_read_by_definition(n, 16, 16, True)
+    tiled, naive = (2 * n + 2 * keys) * d * 4 / 1024, (4 * n * d + 4 * n * n) * 4 / 1024
+    assert tiled < naive
+    assert f"here tiling moves {tiled:,.1f} KiB against naive's {naive:,.1f} KiB, {naive / tiled:.2g}× less." \
+        in counters_caption()
+    at.slider(key="kernel_n").set_value(100)
+    at.select_slider(key="kernel_d").set_value(80).run()
+    assert not at.exception, at.exception
+    keys = keys_read_by_definition(100, 16, 16, True)  # 16 + 32 + ... + 96 + 100 = 436
+    tiled, naive = (200 + 2 * keys) * 80 * 4 / 1024, (4 * 100 * 80 + 4 * 100 * 100) * 4 / 1024
+    said = counters_caption()
+    assert "saves traffic only while d < 2N²/(L − N)" in said
+    assert f"here L = {keys}, so d < {2 * 100 * 100 / (keys - 100):.1f}" in said
+    assert f"here tiling moves {tiled:.1f} KiB against naive's {naive:.1f} KiB, {tiled / naive:.2g}× more." in said

@@ -1,0 +1,162 @@
+"""attnviz.kernels.timing: peak-memory measurement, the five-method comparison, the size refusals (interpreter
+budget, shared memory), the one-thread guard, warm-call timing and the data-sheet peaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnviz.kernels import INTERPRETED, compare_methods, peak_cpu_bytes, refusal
+from tests.kernel_cases import needs_gpu
+
+
+def test_peak_cpu_bytes_measures_a_known_allocation():
+    def hold_one_mebibyte():
+        x = torch.ones(1 << 18)  # 2^18 float32 = 1 MiB
+        return float(x.max())
+
+    peak = peak_cpu_bytes(hold_one_mebibyte)
+    assert (1 << 20) <= peak < (1 << 20) + (1 << 16)
+
+
+def test_compare_methods_checks_every_method():
+    results = compare_methods(48, 16, block_m=16, block_n=16, causal=True, repeats=1)
+    assert [r.method for r in results] == ["naive", "torch SDPA", "two-pass tiled", "online softmax (stepper)",
+                                           "fused Triton kernel"]
+    assert all(r.error < 1e-5 and r.seconds > 0 for r in results)
+    if INTERPRETED:
+        assert "not a speed" in results[-1].note
+
+
+def test_refusal_accepts_the_default_and_refuses_slow_sizes():
+    assert refusal(64, 64, block_m=16, block_n=16, causal=False, dtype="float32") is None
+    assert refusal(100_000, 64, block_m=16, block_n=16, causal=False, dtype="float32") is not None
+    if INTERPRETED:
+        assert "interpreter" in refusal(2048, 64, block_m=16, block_n=16, causal=False, dtype="float32")
+
+
+H100_SHARED = 227 * 1024  # bytes per block, opt-in, from NVIDIA's H100 tuning guide
+
+
+def test_refusal_refuses_blocks_that_need_more_shared_memory_than_the_gpu_has():
+    # by hand: 3 pipeline stages x (K tile + V tile) x 128 keys x 128 dims x 4 bytes = 393,216 B > 232,448 B
+    # (Triton's own sm_90 compile of this kernel reports exactly 393,216 B of shared memory for this case)
+    reason = refusal(256, 128, block_m=128, block_n=128, causal=True, dtype="float32", interpreted=False,
+                     shared_memory_bytes=H100_SHARED)
+    assert reason is not None and "shared memory" in reason and "384 KiB" in reason and "227 KiB" in reason
+    # 3 x 2 x 64 x 128 x 4 = 196,608 B fits; float16 halves the tile but adds the Q tile on Hopper:
+    # 3 x 2 x 128 x 128 x 2 + 128 x 128 x 2 = 229,376 B, just fits
+    assert refusal(256, 128, block_m=128, block_n=64, causal=True, dtype="float32", interpreted=False,
+                   shared_memory_bytes=H100_SHARED) is None
+    assert refusal(256, 128, block_m=128, block_n=128, causal=True, dtype="float16", interpreted=False,
+                   shared_memory_bytes=H100_SHARED) is None
+    # head dim 100 is padded to 128 inside the kernel, so it costs what 128 costs
+    assert refusal(256, 100, block_m=16, block_n=128, causal=False, dtype="float32", interpreted=False,
+                   shared_memory_bytes=H100_SHARED) is not None
+    # the interpreter has no shared memory: the same size is not refused for it there
+    assert refusal(256, 128, block_m=128, block_n=128, causal=True, dtype="float32", interpreted=True) is None
+
+
+def test_interpreter_budget_counts_the_tile_size_not_just_the_steps():
+    # 2048 / 128 = 16 query blocks x 16 key blocks = 256 steps (full mask). By hand, at 8 ms a step plus 14 ns per
+    # 128 x 128 x 128 element: 256 x (0.008 + 14e-9 x 2,097,152) = 256 x 0.03736 = 9.56 s, over the 5 s budget
+    reason = refusal(2048, 128, block_m=128, block_n=128, causal=False, dtype="float32", interpreted=True)
+    assert reason is not None and "about 10 s" in reason and "interpreter" in reason
+    # the same 256 steps with d = 16: 256 x (0.008 + 14e-9 x 262,144) = 256 x 0.01167 = 2.99 s, allowed
+    assert refusal(2048, 16, block_m=128, block_n=128, causal=False, dtype="float32", interpreted=True) is None
+    # 16 x 16 tiles, d = 16, N = 512: 32 x 32 = 1024 steps x (0.008 + 14e-9 x 4096) = 8.25 s, refused
+    assert "about 8 s" in refusal(512, 16, block_m=16, block_n=16, causal=False, dtype="float32", interpreted=True)
+
+
+@needs_gpu
+def test_gpu_compare_methods_reports_tflops_on_the_device():
+    results = compare_methods(512, 64, block_m=128, block_n=64, causal=True, dtype="float16", repeats=3)
+    assert all(r.error < 1e-2 for r in results), [(r.method, r.error) for r in results]
+    kernel = results[-1]
+    assert "TFLOPS on" in kernel.note and torch.cuda.get_device_name() in kernel.note
+
+
+def test_one_cpu_thread_restores_the_count_when_sessions_overlap():
+    import threading
+
+    from attnviz.kernels.timing import one_cpu_thread
+
+    original = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+        seen = {}
+
+        def session_a():  # enters first, leaves first, while b is still inside
+            with one_cpu_thread():
+                a_in.set()
+                b_in.wait(5)
+                seen["a"] = torch.get_num_threads()
+            a_out.set()
+
+        def session_b():  # enters second (after a set 1 thread), leaves last
+            a_in.wait(5)
+            with one_cpu_thread():
+                b_in.set()
+                a_out.wait(5)
+                seen["b after a left"] = torch.get_num_threads()
+
+        threads = [threading.Thread(target=session_a), threading.Thread(target=session_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert seen == {"a": 1, "b after a left": 1}
+        # without a shared count, b would have saved "1" on entry and left the process at one thread
+        assert torch.get_num_threads() == 2
+        # an exception inside still restores it
+        with pytest.raises(RuntimeError), one_cpu_thread():
+            raise RuntimeError
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(original)
+
+
+def test_measure_times_warm_calls_only_and_keeps_the_first_output(monkeypatch):
+    import time
+
+    from attnviz.kernels import timing
+
+    syncs = []
+    monkeypatch.setattr(timing, "_sync", lambda: syncs.append(1))
+    calls = []
+
+    def cold_then_warm():  # the first call is a slow "compile", later calls are fast
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)
+            return "first"
+        return "later"
+
+    seconds, out = timing.measure(cold_then_warm, repeats=3)
+    assert out == "first"  # the warm-up's output is the one checked
+    assert seconds < 0.1  # the 0.3 s cold call is not the time
+    assert len(calls) == 1 + 1 + 3  # warm-up, one warm probe, then a median of 3
+    assert len(syncs) == 2 * 4  # synchronised before and after each of the 4 timed calls
+
+    slow_calls = []
+    seconds, _ = timing.measure(lambda: slow_calls.append(time.sleep(0.25)), repeats=3)
+    assert seconds >= 0.25 and len(slow_calls) == 2  # a slow warm call is timed once, after the warm-up
+
+
+@pytest.mark.parametrize("name,dtype,peak", [
+    ("NVIDIA L4", "float16", 121.0),  # L4 data sheet: 242 TFLOPS FP16 with sparsity
+    ("NVIDIA L40S", "float16", 362.05),  # not the L4's: 733 with sparsity
+    ("NVIDIA L40S", "float32", 91.6),
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.4),  # SXM: 1,979 with sparsity
+    ("NVIDIA H100 PCIe", "float16", 756.0),  # 1,513 with sparsity
+    ("NVIDIA H100 NVL", "float32", 60.0),  # not the SXM's 67
+    ("NVIDIA H200", "float32", 66.9),
+    ("NVIDIA A100-SXM4-80GB", "float32", 19.5),  # a hyphen ends the word
+    ("NVIDIA GH200 480GB", "float16", None),  # not an H200 by substring
+    ("NVIDIA GeForce RTX 4090", "float16", None),
+])
+def test_device_peak_tflops_matches_whole_names_longest_first(name, dtype, peak):
+    from attnviz.kernels import device_peak_tflops
+
+    assert device_peak_tflops(name, dtype) == peak
