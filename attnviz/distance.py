@@ -129,10 +129,10 @@ def capture_by_distance(capture, *, signed: bool = False, per_head: bool = False
         for a in range(0, n, block):
             b = min(n, a + block)
             m = b - a
-            w = np.asarray(capture.layer_rows(layer, a, b), dtype=np.float32)  # [head, m, n]
-            heads = w.shape[0]
+            w = _rows(capture, layer, a, b)  # [head, m, keys 0 .. key_end - 1]; the keys after are all zero
+            heads, key_end = w.shape[0], w.shape[-1]
             y = np.zeros((heads, m, n + m), dtype=np.float32)
-            y[:, :, :n] = w[:, :, ::-1]  # key k = n - 1 - j
+            y[:, :, n - key_end:n] = w[:, :, ::-1]  # key k = n - 1 - j
             if exclude_keys:
                 y[:, :, n - exclude_keys:n] = 0.0  # keys j < exclude_keys
             z = y.reshape(heads, m * (n + m))[:, :m * (n + m - 1)].reshape(heads, m, n + m - 1)
@@ -148,6 +148,17 @@ def capture_by_distance(capture, *, signed: bool = False, per_head: bool = False
         return r_all, means
     n_dist = n - exclude_keys
     return means[..., n - 1:n - 1 + n_dist]
+
+
+def _rows(capture, layer: int, start: int, stop: int) -> np.ndarray:
+    """Weights of queries start .. stop - 1 over keys 0 .. key_end - 1, where key_end is one past the last key the
+    mask lets any of them see: from q and k in the long-text store, a causal block costs only the keys up to its
+    last query. The dense store gives every key."""
+    if capture.pattern is None and capture.inputs:
+        from attnviz.attention import layer_pattern
+
+        return layer_pattern(capture.inputs[int(layer)], start, stop)[0].numpy()
+    return np.asarray(capture.layer_rows(layer, start, stop), dtype=np.float32)
 
 
 @dataclass(frozen=True)
