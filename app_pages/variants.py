@@ -2,9 +2,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import cost, ui
+from attnviz import cost, cost_tables, ui
 from attnviz import variants as var
 from attnviz.figures import cost as figs
+from attnviz.ui import variants as uv
 
 CONTEXTS = np.unique(np.logspace(7, 17, 41, base=2).round().astype(int))  # 128 ... 131072 tokens
 BYTES = {"fp32 (4 bytes)": 4, "fp16 / bf16 (2 bytes)": 2, "fp8 / int8 (1 byte)": 1, "int4 (½ byte)": 0.5}
@@ -14,41 +15,6 @@ MAX_HEADS = 128
 MAX_TOY_WIDTH = 2048  # query heads x head dim of the toy layer: four 2048 x 2048 float64 weights, 128 MiB
 
 
-def variant_kv_heads(n_heads: int, n_kv: int) -> dict[str, int]:
-    """MHA, the chosen GQA (when it is neither MHA nor MQA) and MQA, with their KV head counts."""
-    kv = {"MHA": n_heads}
-    if 1 < n_kv < n_heads:
-        kv[f"GQA ({n_kv} KV)"] = n_kv
-    kv["MQA"] = 1
-    return kv
-
-
-@st.cache_data(show_spinner=False)
-def preset_archs() -> dict[str, cost.Architecture]:
-    return {name: cost.preset_arch(name) for name in cost.PRESETS}
-
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def toy_run(n_tokens: int, d_head: int, n_heads: int, n_kv: int, causal: bool, seed: int):
-    weights = var.toy_weights(d_head * n_heads, n_heads, seed=seed)
-    x = var.toy_input(n_tokens, d_head * n_heads, seed=seed)
-    kv = variant_kv_heads(n_heads, n_kv)
-    return var.compare_variants(x, weights, n_heads=n_heads, kv_heads=kv, causal=causal), kv
-
-
-def loaded_arch(name: str):
-    """(Architecture, parameters counted on the loaded weights) of a registry model, or None after a message."""
-    loaded = ui.get_model(name)
-    if loaded is None:
-        return None
-    try:
-        arch = cost.arch_from_config(loaded.model.config, name=name)
-    except ValueError as exc:
-        st.warning(f"{exc}: it is left out of the tables and charts.")
-        return None
-    return arch, sum(p.numel() for p in loaded.model.parameters())
-
-
 st.title("MHA, GQA, MQA and what attention costs")
 st.markdown(
     "Multi-head attention (MHA) gives every query head its own key and value head. Grouped-query attention (GQA) "
@@ -56,7 +22,7 @@ st.markdown(
     "one. Queries are the same; what shrinks is the key/value cache that generation keeps for every past token."
 )
 
-archs = preset_archs()
+archs = uv.preset_archs()
 
 st.header("Who reads which key/value head")
 c1, c2 = st.columns(2)
@@ -67,7 +33,7 @@ if st.session_state.get("variants_kv") not in divisors:
     st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
 n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv",
                         persist_state="session")
-layouts = {name: cost.kv_head_of(n_heads, k) for name, k in variant_kv_heads(n_heads, n_kv).items()}
+layouts = {name: cost.kv_head_of(n_heads, k) for name, k in var.variant_kv_heads(n_heads, n_kv).items()}
 st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
 q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
 group = n_heads // n_kv
@@ -102,7 +68,7 @@ with st.expander("Custom values, and a model from the registry", expanded=CUSTOM
                              persist_state="session")
     if st.toggle("Add a model from the registry", value=False, key="variants_add_loaded", persist_state="session"):
         name = ui.model_picker("variants_model", default="toy-llama-gqa")
-        found = loaded_arch(name) if name else None
+        found = uv.loaded_arch(name) if name else None
         if found:
             archs = {**archs, f"{name} (loaded)": found[0]}
             chosen = [*chosen, f"{name} (loaded)"]
@@ -121,19 +87,8 @@ else:
                "slope); fewer KV heads shift a line down by the same factor at every length.")
     context = st.number_input("Context length for the table (tokens)", 1, 10_000_000, 4096, key="variants_ctx",
                               persist_state="session")
-    rows = []
-    for name in chosen:
-        a = lookup[name]
-        total = cost.kv_cache_bytes(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, seq_len=context,
-                                    batch=batch, bytes_per_value=bytes_per_value)
-        per_token = cost.kv_cache_bytes(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, seq_len=1,
-                                        bytes_per_value=bytes_per_value)
-        rows.append({"model": name,
-                     "2 × layers × KV heads × head dim × context × batch × bytes":
-                         f"2 × {a.layers} × {a.kv_heads} × {a.head_dim} × {context:,} × {batch} × "
-                         f"{bytes_per_value:g} B",
-                     "per token": cost.format_bytes(per_token), "total": cost.format_bytes(total),
-                     "bytes": f"{total:,}"})
+    rows = cost_tables.kv_cache_table({name: lookup[name] for name in chosen}, context=context, batch=batch,
+                                      bytes_per_value=bytes_per_value)
     # a static table: its cells wrap instead of being clipped at the width of a narrow window
     st.table(pd.DataFrame(rows).set_index("model"))
 
@@ -156,10 +111,7 @@ n_star = cost.crossover_seq_len(d_model=d, causal=causal, kv_dim=kv_dim)
 st.plotly_chart(figs.flops_figure(seq, [f["projections"] for f in flops], [f["attention"] for f in flops],
                                   crossover=n_star, d_model=d, causal=causal), width="stretch", key="variants_flops")
 at_star = cost.attention_flops(seq_len=int(n_star), d_model=d, causal=causal, kv_dim=kv_dim)
-proj_formula = r"8Nd^2" if kv_dim is None else rf"4Nd\,(d+{kv_dim})"
-attn_formula = r"2N^2d" if causal else r"4N^2d"
-solved = (r"4d" if causal else r"2d") if kv_dim is None else (rf"2(d+{kv_dim})" if causal else rf"d+{kv_dim}")
-st.latex(rf"{proj_formula} = {attn_formula} \iff N^* = {solved} = {n_star:,.0f}")
+st.latex(cost_tables.crossover_latex(d_model=d, causal=causal, kv_dim=kv_dim))
 st.markdown(f"Check at N* = {n_star:,.0f}: projections {at_star['projections']:.4e} FLOPs, attention matmuls "
             f"{at_star['attention']:.4e} FLOPs.")
 st.caption(f"Projections grow like N, the attention matmuls like N²: below N* = {n_star:,.0f} tokens the four "
@@ -167,25 +119,14 @@ st.caption(f"Projections grow like N, the attention matmuls like N²: below N* =
            "softmax and masking are left out.")
 
 with st.expander("A cost table that circulates, recomputed (d_model = 4096, 32 layers, 32 KV heads, fp16)"):
-    llama7 = archs["Llama-2-7B"]
-    st.dataframe(pd.DataFrame([{
-        "N": n,
-        "Q Kᵀ + pattern V FLOPs per layer": f"{cost.attention_flops(seq_len=n, d_model=4096)['attention']:.3e}",
-        "KV per token": cost.format_bytes(cost.kv_cache_bytes(layers=llama7.layers, kv_heads=llama7.kv_heads,
-                                                              head_dim=llama7.head_dim, seq_len=1)),
-        "KV total (batch 1)": cost.format_bytes(cost.kv_cache_bytes(
-            layers=llama7.layers, kv_heads=llama7.kv_heads, head_dim=llama7.head_dim, seq_len=n)),
-    } for n in (512, 2048, 8192, 32768, 131072)]), hide_index=True, width="stretch", key="variants_seed_table")
+    st.dataframe(pd.DataFrame(cost_tables.cost_table(archs["Llama-2-7B"], (512, 2048, 8192, 32768, 131072),
+                                                     d_model=4096)),
+                 hide_index=True, width="stretch", key="variants_seed_table")
     st.caption("Computed from the formulas above: each token caches 2 × 32 × 32 × 128 values of 2 bytes.")
 
 st.header("Parameters")
+st.dataframe(pd.DataFrame(cost_tables.param_table(archs)), hide_index=True, width="stretch", key="variants_params")
 counts = {name: cost.param_counts(a) for name, a in archs.items()}
-st.dataframe(pd.DataFrame([{
-    "model": name, "variant": a.variant, "layers": a.layers, "d_model": a.d_model, "heads": a.heads,
-    "KV heads": a.kv_heads, "head dim": a.head_dim, "MLP": f"{'gated ' if a.gated_mlp else ''}{a.d_ff}",
-    "vocab": a.vocab, "tied": a.tied_embeddings, "attention": counts[name]["attention"],
-    "MLP params": counts[name]["mlp"], "embeddings": counts[name]["embeddings"], "total": counts[name]["total"],
-} for name, a in archs.items()]), hide_index=True, width="stretch", key="variants_params")
 st.plotly_chart(figs.param_share_figure(counts), width="stretch", key="variants_param_share")
 st.caption("Counted from each model's config values (the tests check them against the models transformers builds "
            "from the same configs). Small models spend a large share on embeddings; large ones on the MLP. "
@@ -206,7 +147,7 @@ d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants
                    help=f"At most {MAX_TOY_WIDTH} // query heads, so the toy layer stays {MAX_TOY_WIDTH} wide or less.")
 seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed", persist_state="session")
 toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal", persist_state="session")
-results, kv_counts = toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
+results, kv_counts = uv.toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
 heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
                              key="variants_heads_shown", persist_state="session", max_selections=MAX_HEADS_SHOWN)
 if not heads_shown:
@@ -215,9 +156,7 @@ else:
     st.plotly_chart(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
                                              {n: cost.kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
                     width="stretch", key="variants_maps")
-    mha_pattern, mha_out = results["MHA"][1], results["MHA"][0]
-    diffs = {name: (0.5 * np.abs(r[1] - mha_pattern).sum(-1).mean(),
-                    np.linalg.norm(r[0] - mha_out) / np.linalg.norm(mha_out)) for name, r in results.items()}
+    diffs = var.differences_from(results, "MHA")
     cols = st.columns(len(diffs))
     for col, (name, (tv, rel)) in zip(cols, diffs.items()):
         col.metric(f"{name}: rows moved vs MHA", f"{tv:.3f}", help="Mean total-variation distance between a "

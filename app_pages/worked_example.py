@@ -45,7 +45,6 @@ except ValueError as exc:
 n_q, d_k = steps.q.shape
 n_k, d_v = steps.v.shape
 M = lambda a: we.latex_matrix(a, digits)  # noqa: E731
-f = lambda x: we.fmt(x, digits)  # noqa: E731
 st.latex(rf"Q={M(steps.q)}\quad K={M(steps.k)}\quad V={M(steps.v)}")
 st.caption(f"{n_q} queries and {n_k} keys of length d_k = {d_k}; values of length d_v = {d_v}.")
 if causal and n_q > n_k:
@@ -57,10 +56,8 @@ st.subheader("1. Scores: Q Kᵀ")
 st.markdown("Entry (i, j) is the dot product of query i with key j: how well key j matches what query i looks for.")
 st.latex(rf"S = QK^\top = {M(steps.scores)}")
 with st.expander("Every dot product"):
-    for i in range(n_q):
-        for j in range(n_k):
-            terms = " + ".join(f"({f(a)})({f(b)})" for a, b in zip(steps.q[i], steps.k[j]))
-            st.latex(rf"S_{{{i + 1}{j + 1}}} = q_{i + 1}\cdot k_{j + 1} = {terms} = {f(steps.scores[i, j])}")
+    for line in we.dot_product_lines(steps, digits):
+        st.latex(line)
 
 st.subheader("2. Scaling")
 if scaled:
@@ -77,12 +74,8 @@ if causal:
 st.subheader("3. Softmax, row by row")
 st.markdown("Each row becomes weights that are positive and sum to 1: subtract the row's largest score (this "
             "changes nothing but keeps exp from overflowing), exponentiate, divide by the row's sum.")
-for i in range(n_q):
-    row = steps.masked[i]
-    exps = ", ".join(r"e^{-\infty}=0" if math.isinf(s) else rf"e^{{{we.difference(s, steps.row_max[i], digits)}}}={f(e)}"
-                     for s, e in zip(row, steps.exp[i]))
-    st.latex(rf"\text{{row }}{i + 1}:\ {exps};\ \ \Sigma={f(steps.row_sum[i])};\ \ "
-             rf"p_{i + 1} = {M(steps.pattern[i][None])}")
+for line in we.softmax_lines(steps, digits):
+    st.latex(line)
 st.plotly_chart(scores_and_pattern_figure(steps.masked, steps.pattern, digits=digits,
                                           scale_text=f"× {steps.scale:.4f}" if scaled else "(unscaled)"),
                 width="stretch", key="worked_figure")
@@ -91,8 +84,7 @@ st.caption("Left, the scores that enter the softmax; right, the weights that com
 
 st.subheader("4. Output: weights × V")
 st.markdown("Each output row is the average of the value rows, weighted by that query's softmax row.")
-for i in range(n_q):
-    terms = " + ".join(rf"{f(p)}\,{M(steps.v[j][None])}" for j, p in enumerate(steps.pattern[i]) if p != 0)
-    st.latex(rf"o_{i + 1} = {terms or '0'} = {M(steps.output[i][None])}")
+for line in we.output_lines(steps, digits):
+    st.latex(line)
 st.latex(rf"\mathrm{{Attention}}(Q,K,V) = {M(steps.output)}")
 st.caption("The weights and the output come from attnviz.attention.scaled_dot_product_attention, in float64.")

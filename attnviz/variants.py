@@ -71,3 +71,23 @@ def compare_variants(x, weights: dict[str, np.ndarray], *, n_heads: int, kv_head
         results[name] = grouped_query_attention(x, weights["w_q"], w_k, w_v, weights["w_o"], n_heads=n_heads,
                                                 n_kv_heads=n_kv, causal=causal)
     return results
+
+
+def variant_kv_heads(n_heads: int, n_kv: int) -> dict[str, int]:
+    """MHA, the chosen GQA (when it is neither MHA nor MQA) and MQA, with their KV head counts."""
+    kv = {"MHA": n_heads}
+    if 1 < n_kv < n_heads:
+        kv[f"GQA ({n_kv} KV)"] = n_kv
+    kv["MQA"] = 1
+    return kv
+
+
+def differences_from(results: dict[str, tuple[np.ndarray, np.ndarray]], reference: str = "MHA"
+                     ) -> dict[str, tuple[float, float]]:
+    """How far each variant of compare_variants moved from `reference`: name -> (mean total-variation distance
+    between a head's attention row and the reference's, 1/2 sum_j |p_j - p'_j| averaged over heads and rows (0 the
+    same, 1 disjoint); the output's relative Frobenius distance ||O - O'|| / ||O'||)."""
+    out_ref, pattern_ref = results[reference]
+    return {name: (float(0.5 * np.abs(pattern - pattern_ref).sum(-1).mean()),
+                   float(np.linalg.norm(out - out_ref) / np.linalg.norm(out_ref)))
+            for name, (out, pattern) in results.items()}

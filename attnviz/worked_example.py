@@ -130,3 +130,34 @@ def latex_matrix(a: np.ndarray, digits: int = 3) -> str:
     """A 2-D array as a LaTeX bmatrix."""
     rows = [" & ".join(fmt(x, digits) for x in row) for row in np.atleast_2d(a)]
     return r"\begin{bmatrix}" + r" \\ ".join(rows) + r"\end{bmatrix}"
+
+
+def dot_product_lines(steps: WorkedSteps, digits: int = 3) -> list[str]:
+    """LaTeX, one line per (query, key): S_ij = q_i · k_j written out term by term, and its value."""
+    lines = []
+    for i, j in np.ndindex(steps.scores.shape):
+        terms = " + ".join(f"({fmt(a, digits)})({fmt(b, digits)})" for a, b in zip(steps.q[i], steps.k[j]))
+        lines.append(rf"S_{{{i + 1}{j + 1}}} = q_{i + 1}\cdot k_{j + 1} = {terms} = {fmt(steps.scores[i, j], digits)}")
+    return lines
+
+
+def softmax_lines(steps: WorkedSteps, digits: int = 3) -> list[str]:
+    """LaTeX, one line per query: each exponent (score minus the row's max), the row's sum, and the weights."""
+    lines = []
+    for i, row in enumerate(steps.masked):
+        exps = ", ".join(r"e^{-\infty}=0" if math.isinf(s) else
+                         rf"e^{{{difference(s, steps.row_max[i], digits)}}}={fmt(e, digits)}"
+                         for s, e in zip(row, steps.exp[i]))
+        lines.append(rf"\text{{row }}{i + 1}:\ {exps};\ \ \Sigma={fmt(steps.row_sum[i], digits)};\ \ "
+                     rf"p_{i + 1} = {latex_matrix(steps.pattern[i][None], digits)}")
+    return lines
+
+
+def output_lines(steps: WorkedSteps, digits: int = 3) -> list[str]:
+    """LaTeX, one line per query: o_i as the weighted sum of the value rows it does not give weight 0."""
+    lines = []
+    for i, weights in enumerate(steps.pattern):
+        terms = " + ".join(rf"{fmt(p, digits)}\,{latex_matrix(steps.v[j][None], digits)}"
+                           for j, p in enumerate(weights) if p != 0)
+        lines.append(rf"o_{i + 1} = {terms or '0'} = {latex_matrix(steps.output[i][None], digits)}")
+    return lines

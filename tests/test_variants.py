@@ -133,3 +133,26 @@ def test_page_says_how_much_kv_memory_each_split_saves_and_tables_every_column()
         a = preset_arch(name)
         assert row.iloc[0] == f"2 × {a.layers} × {a.kv_heads} × {a.head_dim} × 4,096 × 1 × 2 B"
         assert row["bytes"] == f"{2 * a.layers * a.kv_heads * a.head_dim * 4096 * 1 * 2:,}"
+
+
+def test_variant_kv_heads_lists_gqa_only_between_mha_and_mqa():
+    from attnviz.variants import variant_kv_heads
+
+    assert variant_kv_heads(8, 2) == {"MHA": 8, "GQA (2 KV)": 2, "MQA": 1}
+    assert variant_kv_heads(8, 8) == {"MHA": 8, "MQA": 1}
+    assert variant_kv_heads(8, 1) == {"MHA": 8, "MQA": 1}
+
+
+def test_differences_from_mha_by_a_loop_over_heads_and_rows():
+    from attnviz.variants import differences_from
+
+    x, weights = toy_input(7, 32, seed=3), toy_weights(32, 4, seed=3)
+    results = compare_variants(x, weights, n_heads=4, kv_heads={"MHA": 4, "GQA": 2, "MQA": 1}, causal=True)
+    found = differences_from(results, "MHA")
+    out_mha, p_mha = results["MHA"]
+    for name, (out, pattern) in results.items():
+        distances = [sum(abs(a - b) for a, b in zip(pattern[h, i], p_mha[h, i])) / 2
+                     for h in range(4) for i in range(7)]
+        relative = np.sqrt(((out - out_mha) ** 2).sum() / (out_mha ** 2).sum())
+        assert found[name] == pytest.approx((sum(distances) / len(distances), relative), rel=1e-12, abs=1e-15)
+    assert found["MHA"] == (0.0, 0.0) and found["MQA"][0] > 0

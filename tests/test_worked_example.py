@@ -139,3 +139,29 @@ def test_colour_bars_lie_under_their_own_map_clear_of_the_other(n_q):
         bottom_px = -bar.y * plot_px + bar.thickness + 30  # the bar and its tick labels
         assert bottom_px <= layout.margin.b
     assert fig.data[0].colorbar.x + fig.data[0].colorbar.len / 2 < layout.xaxis2.domain[0]
+
+
+def test_the_pages_lines_write_out_the_2_by_2_example_by_hand():
+    # Q = [1, 2; 0, -1], K = [2, 0; 1, 1], V = [10, 20; 30, 40] (the "2 × 2" example), unscaled so every number is
+    # short: S = [2, 3; 0, -1]; row 1: e^{2-3} = 0.368, e^{3-3} = 1, sum 1.368, p = [0.269, 0.731];
+    # o_1 = 0.269 [10, 20] + 0.731 [30, 40] = [24.621, 34.621]
+    from attnviz.worked_example import dot_product_lines, output_lines, softmax_lines
+
+    steps = worked_steps(*(parse_matrix(t) for t in EXAMPLES["2 × 2"]), scaled=False)
+    assert dot_product_lines(steps) == [
+        r"S_{11} = q_1\cdot k_1 = (1)(2) + (2)(0) = 2", r"S_{12} = q_1\cdot k_2 = (1)(1) + (2)(1) = 3",
+        r"S_{21} = q_2\cdot k_1 = (0)(2) + (-1)(0) = 0", r"S_{22} = q_2\cdot k_2 = (0)(1) + (-1)(1) = -1"]
+    first = softmax_lines(steps)[0]
+    assert r"e^{2-3}=0.368" in first and r"e^{3-3}=1" in first and r"\Sigma=1.368" in first
+    assert r"p_1 = \begin{bmatrix}0.269 & 0.731\end{bmatrix}" in first
+    assert output_lines(steps)[0] == (r"o_1 = 0.269\,\begin{bmatrix}10 & 20\end{bmatrix} + "
+                                      r"0.731\,\begin{bmatrix}30 & 40\end{bmatrix} = "
+                                      r"\begin{bmatrix}24.621 & 34.621\end{bmatrix}")
+
+
+def test_a_masked_key_is_left_out_of_the_output_line():
+    from attnviz.worked_example import output_lines, softmax_lines
+
+    steps = worked_steps(*(parse_matrix(t) for t in EXAMPLES["2 × 2"]), scaled=False, causal=True)
+    assert r"e^{-\infty}=0" in softmax_lines(steps)[0]
+    assert output_lines(steps)[0] == r"o_1 = 1\,\begin{bmatrix}10 & 20\end{bmatrix} = \begin{bmatrix}10 & 20\end{bmatrix}"
