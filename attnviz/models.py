@@ -275,11 +275,18 @@ def _file_lock(path: Path):
 
 def _lab_specs() -> list[ModelSpec]:
     root = paths.trained_dir()
-    specs = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and (p / "config.json").exists()):
-        specs.append(ModelSpec(f"lab/{folder.name}", _family_of(folder), "lab", True, None,
-                               f"Trained in the toy lab ({folder.name})."))
-    return specs
+    return [_lab_spec(folder) for folder in sorted(p for p in root.iterdir() if p.is_dir()
+                                                   and (p / "config.json").exists())]
+
+
+def _lab_spec(folder: Path) -> ModelSpec:
+    """The registry entry of a toy-lab folder; its lab file (attnviz.lab.storage) names the architecture."""
+    from attnviz.lab.storage import read_history
+
+    history = read_history(folder) or {}
+    built = f", {history['architecture']}" if isinstance(history.get("architecture"), str) else ""
+    return ModelSpec(f"lab/{folder.name}", _family_of(folder), "lab", True, None,
+                     f"Trained in the toy lab ({folder.name}{built}).")
 
 
 def _family_of(folder: Path) -> str:
@@ -304,11 +311,10 @@ def _load_lab(name: str, device_map: str | None) -> LoadedModel:
     folder = lab_folder(name)
     if folder is None:
         raise ModelError(f"{name!r} is not a toy-lab model name; use lab/<folder> as listed.")
-    folder_name = folder.name
     if not (folder / "config.json").exists():
-        raise ModelError(f"No toy-lab model called {folder_name!r}. Train one on the Toy lab page first.")
-    spec = ModelSpec(name, _family_of(folder), "lab", True, None, f"Trained in the toy lab ({folder_name}).")
+        raise ModelError(f"No toy-lab model called {folder.name!r}. Train one on the Toy lab page first.")
     model, tokenizer = _from_folder(folder, device_map)
+    spec = _lab_spec(folder)
     return _finish(model, tokenizer, spec)
 
 
@@ -386,6 +392,15 @@ def _check_safetensors(folder: Path, name: str) -> None:
     raise ModelError(f"{name!r} has no .safetensors weights.")
 
 
+def _install_lab_variant(model, folder: Path) -> None:
+    """A toy-lab attention variant that transformers does not build by itself: the head-wise output gate, which
+    config.json flags and whose weights sit in the folder's safetensors (attnviz.lab.variants). Others: nothing."""
+    from attnviz.lab.variants import GATE_FLAG, install_gate, load_gate_weights
+
+    if getattr(model.config, GATE_FLAG, False):
+        install_gate(model, load_gate_weights(folder))
+
+
 def _from_folder(folder: Path, device_map: str | None = None):
     """A model and tokenizer from a transformers folder: safetensors, no remote code, eager attention."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
@@ -399,6 +414,7 @@ def _from_folder(folder: Path, device_map: str | None = None):
         if device_map:
             kwargs["device_map"] = device_map
         model = auto.from_pretrained(str(folder), **kwargs)
+        _install_lab_variant(model, folder)
         tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
     except ModelError:
         raise

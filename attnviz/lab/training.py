@@ -1,0 +1,272 @@
+"""Training a toy-lab run: the loss, the head scores at each checkpoint, and LabRun, which trains in a background
+thread and is polled through snapshot(). Runs never share mutable state, so one session cannot disturb another's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from attnviz.lab.config import MAX_SECONDS, LabConfig
+from attnviz.lab.tasks import (induction_score, make_batch, make_probe, previous_token_score, probe_lengths,
+                               sink_score, text_probe)
+from attnviz.lab.variants import build_model
+
+MAX_CONCURRENT_RUNS = 2   # the app's host has few cores; a third run waits for one to finish
+
+
+def task_loss(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) over the answer tokens: token j scored from logits at j-1."""
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits                     # [batch, n, vocab]
+    target_mask = mask[:, 1:]                                  # [batch, n-1]
+    return F.cross_entropy(logits[:, :-1][target_mask], ids[:, 1:][target_mask])
+
+
+def _patterns(model: PreTrainedModel, probe: torch.Tensor) -> np.ndarray:
+    """[batch, layer, head, query, key] float64 attention weights from output_attentions (eager attention)."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=probe, attention_mask=torch.ones_like(probe), output_attentions=True)
+    model.train(was_training)
+    return torch.stack(out.attentions, dim=1).double().numpy()
+
+
+def head_scores(model: PreTrainedModel, probe: torch.Tensor, segment_len: int,
+                sink_probe: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    """Previous-token, induction and sink scores of every head on the probe batch (make_probe), from
+    output_attentions: each row scored with its own repeat length (probe_lengths), then averaged over rows
+    (name -> [layer, head]); and "alpha0" [row, layer, head], Gu et al.'s alpha_0 of every head on each row of
+    sink_probe (the task's texts; the probe itself when None), for the sink metric (attnviz.sinks.sink_rate)."""
+    from attnviz.sinks import sink_scores
+
+    pattern = _patterns(model, probe)
+    lengths = probe_lengths(segment_len, probe.shape[0])
+    sink_pattern = pattern if sink_probe is None else _patterns(model, sink_probe)
+    return {"previous_token": previous_token_score(pattern).mean(axis=0),
+            "induction": np.mean([induction_score(p, l) for p, l in zip(pattern, lengths)], axis=0),
+            "sink": sink_score(pattern).mean(axis=0),
+            "alpha0": sink_scores(sink_pattern)[..., 0]}
+
+
+@dataclass
+class Checkpoint:
+    """Statistics at one step: the recent training loss, every head's scores ([layer, head] each) and the sink
+    metric Sink_0^0.3 over the task's probe texts (attnviz.sinks.sink_rate of alpha0 [text, layer, head])."""
+
+    step: int
+    loss: float
+    previous_token: np.ndarray
+    induction: np.ndarray
+    sink: np.ndarray
+    sink_rate: float = float("nan")
+    alpha0: np.ndarray | None = None
+
+
+@dataclass
+class RunSnapshot:
+    """A consistent copy of a run's progress, safe to read while the run goes on."""
+
+    config: LabConfig
+    status: str                 # "ready", "running", "done", "stopped", "time limit", "failed"
+    step: int
+    losses: list[float]         # one per step, nats, answer tokens only
+    checkpoints: list[Checkpoint]
+    elapsed_s: float
+    error: str | None = None
+    saved_as: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("done", "stopped", "time limit", "failed")
+
+    @property
+    def progress(self) -> float:
+        return self.step / self.config.steps
+
+
+class LabBusyError(RuntimeError):
+    """Raised when MAX_CONCURRENT_RUNS runs are already training."""
+
+
+_ACTIVE: set[LabRun] = set()
+_ACTIVE_LOCK = threading.Lock()
+
+
+def active_runs() -> int:
+    """How many runs are training right now in this process."""
+    with _ACTIVE_LOCK:
+        return len(_ACTIVE)
+
+
+class LabRun:
+    """One training run. It owns its model, optimiser and data generator; only its own thread touches them while it
+    trains. Other threads read progress through snapshot() and ask it to end through stop().
+
+    run() trains in the calling thread (tests, scripts); start() trains in a daemon thread and returns at once.
+    on_checkpoint(checkpoint), when given, is called in the training thread after each checkpoint (a benchmark
+    stops a run there once its sink metric passes a threshold).
+    """
+
+    def __init__(self, config: LabConfig, *, auto_save: str | None = None, max_seconds: float = MAX_SECONDS,
+                 on_checkpoint=None):
+        problems = config.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.config = config
+        self.auto_save = auto_save
+        self.max_seconds = max_seconds
+        self.on_checkpoint = on_checkpoint
+        self.model = build_model(config)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._status = "ready"
+        self._step = 0
+        self._losses: list[float] = []
+        self._checkpoints: list[Checkpoint] = []
+        self._elapsed = 0.0
+        self._error: str | None = None
+        self._saved_as: str | None = None
+        self._probe = make_probe(config.segment_len, n_letters=config.n_letters)
+        self._sink_probe = text_probe(config.text_len) if config.task == "text" else None
+        self._checkpoint(0, float("nan"))      # so every snapshot has the untrained scores
+
+    def snapshot(self) -> RunSnapshot:
+        with self._lock:
+            return RunSnapshot(self.config, self._status, self._step, list(self._losses), list(self._checkpoints),
+                               self._elapsed, self._error, self._saved_as)
+
+    def stop(self) -> None:
+        """Asks the run to end after the current step; the model keeps the weights it has reached."""
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> RunSnapshot:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.snapshot()
+
+    def start(self) -> LabRun:
+        """Trains in a background thread. Raises LabBusyError when MAX_CONCURRENT_RUNS runs are training."""
+        with _ACTIVE_LOCK:
+            if len(_ACTIVE) >= MAX_CONCURRENT_RUNS:
+                raise LabBusyError(f"{len(_ACTIVE)} runs are already training on this server; try again shortly")
+            _ACTIVE.add(self)
+        self._set(status="running")
+        self._thread = threading.Thread(target=self._train_in_thread, name="attnviz-lab", daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self) -> RunSnapshot:
+        """Trains in the calling thread until done, stopped or out of time. Returns the final snapshot."""
+        with self._lock:
+            if self._status not in ("ready", "running"):
+                raise RuntimeError(f"this run has already ended ({self._status}); start a new LabRun")
+            self._status = "running"
+        # One intra-op thread: a model this small gains nothing from more, and on a busy machine the threads of
+        # several runs spin against each other (measured: 30x slower steps). The setting is per calling thread.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._train()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _train(self) -> RunSnapshot:
+        cfg = self.config
+        data = torch.Generator().manual_seed(cfg.seed)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+        warmup = max(1, min(50, cfg.steps // 10))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+        self.model.train()
+        t0 = time.perf_counter()
+        status = "done"
+        try:
+            for step in range(1, cfg.steps + 1):
+                if self._stop.is_set():
+                    status = "stopped"
+                    break
+                if time.perf_counter() - t0 > self.max_seconds:
+                    status = "time limit"
+                    break
+                ids, mask = make_batch(cfg.task, cfg.batch_size, cfg.segment_len, data, cfg.n_letters, cfg.text_len)
+                loss = task_loss(self.model, ids, mask)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                sched.step()
+                self._set(step=step, loss=loss.item(), elapsed=time.perf_counter() - t0)
+                if step % cfg.eval_every == 0 or step == cfg.steps:
+                    recent = self._losses[-cfg.eval_every:]
+                    self._checkpoint(step, float(np.mean(recent)))
+        except Exception as exc:  # reported through the snapshot: the page shows it instead of a dead thread
+            status = "failed"
+            self._set(error=f"{type(exc).__name__}: {exc}")
+        self.model.eval()
+        final = self.snapshot()
+        if status != "failed" and final.checkpoints[-1].step != final.step:
+            recent = final.losses[-cfg.eval_every:]
+            self._checkpoint(final.step, float(np.mean(recent)) if recent else float("nan"))
+        if self.auto_save and status != "failed":
+            try:
+                self.save(self.auto_save)
+            except Exception as exc:
+                self._set(error=f"training ended but saving failed: {type(exc).__name__}: {exc}")
+        self._set(status=status, elapsed=time.perf_counter() - t0)
+        return self.snapshot()
+
+    def save(self, name: str) -> Path:
+        """Writes the model (safetensors) and the byte tokenizer to trained_dir()/name, plus the lab file (config
+        and history: attnviz.lab.storage), replacing any folder of that name. Every page lists it as
+        "lab/<name>"."""
+        from attnviz.lab.storage import check_name, save_folder
+
+        check_name(name)
+        with self._lock:
+            if self._status == "running" and threading.current_thread() is not self._thread \
+                    and self._thread is not None:
+                raise RuntimeError("the run is still training; stop it or wait for it to finish, then save")
+        target = save_folder(self.model, self.snapshot(), name)
+        self._set(saved_as=name)
+        return target
+
+    def _train_in_thread(self) -> None:
+        try:
+            self.run()
+        finally:
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(self)
+
+    def _checkpoint(self, step: int, loss: float) -> None:
+        from attnviz.sinks import sink_rate
+
+        scores = head_scores(self.model, self._probe, self.config.segment_len, self._sink_probe)
+        checkpoint = Checkpoint(step, loss, scores["previous_token"], scores["induction"], scores["sink"],
+                                sink_rate(scores["alpha0"]), scores["alpha0"])
+        with self._lock:
+            self._checkpoints.append(checkpoint)
+        if self.on_checkpoint is not None and step > 0:
+            self.on_checkpoint(checkpoint)
+
+    def _set(self, *, status=None, step=None, loss=None, elapsed=None, error=None, saved_as=None) -> None:
+        with self._lock:
+            if status is not None:
+                self._status = status
+            if step is not None:
+                self._step = step
+            if loss is not None:
+                self._losses.append(loss)
+            if elapsed is not None:
+                self._elapsed = elapsed
+            if error is not None:
+                self._error = error
+            if saved_as is not None:
+                self._saved_as = saved_as
