@@ -81,7 +81,9 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
                 pooled_nosink_out.append(result["_pooled_nosink"])
         if progress is not None:
             progress(li + 1, n_layers)
-    return stats_frame(per_layer, capture.layers, capture.kv_head_of, n)
+    # a capture read from a file of some heads keeps the model's head numbers (attnviz.capture_io.head_numbers)
+    heads = getattr(capture, "_saved", {}).get("heads")
+    return stats_frame(per_layer, capture.layers, capture.kv_head_of, n, heads=heads)
 
 
 def streaming_attend(token_ids, *, pool: int | None = None):
@@ -99,13 +101,15 @@ def streaming_attend(token_ids, *, pool: int | None = None):
     return attend, summary
 
 
-def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_tokens: int) -> pd.DataFrame:
-    """The head_stats table from one pattern_stats / streamed_stats result per layer."""
+def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_tokens: int,
+                heads=None) -> pd.DataFrame:
+    """The head_stats table from one pattern_stats / streamed_stats result per layer. heads: the model's number of
+    each head (default 0 .. n_heads - 1)."""
     n_layers, n_heads = len(per_layer), len(kv_head_of)
     extra = ["learned_sink"] if all("learned_sink" in s for s in per_layer) and per_layer else []
     frame = pd.DataFrame({
         "layer": np.repeat(np.asarray(layers, dtype=np.int64), n_heads),
-        "head": np.tile(np.arange(n_heads, dtype=np.int64), n_layers),
+        "head": np.tile(np.asarray(range(n_heads) if heads is None else heads, dtype=np.int64), n_layers),
         "kv_head": np.tile(np.asarray(kv_head_of, dtype=np.int64), n_layers),
         **{c: np.concatenate([s[c] for s in per_layer]).astype(np.float64) for c in (*COLUMNS, *extra)},
     }, columns=["layer", "head", "kv_head", *COLUMNS, *extra])

@@ -219,9 +219,9 @@ def open_tab(labels: list[str]) -> list:
 
 
 def export_file(capture, fmt: str, export: dict, dtype):
-    """The file a download button hands the browser: the capture (the layers and heads in `export`) written by
-    capture_io.write_capture a block of rows at a time into a temporary file, opened for reading. Streamlit reads
-    it once; nothing builds the pattern in memory besides it."""
-    from attnviz.capture_io import capture_to_bytes
+    """The file a download button hands the browser, made when the button is pressed: the capture (the layers and
+    heads in `export`) streamed by capture_io.write_capture into a temporary file a block of rows at a time, and
+    returned open for reading. Streamlit reads it once: the pattern is never built in memory besides that."""
+    from attnviz.capture_io import export_to_temporary_file
 
-    return capture_to_bytes(capture, fmt, **export, dtype=dtype)
+    return export_to_temporary_file(capture, fmt, **export, dtype=dtype)

@@ -1,0 +1,225 @@
+"""Seconds from a widget change until the page is idle again, in a real browser (headless Chromium).
+
+Starts Streamlit on 127.0.0.1 (port 8641, or --port), opens each page in Chromium driven by playwright, lets its
+first run finish (captures and caches warm), then makes each change below and times it: from the moment the
+widget is changed until the app reports its script has stopped running, no skeleton is left, every chart in view
+is drawn, and that has held for three polls 50 ms apart (the idle rule of tests/test_browser.py, polled finer; the
+three quiet polls are not counted). Every change is made REPEAT times (back and forth) and the median printed.
+
+  Heads, ~1,800 tokens of smollm2-135m (the shipped Declaration and Gettysburg text, repeated; every layer):
+      layer change, head change, boost toggle, hide-sink on, on the One head tab
+  Softmax: the "keys per query" slider moved one step
+  Kernel: the "Step" slider moved one step
+
+    python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--only heads]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MODEL = "smollm2-135m"
+N_TOKENS = 1_800
+POLL_S = 0.05
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def long_text(n_tokens: int) -> str:
+    """The shipped text repeated, cut to n_tokens of smollm2's tokenizer (benchmarks/longcontext.py's text)."""
+    from benchmarks.longcontext import long_text as cut
+    from attnviz.models import load_model
+
+    return cut(n_tokens, load_model(MODEL).tokenizer)
+
+
+def _idle(page) -> bool:
+    """tests/test_browser.py's idle rule: the script is not running, no skeleton, every visible chart drawn."""
+    if page.query_selector('[data-testid="stApp"][data-test-script-state="notRunning"]') is None:
+        return False
+    if page.query_selector('[data-testid="stSkeleton"]') is not None:
+        return False
+    for chart in page.query_selector_all('[data-testid="stPlotlyChart"]'):
+        if chart.is_visible() and chart.query_selector(".main-svg") is None:
+            return False
+    return True
+
+
+WATCH = """() => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    window.__states = [];
+    if (!window.__watching) {
+        new MutationObserver(() => window.__states.push(app.getAttribute('data-test-script-state')))
+            .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
+        window.__watching = true;
+    }
+}"""
+
+
+def wait_idle(page, started: float, timeout_s: float = 600.0) -> float:
+    """Seconds from `started` until the page became idle (and stayed so for three polls). The rerun must first
+    begin (a change the server has not answered yet looks idle): a MutationObserver installed by watch() records
+    every change of the script state, so a rerun shorter than a poll is seen too."""
+    deadline = time.perf_counter() + 5.0
+    while time.perf_counter() < deadline and "running" not in (page.evaluate("window.__states || []") or []):
+        time.sleep(0.01)
+    quiet, since = 0, None
+    end = time.perf_counter() + timeout_s
+    while quiet < 3:
+        if time.perf_counter() > end:
+            raise TimeoutError(f"page still busy after {timeout_s} s")
+        if _idle(page):
+            since = since or time.perf_counter()
+            quiet += 1
+        else:
+            quiet, since = 0, None
+        time.sleep(POLL_S)
+    return since - started
+
+
+def watch(page) -> None:
+    """Starts (or restarts) recording the script state's changes: call before each timed change."""
+    page.evaluate(WATCH)
+
+
+def settle(page, timeout_s: float) -> None:
+    """Waits for a page just opened to finish its first run (not timed)."""
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_s * 1000)
+    watch(page)
+    page.evaluate("window.__states.push('running')")  # the first run may have started before the observer
+    wait_idle(page, time.perf_counter(), timeout_s)
+
+
+def choose(page, label: str, option: str) -> None:
+    box = page.locator('[data-testid="stSelectbox"]', has_text=label).first
+    box.locator('input[role="combobox"]').click()
+    page.get_by_role("option", name=option, exact=True).first.click()
+
+
+def toggle(page, label: str) -> None:
+    page.locator('[data-testid="stCheckbox"]', has_text=label).first.locator("label").first.click()
+
+
+def slider_step(page, label: str, key: str) -> None:
+    page.locator('[data-testid="stSlider"]', has_text=label).first.locator('[role="slider"]').first.press(key)
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).first.click()
+
+
+def timed(page, action, repeat: int) -> list[float]:
+    out = []
+    for i in range(repeat):
+        watch(page)
+        started = time.perf_counter()
+        action(i)
+        out.append(wait_idle(page, started))
+    return out
+
+
+def heads_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
+    text = long_text(N_TOKENS)
+    query = urllib.parse.urlencode({"model": MODEL, "text": text, "layer": "10", "head": "0", "boost": "1",
+                                    "sink": "0"})
+    page.goto(f"{url}/heads?{query}")
+    page.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=600_000)
+    settle(page, 1200)  # the capture and the first views (not timed)
+    if page.get_by_role("tab", name="One head", exact=True).count():
+        watch(page)
+        open_tab(page, "One head")
+        wait_idle(page, time.perf_counter())
+    rows = [
+        ("layer change", timed(page, lambda i: choose(page, "Layer", ["11", "10"][i % 2]), repeat)),
+        ("head change", timed(page, lambda i: choose(page, "Head", ["1", "0"][i % 2]), repeat)),
+        ("boost toggle", timed(page, lambda i: toggle(page, "Boost small weights"), repeat)),
+    ]
+    sink = []
+    for _ in range(repeat):  # on, timed; off again, not timed
+        watch(page)
+        started = time.perf_counter()
+        toggle(page, "Hide the sink")
+        sink.append(wait_idle(page, started))
+        watch(page)
+        toggle(page, "Hide the sink")
+        wait_idle(page, time.perf_counter())
+    rows.append(("hide sink on", sink))
+    return [(f"Heads, {N_TOKENS:,} tokens: {name}", times) for name, times in rows]
+
+
+def softmax_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
+    page.goto(f"{url}/softmax")
+    settle(page, 600)
+    keys = ["ArrowRight", "ArrowLeft"]
+    return [("Softmax: slider move", timed(page, lambda i: slider_step(page, "keys per query", keys[i % 2]),
+                                           repeat))]
+
+
+def kernel_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
+    page.goto(f"{url}/kernel")
+    settle(page, 600)
+    return [("Kernel: one step", timed(page, lambda i: slider_step(page, "Step", "ArrowRight"), repeat))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8641)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", choices=["heads", "softmax", "kernel"], action="append")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    url = f"http://127.0.0.1:{args.port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
+         "--server.port", str(args.port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    raise SystemExit("Streamlit did not start")
+                time.sleep(0.3)
+        rows = []
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+            context = browser.new_context(viewport={"width": 1400, "height": 1300})
+            page = context.new_page()
+            for name, measure in (("heads", heads_rows), ("softmax", softmax_rows), ("kernel", kernel_rows)):
+                if args.only and name not in args.only:
+                    continue
+                try:
+                    rows += measure(page, url, args.repeat)
+                except Exception:
+                    page.screenshot(path=f"browser-latency-{name}-failed.png", full_page=True)
+                    raise
+            browser.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    print(f"| page: action | median s | all runs (s) |   ({args.repeat} runs each; widget change -> page idle)")
+    print("|---|---|---|")
+    for name, times in rows:
+        print(f"| {name} | {statistics.median(times):.2f} | {', '.join(f'{t:.2f}' for t in times)} |")
+
+
+if __name__ == "__main__":
+    main()
