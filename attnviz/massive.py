@@ -1,0 +1,233 @@
+"""Massive activations (Sun et al., 2024, "Massive Activations in Large Language Models"): a few hidden-state
+dimensions that take values thousands of times the median, at the first token and at delimiters, from an early
+layer on. Sun et al. show that they act as fixed biases that the attention sinks are built on: set them to zero
+at the sink token and the model breaks; set them to their mean and it does not.
+
+- layer_outputs: the residual stream after every decoder layer, [layer, token, dim] (forward hooks on the
+  layers, so the last layer is read before the final norm).
+- top_activations: the top-k absolute values of each layer's output and which token and dimension hold them.
+- edited: a context in which one layer's output is changed at one token, in some dimensions (to zero, or to a
+  given value), for every forward pass this thread runs; other threads running the same shared model are not
+  touched. intervention() measures what that does to the per-token loss (attnviz.lm) and to each layer's sink
+  mass (attnviz.stats.sink_mass on attnviz.capture's patterns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+MODES = ("zero", "mean")
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One large hidden-state value: after decoder layer `layer`, at token position `token`, dimension `dim`."""
+
+    layer: int
+    token: int
+    dim: int
+    value: float
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The model's stack of decoder (or encoder) layers: the longest nn.ModuleList whose every entry contains an
+    attention module (Llama's model.layers, GPT-2's transformer.h, BERT's encoder.layer, ...)."""
+    from attnviz.capture import attention_modules
+
+    attention = {id(m) for m in attention_modules(model)}
+    best: list = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best) and all(
+                any(id(sub) in attention for sub in layer.modules()) for layer in module):
+            best = list(module)
+    if not best:
+        raise ValueError(f"{type(model).__name__}: no stack of decoder layers found")
+    return best
+
+
+def _hidden(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+@torch.no_grad()
+def layer_outputs(model, token_ids) -> np.ndarray:
+    """The hidden state after every decoder layer on one text: [layer, token, dim] float32 (in any edit this
+    thread has active). token_ids: [n]."""
+    layers = decoder_layers(model)
+    outs: list = [None] * len(layers)
+    owner = threading.get_ident()
+
+    def keep(i):
+        def hook(_module, _args, output):
+            if threading.get_ident() == owner:
+                outs[i] = _hidden(output)[0].detach().float().cpu()
+        return hook
+
+    handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(layers)]
+    try:
+        ids = torch.as_tensor(token_ids).reshape(1, -1).to(model.get_input_embeddings().weight.device)
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(outs).numpy()
+
+
+def top_activations(hidden, k: int = 3) -> list[list[Activation]]:
+    """The k largest |values| of each layer's output, largest first: hidden [layer, token, dim] -> per layer a list
+    of k Activations (value keeps its sign)."""
+    h = np.asarray(hidden)
+    out = []
+    for layer, x in enumerate(h):
+        flat = np.abs(x).reshape(-1)
+        top = np.argsort(-flat, kind="stable")[:k]
+        out.append([Activation(layer, int(i // x.shape[1]), int(i % x.shape[1]), float(x.reshape(-1)[i]))
+                    for i in top])
+    return out
+
+
+def median_magnitude(hidden) -> np.ndarray:
+    """[layer] the median |value| of each layer's output: the scale the massive values are compared with."""
+    return np.median(np.abs(np.asarray(hidden)).reshape(len(hidden), -1), axis=1)
+
+
+MASSIVE_VALUE = 100.0   # Sun et al. 2024: a massive activation exceeds 100 in magnitude...
+MASSIVE_RATIO = 1000.0  # ...and about 1,000 times the median magnitude of its layer's hidden state
+
+
+def first_massive_layer(hidden, *, value: float = MASSIVE_VALUE, ratio: float = MASSIVE_RATIO) -> int | None:
+    """The first layer whose largest |value| is massive in Sun et al.'s sense (over `value`, and over `ratio`
+    times that layer's median |value|), or None."""
+    h = np.asarray(hidden)
+    peak = np.abs(h).reshape(len(h), -1).max(axis=1)
+    hits = np.flatnonzero((peak > value) & (peak > ratio * median_magnitude(h)))
+    return int(hits[0]) if len(hits) else None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Set decoder layer `layer`'s output at token `token` to `values` in dimensions `dims`."""
+
+    layer: int
+    token: int
+    dims: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+def edit_for(hidden, layer: int, token: int, dims: Sequence[int], mode: str) -> Edit:
+    """The Edit of Sun et al.'s intervention: the dims at `token` after `layer` set to zero ("zero") or to their
+    mean over the text's other tokens at that layer ("mean"). hidden: [layer, token, dim] of the unedited run."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    h = np.asarray(hidden)
+    if not 0 <= layer < h.shape[0] or not 0 <= token < h.shape[1]:
+        raise ValueError(f"layer {layer} or token {token} is outside the run ({h.shape[0]} layers, "
+                         f"{h.shape[1]} tokens)")
+    dims = tuple(int(d) for d in dims)
+    if mode == "zero":
+        values = (0.0,) * len(dims)
+    else:
+        others = np.delete(h[layer], token, axis=0)  # [token - 1, dim]
+        if not len(others):
+            raise ValueError("the mean over the other tokens needs a text of at least two tokens")
+        values = tuple(float(others[:, d].mean()) for d in dims)
+    return Edit(layer, token, dims, values)
+
+
+_EDIT: ContextVar[Edit | None] = ContextVar("attnviz_massive_edit", default=None)
+
+
+@dataclass
+class _Hooks:
+    users: int = 0
+    handles: list = field(default_factory=list)
+
+
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_HOOKS_LOCK = threading.Lock()
+
+
+def _apply(layer: int):
+    def hook(_module, _args, output):
+        edit = _EDIT.get()
+        if edit is None or edit.layer != layer:
+            return None
+        h = _hidden(output).clone()                       # [batch, n, dim]
+        if edit.token < h.shape[1]:
+            h[:, edit.token, list(edit.dims)] = torch.tensor(edit.values, dtype=h.dtype, device=h.device)
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+    return hook
+
+
+@contextlib.contextmanager
+def edited(model, edit: Edit) -> Iterator[None]:
+    """Every forward pass this thread (this context) runs inside the block has `edit` applied to the output of
+    its decoder layer; other threads see the model unchanged. The hooks are shared and counted, as
+    attnviz.capture's are."""
+    layers = decoder_layers(model)
+    if not 0 <= edit.layer < len(layers):
+        raise ValueError(f"layer {edit.layer} is outside the model's {len(layers)} layers")
+    with _HOOKS_LOCK:
+        hooks = _HOOKS.setdefault(model, _Hooks())
+        if hooks.users == 0:
+            hooks.handles = [layer.register_forward_hook(_apply(i)) for i, layer in enumerate(layers)]
+        hooks.users += 1
+    token = _EDIT.set(edit)
+    try:
+        yield
+    finally:
+        _EDIT.reset(token)
+        with _HOOKS_LOCK:
+            hooks.users -= 1
+            if hooks.users == 0:
+                for handle in hooks.handles:
+                    handle.remove()
+                hooks.handles = []
+
+
+@dataclass
+class Intervention:
+    """The same text with and without an Edit: per-token losses [n - 1] (nats), perplexities, and each layer's
+    sink mass ([layer], the mean over heads of attnviz.stats.sink_mass)."""
+
+    edit: Edit
+    losses: np.ndarray
+    edited_losses: np.ndarray
+    sink_mass: np.ndarray
+    edited_sink_mass: np.ndarray
+
+    @property
+    def perplexity(self) -> float:
+        return float(np.exp(self.losses.mean()))
+
+    @property
+    def edited_perplexity(self) -> float:
+        return float(np.exp(self.edited_losses.mean()))
+
+
+def _measure(loaded, text: str, ids) -> tuple[np.ndarray, np.ndarray]:
+    from attnviz.capture import capture_attention
+    from attnviz.lm import next_token_logits, token_losses
+    from attnviz.stats import sink_mass
+
+    losses = token_losses(next_token_logits(loaded.model, ids)[0], ids)
+    capture = capture_attention(loaded, text)
+    return losses, sink_mass(capture.pattern).mean(axis=-1)
+
+
+def intervention(loaded, text: str, edit: Edit) -> Intervention:
+    """Sun et al.'s experiment on one text: the loss of every next token and each layer's sink mass, as the
+    model runs, then with `edit` applied. loaded: an attnviz LoadedModel with a language-model head."""
+    ids = torch.as_tensor(loaded.tokenizer(text)["input_ids"])
+    losses, mass = _measure(loaded, text, ids)
+    with edited(loaded.model, edit):
+        edited_losses, edited_mass = _measure(loaded, text, ids)
+    return Intervention(edit, losses, edited_losses, mass, edited_mass)
