@@ -1,0 +1,91 @@
+"""attnviz.diagnostics: the repeated-random-tokens induction test, against a hand-written loop over the model's own
+attention weights (transformers' output_attentions), and the loss on each copy against transformers' loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.capture import CaptureError
+from attnviz.diagnostics import (MAX_LENGTH, capture_token_ids, induction_test, repeated_random_tokens,
+                                 repeated_token_scores, special_tokens)
+from attnviz.models import load_model
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_model("toy-llama-gqa")
+
+
+def _own_attention(loaded, ids) -> np.ndarray:
+    with torch.no_grad():
+        out = loaded.model(input_ids=torch.tensor([ids]), output_attentions=True)
+    return torch.stack([a[0] for a in out.attentions]).double().numpy()  # [layer, head, n, n]
+
+
+def test_the_sequence_is_a_random_block_repeated_once_after_the_start_token(llama):
+    ids, start = repeated_random_tokens(llama.tokenizer, llama.shape.vocab, 30, seed=1)
+    assert start == 1 and ids[0] == llama.tokenizer("").input_ids[0] and len(ids) == 61
+    first, second = ids[1:31], ids[31:61]
+    assert first == second and len(set(first)) == 30 and 256 not in first  # distinct, no special token
+    assert repeated_random_tokens(llama.tokenizer, llama.shape.vocab, 30, seed=1)[0] == ids
+    assert repeated_random_tokens(llama.tokenizer, llama.shape.vocab, 30, seed=2)[0] != ids
+    with pytest.raises(CaptureError, match="length must lie"):
+        repeated_random_tokens(llama.tokenizer, llama.shape.vocab, MAX_LENGTH + 1)
+    minilm_prefix, minilm_suffix = special_tokens(load_model("minilm-l6").tokenizer)
+    assert (minilm_prefix, minilm_suffix) == ([101], [102])  # [CLS] ... [SEP]
+
+
+def test_scores_equal_a_hand_written_loop_over_the_models_own_weights(llama):
+    length = 25
+    test = induction_test(llama, length, seed=3)
+    ids = test.capture.token_ids
+    p = _own_attention(llama, ids)
+    np.testing.assert_allclose(test.capture.pattern, p, atol=1e-6)  # the capture ran on exactly these ids
+    for row in test.scores.itertuples():
+        prefix = dup = prev = 0.0
+        for q in range(len(ids)):
+            if q < test.start + length:
+                continue  # the first copy (and the start token)
+            earlier = [j for j in range(q) if ids[j] == ids[q]]
+            assert len(earlier) == 1
+            prefix += p[row.layer, row.head, q, earlier[0] + 1]
+            dup += p[row.layer, row.head, q, earlier[0]]
+            prev += p[row.layer, row.head, q, q - 1]
+        assert row.prefix_matching == pytest.approx(prefix / length, abs=1e-6)
+        assert row.duplicate_token == pytest.approx(dup / length, abs=1e-6)
+        assert row.previous_token == pytest.approx(prev / length, abs=1e-6)
+
+
+def test_a_perfect_induction_head_scores_1_and_the_loss_per_copy_is_transformers_loss(llama):
+    length, start = 6, 1
+    n = start + 2 * length
+    p = np.zeros((n, n))
+    for q in range(n):
+        p[q, q - length + 1 if q >= start + length else q] = 1.0  # second copy: the token after the earlier copy
+    scores = repeated_token_scores(p, length, start)
+    assert scores["prefix_matching"] == 1.0 and scores["duplicate_token"] == 0.0
+    assert scores["previous_token"] == 0.0
+    previous = np.eye(n, k=-1)
+    previous[0, 0] = 1.0
+    assert repeated_token_scores(previous, length, start)["previous_token"] == 1.0
+    assert repeated_token_scores(previous, length, start)["prefix_matching"] == 0.0
+    test = induction_test(llama, 20, seed=0)
+    ids = torch.tensor([test.capture.token_ids])
+    with torch.no_grad():
+        logits = llama.model(input_ids=ids).logits[0].double()
+    nll = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:], reduction="none").numpy()
+    assert test.loss_first == pytest.approx(nll[1:20].mean(), abs=1e-5)  # tokens 2 .. 20 of the first copy
+    assert test.loss_second == pytest.approx(nll[21:40].mean(), abs=1e-5)
+
+
+def test_an_encoder_gets_scores_but_no_loss():
+    test = induction_test(load_model("minilm-l6"), 10)
+    assert test.loss_first is None and len(test.scores) == 6 * 12
+    assert test.capture.tokens[0] == "[CLS]" and test.capture.tokens[-1] == "[SEP]"
+
+
+def test_capture_token_ids_refuses_nothing_to_capture(llama):
+    with pytest.raises(CaptureError, match="No tokens"):
+        capture_token_ids(llama, [])
