@@ -142,14 +142,16 @@ def dot_product_lines(steps: WorkedSteps, digits: int = 3) -> list[str]:
 
 
 def softmax_lines(steps: WorkedSteps, digits: int = 3) -> list[str]:
-    """LaTeX, one line per query: each exponent (score minus the row's max), the row's sum, and the weights."""
+    """LaTeX, one block per query: each exponent (score minus the row's max); under it the row's sum and the
+    weights."""
     lines = []
     for i, row in enumerate(steps.masked):
         exps = ", ".join(r"e^{-\infty}=0" if math.isinf(s) else
                          rf"e^{{{difference(s, steps.row_max[i], digits)}}}={fmt(e, digits)}"
                          for s, e in zip(row, steps.exp[i]))
-        lines.append(rf"\text{{row }}{i + 1}:\ {exps};\ \ \Sigma={fmt(steps.row_sum[i], digits)};\ \ "
-                     rf"p_{i + 1} = {latex_matrix(steps.pattern[i][None], digits)}")
+        # two lines, so a row of eight keys fits a narrow window: the exponents, then the sum and the weights
+        lines.append(rf"\begin{{gathered}}\text{{row }}{i + 1}:\ {exps};\\ \Sigma={fmt(steps.row_sum[i], digits)};\ \ "
+                     rf"p_{i + 1} = {latex_matrix(steps.pattern[i][None], digits)}\end{{gathered}}")
     return lines
 
 

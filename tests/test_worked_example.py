@@ -164,4 +164,5 @@ def test_a_masked_key_is_left_out_of_the_output_line():
 
     steps = worked_steps(*(parse_matrix(t) for t in EXAMPLES["2 × 2"]), scaled=False, causal=True)
     assert r"e^{-\infty}=0" in softmax_lines(steps)[0]
-    assert output_lines(steps)[0] == r"o_1 = 1\,\begin{bmatrix}10 & 20\end{bmatrix} = \begin{bmatrix}10 & 20\end{bmatrix}"
+    assert output_lines(steps)[0] == (r"o_1 = 1\,\begin{bmatrix}10 & 20\end{bmatrix} = "
+                                      r"\begin{bmatrix}10 & 20\end{bmatrix}")
