@@ -12,6 +12,8 @@ functional simulation, not a speed), then naive vs SDPA wall time and measured p
     python benchmarks/kernel.py --plan           print what the GPU run will do, run nothing
     python benchmarks/kernel.py --tune           on a GPU: every launch config of a wider grid at N = 4096
     python benchmarks/kernel.py --sizes 4096 --head-dims 64 --dtypes float16    a part of the GPU table
+    python benchmarks/kernel.py --step-view      the Tiled kernel page's step view: one step redrawn, figures
+                                                 built afresh vs taken from attnviz.ui.kernel's per-step cache
 """
 
 from __future__ import annotations
@@ -242,6 +244,51 @@ def tune(args):
             print(f"  slowest: {bm}x{bn} warps {warps} stages {stages}: {flops / ms / 1e9:.1f} TFLOPS")
 
 
+def step_view(repeats=5):
+    """What one move of the page's Step slider costs in the step view: its five figures built and serialised as
+    st.plotly_chart does (plotly.io.to_json), against serialising the figures attnviz.ui.kernel.step_figures kept
+    for that step. Medians over the steps of one run, at the page's default and at a large setting."""
+    import statistics
+
+    import numpy as np
+    import plotly.io as pio
+
+    from attnviz.figures import kernel as figs
+    from attnviz.kernels import tile_map, tiled_steps
+
+    print("Step view of the Tiled kernel page, one step redrawn (median over steps, causal, float32, d = 32)")
+    print("      N  blocks      steps  build + serialise ms  serialise cached ms  ratio")
+    for n, block in ((64, 16), (1024, 128)):
+        q, k, v = make_inputs(n, 32)
+        steps = list(tiled_steps(q, k, v, causal=True, block_m=block, block_n=block))
+        codes = tile_map(n, n, block_m=block, block_n=block, causal=True)
+        edges = [min(i * block, n) for i in range(codes.shape[0] + 1)]
+
+        def build(i):
+            s = steps[i]
+            states = figs.tile_states(codes, [(t.q_block, t.k_block) for t in steps[:i]], (s.q_block, s.k_block))
+            return [figs.tile_map_figure(states, edges, edges, causal=True, title=f"Step {i}"),
+                    figs.tile_scores_figure(s.scores, s.q_start, s.k_start, title="S tile"),
+                    figs.state_figure(np.arange(s.q_start, s.q_stop), s.m_prev, s.m_i, s.l_prev, s.l_i, s.alpha),
+                    figs.accumulator_figure(s.acc_rescaled, s.q_start, title="acc · alpha"),
+                    figs.accumulator_figure(s.acc, s.q_start, title="acc")]
+
+        build(0)  # plotly's validators load on first use
+        fresh, cached = [], []
+        for i in list(range(len(steps)))[:repeats * 4:max(1, len(steps) // (repeats * 4))]:
+            start = time.perf_counter()
+            kept = build(i)
+            for fig in kept:
+                pio.to_json(fig, validate=False)
+            fresh.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            for fig in kept:
+                pio.to_json(fig, validate=False)
+            cached.append(time.perf_counter() - start)
+        a, b = statistics.median(fresh) * 1e3, statistics.median(cached) * 1e3
+        print(f"{n:>7}  {block:>3} x {block:<3} {len(steps):>7} {a:>21.1f} {b:>20.1f} {a / b:>6.1f}x")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", action="store_true", help="print what the GPU run will do and stop")
@@ -250,7 +297,10 @@ def main(argv=None):
     parser.add_argument("--head-dims", type=int, nargs="+", default=HEAD_DIMS)
     parser.add_argument("--dtypes", nargs="+", default=DTYPES, choices=("float16", "bfloat16"))
     parser.add_argument("--csv", help="also write every GPU cell to this CSV file")
+    parser.add_argument("--step-view", action="store_true", help="time one step of the page's step view")
     args = parser.parse_args(argv)
+    if args.step_view:
+        return step_view()
     if args.plan:
         return plan(args)
     gpu = torch.cuda.is_available() and not INTERPRETED
