@@ -273,3 +273,18 @@ def test_head_sharing_labels_fit_side_by_side_at_every_head_count(n_heads):
         widest = max(len(texts[i]) for i in labelled) * CHAR_PX
         assert gap_px >= widest, (n_heads, count, step)  # no two labels overlap
         assert size <= max(3.0, spacing * PANEL_PX / n_heads)  # nor two markers
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(8, 4), (128, 8), (100, 10), (9, 3)])
+def test_head_sharing_panel_titles_fit_their_panels(n_heads, n_kv):
+    """Each panel's title, a line at a time, is no wider than the narrowest panel (13 px font, ~0.6 em a
+    character): on one line "GQA (4 KV): 8 query, 4 KV heads" ran into the next panel's title."""
+    from attnviz.figures.cost import head_sharing_figure
+
+    kv = {"MHA": n_heads, f"GQA ({n_kv} KV)": n_kv, "MQA": 1}
+    fig = head_sharing_figure(n_heads, {name: kv_head_of(n_heads, k) for name, k in kv.items()})
+    titles = [a.text for a in fig.layout.annotations]
+    assert [t.split("<br>")[0] for t in titles] == list(kv)
+    assert titles[1].split("<br>")[1] == f"{n_heads} query, {n_kv} KV heads"
+    for title in titles:
+        assert max(len(line) for line in title.split("<br>")) * 0.6 * 13 <= PANEL_PX, title

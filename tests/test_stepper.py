@@ -90,6 +90,8 @@ def test_gpu_trace_equals_the_stepper_and_large_logits_stay_finite():
         rows = slice(s.q_start, s.q_stop)
         np.testing.assert_allclose(trace.m_i[s.batch, s.head, s.k_block, rows], s.m_i, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(trace.l_i[s.batch, s.head, s.k_block, rows], s.l_i, rtol=1e-5, atol=1e-5)
+        # the compiled kernel's stage, as the interpreted one's in test_trace_equals_tiled_steps
+        assert (trace.stage[s.batch, s.head, s.k_block, rows] == (2 if s.masked else 1)).all()
         seen[s.batch, s.head, s.k_block, rows] = True
     assert np.array_equal(~np.isnan(trace.l_i), seen)
     q, k = q.half() * 10, k.half() * 10  # scores x 100: exp without subtracting the max would overflow

@@ -40,8 +40,10 @@ def head_sharing_figure(n_heads: int, layouts: Mapping[str, Sequence[int]]) -> g
     Readable from 1 to 128 heads: when a row's labels would not fit side by side, only every label_step-th head
     is labelled (the hover names every head), and markers shrink so that neighbours do not overlap."""
     names = list(layouts)
+    # each panel's title on two lines: on one ("GQA (4 KV): 8 query, 4 KV heads") neighbouring titles ran into each
+    # other once a narrow window made the panels narrower than PANEL_PX
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=[
-        f"{name}: {n_heads} query, {max(layouts[name]) + 1} KV head{'s' if max(layouts[name]) else ''}"
+        f"{name}<br>{n_heads} query, {max(layouts[name]) + 1} KV head{'s' if max(layouts[name]) else ''}"
         for name in names], horizontal_spacing=0.04)
     q_step = label_step(n_heads, "Q")
     for col, name in enumerate(names, start=1):
@@ -77,7 +79,8 @@ def head_sharing_figure(n_heads: int, layouts: Mapping[str, Sequence[int]]) -> g
         fig.update_yaxes(range=[-0.45, 1.45], tickvals=[0, 1], ticktext=["K/V heads", "query heads"],
                          showticklabels=col == 1, showgrid=False, zeroline=False, row=1, col=col)
     fig.update_annotations(font_size=13)
-    return apply_layout(fig, title="Which key/value head each query head reads", height=300)
+    fig = apply_layout(fig, title="Which key/value head each query head reads", height=320)
+    return fig.update_layout(margin=dict(t=80))  # the figure's title and the panels' two-line titles
 
 
 def _legend_below(fig: go.Figure) -> go.Figure:
