@@ -3,9 +3,13 @@ import streamlit as st
 
 from attnviz import ui, views
 from attnviz.capture_io import MAX_EXPORT_BYTES, export_bytes
+from attnviz.capture import CaptureError
+from attnviz.diagnostics import SCORES
 from attnviz.figures import heads as figs
+from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
 from attnviz.stats import COLUMNS, ROLES, top_heads
+from attnviz.corpus import compare_heads
 from attnviz.ui import heads as cache
 
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
@@ -13,8 +17,10 @@ URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
 SINK_MASS_NOTE = ("sink_mass is the mean of P[q, 0], the weight query q gives token 0, over the queries "
                   "q = 1 … n−1; the Sinks page's α₀ also counts query 0, so α₀ = (P[0, 0] + (n−1)·sink_mass)/n, "
                   "which is (1 + (n−1)·sink_mass)/n in a causal model, where query 0 sees only itself.")
-TABS = {"grid": "All heads", "head": "One head", "token": "Where a token looks", "stats": "Statistics",
-        "compare": "Compare", "export": "Export"}
+TABS = {"grid": "All heads", "head": "One head", "token": "Where a token looks", "predict": "Predictions",
+        "stats": "Statistics", "induction": "Induction test", "corpus": "Many texts", "compare": "Compare",
+        "export": "Export"}
+MAX_CORPUS_CHARS = 500_000  # an uploaded text: at most 64 windows of it are run anyway
 
 st.title("Heads")
 st.write("Run a model on your text, record what every attention head saw (its queries, keys and mask), and find "
@@ -151,8 +157,136 @@ def token_panel():
     st.write("One row per head: how the chosen query token splits its attention over the keys it can see."
              + (f" With the sink hidden, heads that had under {MIN_REMAINING:.0%} of this query's weight off "
                 "token 0 are blank." if hide_sink else ""))
+    st.markdown(f"**The text as token {query} of layer {layer}, head {head} reads it**")
+    st.html(cache.text_view(*key, layer, head, query, hide_sink, capture))
+    st.caption("Each token is shaded by the weight this query gives it, relative to the row's largest weight, so a "
+               "spread-out row still shows; hover a token for its position and exact weight, pick another query "
+               "above." + (" Later tokens are faint: a causal query cannot see them." if capture.causal else ""))
     if str(query) != st.query_params.get("query"):  # a rerun of this panel alone keeps the link up to date
         cache.write_link({**st.query_params.to_dict(), "query": str(query)})
+
+
+def predictions_panel():
+    if n > cache.MAX_PREDICTION_TOKENS:
+        st.info(f"Predictions run the model once more with its attention dense: up to "
+                f"{cache.MAX_PREDICTION_TOKENS:,} tokens here, and this text has {n:,}. Shorten it to see them.")
+        return
+    with st.spinner("Predicting every next token…"):
+        got = cache.predictions_of(model, version, text, 5, loaded, capture)
+    if got is None:
+        st.info(f"{model} is an encoder: it has no language-model head, so it predicts no next token (no loss, no "
+                "top-k). Pick a decoder such as smollm2-135m or toy-gpt2.")
+        return
+    losses, table = got
+    st.plotly_chart(text_figs.loss_chart(losses, capture.tokens, title=f"{model}: the loss of each token given the "
+                                         f"ones before it (mean {losses.mean():.2f} nats)"), width="stretch")
+    st.write("Low loss = the model saw this token coming. On repeated text the second copy's loss drops: the model "
+             "copies from the first, the job induction heads do.")
+    st.html(text_figs.shaded_text(capture.tokens, np.concatenate([[np.nan], losses]), label="loss (nats)",
+                                  fmt=".2f"))
+    st.caption("The text shaded by each token's loss (darker = more surprising); hover a token for its loss.")
+    st.dataframe(table, hide_index=True, width="stretch")
+    st.caption("Each row: a position, the token that follows it, its loss and rank among the model's predictions "
+               "(0 = the first choice), and the model's five most likely next tokens with their probabilities.")
+
+
+@st.fragment
+def induction_panel():
+    st.write("The standard induction test, independent of your text: a random sequence of L distinct tokens, "
+             "repeated once. In the second copy every token has one earlier occurrence; an induction head looks "
+             "at the token that came after it (prefix matching).")
+    i1, i2, i3 = st.columns(3)
+    length = i1.select_slider("Length L of the random sequence", [10, 25, 50, 100, 200], 50,
+                              key="heads_induction_length", persist_state="session")
+    seed = i2.number_input("Seed", 0, 1_000_000, 0, key="heads_induction_seed", persist_state="session")
+    column = i3.radio("Score", SCORES, key="heads_induction_score", persist_state="session")
+    try:
+        with st.spinner(f"Running {model} on {2 * length} random tokens…"):
+            test = cache.induction_test_of(model, version, length, int(seed))
+    except CaptureError as exc:
+        st.error(str(exc))
+        return
+    if test.loss_first is not None:
+        st.write(f"Loss on the first copy: {test.loss_first:.2f} nats a token (random: the model cannot predict "
+                 f"it); on the second: {test.loss_second:.2f}. "
+                 + ("The model copies from the first copy." if test.loss_second < test.loss_first - 0.5 else
+                    "The model does not use the repeat much."))
+    meaning = {"prefix_matching": "the token after the earlier occurrence (induction)",
+               "duplicate_token": "the earlier occurrence itself", "previous_token": "the token just before"}[column]
+    st.plotly_chart(figs.stat_grid(test.scores, column, title=f"{column}: weight on {meaning}, mean over the second "
+                                   "copy", colorbar_title="share of attention"), width="stretch")
+    best = test.scores.sort_values(column, ascending=False).head(5)
+    st.dataframe(best, hide_index=True, width="stretch")
+    st.caption("Per head, the mean over the L queries of the second copy. Chance is about 1/(position): a head "
+               "spreading its weight evenly would score near 1/(1.5 L).")
+    if layer in test.capture.layers:
+        p = test.capture.pattern[test.capture.index_of(layer), head]
+        st.plotly_chart(figs.head_detail(p, test.capture.tokens, gamma=gamma, causal=test.capture.causal,
+                                         title=f"Layer {layer}, head {head} on the repeated random tokens"),
+                        width="stretch")
+        st.write(f"An induction head draws a stripe {length - 1} tokens below the diagonal in the lower half: each "
+                 "token of the second copy looks at the token after its first occurrence.")
+
+
+@st.fragment
+def corpus_panel():
+    st.write("One text says little about a head. Average every head's statistics over many windows of text (each "
+             "run on its own), and compare two models head by head.")
+    source_kind = st.radio("Texts", ["Windows of the text above", "An uploaded .txt file"], horizontal=True,
+                           key="heads_corpus_source", persist_state="session")
+    source = text
+    if source_kind.startswith("An uploaded"):
+        upload = st.file_uploader("A plain-text file (.txt, UTF-8)", type=["txt"], key="heads_corpus_file")
+        if upload is None:
+            st.info("Choose a .txt file: it is cut into windows of tokens.")
+            return
+        try:
+            source = upload.getvalue().decode("utf-8")
+        except UnicodeDecodeError:
+            st.error("The file is not UTF-8 text: save it as UTF-8 and upload it again.")
+            return
+        if not source.strip():
+            st.error("The file is empty.")
+            return
+        if len(source) > MAX_CORPUS_CHARS:
+            st.warning(f"The file has {len(source):,} characters: its first {MAX_CORPUS_CHARS:,} are used.")
+            source = source[:MAX_CORPUS_CHARS]
+    w1, w2, w3 = st.columns(3)
+    window = w1.select_slider("Window (tokens)", [32, 64, 128, 256, 512], 128, key="heads_corpus_window",
+                              persist_state="session")
+    max_windows = w2.slider("Windows at most", 1, 64, 16, key="heads_corpus_windows", persist_state="session")
+    column = w3.selectbox("Statistic", COLUMNS, key="heads_corpus_stat", persist_state="session")
+    model_b = None
+    if st.toggle("Compare with a second model (or toy-lab checkpoint)", key="heads_corpus_compare",
+                 persist_state="session"):
+        model_b = ui.model_picker("heads_model_b", default="toy-gpt2", label="Model B")
+        if model_b is None or ui.get_model(model_b) is None:
+            return
+    wanted = (model, version, source, window, max_windows, model_b)
+    if st.button("Compute", key="heads_corpus_go"):
+        st.session_state["heads_corpus_for"] = hash(wanted)
+    if st.session_state.get("heads_corpus_for") != hash(wanted):
+        st.caption("Press Compute: every window is a forward pass (a few seconds each for a real model).")
+        return
+    table, summary = cache.corpus_of(model, version, source, window, max_windows)
+    units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
+    st.plotly_chart(figs.stat_grid(table, column, title=f"{model}: {column}, mean over {summary}",
+                                   colorbar_title=f"{column} ({units})"), width="stretch")
+    st.write(f"A head's mean over the windows; `{column}_std` in the table is its spread from window to window (a "
+             "steady role has a small spread).")
+    st.dataframe(table, hide_index=True, width="stretch")
+    if model_b is None:
+        return
+    table_b, summary_b = cache.corpus_of(model_b, ui.model_version(model_b), source, window, max_windows)
+    try:
+        diff = compare_heads(table, table_b, column)
+    except ValueError as exc:
+        st.warning(str(exc))
+        return
+    st.plotly_chart(figs.stat_grid(diff, "difference", title=f"{column}: {model} − {model_b} (B: {summary_b})",
+                                   colorbar_title=f"A − B ({units})"), width="stretch")
+    st.write("Head by head, model A's mean minus model B's: a head that gained or lost a role between the two "
+             "stands out.")
 
 
 @st.fragment
@@ -320,6 +454,18 @@ if tabs["head"].open:
 if tabs["token"].open:
     with tabs["token"]:
         token_panel()
+
+if tabs["predict"].open:
+    with tabs["predict"]:
+        predictions_panel()
+
+if tabs["induction"].open:
+    with tabs["induction"]:
+        induction_panel()
+
+if tabs["corpus"].open:
+    with tabs["corpus"]:
+        corpus_panel()
 
 if tabs["stats"].open:
     with tabs["stats"]:

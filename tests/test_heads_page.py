@@ -313,3 +313,53 @@ def test_heads_page_shows_a_models_learned_sinks(tmp_path):
     assert "learned_sink" in open_tab(at, "Statistics").selectbox(key="heads_stat").options
     at.selectbox(key="heads_stat").set_value("learned_sink").run()
     assert not at.exception
+
+
+def test_predictions_show_each_tokens_loss_and_an_encoder_gets_a_message():
+    import torch
+
+    from attnviz.models import load_model
+
+    text = "abcabc abcabc"
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": text}), "Predictions")
+    assert not at.error, [e.value for e in at.error]
+    table = next(d.value for d in at.dataframe if "loss (nats)" in d.value.columns)
+    loaded = load_model("toy-gpt2")
+    ids = torch.tensor([loaded.tokenizer(text).input_ids])
+    with torch.no_grad():
+        logits = loaded.model(input_ids=ids).logits[0].double()
+    nll = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:], reduction="none").numpy()
+    np.testing.assert_allclose(table["loss (nats)"].to_numpy()[:-1], nll, atol=1e-5)
+    assert table["top 1"].str.contains(r"\(0\.\d\d\)").all()
+    at = open_tab(heads_page({"model": "minilm-l6", "text": text}), "Predictions")
+    assert any("is an encoder" in i.value for i in at.info)
+
+
+def test_the_text_view_follows_the_query_and_shows_the_users_text_escaped():
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": "<b>bold</b> & more"}), "Where a token looks")
+    views = [h.value for h in at.get("html")]
+    assert views and ">&lt;</span>" in views[0] and ">&amp;</span>" in views[0] and "<b>" not in views[0]
+    at.selectbox(key="heads_query").set_value(3).run()
+    assert "outline" in [h.value for h in at.get("html")][0].split('title="3: ')[1].split(">")[0]
+
+
+def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do():
+    from attnviz.diagnostics import induction_test
+    from attnviz.models import load_model
+
+    at = open_tab(heads_page({"model": "toy-llama-gqa", "text": "The cat sat on the mat."}), "Induction test")
+    assert not at.exception and not at.error
+    at.select_slider(key="heads_induction_length").set_value(25).run()
+    shown = next(d.value for d in at.dataframe if "prefix_matching" in d.value.columns)
+    best = induction_test(load_model("toy-llama-gqa"), 25).scores.sort_values("prefix_matching").iloc[-1]
+    assert (shown.iloc[0]["layer"], shown.iloc[0]["head"]) == (best["layer"], best["head"])
+    assert shown.iloc[0]["prefix_matching"] == pytest.approx(best["prefix_matching"], abs=1e-6)
+    open_tab(at, "Many texts")
+    assert any("Press Compute" in c.value for c in at.caption)
+    at.select_slider(key="heads_corpus_window").set_value(32).run()
+    at.button(key="heads_corpus_go").click().run()
+    assert not at.exception and any("n_windows" in d.value.columns for d in at.dataframe)
+    at.toggle(key="heads_corpus_compare").set_value(True).run()
+    at.selectbox(key="heads_model_b").set_value("minilm-l6").run()
+    at.button(key="heads_corpus_go").click().run()
+    assert not at.exception and any("heads do not match" in w.value for w in at.warning)

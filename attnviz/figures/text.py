@@ -67,3 +67,18 @@ def shaded_text(tokens: Sequence[str], values: np.ndarray, *, selected: int | No
     body = "".join(spans)
     return ('<div style="font-family:ui-monospace,monospace;font-size:0.85rem;line-height:1.7;'
             f'white-space:pre-wrap;word-break:break-word;max-height:420px;overflow-y:auto">{body}</div>')
+
+
+def loss_chart(losses: np.ndarray, tokens: Sequence[str], *, title: str):
+    """losses [n - 1]: the loss in nats of each token after the first (attnviz.lm.token_losses), over the position
+    of the token predicted, with the token in the hover."""
+    from attnviz.figures.common import line_chart
+
+    positions = np.arange(1, len(losses) + 1)
+    fig = line_chart(positions, {"loss": losses}, title=title, x_title="position of the predicted token",
+                     y_title="loss (nats)", height=300)
+    fig.update_traces(customdata=[tokens[i] for i in positions],
+                      hovertemplate="token %{x}: %{customdata}<br>loss %{y:.2f} nats<extra></extra>",
+                      mode="lines+markers" if len(losses) <= 200 else "lines")
+    fig.update_layout(showlegend=False)
+    return fig

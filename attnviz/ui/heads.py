@@ -225,3 +225,65 @@ def export_file(capture, fmt: str, export: dict, dtype):
     from attnviz.capture_io import export_to_temporary_file
 
     return export_to_temporary_file(capture, fmt, **export, dtype=dtype)
+
+
+# -- research views: predictions, the induction test, statistics over many texts ----------------------------------
+
+MAX_PREDICTION_TOKENS = 2048  # next-token predictions run the model once more, its attention dense
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def predictions_of(model: str, version: tuple, text: str, k: int, _loaded, _capture):
+    """(losses [n - 1] in nats, a table of every position's top-k next tokens) of a language model on the
+    capture's tokens (attnviz.lm), or None for a model that predicts no next token (an encoder)."""
+    import pandas as pd
+
+    from attnviz import lm
+    from attnviz.capture import readable_tokens
+
+    if not lm.is_language_model(_loaded.model):
+        return None
+    ids = _capture.token_ids
+    logits = lm.next_token_logits(_loaded.model, ids)[0]
+    losses = lm.token_losses(logits, ids)
+    top = lm.top_k(logits, ids, k=k)
+    del logits
+    names = readable_tokens(_loaded.tokenizer, top.ids.ravel().tolist())
+    n = len(ids)
+    table = pd.DataFrame({
+        "position": np.arange(n), "token": _capture.tokens,
+        "next token": [*_capture.tokens[1:], ""],
+        "loss (nats)": [*losses, np.nan],
+        "rank of next": [*top.actual_rank.astype(float), np.nan],
+        "p(next)": [*top.actual_prob, np.nan],
+        **{f"top {j + 1}": [f"{names[i * top.ids.shape[1] + j]} ({top.probs[i, j]:.2f})" for i in range(n)]
+           for j in range(top.ids.shape[1])}})
+    return losses, table
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def induction_test_of(model: str, version: tuple, length: int, seed: int):
+    """attnviz.diagnostics.induction_test on the model (shared by every session, read-only: its capture's arrays
+    are frozen)."""
+    from attnviz import ui
+    from attnviz.diagnostics import induction_test
+
+    test = induction_test(ui._cached_model(model, version), length, seed=seed)
+    test.capture.pattern.flags.writeable = False
+    return test
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def corpus_of(model: str, version: tuple, source: str, window: int, max_windows: int):
+    """attnviz.corpus.corpus_stats over the windows of `source` (a text, or an uploaded file's text), with a
+    progress bar; and the windows' summary."""
+    from attnviz import ui
+    from attnviz.corpus import corpus_stats, token_windows, window_summary
+
+    loaded = ui._cached_model(model, version)
+    windows = token_windows(loaded, source, window, max_windows=max_windows)
+    bar = st.progress(0.0, text=f"{model}: statistics of {len(windows)} windows…")
+    table = corpus_stats(loaded, windows, progress=lambda done, total: bar.progress(
+        done / total, text=f"{model}: window {done} of {total}"))
+    bar.empty()
+    return table, window_summary(windows)
