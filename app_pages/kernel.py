@@ -49,7 +49,7 @@ steps = run.steps
 
 st.header("1. Step through the kernel")
 st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
-            f"**{len(steps)} tile steps** for {-(-n // block_m)} query blocks; move the slider to walk through them "
+            f"**{len(steps)} tile steps** for {run.codes.shape[0]} query blocks; move the slider to walk through them "
             "in the order one program runs them (key blocks left to right, then the next query block).")
 traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype)
 
@@ -99,13 +99,11 @@ def step_view():
                f"({bound}; for long inputs about {'4' if causal else '2'}·BLOCK_M): " + verdict)
 
     st.plotly_chart(fig["state"], width="stretch")
-    kernel_m = run.trace.m_i[0, 0, step.k_block, step.q_start:step.q_stop]
-    kernel_l = run.trace.l_i[0, 0, step.k_block, step.q_start:step.q_stop]
+    gap_m, gap_l = kn.trace_difference(run.trace, step)
     st.caption("Where a row's max grows, alpha < 1 shrinks the old sum and accumulator before this tile's terms are "
                "added; where it does not, alpha = 1. The Triton kernel wrote its own m_i and l_i for this step to a "
                f"debug buffer: they differ from the torch stepper's by at most "
-               f"{np.nanmax(np.abs(kernel_m - step.m_i), initial=0):.1e} (m_i) and "
-               f"{np.nanmax(np.abs(kernel_l - step.l_i), initial=0):.1e} (l_i).")
+               f"{gap_m:.1e} (m_i) and {gap_l:.1e} (l_i).")
 
     a1, a2 = st.columns(2)
     a1.plotly_chart(fig["acc_rescaled"], width="stretch")
@@ -113,11 +111,11 @@ def step_view():
     a1.caption("The accumulator is an unnormalised weighted sum of value rows; rescaling keeps every term relative "
                "to the current max. On a block's first key tile the old acc is all zeros.")
     if step.last:
-        error = np.abs(step.out - run.reference[step.q_start:step.q_stop]).max()
-        a2.success(f"Last key block of this query block: O = acc / l_i, max |O − float64 reference| = {error:.1e}.")
+        a2.success(f"Last key block of this query block: O = acc / l_i, max |O − float64 reference| = "
+                   f"{run.out_error[index]:.1e}.")
         if index == len(steps) - 1:
             st.success(f"Done. The whole Triton output differs from the float64 reference by at most "
-                       f"{np.abs(run.kernel_out - run.reference).max():.1e}.")
+                       f"{run.kernel_error:.1e}.")
     else:
         a2.caption("O = acc / l_i is taken after this block's last key tile.")
 

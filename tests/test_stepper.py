@@ -133,3 +133,17 @@ def test_each_query_block_runs_its_unmasked_stage_then_its_masked_stage():
         assert stages == [codes[s.k_block] == 2 for s in steps if s.q_block == qb]
         # a mask that hides nothing changes nothing: unmasked steps see every score
         assert not any(np.isneginf(s.scores).any() for s in steps if s.q_block == qb and not s.masked)
+
+
+def test_trace_difference_reads_the_steps_own_rows_of_the_trace():
+    from dataclasses import replace
+
+    from attnviz.kernels import trace_difference
+
+    _, trace, steps, _ = run_case(ALL_CASES[4])  # batch 2, heads 3: the step's own (batch, head) must be read
+    assert all(max(trace_difference(trace, s)) < 1e-5 for s in steps)
+    step = steps[-1]
+    moved = replace(trace, m_i=trace.m_i.copy())
+    moved.m_i[step.batch, step.head, step.k_block, step.q_stop - 1] += 0.25
+    gap_m, gap_l = trace_difference(moved, step)
+    assert abs(gap_m - 0.25) < 1e-5 and gap_l < 1e-5

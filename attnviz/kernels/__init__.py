@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 from .naive import naive_attention, reference_attention, two_pass_attention  # noqa: E402
 from .stages import TILE_FULL, TILE_MASKED, TILE_SKIPPED, StageBounds, keys_read, stage_bounds, tile_map  # noqa: E402
-from .stepper import TileStep, online_attention, tiled_steps  # noqa: E402
+from .stepper import TileStep, online_attention, tiled_steps, trace_difference  # noqa: E402
 from .timing import (  # noqa: E402
     ITEMSIZE, MAX_INTERPRETED_STEPS, MethodResult, compare_methods, device_peak_tflops, forward_flops, make_inputs,
     peak_bytes, peak_cpu_bytes, peak_memory_at, peak_memory_scan, refusal, tile_steps, time_call,
@@ -31,5 +31,5 @@ __all__ = [
     "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "keys_read", "make_inputs",
     "naive_attention", "naive_traffic", "online_attention", "peak_bytes", "peak_cpu_bytes", "peak_memory_at",
     "peak_memory_scan", "reference_attention", "refusal", "stage_bounds", "tile_map", "tile_steps", "tiled_steps",
-    "tiled_traffic", "time_call", "two_pass_attention",
+    "tiled_traffic", "time_call", "trace_difference", "two_pass_attention",
 ]

@@ -209,3 +209,13 @@ def online_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=3
         if step.last:
             out[step.batch, step.head, step.q_start:step.q_stop] = torch.from_numpy(step.out)
     return out
+
+
+def trace_difference(trace, step: TileStep) -> tuple[float, float]:
+    """The largest |m_i| and |l_i| differences between a step of the stepper and the same step in the kernel's
+    own trace (triton_attention.KernelTrace), over the step's rows."""
+    rows = slice(step.q_start, step.q_stop)
+    kernel_m = trace.m_i[step.batch, step.head, step.k_block, rows]
+    kernel_l = trace.l_i[step.batch, step.head, step.k_block, rows]
+    return (float(np.nanmax(np.abs(kernel_m - step.m_i), initial=0)),
+            float(np.nanmax(np.abs(kernel_l - step.l_i), initial=0)))

@@ -17,16 +17,17 @@ BLOCKS_TOO_BIG = "Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head
 
 @dataclass(frozen=True)
 class KernelRun:
-    """The stepper's steps, the Triton kernel's output [n, d] (float64) and trace, the float64 reference [n, d], and
-    the tile map with its edges (positions) for one setting. Shared by every session: read only."""
+    """The stepper's steps, the Triton kernel's trace, the tile map with its edges (positions), and the errors
+    against the float64 reference: of the kernel's whole output (kernel_error) and of the stepper's O at the last
+    step of each query block (out_error, by step index). One setting; shared by every session: read only."""
 
     steps: list
-    kernel_out: np.ndarray
     trace: kn.KernelTrace
-    reference: np.ndarray
     codes: np.ndarray
     q_edges: list[int]
     k_edges: list[int]
+    kernel_error: float
+    out_error: dict[int, float]
 
 
 # every TileStep keeps its tiles (up to 4096 steps of 128 x 128 scores): hold only the last two settings
@@ -37,9 +38,11 @@ def _kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun:
     out, trace = kn.flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n, trace=True)
     reference = kn.reference_attention(q, k, v, causal=causal)[0, 0].numpy()
     codes = kn.tile_map(n, n, block_m=block_m, block_n=block_n, causal=causal)
-    return KernelRun(steps, out[0, 0].double().numpy(), trace, reference, codes,
-                     [min(i * block_m, n) for i in range(codes.shape[0] + 1)],
-                     [min(j * block_n, n) for j in range(codes.shape[1] + 1)])
+    return KernelRun(steps, trace, codes, [min(i * block_m, n) for i in range(codes.shape[0] + 1)],
+                     [min(j * block_n, n) for j in range(codes.shape[1] + 1)],
+                     kernel_error=float(np.abs(out[0, 0].double().numpy() - reference).max()),
+                     out_error={s.index: float(np.abs(s.out - reference[s.q_start:s.q_stop]).max())
+                                for s in steps if s.last})
 
 
 def kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun | None:
