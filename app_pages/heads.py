@@ -2,14 +2,14 @@ import numpy as np
 import streamlit as st
 
 from attnviz import ui, views
-from attnviz.capture_io import MAX_EXPORT_BYTES, export_bytes
 from attnviz.capture import CaptureError
+from attnviz.capture_io import MAX_EXPORT_BYTES, export_bytes
+from attnviz.corpus import compare_heads
 from attnviz.diagnostics import SCORES
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
 from attnviz.stats import COLUMNS, ROLES, top_heads
-from attnviz.corpus import compare_heads
 from attnviz.ui import heads as cache
 
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."

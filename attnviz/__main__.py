@@ -1,5 +1,6 @@
 """The command line: python -m attnviz capture --model NAME --text TEXT --out FILE; python -m attnviz stats --model
-NAME --text-file FILE --out stats.csv (every head's statistics at any length); python -m attnviz models."""
+NAME --text-file FILE --out stats.csv (every head's statistics at any length; with --window, averaged over windows
+of one or several files); python -m attnviz models."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def _model_and_text(command) -> None:
                          help="a model name (see `models`), a local folder or a cached hub id")
     source = command.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="the text to run the model on")
-    source.add_argument("--text-file", type=Path, help="read the text from this UTF-8 file")
+    source.add_argument("--text-file", type=Path, action="append",
+                        help="read the text from this UTF-8 file (stats --window: repeat it for several files)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     _model_and_text(st)
     st.add_argument("--out", required=True, type=Path, help="output CSV file")
     st.add_argument("--layers", help="comma-separated layer indices (default: all)")
+    st.add_argument("--window", type=int, help="average the statistics over windows of this many tokens of the "
+                    "text(s), each run on its own (attnviz.corpus); a row per head with the mean, the spread "
+                    "(<column>_std) and n_windows")
+    st.add_argument("--max-windows", type=int, default=64, help="with --window: at most this many windows in all "
+                    "(default 64)")
     st.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
 
     commands.add_parser("models", help="List the models attnviz knows by name.")
@@ -64,16 +71,28 @@ def _models() -> int:
     return 0
 
 
+def _texts(args) -> list[str]:
+    """The --text, or the text of each --text-file."""
+    from attnviz.capture import CaptureError
+
+    if args.text_file is None:
+        return [args.text]
+    texts = []
+    for path in args.text_file:
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CaptureError(f"Cannot read --text-file: {exc}") from exc
+    return texts
+
+
 def _text_and_layers(args):
     from attnviz.capture import CaptureError
 
-    if args.text_file is not None:
-        try:
-            text = args.text_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CaptureError(f"Cannot read --text-file: {exc}") from exc
-    else:
-        text = args.text
+    texts = _texts(args)
+    if len(texts) > 1 and not getattr(args, "window", None):
+        raise CaptureError("Several --text-file need stats --window (statistics averaged over their windows).")
+    text = texts[0]
     layers = None
     if args.layers:
         try:
@@ -93,6 +112,8 @@ def _stats(args) -> int:
     text, layers = _text_and_layers(args)
     started = time.perf_counter()
     loaded = load_model(args.model, device=args.device, progress=lambda msg: print(msg, file=sys.stderr))
+    if args.window:
+        return _window_stats(args, loaded, layers, started)
     # the qk store keeps only q and k, O(N d) per layer; families whose q and k are not recorded need the pattern
     store = "qk" if records_inputs(loaded.model) else "pattern"
 
@@ -130,6 +151,36 @@ def _stats(args) -> int:
     frame.to_csv(args.out, index=False)
     print(f"wrote {args.out}: {capture.n_layers} layers x {capture.n_heads} heads, {capture.n_tokens:,} tokens "
           f"({store} store, {time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def _window_stats(args, loaded, layers, started: float) -> int:
+    """stats --window: head_stats averaged over windows of every text (attnviz.corpus)."""
+    import time
+
+    from attnviz.capture import CaptureError
+    from attnviz.corpus import corpus_stats, token_windows, window_summary
+
+    if args.window < 2 or args.max_windows < 1:
+        raise CaptureError("--window must be at least 2 tokens and --max-windows at least 1.")
+    texts = _texts(args)
+    if any(not t.strip() for t in texts):
+        raise CaptureError("A text is empty: give every --text-file some text.")
+    windows = []
+    for text in texts:
+        windows += token_windows(loaded, text, args.window, max_windows=args.max_windows - len(windows))
+        if len(windows) >= args.max_windows:
+            break
+
+    def show(done, total):
+        print(f"\rwindow {done}/{total} ({time.perf_counter() - started:.0f} s)", end="", file=sys.stderr, flush=True)
+        if done == total:
+            print(file=sys.stderr)
+
+    frame = corpus_stats(loaded, windows, layers=layers, progress=show)
+    frame.to_csv(args.out, index=False)
+    print(f"wrote {args.out}: {frame['layer'].nunique()} layers x {frame['head'].nunique()} heads, mean over "
+          f"{window_summary(windows)} from {len(texts)} text{'s' if len(texts) > 1 else ''}")
     return 0
 
 

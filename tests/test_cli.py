@@ -85,3 +85,25 @@ def test_stats_command_writes_every_head_equal_to_the_dense_statistics(tmp_path,
 def test_stats_command_bad_input_is_a_message(tmp_path, capsys):
     assert main(["stats", "--model", "toy-gpt2", "--text", "  ", "--out", str(tmp_path / "s.csv")]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_stats_over_windows_of_several_files_equals_the_corpus_average(tmp_path, capsys):
+    from attnviz.corpus import corpus_stats, token_windows
+
+    files = []
+    for i, text in enumerate(["the cat sat on the mat. " * 4, "a dog ran to the park. " * 3]):
+        files += ["--text-file", str(tmp_path / f"t{i}.txt")]
+        (tmp_path / f"t{i}.txt").write_text(text, encoding="utf-8")
+    out = tmp_path / "windows.csv"
+    assert main(["stats", "--model", "toy-gpt2", *files, "--window", "32", "--out", str(out)]) == 0
+    assert "from 2 texts" in capsys.readouterr().out
+    got = pd.read_csv(out)
+    loaded = load_model("toy-gpt2")
+    windows = [w for name in files[1::2] for w in token_windows(loaded, Path(name).read_text(), 32)]
+    expected = corpus_stats(loaded, windows)
+    assert (got["n_windows"] == len(windows)).all() and len(windows) == 3 + 2
+    for column in ("entropy", "sink_mass", "prev_token", "entropy_std"):
+        np.testing.assert_allclose(got[column], expected[column], atol=1e-9, err_msg=column)
+    assert main(["stats", "--model", "toy-gpt2", *files, "--out", str(out)]) == 2
+    assert "need stats --window" in capsys.readouterr().err
+    assert main(["stats", "--model", "toy-gpt2", *files, "--window", "1", "--out", str(out)]) == 2
