@@ -34,7 +34,7 @@ from attnviz.kernels import (  # noqa: E402
     INTERPRETED, forward_flops, device_peak_tflops, flash_attention, make_inputs, naive_attention, peak_cpu_bytes,
     tile_steps, time_call, two_pass_attention,
 )
-from attnviz.kernels.timing import shared_memory_estimate, shared_memory_limit  # noqa: E402
+from attnviz.kernels.limits import shared_memory_estimate, shared_memory_limit  # noqa: E402
 from attnviz.kernels.triton_attention import GPU_LAUNCH_CONFIGS  # noqa: E402
 
 sdpa = torch.nn.functional.scaled_dot_product_attention

@@ -184,7 +184,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnviz.kernels import triton_attention as ta
-from attnviz.kernels.timing import shared_memory_estimate
+from attnviz.kernels.limits import shared_memory_estimate
 fn = ta._attn_fwd
 CONSTEXPRS = ("HEAD_DIM", "D_PAD", "BLOCK_M", "BLOCK_N", "CAUSAL", "TRACE", "PRECISION")
 # What Triton's launcher specialises for contiguous [b, h, n, d] tensors: an integer argument equal to 1 becomes a

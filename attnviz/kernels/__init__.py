@@ -1,8 +1,8 @@
 """Attention kernels: naive attention, a two-pass tiled version, the online-softmax stepper and the fused Triton kernel.
 
 triton_attention holds the kernel; stepper mirrors it in torch, one tile at a time; stages holds the stage bounds both
-use (and the tile map drawn from them); traffic counts the bytes naive and tiled attention move; timing checks, times
-and sizes them; naive holds the plain versions and the float64 reference.
+use (and the tile map drawn from them); traffic counts the bytes naive and tiled attention move; limits says what may
+run here; timing checks and times every method; naive holds the plain versions and the float64 reference.
 
 Without CUDA the Triton kernel runs under the Triton interpreter. The interpreter is chosen when @triton.jit runs,
 so TRITON_INTERPRET is set here, before the kernel module is imported (an explicit setting is left alone).
@@ -18,9 +18,10 @@ if not torch.cuda.is_available():
 from .naive import naive_attention, reference_attention, two_pass_attention  # noqa: E402
 from .stages import TILE_FULL, TILE_MASKED, TILE_SKIPPED, StageBounds, keys_read, stage_bounds, tile_map  # noqa: E402
 from .stepper import TileStep, online_attention, tiled_steps, trace_difference  # noqa: E402
+from .limits import ITEMSIZE, MAX_INTERPRETED_STEPS, refusal, tile_steps  # noqa: E402
 from .timing import (  # noqa: E402
-    ITEMSIZE, MAX_INTERPRETED_STEPS, MethodResult, compare_methods, device_peak_tflops, forward_flops, make_inputs,
-    peak_bytes, peak_cpu_bytes, peak_memory_at, peak_memory_scan, refusal, tile_steps, time_call,
+    MethodResult, compare_methods, device_peak_tflops, forward_flops, make_inputs, peak_bytes, peak_cpu_bytes,
+    peak_memory_at, peak_memory_scan, time_call,
 )
 from .traffic import Traffic, break_even_head_dim, compare_traffic, naive_traffic, tiled_traffic  # noqa: E402
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, KernelTrace, flash_attention  # noqa: E402

@@ -1,7 +1,7 @@
 """Which key blocks a query block visits, and how: the two stages of _attn_fwd, as one function.
 
 The kernel (triton_attention._attn_fwd), the stepper (stepper.tiled_steps), the tile map (tile_map), the step
-count (timing.tile_steps) and the traffic counts (traffic.py) all take their bounds from stage_bounds, so the
+count (limits.tile_steps) and the traffic counts (traffic.py) all take their bounds from stage_bounds, so the
 picture on the page is the loop the kernel runs. Pure Python: no torch, no Triton.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .stages import keys_read
-from .timing import ITEMSIZE
+from .limits import ITEMSIZE
 
 
 def naive_traffic(n_query, n_key, d, itemsize) -> dict:
@@ -57,7 +57,7 @@ class Traffic:
 
 def compare_traffic(n, d, *, block_m, block_n, causal, dtype) -> Traffic:
     """Naive and tiled traffic of self-attention over n tokens (n_query = n_key = n), dtype "float32", "float16" or
-    "bfloat16" (timing.ITEMSIZE bytes a value)."""
+    "bfloat16" (limits.ITEMSIZE bytes a value)."""
     itemsize = ITEMSIZE[dtype]
     naive = naive_traffic(n, n, d, itemsize)
     tiled = tiled_traffic(n, n, d, itemsize, block_m=block_m, block_n=block_n, causal=causal)
