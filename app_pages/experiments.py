@@ -1,7 +1,270 @@
+import numpy as np
 import streamlit as st
 
 from attnviz import ui
+from attnviz.figures import experiments as figs
+from attnviz.capture import readable_tokens
+from attnviz.models import available_models
+from attnviz.ui import experiments as cache
+
+VIEWS = ("Generation", "Knock-outs", "Rollout", "Norm-based attention")
+DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
+DEFAULT_PROMPT = "Once upon a time"
+URL_TEXT_LIMIT = 1500
+# link key -> (session key, kind)
+LINK = {"view": ("exp_view", "view"), "model": ("exp_model", "model"), "text": ("exp_text", "text"),
+        "prompt": ("exp_prompt", "text"), "new": ("exp_new", "int"), "temperature": ("exp_temperature", "float"),
+        "seed": ("exp_seed", "int"), "mode": ("exp_ko_mode", "mode"), "layer": ("exp_layer", "int"),
+        "head": ("exp_head", "int"), "query": ("exp_query", "int"), "step": ("exp_step", "int")}
+
+
+def from_link() -> None:
+    """The view from the URL, applied when the query is not the one this page last wrote. Layers, heads, queries
+    and steps the model or text does not have are clamped later (ui.choice_box) with a warning."""
+    q = st.query_params.to_dict()
+    seen = tuple(sorted((k, v) for k, v in q.items() if k in LINK))
+    if seen == st.session_state.get("exp_link_seen"):
+        return
+    st.session_state["exp_link_seen"] = seen
+    asked = {}
+    for name, (key, kind) in LINK.items():
+        value = q.get(name)
+        if value is None:
+            continue
+        if kind == "view" and value in VIEWS:
+            st.session_state[key] = value
+        elif kind == "model" and value in {spec.name for spec in available_models()}:
+            st.session_state[key] = value
+        elif kind == "text":
+            st.session_state[key] = value[:ui.MAX_TEXT_CHARS]
+        elif kind == "mode" and value in ("zero", "mean"):
+            st.session_state[key] = value
+        elif kind == "int" and value.isdigit():
+            st.session_state[key] = asked[key] = int(value)
+        elif kind == "float":
+            try:
+                st.session_state[key] = min(2.0, max(0.0, round(float(value), 1)))
+            except ValueError:
+                pass
+    st.session_state["exp_link_asked"] = asked
+
+
+def choice_box(label, options, key, default=None, **kwargs):
+    return ui.choice_box(label, options, key, default, link_asked_key="exp_link_asked", **kwargs)
+
+
+def generation_view(model, loaded):
+    left, right = st.columns([2, 1])
+    with left:
+        prompt = ui.text_input("exp_prompt", DEFAULT_PROMPT, label="Prompt", height=80)
+    with right:
+        n_new = st.number_input("Tokens to generate (1 to 64)", 0, 100_000, 16, key="exp_new", persist_state="session")
+    c1, c2 = st.columns(2)
+    temperature = c1.slider("Temperature (0 = greedy)", 0.0, 2.0, 0.0, 0.1, key="exp_temperature",
+                            persist_state="session")
+    seed = c2.number_input("Seed (sampling)", 0, 1_000_000, 0, key="exp_seed", persist_state="session",
+                           disabled=temperature == 0)
+    gen = cache.generation(model, prompt, int(n_new), float(temperature), int(seed))
+    if gen is None or not gen.steps:
+        return {"prompt": prompt, "new": n_new, "temperature": temperature, "seed": seed}
+    st.markdown(f"**{''.join(gen.tokens[:gen.n_prompt])}** {gen.text}".replace("␣", " ").replace("↵", "  \n"))
+    st.caption(f"Prompt in bold ({gen.n_prompt} tokens), then {gen.n_generated} generated"
+               + {"eos": ", ending with the model's end token.", "stopped": " before you stopped it.",
+                  "length": "."}[gen.ended])
+    steps = [f"{i}: {gen.tokens[gen.n_prompt + i]}" for i in range(gen.n_generated)]
+    asked = st.session_state.get("exp_step", 0)
+    if not 0 <= asked < gen.n_generated:
+        if st.session_state.get("exp_link_asked", {}).get("exp_step") == asked:
+            st.warning(f"The link asked for generated token {asked}; there are {gen.n_generated}: showing the last.")
+        st.session_state["exp_step"] = gen.n_generated - 1
+    st.session_state.get("exp_link_asked", {}).pop("exp_step", None)
+    step = 0 if gen.n_generated == 1 else st.select_slider(
+        "Generated token", list(range(gen.n_generated)), key="exp_step", persist_state="session",
+        format_func=lambda i: steps[i])
+    s = gen.steps[step]
+    query = f"{s.position} ({gen.tokens[s.position]!s})"
+    ui.chart(figs.step_rows(s.rows, gen.tokens, query=query),
+             f"To choose token {gen.n_prompt + step} ({gen.tokens[gen.n_prompt + step]}), the newest token, at "
+             f"position {s.position}, was the only query: each row is one head's weights over the {s.position + 1} "
+             "tokens in the cache. Bright columns on token 0 are sinks; a diagonal-like spot on an earlier copy is "
+             "an induction head at work.")
+    a, b = st.columns(2)
+    with a:
+        labels = readable_tokens(loaded.tokenizer, [int(t) for t in s.top_ids])
+        chosen = list(s.top_ids).index(s.chosen) if s.chosen in s.top_ids else None
+        ui.chart(figs.top_k_bars(labels, s.top_probs, chosen),
+                 f"The generated token had probability {s.chosen_prob:.1%}"
+                 + ("" if chosen is not None else ", outside the top five (sampled)") + ".")
+    with b:
+        ui.chart(figs.cache_growth([x.cache_tokens for x in gen.steps], [x.cache_bytes for x in gen.steps], step),
+                 f"{s.cache_tokens} tokens cached: {s.cache_bytes / 1024:,.1f} KiB, growing by the same amount "
+                 "every token (layers x KV heads x head size x 2 x 4 bytes).")
+    st.download_button("Every step's rows, tokens and top-k (.npz)", data=lambda: cache.generation_npz(gen),
+                       file_name=f"{model.replace('/', '_')}-generation.npz", mime="application/octet-stream",
+                       key="exp_dl_gen")
+    return {"prompt": prompt, "new": n_new, "temperature": temperature, "seed": seed, "step": step}
+
+
+def knockout_view(model, loaded, text):
+    from attnviz.knockout import KnockoutError, check_text
+    from attnviz.stats import COLUMNS, head_stats
+
+    ids = tuple(loaded.tokenizer(text).input_ids) if text.strip() else ()
+    try:
+        check_text(loaded, ids)
+    except KnockoutError as exc:
+        st.warning(str(exc) if ids else "The text is empty: type some text to run the model on.")
+        return {}
+    heads = [(layer, head) for layer in range(loaded.shape.layers) for head in range(loaded.shape.heads)]
+    c1, c2 = st.columns(2)
+    which = c1.radio("Knock out", ["Each head in turn", "A chosen set of heads together"], key="exp_ko_which",
+                     persist_state="session")
+    mode = c2.radio("Replace the head's output with", ["zero", "mean"], key="exp_ko_mode", persist_state="session",
+                    format_func=lambda m: {"zero": "zeros", "mean": "its mean over the text's positions"}[m])
+    labels = [f"L{layer}H{head}" for layer, head in heads]
+    if which == "Each head in turn":
+        rows = tuple(((layer, head),) for layer, head in heads)
+    else:
+        chosen = st.multiselect("Heads to knock out together", labels, default=labels[:1], key="exp_ko_set",
+                                persist_state="session")
+        if not chosen:
+            st.warning("Pick at least one head to knock out.")
+            return {"mode": mode}
+        rows = (tuple(heads[labels.index(c)] for c in chosen),)
+    position = choice_box("Target position (its next token is the target)", list(range(len(ids) - 1)),
+                          "exp_query", len(ids) - 2)
+    actual = ids[position + 1]
+    typed = st.text_input("Target token (empty: the token that actually follows)", key="exp_ko_target",
+                          persist_state="session").strip("\n")
+    target_id = actual
+    if typed:
+        pieces = loaded.tokenizer(typed, add_special_tokens=False).input_ids
+        if len(pieces) != 1:
+            st.error(f"{typed!r} is {len(pieces)} tokens for this model; the target must be one token.")
+            return {"mode": mode, "query": position}
+        target_id = pieces[0]
+    target = (position, int(target_id))
+    shown = readable_tokens(loaded.tokenizer, [target_id])[0]
+    work = len(rows) * len(ids)
+    if work * loaded.shape.d_model * loaded.shape.layers > 5e6 and not cache.knockouts_done(model, ids, rows, mode,
+                                                                                           target):
+        st.info(f"{len(rows)} knock-out(s) on {len(ids)} tokens: {work:,} token rows through {model}, in batches "
+                "of 16 rows.")
+        if not st.button("Run the knock-outs", key="exp_ko_run"):
+            return {"mode": mode, "query": position}
+    result = cache.knockouts(model, ids, rows, mode, target)
+    if result is None:
+        return {"mode": mode, "query": position}
+    st.write(f"Without a knock-out: mean next-token loss {result.base_loss:.3f} nats over {len(ids) - 1} "
+             f"predictions; log p({shown} after position {position}) = {result.base_target_logprob:.3f}.")
+    stats = None
+    if len(rows) > 1:
+        capture = ui.get_capture(model, text)
+        stats = head_stats(capture) if capture is not None else None
+        grid = result.grid(result.delta_loss, loaded.shape.layers, loaded.shape.heads)
+        ui.chart(figs.effect_grid(grid, what="Change in mean next-token loss", unit="nats"),
+                 "Red heads carry the loss: removing them makes the model worse at predicting this text; blue ones "
+                 "were hurting it. Most heads barely matter on their own.")
+        ui.chart(figs.effect_grid(result.grid(result.delta_target, loaded.shape.layers, loaded.shape.heads),
+                                  what=f"Change in log p({shown}) at position {position}", unit="nats"),
+                 "Blue heads support the target token at this position: knocking them out lowers its log-probability.")
+        if stats is not None:
+            stat = st.selectbox("Against the statistic", list(COLUMNS), index=list(COLUMNS).index("induction"),
+                                key="exp_ko_stat", persist_state="session")
+            table = cache.knockout_table(result, stats)
+            ui.chart(figs.effect_scatter(table[stat], table["delta_loss_nats"], table["heads"], stat_name=stat,
+                                         effect_name="change in loss (nats)"),
+                     "Each point is a head: do the heads the statistic singles out (right) carry the loss (up)? "
+                     "On repeated text, the induction heads should.")
+    else:
+        st.metric("Change in mean next-token loss", f"{result.delta_loss[0]:+.4f} nats")
+        st.metric(f"Change in log p({shown}) at position {position}", f"{result.delta_target[0]:+.4f} nats")
+    table = cache.knockout_table(result, stats)
+    st.dataframe(table.sort_values("delta_loss_nats", ascending=False), hide_index=True, width="stretch")
+    st.caption("Click a column's title to sort the heads by it: their knock-out effects beside their statistics.")
+    st.download_button("Knock-out table (.csv)", data=table.to_csv(index=False),
+                       file_name=f"{model.replace('/', '_')}-knockouts.csv", mime="text/csv", key="exp_dl_ko")
+    return {"mode": mode, "query": position}
+
+
+def rollout_view(model, text):
+    capture, joint = cache.rollout(model, text)
+    if capture is None:
+        return {}
+    n = capture.n_tokens
+    query = choice_box("Query token", list(range(n)), "exp_query", n - 1)
+    raw = capture.layer_rows(capture.layers[-1]).astype(np.float64).mean(0)
+    raw = raw / raw.sum(-1, keepdims=True)
+    ui.chart(figs.rollout_beside_raw(joint[-1, query], raw[query], capture.tokens, query=query),
+             "Rollout follows attention through every layer (with the residual as half of each step); the last "
+             "layer alone often puts its weight elsewhere. Rollout assumes information mixes linearly, all heads "
+             "equally, with the residual carrying exactly half: it misleads where heads differ in how much their "
+             "output matters (a sink's large weights carry small values) and ignores the MLPs.")
+    ui.chart(figs.rollout_map(joint[-1], capture.tokens),
+             "Every query's rollout after the last layer: in a causal model mass piles up on the first tokens, "
+             "which every later token can reach.")
+    st.download_button("Rollout after every layer (.npz)", data=lambda: cache.npz_bytes(
+        rollout=joint, tokens=np.array(capture.tokens)), file_name=f"{model.replace('/', '_')}-rollout.npz",
+        mime="application/octet-stream", key="exp_dl_ro")
+    return {"query": query}
+
+
+def norms_view(model, loaded, text):
+    layer = choice_box("Layer", list(range(loaded.shape.layers)), "exp_layer", (2 * loaded.shape.layers) // 3)
+    head = choice_box("Head", list(range(loaded.shape.heads)), "exp_head", 0)
+    got = cache.norms(model, text, layer)
+    if got is None:
+        return {"layer": layer, "head": head}
+    summary = got.sink_summary(head)
+    ui.chart(figs.weights_beside_norms(got.pattern[head], got.shares()[head], got.tokens),
+             f"Left: the weights. Right: each key's share of the summed lengths ‖α·v·W_O‖ of what it adds to the "
+             f"query's output. Token 0 gets {summary['weight']:.0%} of this head's weight but {summary['norm_share']:.0%} "
+             "of the norms: when a sink takes the mass, raw weights mislead, because the sink token's value "
+             "vectors are small and it adds little to the output.")
+    ui.chart(figs.value_norm_bars(got.value_norms[head], got.tokens),
+             f"Token 0's vector is {summary['value_norm_ratio']:.2f}x the mean length of the others': a large weight "
+             "times a short vector is a small contribution.")
+    st.download_button("Weights and norms of this layer (.npz)", data=lambda: cache.npz_bytes(
+        pattern=got.pattern, norms=got.norms, value_norms=got.value_norms, tokens=np.array(got.tokens)),
+        file_name=f"{model.replace('/', '_')}-norms-L{layer}.npz", mime="application/octet-stream", key="exp_dl_norms")
+    return {"layer": layer, "head": head}
+
 
 st.title("Experiments")
-ui.model_picker("exp_model")
-st.info("Attention during generation, head knock-outs and attention rollout are being built.")
+st.write("From picture to experiment: watch attention while the model writes, remove heads and measure what they "
+         "carried, follow attention through every layer (rollout), and weigh attention by what it moves "
+         "(norm-based attention).")
+from_link()
+left, right = st.columns([1, 2])
+with left:
+    model = ui.model_picker("exp_model", default="toy-gpt2", allow_custom=True)
+    view = st.radio("Experiment", VIEWS, key="exp_view", persist_state="session")
+with right:
+    text = ui.text_input("exp_text", DEFAULT_TEXT, height=80) if view != "Generation" else None
+if model is None:
+    st.stop()
+loaded = ui.get_model(model)
+if loaded is None:
+    st.stop()
+decoder = loaded.shape.causal
+if not decoder and view in ("Generation", "Knock-outs"):
+    st.warning(f"{model} is an encoder: it cannot generate and has no next-token loss to knock heads out of. "
+               "Rollout and norm-based attention work for it; pick a decoder (toy-gpt2, smollm2-135m) for the rest.")
+    shown = {}
+elif view == "Generation":
+    shown = generation_view(model, loaded)
+elif view == "Knock-outs":
+    shown = knockout_view(model, loaded, text)
+elif view == "Rollout":
+    shown = rollout_view(model, text)
+else:
+    shown = norms_view(model, loaded, text)
+
+link = {"view": view, "model": model, **({"text": text} if text and len(text) <= URL_TEXT_LIMIT else {}),
+        **{k: str(v) for k, v in shown.items() if k != "prompt"}}
+if shown.get("prompt") and len(shown["prompt"]) <= URL_TEXT_LIMIT:
+    link["prompt"] = shown["prompt"]
+link = {k: str(v) for k, v in link.items()}
+if st.query_params.to_dict() != link:
+    st.query_params.from_dict(link)
+st.session_state["exp_link_seen"] = tuple(sorted(link.items()))

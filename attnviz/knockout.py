@@ -330,7 +330,7 @@ def knockout_effects(loaded, token_ids, rows: Sequence[Iterable[tuple[int, int]]
         raise KnockoutError("No heads chosen: pick at least one head to knock out.")
     ids = _ids(token_ids)
     means = head_means(loaded, ids) if mode == "mean" else None
-    base = lm.next_token_logits(loaded.model, ids)[0]
+    base = lm.next_token_logits(loaded.model, ids, attention_mask=torch.ones_like(ids))[0]
 
     def measure(logits) -> tuple[float, float | None]:
         loss = float(lm.token_losses(logits, token_ids).mean())

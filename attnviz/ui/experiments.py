@@ -1,0 +1,147 @@
+"""The Experiments page's caches and exports: generation, knock-outs, rollout and norm-based attention, each computed
+once for every session that asks for the same (model, model_version, text, settings), with progress shown to the
+session that computes it. ComputeOnce rather than st.cache_data: a computation reports its progress to its page,
+and a stopped generation must not be cached."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from attnviz import ui
+from attnviz.once import ComputeOnce
+
+_GENERATIONS = ComputeOnce(max_items=16)
+_KNOCKOUTS = ComputeOnce(max_items=16)
+_NORMS = ComputeOnce(max_items=16)
+_ROLLOUTS = ComputeOnce(max_items=16)
+
+ROLLOUT_MAX_TOKENS = 512  # rollout keeps [layer, n, n] float64: 30 layers of 512 tokens are 63 MB
+
+
+def generation(name: str, prompt: str, n_new: int, temperature: float, seed: int):
+    """The Generation for these settings, or None after a message. Runs with a progress bar and a Stop button;
+    a stopped run is not cached, and its partial result is shown until the settings change or it is run again."""
+    from attnviz.generation import GenerationError, generate
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    key = (name, ui.model_version(name), prompt, int(n_new), float(temperature), int(seed))
+    found, made = _GENERATIONS.peek(key)
+    if found:
+        return made
+    partial = st.session_state.get("exp_gen_partial")
+    if st.session_state.get("exp_gen_stopped") == key and partial is not None and partial[0] == key:
+        st.info(f"Stopped after {partial[1].n_generated} of {n_new} tokens.")
+        if st.button("Generate again", key="exp_gen_again"):
+            st.session_state.pop("exp_gen_stopped", None)
+            st.rerun()
+        return partial[1]
+    stop = st.empty()
+    stop.button("Stop", key="exp_gen_stop", on_click=lambda: st.session_state.__setitem__("exp_gen_stopped", key),
+                help="Keeps the tokens generated so far.")
+    bar = st.progress(0.0, text=f"Generating with {name}…")
+
+    def on_step(so_far):
+        st.session_state["exp_gen_partial"] = (key, so_far)
+        bar.progress(so_far.n_generated / n_new, text=f"Generated {so_far.n_generated} of {n_new} tokens: "
+                                                      f"{so_far.text[-60:]!r}")
+
+    try:
+        return _GENERATIONS.get(key, lambda: generate(loaded, prompt, int(n_new), temperature=float(temperature),
+                                                      seed=int(seed), on_step=on_step))
+    except GenerationError as exc:
+        st.error(str(exc))
+        return None
+    finally:
+        stop.empty()
+        bar.empty()
+
+
+def knockouts(name: str, token_ids: tuple[int, ...], rows: tuple, mode: str, target):
+    """The KnockoutResult of these rows on the text, or None after a message; progress shown batch by batch."""
+    from attnviz.knockout import KnockoutError, knockout_effects
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    key = (name, ui.model_version(name), token_ids, rows, mode, target)
+    bar = st.progress(0.0, text=f"Knocking out {len(rows)} head set(s)…")
+    try:
+        return _KNOCKOUTS.get(key, lambda: knockout_effects(
+            loaded, list(token_ids), list(rows), mode=mode, target=target,
+            progress=lambda done, total: bar.progress(done / total, text=f"Knocked out {done} of {total}")))
+    except KnockoutError as exc:
+        st.error(str(exc))
+        return None
+    finally:
+        bar.empty()
+
+
+def knockouts_done(name: str, token_ids: tuple[int, ...], rows: tuple, mode: str, target) -> bool:
+    return (name, ui.model_version(name), token_ids, rows, mode, target) in _KNOCKOUTS
+
+
+def norms(name: str, text: str, layer: int):
+    """The NormAttention of the layer on the text, or None after a message."""
+    from attnviz.norms import NormError, norm_attention
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    try:
+        with st.spinner("Reading the layer's value vectors…"):
+            return _NORMS.get((name, ui.model_version(name), text, int(layer)),
+                              lambda: norm_attention(loaded, text, int(layer)))
+    except NormError as exc:
+        st.error(str(exc))
+        return None
+
+
+def rollout(name: str, text: str):
+    """(capture, rollout [layer, n, n]) of the text, or (None, None) after a message."""
+    from attnviz.rollout import capture_rollout
+
+    capture = ui.get_capture(name, text)
+    if capture is None:
+        return None, None
+    if capture.n_tokens > ROLLOUT_MAX_TOKENS:
+        st.error(f"The text is {capture.n_tokens:,} tokens; rollout here takes up to {ROLLOUT_MAX_TOKENS} "
+                 "(it keeps one n x n matrix per layer). Shorten the text.")
+        return None, None
+    key = (name, ui.model_version(name), text)
+    return capture, _ROLLOUTS.get(key, lambda: capture_rollout(capture))
+
+
+def npz_bytes(**arrays) -> bytes:
+    """Arrays as one compressed .npz file."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
+    return buffer.getvalue()
+
+
+def generation_npz(gen) -> bytes:
+    """Every step's rows (step_i: [layer, head, position + 1]) with the tokens, ids and top-k."""
+    return npz_bytes(token_ids=np.array(gen.token_ids), tokens=np.array(gen.tokens), n_prompt=gen.n_prompt,
+                     positions=np.array([s.position for s in gen.steps]),
+                     top_ids=np.stack([s.top_ids for s in gen.steps]), top_probs=np.stack([s.top_probs for s in gen.steps]),
+                     cache_bytes=np.array([s.cache_bytes for s in gen.steps]),
+                     **{f"step_{i}": s.rows for i, s in enumerate(gen.steps)})
+
+
+def knockout_table(result, stats: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per knock-out: the heads, the loss and target effects, and (single heads) the head's statistics."""
+    frame = pd.DataFrame({
+        "heads": [" + ".join(f"L{layer}H{head}" for layer, head in r) or "none" for r in result.rows],
+        "layer": [r[0][0] if len(r) == 1 else np.nan for r in result.rows],
+        "head": [r[0][1] if len(r) == 1 else np.nan for r in result.rows],
+        "delta_loss_nats": result.delta_loss, "loss_nats": result.loss})
+    if result.delta_target is not None:
+        frame["delta_target_logprob"] = result.delta_target
+    if stats is not None and (frame["layer"].notna()).any():
+        frame = frame.merge(stats.drop(columns=["kv_head"], errors="ignore"), on=["layer", "head"], how="left")
+    return frame

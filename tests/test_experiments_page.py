@@ -1,0 +1,101 @@
+"""The Experiments page: every view runs and draws on a toy model, bad input gets a message, an encoder is told
+what it cannot do, the link keeps the view (a layer the model does not have is clamped with a warning), and a number
+on screen equals an independent computation."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from attnviz.knockout import output_projection
+from attnviz.models import load_model
+
+PAGE = str(Path(__file__).resolve().parent.parent / "app_pages" / "experiments.py")
+
+
+def _page(**query) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _charts(at) -> int:
+    return len(at.get("plotly_chart"))
+
+
+@pytest.mark.parametrize("view", ["Generation", "Knock-outs", "Rollout", "Norm-based attention"])
+def test_every_view_draws_on_a_toy_model(view):
+    at = _page(view=view, model="toy-llama-gqa")
+    assert at.radio(key="exp_view").value == view
+    assert _charts(at) >= 2 and not at.error, [e.value for e in at.error]
+    assert at.get("download_button"), "every view exports its numbers"
+    assert at.query_params["view"] == [view] or at.query_params["view"] == view
+
+
+def test_generation_rows_slider_and_bad_counts():
+    at = _page(model="toy-gpt2", new="6")
+    assert at.select_slider(key="exp_step").options == [f"{i}: {t}" for i, t in enumerate(
+        at.select_slider(key="exp_step").options and [o.split(": ", 1)[1] for o in at.select_slider(key="exp_step").options])]
+    at.select_slider(key="exp_step").set_value(3).run()
+    assert not at.exception and at.query_params["step"] in ("3", ["3"])
+    for bad in (0, 10_000):
+        at.number_input(key="exp_new").set_value(bad).run()
+        assert not at.exception
+        assert any("between 1 and 64" in e.value for e in at.error)
+    at.number_input(key="exp_new").set_value(4).run()
+    at.text_area(key="exp_prompt").set_value("   ").run()
+    assert any("empty" in e.value for e in at.error)
+
+
+def test_an_encoder_is_told_it_cannot_generate_or_knock_out_but_gets_rollout():
+    at = _page(model="minilm-l6", view="Generation")
+    assert any("encoder" in w.value for w in at.warning)
+    at.radio(key="exp_view").set_value("Knock-outs").run()
+    assert any("encoder" in w.value for w in at.warning)
+    at.radio(key="exp_view").set_value("Rollout").run()
+    assert not at.exception and _charts(at) == 2
+
+
+def test_a_link_to_a_layer_or_head_the_model_does_not_have_is_clamped_with_a_warning():
+    at = _page(model="toy-gpt2", view="Norm-based attention", layer="99", head="7")
+    warnings = " ".join(w.value for w in at.warning)
+    assert "layer 99" in warnings and "head 7" in warnings
+    assert at.selectbox(key="exp_layer").value in (0, 1) and at.selectbox(key="exp_head").value in range(4)
+    assert _charts(at) == 2
+
+
+def test_knockout_set_and_bad_target():
+    at = _page(model="toy-gpt2", view="Knock-outs")
+    at.radio(key="exp_ko_which").set_value("A chosen set of heads together").run()
+    at.multiselect(key="exp_ko_set").set_value([]).run()
+    assert any("at least one head" in w.value for w in at.warning)
+    at.multiselect(key="exp_ko_set").set_value(["L1H2"]).run()
+    assert len(at.metric) == 2
+    at.text_input(key="exp_ko_target").set_value("a long target of many tokens").run()
+    assert any("must be one token" in e.value for e in at.error)
+    at.text_area(key="exp_text").set_value("").run()
+    assert any("empty" in w.value for w in at.warning)
+
+
+def test_knockout_number_on_screen_equals_the_edited_copy():
+    at = _page(model="toy-gpt2", view="Knock-outs")
+    table = at.dataframe[0].value
+    row = table[table["heads"] == "L1H2"].iloc[0]
+    loaded = load_model("toy-gpt2")
+    ids = torch.tensor([loaded.tokenizer(at.text_area(key="exp_text").value).input_ids])
+    model = copy.deepcopy(loaded.model)
+    proj = output_projection(model, 1)
+    with torch.no_grad():
+        proj.weight[2 * 16:3 * 16, :] = 0  # GPT-2's Conv1D: the head's input rows
+        base = loaded.model(input_ids=ids).logits[0].double()
+        knocked = model(input_ids=ids).logits[0].double()
+    ce = torch.nn.functional.cross_entropy
+    expected = float(ce(knocked[:-1], ids[0, 1:]) - ce(base[:-1], ids[0, 1:]))
+    assert row["delta_loss_nats"] == pytest.approx(expected, abs=1e-5)
