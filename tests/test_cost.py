@@ -288,3 +288,15 @@ def test_head_sharing_panel_titles_fit_their_panels(n_heads, n_kv):
     assert titles[1].split("<br>")[1] == f"{n_heads} query, {n_kv} KV heads"
     for title in titles:
         assert max(len(line) for line in title.split("<br>")) * 0.6 * 13 <= PANEL_PX, title
+
+
+@pytest.mark.parametrize("name", ["toy-gpt2", "toy-llama-gqa", "toy-bloom-alibi"])
+def test_arch_from_config_agrees_with_the_models_shape(name):
+    """The Variants page counts a registry model's parameters from its config (arch_from_config needs the MLP width,
+    biases and norms, which ModelShape does not hold); its shape facts are ModelShape's, read once at load."""
+    from attnviz.models import load_model
+
+    loaded = load_model(name)
+    arch, shape = arch_from_config(loaded.model.config, name=name), loaded.shape
+    assert (arch.layers, arch.heads, arch.kv_heads, arch.head_dim, arch.d_model, arch.vocab) == \
+        (shape.layers, shape.heads, shape.kv_heads, shape.head_dim, shape.d_model, shape.vocab)
