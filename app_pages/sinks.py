@@ -17,18 +17,20 @@ WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
 POSITIONS = {"inside the cache (StreamingLLM)": "cache", "as in the text": "original"}
 
 
-def show_sink_scores() -> None:
+def pick_model_and_text() -> tuple[str | None, str]:
     left, right = st.columns([1, 2])
     with left:
         model = ui.model_picker("sinks_model", default=EXPERIMENT_MODEL)
     with right:
         text = ui.text_input("sinks_text", DEFAULT_TEXT, height=80)
-    if model is None:
-        return
-    if len(text) > MAX_CHARS:
+    if model is not None and len(text) > MAX_CHARS:
         st.error(f"The text is {len(text):,} characters; this page measures sinks on up to {MAX_CHARS:,}. "
                  "Shorten it (the eviction experiment below runs on its own long text).")
-        return
+        return None, text
+    return model, text
+
+
+def show_sink_scores(model: str, text: str) -> None:
     capture = ui.get_capture(model, text)
     if capture is None:
         return
@@ -112,6 +114,136 @@ def show_sink_scores() -> None:
           + (f" Only the first {shown} of {capture.n_tokens} tokens are drawn." if shown < capture.n_tokens else ""))
 
 
+def show_metric_over_texts(model: str, text: str) -> None:
+    st.markdown(
+        "One text says little about a model. Gu et al. measure over many: **Sink₀^ε** is the share of all "
+        "(text, layer, head) triples whose α₀ exceeds ε (0.3 in the paper, on 64-token texts). Here the texts "
+        "are evenly spaced windows of the public-domain text shipped with attnviz, in the model's own tokens, "
+        "plus your text above.")
+    c1, c2, c3, c4 = st.columns(4)
+    n_windows = c1.slider("Windows of the shipped text", 1, 32, 8, key="sinks_metric_windows",
+                          persist_state="session")
+    n_tokens = c2.select_slider("Tokens per window", [16, 32, 64, 128], value=64, key="sinks_metric_tokens",
+                                persist_state="session")
+    eps = c3.slider("Threshold ε", 0.05, 0.95, sinks.SINK_THRESHOLD, step=0.05, key="sinks_metric_eps",
+                    persist_state="session")
+    own = c4.checkbox("Add my text", value=True, key="sinks_metric_own", persist_state="session")
+    if st.button("Measure over the texts", key="sinks_metric_run"):
+        st.session_state["sinks_metric_on"] = True
+    if not st.session_state.get("sinks_metric_on"):
+        st.info(f"Press the button to capture every text: about a second per text on a quiet CPU for SmolLM2 "
+                f"(30 layers), a moment for the toy models. Results are kept: moving ε is instant.")
+        return
+    loaded = ui.get_model(model)
+    if loaded is None:
+        return
+    texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=n_tokens, n_windows=n_windows)
+    if own and text.strip():
+        texts.append(text)
+    alpha = sink_ui.alpha_over_texts(model, tuple(texts))  # [text, layer, head]
+    if alpha is None:
+        return
+    whole = sinks.sink_rate(alpha, eps)
+    st.metric(f"Sink₀^{eps:g} of {model}", f"{whole:.1%}",
+              help=f"{len(texts)} texts × {alpha.shape[1]} layers × {alpha.shape[2]} heads = {alpha.size:,} triples")
+    layers = list(range(alpha.shape[1]))
+    ui.chart(figs.sink_rate_bars(sinks.sink_rate_by_layer(alpha, eps), layers, eps=eps, whole=whole,
+                                 n_texts=len(texts)),
+             f"Each bar is one layer: the share of its (text, head) pairs with α₀ > {eps:g}. In SmolLM2 the first "
+             "layers read content and from some depth on nearly every head is a sink on nearly every text: the "
+             "sink is a habit of the model, not of one text. Random toy models have none.")
+    grid = np.round(np.linspace(0.05, 0.95, 19), 2)
+    ui.chart(figs.sink_rate_curve(grid, sinks.sink_rate_curve(alpha, grid), eps=eps),
+             "The same metric for every threshold: a model with real sinks keeps a high share far above 0.3, "
+             "because its sink heads give the first token most of their attention, not just a third of it.")
+
+
+def show_massive_activations(model: str, text: str) -> None:
+    st.markdown(
+        "Sun et al. (2024, *Massive Activations in Large Language Models*) found the mechanism under the sink: "
+        "from an early layer on, a few dimensions of the first token's hidden state (and of some delimiters) take "
+        "values thousands of times the median, and stay there. They act as a fixed bias that makes the first "
+        "token's key easy to find. Here: each layer's top 3 values on your text, and what happens when those "
+        "dimensions are set to zero at the sink token, or to their mean at the same position over other texts "
+        f"({sink_ui.REFERENCE_WINDOWS} windows of the shipped text).")
+    loaded = ui.get_model(model)
+    if loaded is None:
+        return
+    from attnviz import lm, massive
+
+    if not lm.is_language_model(loaded.model) or not loaded.shape.causal:
+        st.warning(f"{model} is not a decoder with a language-model head, so it has no perplexity to measure. "
+                   "Choose smollm2-135m (or a toy decoder) above.")
+        return
+    got = sink_ui.layer_outputs(model, text)
+    if got is None:
+        return
+    ids, hidden = got
+    if len(ids) < 2:
+        st.warning("The text is a single token: type a longer text.")
+        return
+    tokens = loaded.tokenizer.convert_ids_to_tokens(ids)
+    top = massive.top_activations(hidden, k=3)
+    first = massive.first_massive_layer(hidden)
+    peaks = [abs(t[0].value) for t in top]
+    ui.chart(figs.massive_values(peaks, massive.median_magnitude(hidden)),
+             (f"From layer {first} on, the largest value is over {massive.MASSIVE_VALUE:g} and over "
+              f"{massive.MASSIVE_RATIO:,.0f}× the layer's median: a massive activation (Sun et al.'s definition)."
+              if first is not None else "No layer has a value over 100 and 1,000× its median: this model has no "
+              "massive activations in Sun et al.'s sense (random toy models have none)."))
+    with st.expander("The top 3 values of every layer, and where they sit"):
+        st.dataframe(pd.DataFrame([dict(layer=a.layer, rank=r + 1, token=a.token, text=tokens[a.token], dim=a.dim,
+                                        value=round(a.value, 2)) for layer in top for r, a in enumerate(layer)]),
+                     hide_index=True)
+    default_layer = first if first is not None else int(np.argmax(peaks))
+    c1, c2, c3, c4 = st.columns(4)
+    with c1:
+        layer = ui.choice_box("Edit after layer", list(range(len(hidden))), "sinks_massive_layer", default_layer)
+    with c2:
+        token = ui.choice_box("At token", list(range(len(ids))), "sinks_massive_token", top[layer][0].token)
+    k = c3.slider("Largest dimensions edited", 1, 8, 3, key="sinks_massive_dims", persist_state="session")
+    mode = c4.radio("Set them to", massive.MODES, key="sinks_massive_mode", persist_state="session",
+                    format_func=lambda m: "zero" if m == "zero" else "their mean over other texts")
+    dims = np.argsort(-np.abs(hidden[layer, token]), kind="stable")[:k].tolist()
+    st.caption(f"Dimensions {', '.join(map(str, dims))} of token {token} ({tokens[token]!r}) after layer {layer}.")
+    if st.button("Run the intervention", key="sinks_massive_run"):
+        st.session_state["sinks_massive_on"] = True
+    if not st.session_state.get("sinks_massive_on"):
+        st.info("Press the button: the model runs twice (with and without the edit), each time with a capture "
+                "of every head.")
+        return
+    means = None
+    if mode == "mean":
+        reference = sink_ui.reference_outputs(model)
+        if reference is None:
+            return
+        try:
+            means = massive.mean_at(reference, layer, token, dims)
+        except ValueError:
+            st.warning(f"The mean is taken at the same position in {sink_ui.REFERENCE_WINDOWS} windows of "
+                       f"{sink_ui.REFERENCE_TOKENS} tokens of the shipped text; token {token} is past their end. "
+                       "Choose an earlier token, or set the dimensions to zero.")
+            return
+    edit = massive.edit_for(hidden, layer, token, dims, mode, means)
+    result = sink_ui.intervention(model, text, edit)
+    if result is None:
+        return
+    after = slice(layer + 1, None)
+    mass, edited = result.sink_mass[after].mean(), result.edited_sink_mass[after].mean()
+    c1, c2 = st.columns(2)
+    c1.metric("Perplexity on your text", f"{result.edited_perplexity:.2f}",
+              delta=f"{result.edited_perplexity / result.perplexity - 1:+.1%} vs {result.perplexity:.2f} unedited",
+              delta_color="inverse")
+    c2.metric(f"Sink mass of layers {layer + 1}–{len(hidden) - 1}", f"{edited:.1%}",
+              delta=f"{100 * (edited - mass):+.1f} points vs {mass:.1%} unedited", delta_color="off")
+    label = "dimensions zeroed" if mode == "zero" else "dimensions set to their mean"
+    ui.chart(figs.sink_mass_change(result.sink_mass, result.edited_sink_mass, label=label),
+             "Sink mass: the share of each layer's attention that queries 1..n−1 put on token 0; layers up to the "
+             "edit are unchanged. Sun et al. report that zeroing the first token's massive activations wrecks the "
+             "model and its sinks, while their mean (nearly the same value in every text) keeps both: the sink "
+             "rests on that fixed value. On SmolLM2 zeroing them sends the perplexity up by orders of magnitude.")
+
+
 def show_experiment() -> None:
     st.markdown(
         "StreamingLLM (Xiao et al., ICLR 2024) keeps a fixed-size KV cache for endless text. The obvious cache, "
@@ -187,6 +319,14 @@ st.markdown(
     "put its attention somewhere, and models learn to park it on a token every query can see. Gu et al. "
     "(ICLR 2025, *When Attention Sink Emerges in Language Models*) measure it per head:")
 st.latex(r"\alpha_k = \frac{1}{T-k}\sum_{t=k}^{T-1} A_{t,k}\qquad\text{a sink head has } \alpha_0 > 0.3")
-show_sink_scores()
+picked, typed = pick_model_and_text()
+if picked is not None:
+    show_sink_scores(picked, typed)
+st.header("The sink metric over many texts")
+if picked is not None:
+    show_metric_over_texts(picked, typed)
+st.header("Massive activations: what the sink is built on")
+if picked is not None:
+    show_massive_activations(picked, typed)
 st.header("Evict the first tokens: the StreamingLLM experiment")
 show_experiment()

@@ -6,8 +6,8 @@ at the sink token and the model breaks; set them to their mean and it does not.
 - layer_outputs: the residual stream after every decoder layer, [layer, token, dim] (forward hooks on the
   layers, so the last layer is read before the final norm).
 - top_activations: the top-k absolute values of each layer's output and which token and dimension hold them.
-- edited: a context in which one layer's output is changed at one token, in some dimensions (to zero, or to a
-  given value), for every forward pass this thread runs; other threads running the same shared model are not
+- edited: a context in which one layer's output is changed at one token, in some dimensions (to zero, or to
+  their mean over other texts: mean_at), for every forward pass this thread runs; other threads running the same shared model are not
   touched. intervention() measures what that does to the per-token loss (attnviz.lm) and to each layer's sink
   mass (attnviz.stats.sink_mass on attnviz.capture's patterns).
 """
@@ -122,9 +122,20 @@ class Edit:
     values: tuple[float, ...]
 
 
-def edit_for(hidden, layer: int, token: int, dims: Sequence[int], mode: str) -> Edit:
-    """The Edit of Sun et al.'s intervention: the dims at `token` after `layer` set to zero ("zero") or to their
-    mean over the text's other tokens at that layer ("mean"). hidden: [layer, token, dim] of the unedited run."""
+def mean_at(hiddens: Sequence, layer: int, token: int, dims: Sequence[int]) -> tuple[float, ...]:
+    """The mean of `dims` at position `token` after `layer` over several texts: what Sun et al. set massive
+    activations to (their mean over many sequences; the values barely change from text to text). hiddens: one
+    [layer, token, dim] array per text, each with more than `token` tokens."""
+    rows = [np.asarray(h)[layer, token, list(dims)] for h in hiddens if np.shape(h)[1] > token]
+    if not rows:
+        raise ValueError(f"no reference text has a token at position {token}")
+    return tuple(float(v) for v in np.mean(rows, axis=0))
+
+
+def edit_for(hidden, layer: int, token: int, dims: Sequence[int], mode: str,
+             means: Sequence[float] | None = None) -> Edit:
+    """The Edit of Sun et al.'s intervention: the dims at `token` after `layer` set to zero ("zero") or to
+    `means` ("mean", from mean_at over other texts). hidden: [layer, token, dim] of the unedited run."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     h = np.asarray(hidden)
@@ -133,13 +144,10 @@ def edit_for(hidden, layer: int, token: int, dims: Sequence[int], mode: str) -> 
                          f"{h.shape[1]} tokens)")
     dims = tuple(int(d) for d in dims)
     if mode == "zero":
-        values = (0.0,) * len(dims)
-    else:
-        others = np.delete(h[layer], token, axis=0)  # [token - 1, dim]
-        if not len(others):
-            raise ValueError("the mean over the other tokens needs a text of at least two tokens")
-        values = tuple(float(others[:, d].mean()) for d in dims)
-    return Edit(layer, token, dims, values)
+        return Edit(layer, token, dims, (0.0,) * len(dims))
+    if means is None or len(means) != len(dims):
+        raise ValueError("the mean intervention needs one mean value per dimension (mean_at)")
+    return Edit(layer, token, dims, tuple(float(v) for v in means))
 
 
 _EDIT: ContextVar[Edit | None] = ContextVar("attnviz_massive_edit", default=None)

@@ -62,17 +62,23 @@ def test_first_massive_layer_follows_sun_et_al_thresholds():
     assert massive.first_massive_layer(small) is None
 
 
-def test_edit_for_mean_is_the_other_tokens_mean():
+def test_mean_at_is_the_mean_over_texts_and_edit_for_checks_its_input():
     rng = np.random.default_rng(1)
-    h = rng.normal(size=(2, 5, 4))
-    edit = massive.edit_for(h, 1, 2, [0, 3], "mean")
-    for dim, value in zip((0, 3), edit.values):
-        assert value == pytest.approx(sum(h[1, t, dim] for t in (0, 1, 3, 4)) / 4)
+    hiddens = [rng.normal(size=(2, n, 4)) for n in (5, 3, 6)]
+    means = massive.mean_at(hiddens, 1, 4, [0, 3])  # the 3-token text has no token 4: left out
+    for dim, value in zip((0, 3), means):
+        assert value == pytest.approx((hiddens[0][1, 4, dim] + hiddens[2][1, 4, dim]) / 2)
+    h = hiddens[0]
+    assert massive.edit_for(h, 1, 2, [0, 3], "mean", means).values == means
     assert massive.edit_for(h, 0, 0, [1], "zero").values == (0.0,)
+    with pytest.raises(ValueError):
+        massive.mean_at(hiddens, 1, 9, [0])
     with pytest.raises(ValueError):
         massive.edit_for(h, 2, 0, [1], "zero")
     with pytest.raises(ValueError):
         massive.edit_for(h, 0, 0, [1], "half")
+    with pytest.raises(ValueError):
+        massive.edit_for(h, 0, 0, [1, 2], "mean", means=(1.0,))
 
 
 def _losses_by_hand(model, ids, edit=None):
@@ -126,7 +132,10 @@ def test_intervention_equals_one_done_by_hand(llama, mode):
     ids = _ids(llama)
     hidden = massive.layer_outputs(llama.model, ids)
     top = massive.top_activations(hidden, k=3)[0]
-    edit = massive.edit_for(hidden, 0, top[0].token, sorted({a.dim for a in top}), mode)
+    dims = sorted({a.dim for a in top})
+    others = [massive.layer_outputs(llama.model, _ids(llama, t)) for t in
+              ("A bird in the hand is worth two in the bush, they say.", "Two roads diverged in a yellow wood, and I")]
+    edit = massive.edit_for(hidden, 0, top[0].token, dims, mode, massive.mean_at(others, 0, top[0].token, dims))
     result = massive.intervention(llama, TEXT, edit)
     np.testing.assert_allclose(result.losses, _losses_by_hand(llama.model, ids), atol=1e-5)
     np.testing.assert_allclose(result.edited_losses, _losses_by_hand(llama.model, ids, edit), atol=1e-5)
@@ -171,11 +180,20 @@ def test_decoder_layers_of_other_families():
     assert len(massive.decoder_layers(load_model("toy-bloom-alibi").model)) == 2
 
 
-def test_smollm2_has_massive_activations_at_the_first_token(smollm2):
-    """Sun et al.: a few dimensions of the first token grow to thousands of times the median."""
+def test_smollm2_massive_activations_reproduce_sun_et_al(smollm2):
+    """Sun et al.: a few dimensions of the first token grow to thousands of times the median; zeroing them at
+    that token wrecks the model and its sinks, setting them to their mean over other texts changes little."""
     text = "Four score and seven years ago our fathers brought forth on this continent, a new nation."
     hidden = massive.layer_outputs(smollm2.model, _ids(smollm2, text))
     layer = massive.first_massive_layer(hidden)
     assert layer is not None and layer < 20
     top = massive.top_activations(hidden, k=1)
     assert all(top[l][0].token == 0 for l in range(layer, len(hidden) - 1))
+    dims = np.argsort(-np.abs(hidden[layer, 0]))[:3].tolist()
+    others = [massive.layer_outputs(smollm2.model, _ids(smollm2, t)) for t in
+              ("We hold these truths to be self-evident.", "With malice toward none, with charity for all.")]
+    zero = massive.intervention(smollm2, text, massive.edit_for(hidden, layer, 0, dims, "zero"))
+    mean = massive.intervention(smollm2, text, massive.edit_for(hidden, layer, 0, dims, "mean",
+                                                                massive.mean_at(others, layer, 0, dims)))
+    assert zero.edited_perplexity > 100 * zero.perplexity
+    assert mean.edited_perplexity < 1.2 * mean.perplexity

@@ -1,4 +1,3 @@
-import math
 
 import numpy as np
 import pytest
@@ -250,6 +249,10 @@ def test_every_figure_has_a_title_and_axis_titles_with_units():
         figs.key_score_bars(alpha.mean(axis=(0, 1)), tokens, highlight=[0]),
         figs.head_map(_causal_random_pattern(rng, (6, 6)), tokens, title="one head"),
         figs.loss_curves(np.arange(1, 6), {"a": np.ones(5), "b": np.ones(5) * 2}, window=3, smoothing=1),
+        figs.sink_rate_bars([0.1, 0.5, 0.9], [0, 1, 2], eps=0.3, whole=0.5, n_texts=4),
+        figs.sink_rate_curve([0.1, 0.3, 0.5], [0.9, 0.5, 0.2], eps=0.3),
+        figs.massive_values([3.0, 900.0, 1000.0], [1.0, 1.0, 1.2]),
+        figs.sink_mass_change([0.1, 0.5, 0.6], [0.1, 0.2, 0.1], label="zeroed"),
     ]
     for fig in figures:
         assert fig.layout.title.text
@@ -325,3 +328,115 @@ def test_page_states_a_learned_sinks_share(tmp_path):
     expected = capture_attention(load_model(str(folder)), text).learned_sink.mean()
     info = " ".join(i.value for i in at.info)
     assert "learned sink" in info and f"{expected:.1%}" in info, info
+
+
+def _alpha0_by_loops(model, tokenizer, text):
+    """alpha_0 [layer, head] from transformers' own attention weights (output_attentions), by loops in float64:
+    the mean over the queries t >= 0 that see key 0 (all of them) of A[t, 0]."""
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions
+    out = np.zeros((len(attentions), attentions[0].shape[1]))
+    for layer, a in enumerate(attentions):
+        a = a[0].double().numpy()
+        n = a.shape[-1]
+        for head in range(a.shape[0]):
+            total = 0.0
+            for t in range(n):
+                total += a[head, t, 0]
+            out[layer, head] = total / n  # causal: key 0 is seen by all n queries; bidirectional: likewise
+    return out
+
+
+@pytest.mark.parametrize("name", ["toy-gpt2", "minilm-l6"])
+def test_sink_metric_over_texts_matches_loops_on_transformers_patterns(name):
+    from attnviz.models import load_model
+
+    loaded = load_model(name)
+    texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=24, n_windows=5)
+    assert len(texts) == 5 and len(set(texts)) == 5
+    for text in texts:  # each window is 24 of the model's tokens, plus the special tokens it adds itself
+        plain = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert len(plain) == 24
+    alpha = sinks.alpha_over_texts(loaded, texts)  # [text, layer, head]
+    want = np.stack([_alpha0_by_loops(loaded.model, loaded.tokenizer, t) for t in texts])
+    np.testing.assert_allclose(alpha, want, atol=1e-6)
+    for eps in (0.05, 0.3, 0.6):
+        triples = [(i, l, h) for i in range(want.shape[0]) for l in range(want.shape[1]) for h in range(want.shape[2])]
+        share = sum(want[i, l, h] > eps for i, l, h in triples) / len(triples)
+        assert sinks.sink_rate(alpha, eps) == pytest.approx(share)
+        for l in range(want.shape[1]):
+            pairs = [want[i, l, h] > eps for i in range(want.shape[0]) for h in range(want.shape[2])]
+            assert sinks.sink_rate_by_layer(alpha, eps)[l] == pytest.approx(sum(pairs) / len(pairs))
+    np.testing.assert_allclose(sinks.sink_rate_curve(alpha, [0.05, 0.3]),
+                               [sinks.sink_rate(alpha, 0.05), sinks.sink_rate(alpha, 0.3)])
+
+
+def test_text_windows_short_and_empty_texts():
+    from attnviz.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    assert sinks.text_windows("short", tok, n_tokens=64) == ["short"]
+    assert sinks.text_windows("   ", tok, n_tokens=64) == []
+    # 26 tokens, windows of 10 evenly spaced from the start to the end: starting at 0, 8 and 16
+    assert sinks.text_windows("abcdefghijklmnopqrstuvwxyz", tok, n_tokens=10, n_windows=3) == [
+        "abcdefghij", "ijklmnopqr", "qrstuvwxyz"]
+
+
+def _sinks_page(model: str, text: str):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"), default_timeout=300)
+    at.session_state["sinks_model"] = model
+    at.session_state["sinks_text"] = text
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_page_shows_the_sink_metric_over_texts_for_the_eps_chosen():
+    from attnviz.models import load_model
+
+    text = "Attention sinks sit on the first token of the text."
+    at = _sinks_page("toy-gpt2", text)
+    at.slider(key="sinks_metric_windows").set_value(3)
+    at.select_slider(key="sinks_metric_tokens").set_value(16)
+    at.button(key="sinks_metric_run").click().run()
+    at.slider(key="sinks_metric_eps").set_value(0.1).run()
+    assert not at.exception, at.exception
+    loaded = load_model("toy-gpt2")
+    texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=16, n_windows=3) + [text]
+    want = np.stack([_alpha0_by_loops(loaded.model, loaded.tokenizer, t) for t in texts])
+    shown = next(m for m in at.metric if m.label.startswith("Sink"))
+    assert shown.label == "Sink₀^0.1 of toy-gpt2"
+    assert shown.value == f"{(want > 0.1).mean():.1%}"
+
+
+def test_page_runs_the_massive_activation_intervention():
+    from attnviz import massive
+    from attnviz.models import load_model
+
+    text = "The cat sat on the mat. The dog sat on the log."
+    at = _sinks_page("toy-llama-gqa", text)
+    assert any("no massive activations" in c.value for c in at.caption)  # random weights: none
+    at.slider(key="sinks_massive_dims").set_value(2)
+    at.button(key="sinks_massive_run").click().run()
+    assert not at.exception, at.exception
+    layer = at.selectbox(key="sinks_massive_layer").value
+    token = at.selectbox(key="sinks_massive_token").value
+    loaded = load_model("toy-llama-gqa")
+    hidden = massive.layer_outputs(loaded.model, loaded.tokenizer(text)["input_ids"])
+    dims = np.argsort(-np.abs(hidden[layer, token]), kind="stable")[:2].tolist()
+    result = massive.intervention(loaded, text, massive.edit_for(hidden, layer, token, dims, "zero"))
+    shown = next(m for m in at.metric if m.label == "Perplexity on your text")
+    assert shown.value == f"{result.edited_perplexity:.2f}"
+    at.radio(key="sinks_massive_mode").set_value("mean").run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_page_says_an_encoder_has_no_perplexity_for_the_intervention():
+    at = _sinks_page("minilm-l6", "Attention sinks sit on the first token.")
+    assert any("not a decoder with a language-model head" in w.value for w in at.warning)

@@ -86,3 +86,57 @@ def loss_curves(positions, losses: Mapping[str, Sequence[float]], *, window: int
                   annotation_text="from here the window has lost token 0", annotation_position="top right")
     return fig
 
+
+
+def sink_rate_bars(rate_by_layer, layers: Sequence[int], *, eps: float, whole: float, n_texts: int) -> go.Figure:
+    """rate_by_layer [layer]: Gu et al.'s Sink_0^eps of each layer (share of its (text, head) pairs with
+    alpha_0 > eps), as percentages, with the whole model's value as a dashed line."""
+    fig = go.Figure(go.Bar(x=list(layers), y=100 * np.asarray(rate_by_layer, dtype=float), marker_color=PALETTE[0],
+                           name="per layer",
+                           hovertemplate="layer %{x}<br>Sink = %{y:.1f}%<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[min(layers) - 0.5, max(layers) + 0.5], y=[100 * whole] * 2, mode="lines",
+                             name=f"whole model: {100 * whole:.1f}%", line=dict(color=PALETTE[1], dash="dash")))
+    fig.update_yaxes(range=[0, 100])
+    return apply_layout(fig, title=f"Sink metric per layer over {n_texts} texts (α₀ > {eps:g})",
+                        x_title="layer (0 = nearest the input)",
+                        y_title="Sink₀^ε (% of the layer's (text, head) pairs)", height=340)
+
+
+def sink_rate_curve(eps_values, rates, *, eps: float) -> go.Figure:
+    """Sink_0^eps of the whole model against the threshold eps, the chosen eps marked."""
+    fig = line_chart(np.asarray(eps_values), {"whole model": 100 * np.asarray(rates, dtype=float)},
+                     title="How the sink metric depends on the threshold ε", x_title="threshold ε (share of attention)",
+                     y_title="Sink₀^ε (% of (text, layer, head) triples)", height=340)
+    fig.add_vline(x=eps, line=dict(color="#868e96", dash="dot"))
+    fig.update_yaxes(range=[0, 100])
+    return fig
+
+
+def massive_values(peaks, medians) -> go.Figure:
+    """peaks [layer]: the largest |hidden-state value| after each layer; medians [layer]: each layer's median
+    |value|. Log scale: massive activations sit three or four orders of magnitude above the median."""
+    layers = np.arange(len(peaks))
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=layers, y=np.asarray(peaks, dtype=float), mode="lines+markers",
+                             name="largest |value|", line=dict(color=PALETTE[1])))
+    fig.add_trace(go.Scatter(x=layers, y=np.asarray(medians, dtype=float), mode="lines+markers",
+                             name="median |value|", line=dict(color=PALETTE[0])))
+    fig.update_yaxes(type="log")
+    return apply_layout(fig, title="Largest and median hidden-state magnitude after each layer",
+                        x_title="layer (0 = nearest the input)", y_title="|hidden-state value| (log scale)",
+                        height=360)
+
+
+def sink_mass_change(mass, edited_mass, *, label: str) -> go.Figure:
+    """mass, edited_mass [layer]: each layer's mean sink mass (share of attention on token 0), before and after
+    the intervention, as grouped bars in percent."""
+    layers = np.arange(len(mass))
+    fig = go.Figure([go.Bar(x=layers, y=100 * np.asarray(mass, dtype=float), name="as the model runs",
+                            marker_color=PALETTE[0]),
+                     go.Bar(x=layers, y=100 * np.asarray(edited_mass, dtype=float), name=label,
+                            marker_color=PALETTE[1])])
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(range=[0, 100])
+    return apply_layout(fig, title="Sink mass per layer, with and without the massive activations",
+                        x_title="layer (0 = nearest the input)",
+                        y_title="sink mass (% of attention on token 0)", height=360)

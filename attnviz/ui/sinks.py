@@ -40,3 +40,101 @@ def cached_losses(loaded, text: str, window: int | None, n_sinks: int, positions
         bar.progress(0.0, text=f"{label}: another visitor is computing this setting; waiting for it ({seconds:.0f} s)")
 
     return loss_store().get(key, compute, on_wait=waiting, poll_seconds=1.0)
+
+
+_RESULTS = None  # attnviz.once.ComputeOnce of the sink metric's alphas and the massive-activation runs
+
+
+def _results() -> ComputeOnce:
+    global _RESULTS
+    if _RESULTS is None:
+        _RESULTS = ComputeOnce(max_items=32)
+    return _RESULTS
+
+
+def alpha_over_texts(name: str, texts: tuple[str, ...]):
+    """alpha_0 [text, layer, head] of `name` on each text (attnviz.sinks.alpha_over_texts), computed once per
+    (model, model_version, texts) for every session, with a progress bar. None after an st.error."""
+    from attnviz import sinks, ui
+    from attnviz.capture import CaptureError
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    key = ("alpha0", name, ui.model_version(name), tuple(_digest(t) for t in texts))
+    bar = st.progress(0.0, text=f"Capturing {len(texts)} texts through {name}…")
+
+    def compute():
+        return sinks.alpha_over_texts(loaded, texts, progress=lambda done, total: bar.progress(
+            done / total, text=f"Capturing text {done} of {total} through {name}"))
+
+    def waiting(seconds: float) -> None:
+        bar.progress(0.0, text=f"Another visitor is measuring the same texts; waiting for it ({seconds:.0f} s)")
+
+    try:
+        return _results().get(key, compute, on_wait=waiting)
+    except CaptureError as exc:
+        st.error(str(exc))
+        return None
+    finally:
+        bar.empty()
+
+
+def layer_outputs(name: str, text: str):
+    """(token ids [n], hidden [layer, token, dim]) of `text` through `name` (attnviz.massive.layer_outputs),
+    computed once per (model, model_version, text)."""
+    from attnviz import massive, ui
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    key = ("hidden", name, ui.model_version(name), _digest(text))
+
+    def compute():
+        ids = loaded.tokenizer(text)["input_ids"]
+        return ids, massive.layer_outputs(loaded.model, ids)
+
+    with st.spinner(f"Running {name} and keeping every layer's output…"):
+        return _results().get(key, compute)
+
+
+def intervention(name: str, text: str, edit):
+    """attnviz.massive.intervention of `edit` on `text`, computed once per (model, model_version, text, edit)."""
+    from attnviz import massive, ui
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    key = ("intervention", name, ui.model_version(name), _digest(text), edit)
+    with st.spinner(f"Running {name} with and without the edit (two forward passes and two captures)…"):
+        return _results().get(key, lambda: massive.intervention(loaded, text, edit))
+
+
+REFERENCE_WINDOWS = 8   # texts the "mean" intervention averages over (Sun et al. average over many sequences)
+REFERENCE_TOKENS = 64
+
+
+def reference_outputs(name: str):
+    """Every layer's output on REFERENCE_WINDOWS windows of the shipped text (REFERENCE_TOKENS tokens each): a list
+    of [layer, token, dim] arrays, computed once per (model, model_version), with a progress bar."""
+    from attnviz import massive, sinks, streaming, ui
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    key = ("reference", name, ui.model_version(name))
+    bar = st.progress(0.0, text=f"Running {name} on {REFERENCE_WINDOWS} windows of the shipped text for the means…")
+
+    def compute():
+        texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=REFERENCE_TOKENS,
+                                   n_windows=REFERENCE_WINDOWS)
+        out = []
+        for i, text in enumerate(texts):
+            out.append(massive.layer_outputs(loaded.model, loaded.tokenizer(text)["input_ids"]))
+            bar.progress((i + 1) / len(texts), text=f"Reference text {i + 1} of {len(texts)}")
+        return out
+
+    try:
+        return _results().get(key, compute)
+    finally:
+        bar.empty()
