@@ -102,7 +102,9 @@ def settle(page, timeout_s: float) -> None:
 
 def choose(page, label: str, option: str) -> None:
     box = page.locator('[data-testid="stSelectbox"]', has_text=label).first
-    box.locator('input[role="combobox"]').click()
+    field = box.locator('input[role="combobox"]')
+    field.click()
+    field.fill(option)  # the list is virtualised: typing brings the option into it
     page.get_by_role("option", name=option, exact=True).first.click()
 
 
@@ -111,7 +113,7 @@ def toggle(page, label: str) -> None:
 
 
 def slider_step(page, label: str, key: str) -> None:
-    page.locator('[data-testid="stSlider"]', has_text=label).first.locator('[role="slider"]').first.press(key)
+    page.locator('[data-testid="stSlider"]', has_text=label).first.locator('input[type="range"]').first.press(key)
 
 
 def open_tab(page, name: str) -> None:
@@ -203,7 +205,9 @@ def main() -> None:
                 if args.only and name not in args.only:
                     continue
                 try:
-                    rows += measure(page, url, args.repeat)
+                    for row in measure(page, url, args.repeat):
+                        rows.append(row)
+                        print(f"{row[0]}: {', '.join(f'{t:.2f}' for t in row[1])} s", file=sys.stderr, flush=True)
                 except Exception:
                     page.screenshot(path=f"browser-latency-{name}-failed.png", full_page=True)
                     raise
