@@ -115,3 +115,16 @@ def test_a_refused_or_failed_export_leaves_no_file(caps, tmp_path, monkeypatch):
     with pytest.raises(CaptureError, match="Unknown export format"):
         capture_to_bytes(dense, "csv", layers=[0], heads=[0])
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_a_whole_capture_round_trips_every_field(caps, tmp_path, suffix):
+    dense, _ = caps
+    save_capture(dense, tmp_path / f"cap{suffix}")
+    back = load_capture(tmp_path / f"cap{suffix}")
+    assert np.array_equal(back.pattern, dense.pattern) and np.array_equal(back.scores, dense.scores)
+    assert (back.tokens, back.token_ids, back.layers, back.kv_head_of, back.model_name, back.causal) == (
+        dense.tokens, dense.token_ids, dense.layers, dense.kv_head_of, dense.model_name, dense.causal)
+    assert (back.scaling, back.head_dim) == (dense.scaling, dense.head_dim)
+    with pytest.raises(CaptureError, match=".npz or .safetensors"):
+        save_capture(dense, tmp_path / "cap.txt")
