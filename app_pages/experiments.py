@@ -49,8 +49,10 @@ def from_link() -> None:
     st.session_state["exp_link_asked"] = asked
 
 
-def choice_box(label, options, key, default=None, **kwargs):
-    return ui.choice_box(label, options, key, default, link_asked_key="exp_link_asked", **kwargs)
+def choice_box(label, options, key, default=None):
+    if key not in st.session_state and default is not None:  # the selectbox would otherwise start at options[0]
+        st.session_state[key] = default
+    return ui.choice_box(label, options, key, default, link_asked_key="exp_link_asked")
 
 
 def generation_view(model, loaded):
@@ -192,21 +194,27 @@ def rollout_view(model, text):
     if capture is None:
         return {}
     n = capture.n_tokens
-    query = choice_box("Query token", list(range(n)), "exp_query", n - 1)
-    raw = capture.layer_rows(capture.layers[-1]).astype(np.float64).mean(0)
+    c1, c2 = st.columns(2)
+    with c1:
+        query = choice_box("Query token", list(range(n)), "exp_query", n - 1)
+    with c2:
+        last = capture.layers[-1]
+        layer = choice_box("Through layer", list(capture.layers), "exp_layer", last)
+    raw = capture.layer_rows(layer).astype(np.float64).mean(0)
     raw = raw / raw.sum(-1, keepdims=True)
-    ui.chart(figs.rollout_beside_raw(joint[-1, query], raw[query], capture.tokens, query=query),
-             "Rollout follows attention through every layer (with the residual as half of each step); the last "
-             "layer alone often puts its weight elsewhere. Rollout assumes information mixes linearly, all heads "
-             "equally, with the residual carrying exactly half: it misleads where heads differ in how much their "
-             "output matters (a sink's large weights carry small values) and ignores the MLPs.")
-    ui.chart(figs.rollout_map(joint[-1], capture.tokens),
-             "Every query's rollout after the last layer: in a causal model mass piles up on the first tokens, "
-             "which every later token can reach.")
+    ui.chart(figs.rollout_beside_raw(joint[layer, query], raw[query], capture.tokens, query=query, layer=layer),
+             f"Rollout follows attention from the input through layer {layer} (the residual as half of each step); "
+             f"layer {layer}'s own attention often puts its weight elsewhere. Rollout assumes information mixes "
+             "linearly, every head counting equally and the residual carrying exactly half: it misleads where heads "
+             "differ in how much their output matters (a sink's large weights carry small values) and ignores the "
+             "MLPs.")
+    ui.chart(figs.rollout_map(joint[layer], capture.tokens, layer=layer),
+             "Every query's rollout: in a causal model the mass piles up, layer after layer, on the first tokens, "
+             "which every later token can reach; pick an earlier layer to see it before it collapses.")
     st.download_button("Rollout after every layer (.npz)", data=lambda: cache.npz_bytes(
         rollout=joint, tokens=np.array(capture.tokens)), file_name=f"{model.replace('/', '_')}-rollout.npz",
         mime="application/octet-stream", key="exp_dl_ro")
-    return {"query": query}
+    return {"query": query, "layer": layer}
 
 
 def norms_view(model, loaded, text):
@@ -216,11 +224,14 @@ def norms_view(model, loaded, text):
     if got is None:
         return {"layer": layer, "head": head}
     summary = got.sink_summary(head)
+    sink = summary["weight"] > 0.3 and summary["norm_share"] < summary["weight"]
     ui.chart(figs.weights_beside_norms(got.pattern[head], got.shares()[head], got.tokens),
-             f"Left: the weights. Right: each key's share of the summed lengths ‖α·v·W_O‖ of what it adds to the "
-             f"query's output. Token 0 gets {summary['weight']:.0%} of this head's weight but {summary['norm_share']:.0%} "
-             "of the norms: when a sink takes the mass, raw weights mislead, because the sink token's value "
-             "vectors are small and it adds little to the output.")
+             "Left: the weights. Right: each key's share of the summed lengths ‖α·v·W_O‖ of what it adds to the "
+             f"query's output. Token 0 gets {summary['weight']:.0%} of this head's weight and "
+             f"{summary['norm_share']:.0%} of the norms. "
+             + ("When a sink takes the mass, raw weights mislead: the sink token's value vectors are small, so it "
+                "adds little to the output." if sink else "Where a sink takes the mass, raw weights mislead: the "
+                "sink token's value vectors are small, so it adds little; try a head whose weight sits on token 0."))
     ui.chart(figs.value_norm_bars(got.value_norms[head], got.tokens),
              f"Token 0's vector is {summary['value_norm_ratio']:.2f}x the mean length of the others': a large weight "
              "times a short vector is a small contribution.")

@@ -61,6 +61,7 @@ def test_an_encoder_is_told_it_cannot_generate_or_knock_out_but_gets_rollout():
     assert any("encoder" in w.value for w in at.warning)
     at.radio(key="exp_view").set_value("Rollout").run()
     assert not at.exception and _charts(at) == 2
+    assert at.selectbox(key="exp_layer").value == 5  # through the last of MiniLM's 6 layers by default
 
 
 def test_a_link_to_a_layer_or_head_the_model_does_not_have_is_clamped_with_a_warning():
@@ -73,6 +74,8 @@ def test_a_link_to_a_layer_or_head_the_model_does_not_have_is_clamped_with_a_war
 
 def test_knockout_set_and_bad_target():
     at = _page(model="toy-gpt2", view="Knock-outs")
+    n = len(load_model("toy-gpt2").tokenizer(at.text_area(key="exp_text").value).input_ids)
+    assert at.selectbox(key="exp_query").value == n - 2  # the last position that has a next token
     at.radio(key="exp_ko_which").set_value("A chosen set of heads together").run()
     at.multiselect(key="exp_ko_set").set_value([]).run()
     assert any("at least one head" in w.value for w in at.warning)

@@ -72,14 +72,16 @@ def effect_scatter(stat: np.ndarray, effect: np.ndarray, labels: Sequence[str], 
                         y_title=effect_name, height=380)
 
 
-def rollout_beside_raw(rollout_row: np.ndarray, raw_row: np.ndarray, tokens: Sequence[str], *, query: int) -> go.Figure:
-    """Two bars per key: the rollout of query `query` after the last layer, and the last layer's raw attention
+def rollout_beside_raw(rollout_row: np.ndarray, raw_row: np.ndarray, tokens: Sequence[str], *, query: int,
+                       layer: int) -> go.Figure:
+    """Two bars per key: the rollout of query `query` through layer `layer`, and that layer's raw attention
     (heads averaged)."""
     x = _labels(tokens[:len(raw_row)])
     fig = go.Figure([
-        go.Bar(x=x, y=np.asarray(rollout_row, dtype=float), name="rollout (all layers)", marker_color=PALETTE[0],
+        go.Bar(x=x, y=np.asarray(rollout_row, dtype=float), name=f"rollout (layers 0 to {layer})",
+               marker_color=PALETTE[0],
                hovertemplate="%{x}<br>rollout %{y:.3f}<extra></extra>"),
-        go.Bar(x=x, y=np.asarray(raw_row, dtype=float), name="last layer, raw (heads averaged)",
+        go.Bar(x=x, y=np.asarray(raw_row, dtype=float), name=f"layer {layer} alone, raw (heads averaged)",
                marker_color=PALETTE[1], hovertemplate="%{x}<br>raw %{y:.3f}<extra></extra>"),
     ])
     fig.update_layout(barmode="group")
@@ -87,11 +89,11 @@ def rollout_beside_raw(rollout_row: np.ndarray, raw_row: np.ndarray, tokens: Seq
                         y_title="share (each set sums to 1)", height=360)
 
 
-def rollout_map(joint: np.ndarray, tokens: Sequence[str]) -> go.Figure:
-    """joint [query, key]: rollout after the last layer."""
+def rollout_map(joint: np.ndarray, tokens: Sequence[str], *, layer: int) -> go.Figure:
+    """joint [query, key]: rollout through layer `layer`."""
     labels = _labels(tokens) if len(tokens) <= 120 else None
     return heatmap(joint, x_labels=labels, y_labels=labels, zmin=0.0, colorscale=ATTENTION_SCALE,
-                   colorbar_title="share", title="Rollout after the last layer, every query",
+                   colorbar_title="share", title=f"Rollout through layer {layer}, every query",
                    x_title="key (position: token)", y_title="query (position: token)",
                    hovertemplate="query %{y}<br>key %{x}<br>%{z:.3f}<extra></extra>", height=520)
 
