@@ -324,3 +324,34 @@ def test_an_export_too_big_is_refused_with_its_size(toys, monkeypatch):
     dense = capture_attention(toys["toy-llama-gqa"], TEXT)
     with pytest.raises(CaptureError, match="GiB.*export fewer layers or heads"):
         cap.capture_to_bytes(dense, "npz")
+
+
+def test_values_are_kept_on_request_follow_select_and_are_refused_where_not_recorded():
+    from attnviz.capture import CaptureError, capture_attention
+    from attnviz.models import load_model
+
+    loaded = load_model("toy-llama-gqa")
+    capture = capture_attention(loaded, "one two three", with_values=True)
+    assert capture_attention(loaded, "one two three").values is None
+    n = capture.n_tokens
+    assert capture.values[1].shape == (loaded.shape.kv_heads, n, loaded.shape.head_dim)
+    assert capture.select([1]).values[1] is capture.values[1]
+    with pytest.raises(CaptureError, match="value vectors"):
+        capture_attention(load_model("toy-bloom-alibi"), "one two", with_values=True)
+
+
+def test_recording_forward_runs_the_whole_model_and_records_every_layer():
+    import torch
+
+    from attnviz.capture import recording_forward
+    from attnviz.models import load_model
+
+    loaded = load_model("toy-gpt2")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        plain = loaded.model(input_ids=ids, output_attentions=True)
+        with recording_forward(loaded.model) as rec:
+            logits = loaded.model(input_ids=ids).logits
+    assert torch.equal(logits, plain.logits)  # not stopped after the last layer
+    for layer, weights in enumerate(plain.attentions):
+        np.testing.assert_array_equal(rec.pattern[layer], weights[0].numpy())

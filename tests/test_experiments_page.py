@@ -102,3 +102,21 @@ def test_knockout_number_on_screen_equals_the_edited_copy():
     ce = torch.nn.functional.cross_entropy
     expected = float(ce(knocked[:-1], ids[0, 1:]) - ce(base[:-1], ids[0, 1:]))
     assert row["delta_loss_nats"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_stopped_generation_shows_what_it_made_until_run_again():
+    from attnviz.generation import generate
+
+    prompt = "Stop me here"
+    partial = generate(load_model("toy-gpt2"), prompt, 3, stop_at_eos=False)
+    key = ("toy-gpt2", (), prompt, 8, 0.0, 0)  # what the Stop button leaves behind (toy models' version is ())
+    at = _page(model="toy-gpt2", new="8")
+    at.session_state["exp_gen_stopped"] = key
+    at.session_state["exp_gen_partial"] = (key, partial)
+    at.text_area(key="exp_prompt").set_value(prompt).run()
+    assert not at.exception
+    assert any("Stopped after 3 of 8 tokens" in i.value for i in at.info)
+    assert _charts(at) >= 2 and at.button(key="exp_gen_again")
+    at.button(key="exp_gen_again").click().run()
+    assert not at.exception and not any("Stopped" in i.value for i in at.info)
+    assert len(at.select_slider(key="exp_step").options) == 8  # generated in full this time
