@@ -46,8 +46,9 @@ st.caption((f"Query head h reads key/value head ⌊h / {group}⌋: with {n_kv} k
               "square or diamond to name it." if q_step > 1 else ""))
 
 st.header("KV-cache memory")
-st.latex(r"\text{KV bytes} = 2_{(K,V)} \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim}"
-         r" \times \text{context} \times \text{batch} \times \text{bytes per value}")
+# on two lines: on one it was cut at "head_dim" in a narrow window
+st.latex(r"\begin{gathered}\text{KV bytes} = 2_{(K,V)} \times \text{layers} \times \text{kv\_heads} \times "
+         r"\text{head\_dim} \\ {}\times \text{context} \times \text{batch} \times \text{bytes per value}\end{gathered}")
 # the model chips get the page's whole width: in a third of it they were cut to "Mi…"
 chosen = st.multiselect("Models", list(archs) + [CUSTOM], key="variants_models", persist_state="session",
                         default=["Llama-2-7B", "Llama-2-70B", "Mistral-7B", "SmolLM2-135M"])
