@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from attnviz.capture import CaptureError, capture_attention
-from attnviz.knockout import KnockoutError, output_projection, projection_weight
+from attnviz.projection import KnockoutError, output_projection, projection_weight
 
 
 class NormError(ValueError):

@@ -42,7 +42,8 @@ def top_k_bars(labels: Sequence[str], probs: np.ndarray, chosen: int | None) -> 
 def cache_growth(tokens: Sequence[int], nbytes: Sequence[int], current: int) -> go.Figure:
     """The KV cache's size (KiB) against its length after each step; the current step marked."""
     kib = np.asarray(nbytes, dtype=float) / 1024
-    fig = line_chart(list(tokens), {"KV cache": kib}, title="KV cache after each step (every layer's keys and values)",
+    fig = line_chart(list(tokens), {"KV cache": kib},
+                     title="KV cache after each step (every layer's keys and values)",
                      x_title="tokens in the cache", y_title="size (KiB, float32)", height=300)
     fig.add_trace(go.Scatter(x=[tokens[current]], y=[kib[current]], mode="markers", name="this step",
                              marker=dict(color=PALETTE[1], size=10)))
@@ -56,7 +57,8 @@ def effect_grid(values: np.ndarray, *, what: str, unit: str) -> go.Figure:
     return heatmap(values, x_labels=[f"H{h}" for h in range(values.shape[1])],
                    y_labels=[f"L{layer}" for layer in range(values.shape[0])], colorscale=DIVERGING_SCALE,
                    zmin=-bound or -1.0, zmax=bound or 1.0, colorbar_title=unit,
-                   title=f"{what} when each head is knocked out", x_title="head", y_title="layer (0 = nearest the input)",
+                   title=f"{what} when each head is knocked out", x_title="head",
+                   y_title="layer (0 = nearest the input)",
                    hovertemplate="%{y} %{x}<br>%{z:+.4f} " + unit + "<extra></extra>",
                    height=max(300, 18 * values.shape[0] + 140))
 
@@ -66,7 +68,8 @@ def effect_scatter(stat: np.ndarray, effect: np.ndarray, labels: Sequence[str], 
     """One point per head: its statistic (x) against its knock-out effect (y)."""
     fig = go.Figure(go.Scatter(x=np.asarray(stat, dtype=float), y=np.asarray(effect, dtype=float), mode="markers",
                                text=list(labels), marker=dict(color=PALETTE[0], size=7, opacity=0.75),
-                               hovertemplate="%{text}<br>" + stat_name + " %{x:.3f}<br>effect %{y:+.4f}<extra></extra>"))
+                               hovertemplate="%{text}<br>" + stat_name
+                               + " %{x:.3f}<br>effect %{y:+.4f}<extra></extra>"))
     fig.add_hline(y=0, line=dict(color="#868e96", width=1))
     return apply_layout(fig, title=f"Knock-out effect against the head's {stat_name}", x_title=stat_name,
                         y_title=effect_name, height=380)

@@ -128,7 +128,8 @@ def generation_npz(gen) -> bytes:
     """Every step's rows (step_i: [layer, head, position + 1]) with the tokens, ids and top-k."""
     return npz_bytes(token_ids=np.array(gen.token_ids), tokens=np.array(gen.tokens), n_prompt=gen.n_prompt,
                      positions=np.array([s.position for s in gen.steps]),
-                     top_ids=np.stack([s.top_ids for s in gen.steps]), top_probs=np.stack([s.top_probs for s in gen.steps]),
+                     top_ids=np.stack([s.top_ids for s in gen.steps]),
+                     top_probs=np.stack([s.top_probs for s in gen.steps]),
                      cache_bytes=np.array([s.cache_bytes for s in gen.steps]),
                      **{f"step_{i}": s.rows for i, s in enumerate(gen.steps)})
 
