@@ -6,12 +6,13 @@ widget is changed until the app reports its script has stopped running, no skele
 is drawn, and that has held for three polls 50 ms apart (the idle rule of tests/test_browser.py, polled finer; the
 three quiet polls are not counted). Every change is made REPEAT times (back and forth) and the median printed.
 
-  Heads, ~1,800 tokens of smollm2-135m (the shipped Declaration and Gettysburg text, repeated; every layer):
-      layer change, head change, boost toggle, hide-sink on, on the One head tab
+  Heads, ~1,800 tokens of smollm2-135m (the shipped Declaration and Gettysburg text, repeated), layers 0-14 (the
+      dense pattern store, 1.7 GiB) and every layer (the qk store): layer change, head change, boost toggle,
+      hide-sink on, on the One head tab
   Softmax: the "keys per query" slider moved one step
   Kernel: the "Step" slider moved one step
 
-    python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--only heads]
+    python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--only heads-dense] [--only kernel] ...
 """
 
 from __future__ import annotations
@@ -130,10 +131,12 @@ def timed(page, action, repeat: int) -> list[float]:
     return out
 
 
-def heads_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
+def heads_rows(page, url: str, repeat: int, layers: str | None = None) -> list[tuple[str, list[float]]]:
+    """layers None: every layer (30 x 9 x 1,800^2 weights do not fit the dense store: the qk store); "0-14": 15
+    layers, 1.7 GiB, the dense pattern store (the case of the issue's table)."""
     text = long_text(N_TOKENS)
-    query = urllib.parse.urlencode({"model": MODEL, "text": text, "layer": "10", "head": "0", "boost": "1",
-                                    "sink": "0"})
+    view = {"model": MODEL, "text": text, "layer": "10", "head": "0", "boost": "1", "sink": "0"}
+    query = urllib.parse.urlencode({**view, **({"layers": layers} if layers else {})})
     page.goto(f"{url}/heads?{query}")
     page.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=600_000)
     settle(page, 1200)  # the capture and the first views (not timed)
@@ -156,7 +159,8 @@ def heads_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
         toggle(page, "Hide the sink")
         wait_idle(page, time.perf_counter())
     rows.append(("hide sink on", sink))
-    return [(f"Heads, {N_TOKENS:,} tokens: {name}", times) for name, times in rows]
+    store = f"layers {layers}, dense store" if layers else "every layer, qk store"
+    return [(f"Heads, {N_TOKENS:,} tokens ({store}): {name}", times) for name, times in rows]
 
 
 def softmax_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
@@ -177,7 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8641)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", choices=["heads", "softmax", "kernel"], action="append")
+    parser.add_argument("--only", choices=["heads-dense", "heads-qk", "softmax", "kernel"], action="append")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -201,7 +205,8 @@ def main() -> None:
             browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
             context = browser.new_context(viewport={"width": 1400, "height": 1300})
             page = context.new_page()
-            for name, measure in (("heads", heads_rows), ("softmax", softmax_rows), ("kernel", kernel_rows)):
+            for name, measure in (("heads-dense", lambda *a: heads_rows(*a, layers="0-14")),
+                                  ("heads-qk", heads_rows), ("softmax", softmax_rows), ("kernel", kernel_rows)):
                 if args.only and name not in args.only:
                     continue
                 try:
