@@ -6,13 +6,15 @@ against batched, and the effect of sharing the untouched first layers of a batch
 Prints (a) one forward pass per head, timed on the first --single heads and extrapolated to all 270; (b) every head
 in batches of --batch rows, each row knocking out its own head, the whole model run for every row; (c) the same
 with each batch's untouched first layers run once and shared (what attnviz.knockout does). (b) and (c) time all
-270 heads, and their losses are checked against each other and against (a) on the heads (a) ran. All numbers come
-from this one run.
+270 heads, and their losses are checked against each other and against (a) on the heads (a) ran. Besides wall
+time it prints the process's CPU time (all torch threads together): on a machine other programs also load, the
+wall time grows with their load and the CPU time much less. All numbers come from this one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,22 +54,26 @@ def main() -> None:
     print(f"SmolLM2-135M, {len(ids)} tokens, {len(rows)} heads, batch {args.batch}, "
           f"{torch.get_num_threads()} torch threads")
     ko.knocked_logits(loaded, ids, rows[9:11])  # warm up, and the once-per-model check of shared first layers
+    load_before = os.getloadavg()[0]
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     single = losses(loaded, ids, rows[:args.single], 1, False)
     single_s = (time.perf_counter() - start) * len(rows) / args.single
-    start = time.perf_counter()
+    single_cpu = (time.process_time() - cpu) * len(rows) / args.single
+    start, cpu = time.perf_counter(), time.process_time()
     full = losses(loaded, ids, rows, args.batch, False)
-    full_s = time.perf_counter() - start
-    start = time.perf_counter()
+    full_s, full_cpu = time.perf_counter() - start, time.process_time() - cpu
+    start, cpu = time.perf_counter(), time.process_time()
     result = ko.knockout_effects(loaded, ids, rows, batch=args.batch)
-    shared_s = time.perf_counter() - start
+    shared_s, shared_cpu = time.perf_counter() - start, time.process_time() - cpu
 
-    print(f"{'method':<58}{'seconds':>9}{'x (a)':>8}")
-    print(f"{'(a) one head per forward pass (extrapolated from ' + str(args.single) + ')':<58}{single_s:>9.1f}"
-          f"{1:>8.2f}")
-    print(f"{'(b) batched, whole model per row':<58}{full_s:>9.1f}{single_s / full_s:>8.2f}")
-    print(f"{'(c) batched, first layers shared (knockout_effects)':<58}{shared_s:>9.1f}{single_s / shared_s:>8.2f}")
+    print(f"load average before the timings: {load_before:.1f} on {os.cpu_count()} cores")
+    print(f"{'method':<56}{'wall s':>8}{'CPU s':>8}{'x (a) wall':>12}")
+    print(f"{'(a) one head per forward pass (extrapolated from ' + str(args.single) + ')':<56}{single_s:>8.1f}"
+          f"{single_cpu:>8.1f}{1:>12.2f}")
+    print(f"{'(b) batched, whole model per row':<56}{full_s:>8.1f}{full_cpu:>8.1f}{single_s / full_s:>12.2f}")
+    print(f"{'(c) batched, first layers shared (knockout_effects)':<56}{shared_s:>8.1f}{shared_cpu:>8.1f}"
+          f"{single_s / shared_s:>12.2f}")
     print(f"max |loss (b) - loss (c)| = {np.abs(full - result.loss).max():.2e} nats; "
           f"max |loss (a) - loss (c)| = {np.abs(single - result.loss[:args.single]).max():.2e} nats")
     top = np.argsort(-result.delta_loss)[:5]
