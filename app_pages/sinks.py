@@ -274,7 +274,8 @@ def show_experiment() -> None:
     if loaded is None:
         return
     text = streaming.shipped_text()
-    runs = [(streaming.SETTINGS[0], None, 0), (streaming.SETTINGS[1], window, 0), (streaming.SETTINGS[2], window, n_sinks)]
+    full, window_only, with_sinks = streaming.SETTINGS
+    runs = [(full, None, 0), (window_only, window, 0), (with_sinks, window, n_sinks)]
     losses = {}
     with st.status("Running the eviction experiment…", expanded=True) as status:
         for i, (name, w, s) in enumerate(runs):

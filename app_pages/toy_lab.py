@@ -5,8 +5,9 @@ import math
 import numpy as np
 import streamlit as st
 
-from attnviz import lab
+from attnviz import lab, ui
 from attnviz.figures import lab as figs
+from attnviz.ui import lab as lab_ui
 
 st.title("Toy lab")
 st.markdown(
@@ -18,7 +19,7 @@ st.markdown(
     "current one). Once trained, the model opens on every other page like any model.")
 
 st.subheader("Set up a run")
-c1, c2, c3 = st.columns(3)
+c1, c2, c3, c4 = st.columns(4)
 task = c1.selectbox("Task", lab.TASKS, key="lab_task",
                     persist_state="session", help="; ".join(f"{t}: {d}" for t, d in lab.TASK_INFO.items()))
 positional = c2.selectbox("Positions", lab.POSITIONAL, index=lab.POSITIONAL.index("rope"), key="lab_positional",
@@ -27,7 +28,11 @@ positional = c2.selectbox("Positions", lab.POSITIONAL, index=lab.POSITIONAL.inde
                           help="Which way the model knows positions; it picks the transformers architecture. With "
                                "the default settings an induction head forms in about 500 steps with RoPE and 1,400 "
                                "with learned positions; sinusoidal and ALiBi need more than 1,500.")
-seed = c3.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="lab_seed",
+attention = c3.selectbox("Attention", lab.ATTENTION, key="lab_attention", persist_state="session",
+                         format_func=lambda a: a.replace("_", " "),
+                         help="; ".join(f"{a.replace('_', ' ')}: {d}" for a, d in lab.ATTENTION_INFO.items())
+                              + ". The four variants are one gpt-oss model (RoPE) that differs only in its attention.")
+seed = c4.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="lab_seed",
                        persist_state="session",
                        help="Same settings and seed, same weights and losses.")
 c1, c2, c3 = st.columns(3)
@@ -39,7 +44,7 @@ lr = c2.select_slider("Learning rate", [3e-4, 1e-3, 3e-3, 1e-2, 3e-2], value=3e-
                       format_func=lambda v: f"{v:g}")
 segment_len = c3.slider("Segment length L (letters)", 3, 20, 8, key="lab_segment_len", persist_state="session",
                         help="Letters per segment; on the induction task each row's repeat has between 3 and L.")
-with st.expander("Letters, model size and batch"):
+with st.expander("Letters, text rows, model size, batch and weight decay"):
     c0, c1, c2, c3, c4 = st.columns(5)
     n_letters = c0.slider("Letters used", 3, 26, 8, key="lab_letters", persist_state="session",
                           help="Tasks use the first n letters a, b, c, …; fewer letters train faster.")
@@ -48,11 +53,17 @@ with st.expander("Letters, model size and batch"):
     n_heads = c2.selectbox("Heads per layer", [1, 2, 4, 8], index=2, key="lab_heads", persist_state="session")
     d_model = c3.selectbox("Width d_model", [32, 64, 128], index=1, key="lab_width", persist_state="session")
     batch_size = c4.selectbox("Batch size", [16, 32, 64], index=1, key="lab_batch", persist_state="session")
+    c0, c1, _ = st.columns([1, 1, 3])
+    text_len = c0.select_slider("Text rows (tokens)", [16, 32, 64, 128], value=64, key="lab_text_len",
+                                persist_state="session", help="Tokens per row of the text task, <bos> included.")
+    weight_decay = c1.select_slider("Weight decay", [0.0, 0.01, 0.1, 0.3], value=0.01, key="lab_weight_decay",
+                                    persist_state="session", help="AdamW's decoupled weight decay.")
 
 config = lab.LabConfig(task=task, positional=positional, seed=int(seed), steps=int(steps), lr=float(lr),
                        batch_size=int(batch_size), segment_len=int(segment_len), n_layers=int(n_layers),
                        n_heads=int(n_heads), d_model=int(d_model), eval_every=max(10, int(steps) // 40),
-                       n_letters=int(n_letters))
+                       n_letters=int(n_letters), attention=attention, text_len=int(text_len),
+                       weight_decay=float(weight_decay))
 problems = config.problems()
 for p in problems:
     st.error(f"{p[0].upper()}{p[1:]}. Change the setting above.")
@@ -65,22 +76,19 @@ auto_save = c3.checkbox("Save automatically when training ends", value=True, key
                         persist_state="session",
                         help=f"As lab/{config.default_name()}; the name comes from the settings.")
 if c1.button("Train", type="primary", key="lab_train", disabled=running or bool(problems)):
-    try:
-        new_run = lab.LabRun(config, auto_save=config.default_name() if auto_save else None)
-        new_run.start()
+    new_run = lab_ui.start_run(config, auto_save)
+    if new_run is not None:
         st.session_state["lab_run"] = run = new_run
         running = True
-    except lab.LabBusyError as exc:
-        st.warning(f"{exc}. Each run takes at most {lab.MAX_SECONDS:.0f} s.")
-    except ValueError as exc:
-        st.error(f"Cannot train with these settings: {exc}")
 if c2.button("Stop", key="lab_stop", disabled=not running):
     run.stop()
 
-if run is None:
+
+def show_no_run() -> None:
+    symbols = "256 bytes" if task == "text" else f"{n_letters} letters"
     st.info(f"Nothing trained yet in this session. Press **Train**: the default run takes about half a minute to a "
-            f"minute, depending on how busy the server is. The loss soon reaches log {n_letters} = "
-            f"{lab.chance_loss(n_letters):.2f} nats (guessing among the letters) and, on the induction task, "
+            f"minute, depending on how busy the server is. The loss soon falls below "
+            f"{lab.chance_loss(n_letters, task):.2f} nats (guessing among the {symbols}) and, on the induction task, "
             "drops further once heads find the earlier copy.")
     st.subheader("What to look for")
     example = lab.example_text(config) if config.task == "induction" else lab.example_text(
@@ -92,7 +100,6 @@ if run is None:
                "After training, compare them with the real heads (here and on the Heads page).")
     for column, fig in zip(st.columns(2), figs.target_pattern_heatmaps(tokens, targets)):
         column.plotly_chart(fig, width="stretch")
-    st.stop()
 
 
 @st.fragment(run_every=2.0 if running else None)
@@ -101,21 +108,23 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
     cfg = snap.config
     st.progress(min(1.0, snap.progress),
                 text=f"{snap.status}: step {snap.step} of {cfg.steps}, {snap.elapsed_s:.0f} s "
-                     f"({cfg.task}, {cfg.positional}, {cfg.n_layers} layers × {cfg.n_heads} heads, "
+                     f"({cfg.task}, {lab.architecture(cfg)}, {cfg.n_layers} layers × {cfg.n_heads} heads, "
                      f"d_model {cfg.d_model}, seed {cfg.seed})")
     if snap.error:
         st.error(f"Training stopped with an error: {snap.error}")
-    chance = lab.chance_loss(cfg.n_letters)
+    chance = lab.chance_loss(cfg.n_letters, cfg.task)
+    chance_of = "bytes" if cfg.task == "text" else "letters"
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(figs.loss_curve(snap.losses, chance, total_steps=cfg.steps), width="stretch")
+        st.plotly_chart(figs.loss_curve(snap.losses, chance, total_steps=cfg.steps, chance_of=chance_of),
+                        width="stretch")
         st.caption("Cross-entropy on the tokens with a known answer. Below the dashed chance line the model has "
                    "learnt something beyond which letters exist.")
     ckpts = [c for c in snap.checkpoints if not math.isnan(c.loss)] or snap.checkpoints
     with right:
         best = {name: [getattr(c, name).max() for c in ckpts] for name in ("previous_token", "induction", "sink")}
         st.plotly_chart(figs.best_heads_curve([c.step for c in ckpts], [c.loss for c in ckpts], best, chance,
-                                              total_steps=cfg.steps), width="stretch")
+                                              total_steps=cfg.steps, chance_of=chance_of), width="stretch")
         st.caption("The best head's score for each statistic on a fixed probe (random strings of several lengths, "
                    "each repeated twice). On the induction task the previous-token and induction scores rise "
                    "together as the loss falls below chance: the two heads form as a pair.")
@@ -138,10 +147,10 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
         st.rerun()
 
 
-live_view(run, running)
-
-snap = run.snapshot()
-if snap.finished and snap.status != "failed":
+def show_trained(run: lab.LabRun) -> None:
+    snap = run.snapshot()
+    if not snap.finished or snap.status == "failed":
+        return
     st.subheader("The trained model")
     cols = st.columns(3)
     last = snap.checkpoints[-1]
@@ -167,3 +176,71 @@ if snap.finished and snap.status != "failed":
         st.markdown(f"There, with the text `{example}` (or any text in the task's letters), the induction head "
                     "of layer 1 looks from each repeated letter to the letter after its first copy, and the "
                     "previous-token head of layer 0 looks one letter back.")
+
+
+def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
+    st.markdown(
+        "Why do heads park attention on the first token? Softmax must give every row a total of 1, so a head with "
+        "nothing to read needs somewhere harmless to put it (Gu et al., ICLR 2025). Three changes to attention "
+        "remove that need: **off by one** (softmax with 1 added to the denominator, weights can sum to less than "
+        "1), a **learned sink** logit per head (gpt-oss), and a **sigmoid gate** per head on the output (gated "
+        "attention, Qwen 2025: a head can switch itself off). Train the same small gpt-oss model with each, plus "
+        "plain **softmax**, on the settings above, and compare their losses and sink metric (Sink₀^0.3: the share "
+        "of (text, layer, head) triples with α₀ > 0.3, measured on fixed texts of the task).")
+    st.caption(lab_ui.SINK_MEASUREMENT)
+    comparison: lab.VariantComparison | None = st.session_state.get("lab_comparison")
+    busy = comparison is not None and not comparison.finished
+    c1, c2, _ = st.columns([1, 1, 3])
+    if c1.button("Train the four variants", key="lab_compare", disabled=busy or bool(problems)):
+        started = lab_ui.start_comparison(config)
+        if started is not None:
+            st.session_state["lab_comparison"] = comparison = started
+            busy = True
+    if c2.button("Stop them", key="lab_compare_stop", disabled=not busy):
+        comparison.stop()
+    if comparison is None:
+        st.info(f"Trains {len(lab.VARIANTS)} models one step each in turn, {config.steps} steps each (at most "
+                f"{lab.MAX_SECONDS:.0f} s in all), on the task and sizes set above; each is saved and opens on "
+                "the Heads page.")
+        return
+    comparison_view(comparison, busy)
+
+
+@st.fragment(run_every=2.0 if st.session_state.get("lab_comparison") is not None
+             and not st.session_state["lab_comparison"].finished else None)
+def comparison_view(comparison: lab.VariantComparison, was_running: bool) -> None:
+    snaps = comparison.snapshots()
+    first = next(iter(snaps.values()))
+    st.progress(min(1.0, min(s.progress for s in snaps.values())),
+                text=f"step {min(s.step for s in snaps.values())} of {first.config.steps} for each variant, "
+                     f"{sum(s.elapsed_s for s in snaps.values()):.0f} s" + (" (time limit reached)"
+                                                                             if comparison.timed_out else ""))
+    for name, snap in snaps.items():
+        if snap.error:
+            st.error(f"{name}: {snap.error}")
+    left, right = st.columns(2)
+    with left:
+        ui.chart(figs.variant_loss_curves({n: s.losses for n, s in snaps.items()}, total_steps=first.config.steps),
+                 "Loss on the task's answer tokens: the variants learn the task about equally well, so a "
+                 "difference in sinks is not a difference in skill.")
+    with right:
+        rates = {n: [c.sink_rate for c in s.checkpoints] for n, s in snaps.items()}
+        ui.chart(figs.variant_sink_curves({n: [c.step for c in s.checkpoints] for n, s in snaps.items()}, rates,
+                                          eps=0.3, threshold=lab_ui.SINK_TARGET, total_steps=first.config.steps),
+                 "Sink₀^0.3 at each checkpoint: the share of (text, layer, head) triples whose α₀ on <bos> exceeds "
+                 "0.3. Off by one and the learned sink give attention a place to go that is not a token; the gate "
+                 "lets a head write nothing; a token sink is what softmax alone forces.")
+    saved = [s.saved_as for s in snaps.values() if s.saved_as]
+    if saved:
+        st.caption("Saved, to open on the Heads page: " + ", ".join(f"lab/{n}" for n in saved) + ".")
+    if was_running and comparison.finished:
+        st.rerun()
+
+
+if run is None:
+    show_no_run()
+else:
+    live_view(run, running)
+    show_trained(run)
+st.header("Sink-free attention, side by side")
+show_comparison(config, problems)

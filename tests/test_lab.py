@@ -10,6 +10,13 @@ import pytest
 from attnviz import lab
 
 
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """Every saved model goes to a temporary cache."""
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
 def test_chance_is_a_legend_line_and_no_label_sits_on_the_curves():
     """Issue 14: the 'chance' label was drawn on the plot, where the loss curve (which sits at chance for its
     first steps) ran over it. Both loss charts draw chance as a dashed line at log(letters), named in the legend
@@ -29,3 +36,55 @@ def test_chance_is_a_legend_line_and_no_label_sits_on_the_curves():
         np.testing.assert_allclose(line.y, [math.log(8)] * 2)
         assert list(line.x) == [0, 100]
         assert fig.layout.legend.y < 0  # under the plot, clear of the title
+
+
+def _lab_page():
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    return AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "toy_lab.py"),
+                             default_timeout=300)
+
+
+def test_page_trains_the_four_variants_side_by_side(cache):
+    at = _lab_page()
+    at.session_state["lab_task"] = "text"
+    at.session_state["lab_steps"] = 20
+    at.session_state["lab_width"] = 32
+    at.session_state["lab_text_len"] = 16
+    at.run()
+    assert not at.exception, at.exception
+    at.button(key="lab_compare").click().run()
+    assert not at.exception, at.exception
+    comparison = at.session_state["lab_comparison"]
+    snaps = comparison.join(timeout=240)
+    assert all(s.status == "done" for s in snaps.values()), {n: s.status for n, s in snaps.items()}
+    at.run()
+    assert not at.exception, at.exception
+    import base64
+    import json
+
+    def values(y):  # plotly sends arrays as lists or as typed arrays {"dtype", "bdata" (base64)}
+        if isinstance(y, dict):
+            return np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"])).astype(float)
+        return np.asarray(y, dtype=float)
+
+    figures = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    sink_fig = next(f for f in figures if "Sink metric over training" in f["layout"]["title"]["text"])
+    shown = {t["name"]: values(t["y"]) for t in sink_fig["data"] if t["name"] in lab.VARIANTS}
+    assert set(shown) == set(lab.VARIANTS)
+    for name, y in shown.items():
+        np.testing.assert_allclose(y, [100 * c.sink_rate for c in snaps[name].checkpoints])
+    assert {s.saved_as for s in snaps.values()} == {s.config.default_name() for s in snaps.values()}
+    assert all((cache / "trained" / s.saved_as / lab.LAB_FILE).exists() for s in snaps.values())
+
+
+def test_page_refuses_a_variant_without_rope():
+    at = _lab_page()
+    at.session_state["lab_attention"] = "gated"
+    at.session_state["lab_positional"] = "alibi"
+    at.run()
+    assert not at.exception, at.exception
+    assert any("choose rope positions" in e.value for e in at.error)
+    assert at.button(key="lab_train").disabled and at.button(key="lab_compare").disabled

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -68,3 +69,36 @@ def test_auto_save_after_a_background_run(cache):
     snap = lab.LabRun(cfg, auto_save=cfg.default_name()).start().join(timeout=60)
     assert snap.status == "done" and snap.saved_as == cfg.default_name()
     assert (cache / "trained" / cfg.default_name() / "config.json").exists()
+
+
+@pytest.mark.parametrize("attention", lab.VARIANTS)
+def test_saved_variants_load_everywhere_with_the_same_outputs(cache, attention):
+    """Each attention variant saved by the lab opens through attnviz.models (as every page loads it) with the
+    trained model's logits; the gated one only because attnviz installs its gate (transformers alone drops the
+    gate weights); the capture reports the sink logit's share where there is one."""
+    import json
+
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+
+    run = lab.LabRun(lab.LabConfig(attention=attention, task="text", d_model=32, steps=3, text_len=16))
+    run.run()
+    path = run.save(f"variant-{attention}")
+    history = json.loads((path / lab.LAB_FILE).read_text())
+    assert history["config"]["attention"] == attention and "GptOss" in history["architecture"]
+    loaded = load_model(f"lab/variant-{attention}", device="cpu")
+    ids = torch.tensor([[lab.BOS_ID] + [ord(c) for c in "we hold these truths"]])
+    with torch.no_grad():
+        want, got = run.model(input_ids=ids).logits, loaded.model(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    if attention == "gated":
+        assert (plain - want).abs().max() > 1e-4  # without attnviz's gate the model is another one
+    capture = capture_attention(loaded, "we hold these truths")
+    rows = capture.pattern.sum(-1)  # [layer, head, query]: the weight on tokens
+    if attention in ("softmax", "gated"):
+        np.testing.assert_allclose(rows, 1.0, atol=1e-5)
+        assert capture.learned_sink is None or np.allclose(capture.learned_sink, 0.0, atol=1e-7)
+    else:
+        np.testing.assert_allclose(capture.learned_sink, 1.0 - rows, atol=1e-5)
+        assert capture.learned_sink.min() > 0.0

@@ -24,9 +24,9 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
 
 
 def loss_curve(losses: Sequence[float], chance: float, *, total_steps: int | None = None,
-               window: int = 20) -> go.Figure:
+               window: int = 20, chance_of: str = "letters") -> go.Figure:
     """Training loss per step (faint), its moving average, and the chance level as a dashed line.
-    losses [steps], nats; chance = log(number of letters the task uses), nats."""
+    losses [steps], nats; chance = log(number of symbols the task draws its answers from: chance_of), nats."""
     y = np.asarray(losses, dtype=float)
     x = np.arange(1, y.size + 1)
     fig = go.Figure()
@@ -34,7 +34,7 @@ def loss_curve(losses: Sequence[float], chance: float, *, total_steps: int | Non
                              opacity=0.35))
     fig.add_trace(go.Scatter(x=x, y=moving_average(y, window), mode="lines", name=f"mean of last {window} steps",
                              line=dict(color=PALETTE[0], width=2.5)))
-    _chance_line(fig, chance, total_steps or y.size, PALETTE[1])
+    _chance_line(fig, chance, total_steps or y.size, PALETTE[1], chance_of=chance_of)
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
     fig.update_yaxes(rangemode="tozero")
@@ -44,11 +44,12 @@ def loss_curve(losses: Sequence[float], chance: float, *, total_steps: int | Non
     return fig
 
 
-def _chance_line(fig: go.Figure, chance: float, last_step: int, color: str, suffix: str = "") -> None:
+def _chance_line(fig: go.Figure, chance: float, last_step: int, color: str, suffix: str = "",
+                 chance_of: str = "letters") -> None:
     """The chance level as a dashed line named in the legend: a label drawn on the plot sits where the loss
     curve, which spends its early steps at chance, runs over it."""
     fig.add_trace(go.Scatter(x=[0, max(int(last_step), 1)], y=[chance, chance], mode="lines",
-                             name=f"chance: log(letters) = {chance:.2f} nats{suffix}",
+                             name=f"chance: log({chance_of}) = {chance:.2f} nats{suffix}",
                              line=dict(color=color, dash="dash", width=1.5),
                              hovertemplate=f"chance: {chance:.3f} nats<extra></extra>"))
 
@@ -77,14 +78,15 @@ def score_curves(steps: Sequence[int], scores, *, statistic: str = "induction",
 
 
 def best_heads_curve(steps: Sequence[int], losses: Sequence[float], best: dict[str, Sequence[float]],
-                     chance: float, *, total_steps: int | None = None) -> go.Figure:
+                     chance: float, *, total_steps: int | None = None, chance_of: str = "letters") -> go.Figure:
     """The story in one chart: loss at each checkpoint (left axis, nats) against the best head's score for each
     statistic (right axis, 0-1). steps, losses [checkpoint]; best: statistic -> [checkpoint]."""
     x = np.asarray(steps)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=np.asarray(losses, dtype=float), mode="lines+markers", name="loss (left axis)",
                              line=dict(color=PALETTE[0], width=2.5), marker=dict(size=4)))
-    _chance_line(fig, chance, total_steps or (int(x.max()) if x.size else 1), PALETTE[0], " (left axis)")
+    _chance_line(fig, chance, total_steps or (int(x.max()) if x.size else 1), PALETTE[0], " (left axis)",
+                 chance_of=chance_of)
     for i, (name, y) in enumerate(best.items()):
         fig.add_trace(go.Scatter(x=x, y=np.asarray(y, dtype=float), mode="lines+markers",
                                  name=f"best {SCORE_TITLES.get(name, name)} (right axis)", yaxis="y2",
@@ -116,3 +118,36 @@ def target_pattern_heatmaps(tokens: Sequence[str], patterns) -> list[go.Figure]:
                     y_title="query token", zmin=0.0, zmax=1.0, colorbar_title="weight", height=360,
                     hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.2f}<extra></extra>")
             for name, p in patterns.items()]
+
+
+def variant_loss_curves(losses: dict[str, Sequence[float]], *, total_steps: int | None = None,
+                        window: int = 20) -> go.Figure:
+    """One line per attention variant: the moving average of its training loss. losses: variant -> [steps], nats."""
+    fig = go.Figure()
+    for i, (name, y) in enumerate(losses.items()):
+        y = np.asarray(y, dtype=float)
+        fig.add_trace(go.Scatter(x=np.arange(1, y.size + 1), y=moving_average(y, window), mode="lines", name=name,
+                                 line=dict(color=PALETTE[i % len(PALETTE)], width=2)))
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    fig.update_yaxes(rangemode="tozero")
+    return apply_layout(fig, title=f"Training loss of each attention variant (mean of the last {window} steps)",
+                        x_title="training step", y_title="cross-entropy (nats)", height=380)
+
+
+def variant_sink_curves(steps: dict[str, Sequence[int]], rates: dict[str, Sequence[float]], *, eps: float,
+                        threshold: float, total_steps: int | None = None) -> go.Figure:
+    """One line per attention variant: Gu et al.'s Sink_0^eps at each checkpoint, in percent, with the threshold
+    the benchmark waits for as a dashed line. steps, rates: variant -> [checkpoint]."""
+    fig = go.Figure()
+    for i, (name, y) in enumerate(rates.items()):
+        fig.add_trace(go.Scatter(x=np.asarray(steps[name]), y=100 * np.asarray(y, dtype=float), mode="lines+markers",
+                                 name=name, line=dict(color=PALETTE[i % len(PALETTE)]), marker=dict(size=4)))
+    last = total_steps or max((max(s) for s in steps.values() if len(s)), default=1)
+    fig.add_trace(go.Scatter(x=[0, last], y=[100 * threshold] * 2, mode="lines", name=f"{threshold:.0%}",
+                             line=dict(color="#868e96", dash="dash", width=1)))
+    fig.update_yaxes(range=[0, 100])
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    return apply_layout(fig, title=f"Sink metric over training (share of (text, layer, head) with α₀ > {eps:g})",
+                        x_title="training step", y_title="Sink₀^ε (% of triples)", height=380)

@@ -43,6 +43,7 @@ class LabConfig:
     n_letters: int = 8      # tasks use the first n letters; with 26 an induction head takes several times longer
     attention: str = "standard"
     text_len: int = 64      # tokens per row of the text task (<bos> included); Gu et al. measure on 64
+    weight_decay: float = 0.01  # AdamW's; Gu et al. find that more weight decay makes sinks emerge sooner
 
     def problems(self) -> list[str]:
         """What is wrong with this config, in words a page can show; empty when it is usable."""
@@ -77,6 +78,8 @@ class LabConfig:
             out.append("model width must be a multiple of the number of heads")
         elif self.n_heads >= 1 and (self.d_model // self.n_heads) % 2:
             out.append("head size (width / heads) must be even (RoPE and sinusoids rotate pairs)")
+        if not 0.0 <= self.weight_decay <= 1.0:
+            out.append("weight decay must be between 0 and 1")
         if not 1 <= self.eval_every <= MAX_STEPS:
             out.append(f"checkpoint interval must be between 1 and {MAX_STEPS} steps")
         return out
@@ -89,7 +92,7 @@ class LabConfig:
     def default_name(self) -> str:
         """A folder name that identifies the run: same config, same name (a digest of every field ends it)."""
         fields = asdict(self)
-        for name, default in (("attention", "standard"), ("text_len", 64)):  # so older runs keep their names
+        for name, default in (("attention", "standard"), ("text_len", 64), ("weight_decay", 0.01)):  # so older runs keep their names
             if fields[name] == default:
                 del fields[name]
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]

@@ -179,15 +179,23 @@ class LabRun:
             torch.set_num_threads(threads)
 
     def _train(self) -> RunSnapshot:
+        for _ in self.steps():
+            pass
+        return self.snapshot()
+
+    def steps(self):
+        """The training loop as a generator that yields after every step (and once at the end), so that a caller
+        can interleave several runs in one thread (VariantComparison). The caller sets torch's thread count."""
         cfg = self.config
         data = torch.Generator().manual_seed(cfg.seed)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
         warmup = max(1, min(50, cfg.steps // 10))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
         self.model.train()
         t0 = time.perf_counter()
         status = "done"
+        self._set(status="running")
         try:
             for step in range(1, cfg.steps + 1):
                 if self._stop.is_set():
@@ -207,6 +215,7 @@ class LabRun:
                 if step % cfg.eval_every == 0 or step == cfg.steps:
                     recent = self._losses[-cfg.eval_every:]
                     self._checkpoint(step, float(np.mean(recent)))
+                yield step
         except Exception as exc:  # reported through the snapshot: the page shows it instead of a dead thread
             status = "failed"
             self._set(error=f"{type(exc).__name__}: {exc}")
@@ -221,7 +230,7 @@ class LabRun:
             except Exception as exc:
                 self._set(error=f"training ended but saving failed: {type(exc).__name__}: {exc}")
         self._set(status=status, elapsed=time.perf_counter() - t0)
-        return self.snapshot()
+        yield self._step
 
     def save(self, name: str) -> Path:
         """Writes the model (safetensors) and the byte tokenizer to trained_dir()/name, plus the lab file (config
@@ -270,3 +279,79 @@ class LabRun:
                 self._error = error
             if saved_as is not None:
                 self._saved_as = saved_as
+
+
+class VariantComparison:
+    """The same config trained once per attention variant (attnviz.lab.config.VARIANTS), the runs interleaved step
+    by step in one background thread, so their curves grow side by side and the comparison takes one of the
+    MAX_CONCURRENT_RUNS slots. max_seconds bounds the whole comparison; each run keeps its own snapshot."""
+
+    def __init__(self, base: LabConfig, *, variants=None, max_seconds: float = MAX_SECONDS,
+                 auto_save: bool = False):
+        from dataclasses import replace
+
+        from attnviz.lab.config import VARIANTS
+
+        self.variants = tuple(variants or VARIANTS)
+        configs = {v: replace(base, attention=v, positional="rope") for v in self.variants}
+        self.runs = {v: LabRun(c, max_seconds=float("inf"), auto_save=c.default_name() if auto_save else None)
+                     for v, c in configs.items()}
+        self.max_seconds = max_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.timed_out = False
+
+    def snapshots(self) -> dict[str, RunSnapshot]:
+        return {v: r.snapshot() for v, r in self.runs.items()}
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.snapshots().values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        for r in self.runs.values():
+            r.stop()
+
+    def start(self) -> VariantComparison:
+        """Trains in a background thread. Raises LabBusyError when MAX_CONCURRENT_RUNS runs are training."""
+        with _ACTIVE_LOCK:
+            if len(_ACTIVE) >= MAX_CONCURRENT_RUNS:
+                raise LabBusyError(f"{len(_ACTIVE)} runs are already training on this server; try again shortly")
+            _ACTIVE.add(self)
+        self._thread = threading.Thread(target=self._train_in_thread, name="attnviz-lab-variants", daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> dict[str, RunSnapshot]:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.snapshots()
+
+    def run(self) -> dict[str, RunSnapshot]:
+        """Trains every variant in the calling thread, one step of each in turn."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        t0 = time.perf_counter()
+        try:
+            loops = [r.steps() for r in self.runs.values()]
+            while loops:
+                if not self.timed_out and time.perf_counter() - t0 > self.max_seconds:
+                    self.timed_out = True
+                    for r in self.runs.values():
+                        r.stop()
+                for loop in list(loops):
+                    try:
+                        next(loop)
+                    except StopIteration:
+                        loops.remove(loop)
+        finally:
+            torch.set_num_threads(threads)
+        return self.snapshots()
+
+    def _train_in_thread(self) -> None:
+        try:
+            self.run()
+        finally:
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(self)

@@ -6,8 +6,9 @@ position table wpe set to the sinusoidal encoding of Vaswani et al. 2017 §3.5 a
 LlamaForCausalLM; alibi -> BloomForCausalLM.
 
 Attention variants (GptOssForCausalLM: RoPE, one local expert chosen for every token, so a dense MLP; every
-layer full attention; its sliding_window is set only because gpt-oss builds that mask anyway). gpt-oss adds one sink logit s_h per head to every softmax row (Xiao et al. 2024 / the
-gpt-oss model card), weights exp(x_i) / (exp(s_h) + sum_j exp(x_j)), whose share is not given to any token:
+layer full attention; its sliding_window is set only because gpt-oss builds that mask anyway). gpt-oss adds one
+sink logit s_h per head to every softmax row (the gpt-oss model card), weights
+exp(x_i) / (exp(s_h) + sum_j exp(x_j)), whose share goes to no token:
 - softmax: s_h = -inf, frozen: exactly the plain softmax;
 - off_by_one: s_h = 0, frozen: exp(x_i) / (1 + sum_j exp(x_j)), the "softmax off by one";
 - learned_sink: s_h learned (initialised at 0), as gpt-oss trains it;
@@ -83,9 +84,6 @@ def build_model(config: LabConfig) -> PreTrainedModel:
     cfg._attn_implementation = "eager"
     model = cls(cfg)
     model.set_attn_implementation("eager")
-    if config.attention == "gated":
-        model.config.update({GATE_FLAG: True})
-        install_gate(model)
     g = torch.Generator().manual_seed(config.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -101,6 +99,9 @@ def build_model(config: LabConfig) -> PreTrainedModel:
         if config.attention == "standard" and config.positional == "sinusoidal":
             model.transformer.wpe.weight.copy_(torch.from_numpy(sinusoidal_encoding(N_POSITIONS, d)))
             model.transformer.wpe.weight.requires_grad_(False)
+    if config.attention == "gated":  # after the shared weights, so that they are drawn as in the other variants
+        model.config.update({GATE_FLAG: True})
+        install_gate(model, generator=g)
     return model
 
 
@@ -122,20 +123,23 @@ def has_gate(model) -> bool:
     return any(hasattr(attn, GATE_PREFIX) for attn in _attention_blocks(model))
 
 
-def install_gate(model, state_dict: dict | None = None) -> None:
+def install_gate(model, state_dict: dict | None = None, generator: torch.Generator | None = None) -> None:
     """Adds the head-wise output gate to every attention block: a Linear(d_model -> heads) named GATE_PREFIX inside
     self_attn, a forward pre-hook on self_attn that computes g = sigmoid(gate(x)) [batch, n, head] from its input
     x, and a forward pre-hook on o_proj that multiplies each head's slice of the attention output by its g before
     the output projection. state_dict, when given (a loaded model), holds the gate weights under the model's own
-    parameter names (…self_attn.attnviz_gate.weight / .bias). The gate of the running layer is kept per thread."""
+    parameter names (…self_attn.attnviz_gate.weight / .bias); otherwise the weights are drawn N(0, 0.02) from
+    `generator` and the biases are 0 (every gate starts near 0.5). The gate of the running layer is kept per
+    thread."""
     if has_gate(model):
         return
     names = {id(m): name for name, m in model.named_modules()}
     for attn in _attention_blocks(model):
         heads = model.config.num_attention_heads
         gate = nn.Linear(model.config.hidden_size, heads, bias=True)
-        nn.init.zeros_(gate.bias)
-        nn.init.normal_(gate.weight, std=INIT_STD)
+        with torch.no_grad():
+            gate.bias.zero_()
+            gate.weight.copy_(torch.randn(gate.weight.shape, generator=generator) * INIT_STD)
         if state_dict is not None:
             prefix = f"{names[id(attn)]}.{GATE_PREFIX}."
             try:

@@ -32,9 +32,11 @@ def cached_losses(loaded, text: str, window: int | None, n_sinks: int, positions
 
     def compute():
         ids = loaded.tokenizer(text)["input_ids"]
+        def report(f: float) -> None:
+            bar.progress(f, text=f"{label}: {f:.0%} of the layers")
+
         return streaming.streaming_token_losses(loaded.model, ids, window=window, n_sinks=n_sinks,
-                                                positions=positions,
-                                                progress=lambda f: bar.progress(f, text=f"{label}: {f:.0%} of the layers"))
+                                                positions=positions, progress=report)
 
     def waiting(seconds: float) -> None:
         bar.progress(0.0, text=f"{label}: another visitor is computing this setting; waiting for it ({seconds:.0f} s)")
