@@ -194,7 +194,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-         "--server.port", str(args.port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+         "--server.port", str(args.port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],  # a file saved during the run must not reload modules under it
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 60
@@ -219,9 +220,10 @@ def main() -> None:
                     for row in measure(page, url, args.repeat):
                         rows.append(row)
                         print(f"{row[0]}: {', '.join(f'{t:.2f}' for t in row[1])} s", file=sys.stderr, flush=True)
-                except Exception:
+                except Exception as exc:  # the other pages are still measured
                     page.screenshot(path=f"browser-latency-{name}-failed.png", full_page=True)
-                    raise
+                    print(f"{name}: failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); screenshot "
+                          f"browser-latency-{name}-failed.png", file=sys.stderr, flush=True)
             browser.close()
     finally:
         server.terminate()
