@@ -94,6 +94,8 @@ def show_sink_scores(model: str, text: str) -> None:
     li_default, head_default = (int(i) for i in np.unravel_index(np.argmax(alpha[..., 0]), alpha.shape[:2]))
     c1, c2, c3 = st.columns(3)
     with c1:
+        st.session_state.setdefault("sinks_layer", capture.layers[li_default])  # first visit: the strongest sink
+        st.session_state.setdefault("sinks_head", head_default)
         layer = ui.choice_box("Layer", list(capture.layers), "sinks_layer", capture.layers[li_default])
     with c2:
         head = ui.choice_box("Head", list(range(alpha.shape[1])), "sinks_head", head_default)
@@ -198,8 +200,10 @@ def show_massive_activations(model: str, text: str) -> None:
     default_layer = first if first is not None else int(np.argmax(peaks))
     c1, c2, c3, c4 = st.columns(4)
     with c1:
+        st.session_state.setdefault("sinks_massive_layer", default_layer)  # first visit: where they appear
         layer = ui.choice_box("Edit after layer", list(range(len(hidden))), "sinks_massive_layer", default_layer)
     with c2:
+        st.session_state.setdefault("sinks_massive_token", top[layer][0].token)
         token = ui.choice_box("At token", list(range(len(ids))), "sinks_massive_token", top[layer][0].token)
     k = c3.slider("Largest dimensions edited", 1, 8, 3, key="sinks_massive_dims", persist_state="session")
     mode = c4.radio("Set them to", massive.MODES, key="sinks_massive_mode", persist_state="session",
@@ -231,8 +235,10 @@ def show_massive_activations(model: str, text: str) -> None:
     after = slice(layer + 1, None)
     mass, edited = result.sink_mass[after].mean(), result.edited_sink_mass[after].mean()
     c1, c2 = st.columns(2)
-    c1.metric("Perplexity on your text", f"{result.edited_perplexity:.2f}",
-              delta=f"{result.edited_perplexity / result.perplexity - 1:+.1%} vs {result.perplexity:.2f} unedited",
+    ratio = result.edited_perplexity / result.perplexity
+    times = f"{ratio:,.0f}×" if ratio >= 100 else f"{ratio:.2f}×"
+    c1.metric("Perplexity on your text", f"{result.edited_perplexity:,.2f}",
+              delta=f"{'+' if ratio >= 1 else '-'}{times} the unedited {result.perplexity:.2f}",
               delta_color="inverse")
     c2.metric(f"Sink mass of layers {layer + 1}–{len(hidden) - 1}", f"{edited:.1%}",
               delta=f"{100 * (edited - mass):+.1f} points vs {mass:.1%} unedited", delta_color="off")

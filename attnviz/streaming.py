@@ -20,6 +20,9 @@ So the single pass equals the rolling cache up to float rounding (the tests chec
 `positions="original"` gives the cheaper variant that keeps text positions for the sinks too. It is written for
 Llama-family models (SmolLM2), whose layers it calls one by one, with the family's own RoPE
 (transformers' apply_rotary_pos_emb). The sink metrics live in attnviz.sinks.
+
+Over 300 lines on purpose: the single pass and the literal rolling cache it is tested against stay in one file, so
+that they can be read side by side.
 """
 
 from __future__ import annotations

@@ -177,3 +177,19 @@ def test_head_scores_agree_with_a_manual_attention_computation():
     for name, index in (("previous_token", 0), ("induction", 1), ("sink", 2)):
         want = [[np.mean([_loop_scores(pattern[b, h], lengths[b])[index] for b in range(3)]) for h in range(2)]]
         np.testing.assert_allclose(got[name], want, rtol=1e-9, atol=1e-12)
+
+
+def test_text_task_rows_are_bytes_of_the_shipped_text():
+    from attnviz.lab.tasks import TEXT_FILE
+
+    data = TEXT_FILE.read_bytes()
+    ids, mask = lab.make_batch("text", 8, 8, torch.Generator().manual_seed(0), text_len=32)
+    assert ids.shape == mask.shape == (8, 32)
+    assert (ids[:, 0] == lab.BOS_ID).all() and not mask[:, 0].any() and mask[:, 1:].all()
+    for row in ids:
+        assert bytes(row[1:].tolist()) in data
+    probe = lab.text_probe(32, batch_size=4)
+    assert probe.shape == (4, 32) and (probe[:, 0] == lab.BOS_ID).all()
+    assert bytes(probe[0, 1:].tolist()) == data[:31] and bytes(probe[-1, 1:].tolist()) == data[-31:]
+    assert lab.chance_loss(8, "text") == pytest.approx(math.log(256))
+    assert lab.LabConfig(task="text", text_len=48).seq_len == 48

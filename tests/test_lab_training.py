@@ -94,3 +94,47 @@ def test_concurrent_runs_do_not_interfere(monkeypatch):
         assert x.status == y.status == "done" and x.losses == y.losses
         assert np.array_equal(x.checkpoints[-1].induction, y.checkpoints[-1].induction)
     assert lab.active_runs() == 0
+
+
+def test_variants_trained_side_by_side_equal_each_trained_alone():
+    """VariantComparison interleaves the runs step by step in one thread: each variant's losses and sink metric are
+    exactly what it gives trained alone, and the comparison holds one of the server's run slots."""
+    from dataclasses import replace
+
+    base = lab.LabConfig(task="text", d_model=32, steps=12, eval_every=4, text_len=16)
+    alone = {v: lab.LabRun(replace(base, attention=v)).run() for v in lab.VARIANTS}
+    comparison = lab.VariantComparison(base).start()
+    assert lab.active_runs() == 1
+    together = comparison.join(timeout=120)
+    assert lab.active_runs() == 0
+    for v in lab.VARIANTS:
+        assert together[v].status == alone[v].status == "done"
+        assert together[v].losses == alone[v].losses
+        assert [c.sink_rate for c in together[v].checkpoints] == [c.sink_rate for c in alone[v].checkpoints]
+
+
+def test_a_comparison_stops_at_its_time_limit():
+    comparison = lab.VariantComparison(lab.LabConfig(task="text", d_model=32, steps=500, text_len=16),
+                                       max_seconds=0.0)
+    snaps = comparison.run()
+    assert comparison.timed_out and all(s.status == "stopped" and s.step <= 1 for s in snaps.values())
+
+
+def test_sink_rate_of_a_checkpoint_is_gu_et_al_metric_on_its_probe():
+    """Checkpoint.sink_rate is the share of (text, layer, head) triples whose alpha_0 on the probe exceeds 0.3,
+    computed here by loops from the model's own attention weights on the text probe."""
+    import torch
+
+    run = lab.LabRun(lab.LabConfig(task="text", d_model=32, steps=5, text_len=16))
+    run.run()
+    probe = lab.text_probe(16)
+    with torch.no_grad():
+        attentions = run.model(input_ids=probe, output_attentions=True).attentions
+    above = total = 0
+    for a in attentions:  # [text, head, query, key]
+        for text in range(a.shape[0]):
+            for head in range(a.shape[1]):
+                alpha0 = sum(float(a[text, head, t, 0]) for t in range(a.shape[2])) / a.shape[2]
+                above += alpha0 > 0.3
+                total += 1
+    assert run.snapshot().checkpoints[-1].sink_rate == pytest.approx(above / total)

@@ -142,6 +142,44 @@ def test_lab_models_are_listed_and_loaded(tmp_path, monkeypatch):
         load_model("lab/../etc")
 
 
+def test_a_gated_lab_model_keeps_its_gate_wherever_it_is_loaded_from(tmp_path, monkeypatch):
+    """The head-wise gate is not a transformers feature: attnviz.models installs it from the folder's config flag
+    and safetensors, for a lab/<name> model and for the same folder copied anywhere; the registry names the
+    architecture its lab file records; a folder whose config asks for a gate it has no weights for is refused."""
+    import shutil
+
+    from attnviz import lab
+
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    run = lab.LabRun(lab.LabConfig(attention="gated", task="text", d_model=32, steps=2, text_len=16))
+    run.run()
+    folder = run.save("gated")
+    spec = next(s for s in available_models() if s.name == "lab/gated")
+    assert "head-wise sigmoid output gate" in spec.description
+    ids = torch.tensor([[256, 104, 101, 108, 108, 111]])
+    with torch.no_grad():
+        want = run.model(input_ids=ids).logits
+        for name in ("lab/gated", str(shutil.copytree(folder, tmp_path / "elsewhere"))):
+            torch.testing.assert_close(load_model(name, device="cpu").model(input_ids=ids).logits, want, rtol=0,
+                                       atol=1e-6)
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config.pop("attnviz_head_gate")
+    (broken / "config.json").write_text(json.dumps(config))
+    with torch.no_grad():  # without the flag it is a plain gpt-oss model, the gate weights unused
+        plain = load_model(str(broken), device="cpu").model(input_ids=ids).logits
+    assert (plain - want).abs().max() > 1e-4
+    from safetensors.torch import load_file, save_file
+
+    weights = {k: v for k, v in load_file(str(folder / "model.safetensors")).items() if "attnviz_gate" not in k}
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    config["attnviz_head_gate"] = True
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="gate"):
+        load_model(str(broken), device="cpu")
+
+
 def test_smollm2_converted_once_then_loads_fast(smollm2):
     start = time.perf_counter()
     again = load_model("smollm2-135m")

@@ -131,8 +131,14 @@ def variant_loss_curves(losses: dict[str, Sequence[float]], *, total_steps: int 
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
     fig.update_yaxes(rangemode="tozero")
-    return apply_layout(fig, title=f"Training loss of each attention variant (mean of the last {window} steps)",
-                        x_title="training step", y_title="cross-entropy (nats)", height=380)
+    return _legend_below(apply_layout(fig, title=f"Training loss of each variant (mean of the last {window} steps)",
+                                      x_title="training step", y_title="cross-entropy (nats)", height=400))
+
+
+def _legend_below(fig: go.Figure) -> go.Figure:
+    """The legend under the plot, clear of the title however many entries it has."""
+    fig.update_layout(margin=dict(b=110), legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0.0))
+    return fig
 
 
 def variant_sink_curves(steps: dict[str, Sequence[int]], rates: dict[str, Sequence[float]], *, eps: float,
@@ -149,5 +155,5 @@ def variant_sink_curves(steps: dict[str, Sequence[int]], rates: dict[str, Sequen
     fig.update_yaxes(range=[0, 100])
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
-    return apply_layout(fig, title=f"Sink metric over training (share of (text, layer, head) with α₀ > {eps:g})",
-                        x_title="training step", y_title="Sink₀^ε (% of triples)", height=380)
+    return _legend_below(apply_layout(fig, title=f"Sink metric over training (α₀ > {eps:g})", x_title="training step",
+                                      y_title="Sink₀^ε (% of (text, layer, head) triples)", height=400))

@@ -6,6 +6,7 @@
 - attnviz.lab.variants: the model each config builds (a transformers architecture per positional scheme, and
   four attention variants on one gpt-oss skeleton: softmax, off-by-one, learned sink, head-wise gate);
 - attnviz.lab.training: the loss, checkpoints and LabRun (trains in a background thread, polled by snapshot());
+- attnviz.lab.comparison: VariantComparison, the attention variants trained side by side;
 - attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>.
 
 The names below are the lab's public surface; `from attnviz import lab` then `lab.LabRun(lab.LabConfig())`.
@@ -18,8 +19,9 @@ from attnviz.lab.tasks import (ALPHABET, BOS_ID, LETTER_TASKS, PROBE_BATCH, PROB
                                chance_loss,
                                example_text, induction_score, make_batch, make_probe, previous_token_score,
                                probe_lengths, sink_score, target_patterns, text_probe)
-from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError, LabRun, RunSnapshot,
-                                  VariantComparison, active_runs, head_scores, task_loss)
+from attnviz.lab.comparison import VariantComparison
+from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError, LabRun, RunSnapshot, active_runs,
+                                  head_scores, task_loss)
 from attnviz.lab.variants import ARCHITECTURE, INIT_STD, N_POSITIONS, architecture, build_model
 
 __all__ = ["ALPHABET", "ARCHITECTURE", "ATTENTION", "ATTENTION_INFO", "BOS_ID", "INIT_STD", "LAB_FILE",

@@ -71,7 +71,7 @@ def make_batch(task: str, batch_size: int, segment_len: int, generator: torch.Ge
     """
     if task == "text":
         data = text_bytes()
-        starts = torch.randint(0, len(data) - text_len, (batch_size,), generator=generator)
+        starts = torch.randint(0, len(data) - text_len + 2, (batch_size,), generator=generator)  # any window
         body = data[starts[:, None] + torch.arange(text_len - 1)[None, :]]                    # [batch, n - 1]
         ids = torch.cat([torch.full((batch_size, 1), BOS_ID, dtype=torch.long), body], dim=1)
         mask = torch.ones_like(ids, dtype=torch.bool)
@@ -128,7 +128,7 @@ def text_probe(text_len: int = 64, batch_size: int = PROBE_BATCH) -> torch.Tenso
     """Fixed windows of the shipped text, evenly spaced through it, each <bos> + text_len - 1 bytes: the texts the
     sink metric of a text-task run is measured on. Returns [batch, text_len] int64."""
     data = text_bytes()
-    starts = np.linspace(0, len(data) - text_len, batch_size).astype(int)
+    starts = np.linspace(0, len(data) - (text_len - 1), batch_size).astype(int)  # the last ends the text
     body = torch.stack([data[s:s + text_len - 1] for s in starts])
     return torch.cat([torch.full((batch_size, 1), BOS_ID, dtype=torch.long), body], dim=1)
 
