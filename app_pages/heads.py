@@ -53,8 +53,9 @@ if n_model_layers > 12:
         st.warning(f"The link asked for layers {asked_range[0]}–{asked_range[1]}; this model has layers 0–"
                    f"{n_model_layers - 1}: showing them all.")
         st.session_state["heads_layer_range"] = (0, n_model_layers - 1)
+    st.session_state.setdefault("heads_layer_range", (0, n_model_layers - 1))  # a link may have set it already
     first, last = st.slider("Layers to capture (fewer layers = less memory for long texts)", 0, n_model_layers - 1,
-                            (0, n_model_layers - 1), key="heads_layer_range", persist_state="session")
+                            key="heads_layer_range", persist_state="session")
     layers = tuple(range(first, last + 1)) if (first, last) != (0, n_model_layers - 1) else None
 capture = ui.get_capture(model, text, layers=layers, store="auto")
 if capture is None:
