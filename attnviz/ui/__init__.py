@@ -301,7 +301,10 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
         # already made (by this visitor or another): no memory to admit, no waiting
         made = _made_capture(name, version, text, key_layers, bool(with_scores), store)
         if made is not None:
+            bar.empty()
+            waiting.empty()
             return made
+
         def on_poll():  # touches the page every half second while waiting, so Streamlit can stop a run the
             # visitor left
             waiting.info(f"Waiting for memory: other visitors' captures hold {budget.BUDGET.held / 2**30:.1f} GiB "
