@@ -33,10 +33,11 @@ def step_rows(rows: np.ndarray, tokens: Sequence[str], *, query: str) -> go.Figu
 def top_k_bars(labels: Sequence[str], probs: np.ndarray, chosen: int | None) -> go.Figure:
     """probs [k] of the k most likely next tokens (labels); the bar at index `chosen` is the token generated."""
     colors = [PALETTE[1] if i == chosen else PALETTE[0] for i in range(len(probs))]
-    fig = go.Figure(go.Bar(x=list(labels), y=100 * np.asarray(probs, dtype=float), marker_color=colors,
+    x = [f"{i + 1}. {label}" for i, label in enumerate(labels)]  # ranked, so equal-looking tokens stay apart
+    fig = go.Figure(go.Bar(x=x, y=100 * np.asarray(probs, dtype=float), marker_color=colors,
                            hovertemplate="%{x}<br>%{y:.2f}%<extra></extra>"))
     return apply_layout(fig, title="Most likely next tokens (orange: the one generated)",
-                        x_title="next token", y_title="probability (%, temperature 1)", height=320)
+                        x_title="next token (rank. token)", y_title="probability (%, temperature 1)", height=320)
 
 
 def cache_growth(tokens: Sequence[int], nbytes: Sequence[int], current: int) -> go.Figure:
