@@ -197,11 +197,15 @@ def show_massive_activations(model: str, text: str) -> None:
         st.dataframe(pd.DataFrame([dict(layer=a.layer, rank=r + 1, token=a.token, text=tokens[a.token], dim=a.dim,
                                         value=round(a.value, 2)) for layer in top for r, a in enumerate(layer)]),
                      hide_index=True)
-    default_layer = first if first is not None else int(np.argmax(peaks))
+    if len(hidden) < 2:
+        st.info(f"{model} has one layer: an edit of its output reaches no attention layer after it.")
+        return
+    # the last layer's output feeds no attention layer, so it is not offered
+    default_layer = min(first if first is not None else int(np.argmax(peaks[:-1])), len(hidden) - 2)
     c1, c2, c3, c4 = st.columns(4)
     with c1:
         st.session_state.setdefault("sinks_massive_layer", default_layer)  # first visit: where they appear
-        layer = ui.choice_box("Edit after layer", list(range(len(hidden))), "sinks_massive_layer", default_layer)
+        layer = ui.choice_box("Edit after layer", list(range(len(hidden) - 1)), "sinks_massive_layer", default_layer)
     with c2:
         st.session_state.setdefault("sinks_massive_token", top[layer][0].token)
         token = ui.choice_box("At token", list(range(len(ids))), "sinks_massive_token", top[layer][0].token)

@@ -431,7 +431,10 @@ def test_page_runs_the_massive_activation_intervention():
     dims = np.argsort(-np.abs(hidden[layer, token]), kind="stable")[:2].tolist()
     result = massive.intervention(loaded, text, massive.edit_for(hidden, layer, token, dims, "zero"))
     shown = next(m for m in at.metric if m.label == "Perplexity on your text")
-    assert shown.value == f"{result.edited_perplexity:.2f}"
+    assert shown.value == f"{result.edited_perplexity:,.2f}"
+    ratio = result.edited_perplexity / result.perplexity
+    assert f"{result.perplexity:.2f}" in shown.delta and (f"{ratio:,.0f}×" if ratio >= 100 else f"{ratio:.2f}×") \
+        in shown.delta
     at.radio(key="sinks_massive_mode").set_value("mean").run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
