@@ -39,6 +39,6 @@ SINK_MEASUREMENT = (
     "variant's Sink₀^0.3 passes 0.3 by step 50, while the loss is still above chance (early in training all four "
     "park attention on <bos>); after 600 steps (about 25 s each) softmax keeps 24% of its (text, layer, head) triples "
     "as sinks, off by one 15%, the learned sink and the gate 12%, at the same loss (0.07–0.10 nats). On the byte-level "
-    "**text** task (2 × 4 heads, 64-token rows) no variant forms a first-token sink within 1,000 steps (about 80 s "
-    "each; Sink₀^0.3 stays at 0%, loss 0.37–0.40 nats): the two minutes of CPU a visitor gets are not enough for "
+    "**text** task (2 × 4 heads, 64-token rows) no variant forms a first-token sink within 1,000 steps (75–105 s "
+    "each; Sink₀^0.3 stays at 0%, loss 0.36–0.45 nats): the two minutes of CPU a visitor gets are not enough for "
     "sinks to emerge from language modelling, so compare the variants' losses and maps there.")
