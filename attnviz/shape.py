@@ -110,7 +110,6 @@ def model_shape(config, *, causal: bool | None = None, folder=None) -> ModelShap
 # ---------------------------------------------------------------- how position enters
 
 SCHEMES = ("rope", "alibi", "learned", "sinusoidal", "other")
-LAB_FILE = "lab.json"  # what attnviz.lab saves beside a toy-lab model's weights; its config names the scheme
 
 
 def position_scheme(config, folder=None) -> str:
@@ -135,6 +134,8 @@ def lab_positional(folder) -> str | None:
     "rope" or "alibi"), or None when the folder has no readable lab.json or it names no known scheme."""
     import json
     from pathlib import Path
+
+    from attnviz.lab.storage import LAB_FILE  # here: the lab package imports transformers' model classes (~3 s)
 
     try:
         info = json.loads((Path(folder) / LAB_FILE).read_text(encoding="utf-8"))

@@ -344,6 +344,8 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     link_asked_key names a session-state dict of values a link asked for, a value the link asked for that does not
     exist is replaced with a warning that says so."""
     current = st.session_state.get(key, options[0] if default is None else default)
+    if key not in st.session_state and current in options:
+        st.session_state[key] = current  # the default reaches the selectbox on its first run
     if current not in options:
         if default is not None and default in options:
             st.session_state[key] = default
