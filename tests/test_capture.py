@@ -234,20 +234,6 @@ def test_memory_limit_message(toys, monkeypatch):
         capture_attention(toys["toy-gpt2"], TEXT)
 
 
-@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
-def test_save_and_load_round_trip(toys, tmp_path, suffix):
-    from attnviz.capture_io import load_capture, save_capture
-
-    cap = capture_attention(toys["toy-llama-gqa"], TEXT, with_scores=True)
-    save_capture(cap, tmp_path / f"cap{suffix}")
-    back = load_capture(tmp_path / f"cap{suffix}")
-    assert np.array_equal(back.pattern, cap.pattern) and np.array_equal(back.scores, cap.scores)
-    assert (back.tokens, back.token_ids, back.layers, back.kv_head_of, back.model_name, back.causal) == (
-        cap.tokens, cap.token_ids, cap.layers, cap.kv_head_of, cap.model_name, cap.causal)
-    with pytest.raises(CaptureError, match=".npz or .safetensors"):
-        save_capture(cap, tmp_path / "cap.txt")
-
-
 def test_model_without_attention_weights_is_a_clear_error():
     # BLOOM is read by hooks from its module's output (the families of the attention interface are read inside
     # the registered attention function, where a module hook cannot drop the weights)
@@ -293,37 +279,6 @@ def test_encoder_decoder_models_are_refused_with_a_message():
     loaded = LoadedModel(T5Model(config).eval(), byte_tokenizer(), ModelSpec("t5", "t5", "local", True, None, ""))
     with pytest.raises(CaptureError, match="encoder-decoder"):
         capture_attention(loaded, "hello")
-
-
-def test_export_of_one_head_one_layer_or_all_in_float16_reads_back_equal(toys, tmp_path):
-    import io
-
-    from attnviz.capture_io import capture_to_bytes, export_bytes
-
-    dense = capture_attention(toys["toy-llama-gqa"], TEXT)
-    qk = capture_attention(toys["toy-llama-gqa"], TEXT, store="qk")
-    for cap in (dense, qk):
-        for layers, heads, dtype in (([1], [3], np.float32), ([0], None, np.float16), (None, None, np.float32)):
-            data = np.load(io.BytesIO(capture_to_bytes(cap, "npz", layers=layers, heads=heads, dtype=dtype)))
-            lw = dense.layers if layers is None else layers
-            hw = list(range(dense.n_heads)) if heads is None else heads
-            expected = dense.pattern[np.ix_([dense.index_of(i) for i in lw], hw)]
-            assert data["pattern"].dtype == dtype and data["pattern"].shape == expected.shape
-            np.testing.assert_allclose(data["pattern"], expected, atol=2e-6 if dtype == np.float32 else 1e-3)
-            assert data["layers"].tolist() == lw and data["heads"].tolist() == hw
-            assert data["kv_head_of"].tolist() == [dense.kv_head_of[h] for h in hw]
-            assert export_bytes(cap, layers=layers, heads=heads, dtype=dtype) == expected.size * np.dtype(dtype).itemsize
-    with pytest.raises(CaptureError, match="Heads must lie"):
-        capture_to_bytes(dense, "npz", heads=[99])
-
-
-def test_an_export_too_big_is_refused_with_its_size(toys, monkeypatch):
-    from attnviz import capture_io as cap
-
-    monkeypatch.setattr(cap, "MAX_EXPORT_BYTES", 1000)
-    dense = capture_attention(toys["toy-llama-gqa"], TEXT)
-    with pytest.raises(CaptureError, match="GiB.*export fewer layers or heads"):
-        cap.capture_to_bytes(dense, "npz")
 
 
 def test_values_are_kept_on_request_follow_select_and_are_refused_where_not_recorded():
