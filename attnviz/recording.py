@@ -1,0 +1,386 @@
+"""How attnviz sees inside a model's attention while it runs: the function registered in transformers' attention
+interface (and its mask function), the hooks of the families that do not dispatch through it, and the per-thread
+recorder they report to. attnviz.capture builds AttentionCapture on top of this.
+
+Families whose attention modules dispatch through transformers' attention interface (every family that imports
+ALL_ATTENTION_FUNCTIONS: Llama, Mistral, Qwen, Gemma, GPT-2, GPT-NeoX, OPT, BERT, gpt-oss, ...) are loaded with
+attn_implementation="attnviz": a function registered in that interface which wraps the family's own eager function.
+Outside a capture it is the family's eager attention, unchanged. During a capture it also records, for each wanted
+layer, the query and key vectors the function received (after RoPE, before the GQA repeat) and the scaling,
+soft-cap, sink logits and mask that went with them, as an attnviz.attention.LayerInputs. Families that do not
+dispatch through the interface (BLOOM, Falcon, GPT-J) keep eager attention and forward hooks: their pattern is the
+module's returned weights; BLOOM's q, k and ALiBi bias are rebuilt from the module's own projections.
+
+Threads. A cached model is shared by every Streamlit session, so two captures may run on it at the same moment.
+Nothing global holds per-capture state: the registered function and the hooks look up the recorder of the current
+thread in a ContextVar and do nothing more than the model's own attention when there is none. Hooks are registered
+by the first capture that needs them and removed by the last one to finish (a reference count under a lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import torch
+
+from attnviz import attention as core
+from attnviz.attention import LayerInputs, MaskRule
+
+ATTN_IMPLEMENTATION = "attnviz"
+
+
+class CaptureError(ValueError):
+    """A capture cannot be done; the message says why and what to do."""
+
+
+def attention_modules(model) -> list[torch.nn.Module]:
+    """The self-attention module of each layer, in layer order: the modules output_attentions reads.
+
+    Uses the model's own `_can_record_outputs["attentions"]` when it declares one (GPT-2, Llama, BERT in
+    transformers 5), else the innermost modules whose class name ends in "Attention" (BLOOM).
+    """
+    target = None
+    for module in model.modules():
+        target = (getattr(type(module), "_can_record_outputs", None) or {}).get("attentions")
+        if target is not None:
+            break
+    found = []
+    for name, module in model.named_modules():
+        if target is None:
+            ok = type(module).__name__.endswith("Attention") and "cross" not in name.lower() and not any(
+                type(c).__name__.endswith("Attention") for c in module.children())
+        elif isinstance(target, type):
+            ok = isinstance(module, target)
+        else:
+            ok = isinstance(module, target.target_class) and (
+                target.layer_name is None or name.endswith(target.layer_name))
+        if ok:
+            found.append(module)
+    if not found:
+        raise CaptureError(f"No attention modules found in {type(model).__name__}: attnviz cannot read its "
+                           "attention weights.")
+    return found
+
+
+
+def uses_interface(module) -> bool:
+    """Whether this attention module's family dispatches through transformers' attention interface."""
+    return hasattr(sys.modules[type(module).__module__], "ALL_ATTENTION_FUNCTIONS")
+
+
+def prepare_model(model) -> None:
+    """Makes a freshly loaded model capturable: families that dispatch through the attention interface get
+    attn_implementation="attnviz" (the family's eager attention, plus recording); the others keep eager."""
+    _register()
+    modules = attention_modules(model)
+    implementation = ATTN_IMPLEMENTATION if uses_interface(modules[0]) else "eager"
+    configs = {id(model.config): model.config}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            configs[id(config)] = config
+    for config in configs.values():
+        config._attn_implementation = implementation
+        for sub in ("text_config", "vision_config"):
+            if hasattr(config, sub) and getattr(config, sub) is not None:
+                getattr(config, sub)._attn_implementation = implementation
+
+
+def records_inputs(model) -> bool:
+    """Whether a capture of this model records q and k (scores, the long-text store): families that dispatch
+    through the attention interface, and BLOOM, whose q, k and ALiBi bias are rebuilt."""
+    return _records_inputs(model, attention_modules(model)[0])
+
+
+def _records_inputs(model, module) -> bool:
+    return (getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION and uses_interface(module)) \
+        or type(module).__name__ in _REBUILT
+
+
+_REGISTERED = False
+_REGISTER_LOCK = threading.Lock()
+
+
+def _register() -> None:
+    global _REGISTERED
+    with _REGISTER_LOCK:
+        if _REGISTERED:
+            return
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _mask)
+        _REGISTERED = True
+
+
+def _mask(*args, **kwargs):
+    """The mask for the "attnviz" implementation: the eager float mask (what the family's eager attention adds),
+    except in a qk-store capture, where it is SDPA's bool mask, or None for a plain causal or full mask (so no
+    N x N mask is built at all)."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    rec = _ACTIVE.get()
+    if rec is not None and rec.store == "qk":
+        kwargs.pop("dtype", None)
+        return sdpa_mask(*args, **kwargs)
+    return eager_mask(*args, **kwargs)
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention function: the family's own eager attention, recording q, k and the rules first
+    when a capture of this thread wants this layer."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise CaptureError(f"{type(module).__name__}'s modeling file has no eager_attention_forward.")
+    rec = _ACTIVE.get()
+    layer = None if rec is None else rec.layer_of.get(id(module))
+    if layer is None or layer > rec.last:
+        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    softcap = kwargs.get("softcap")
+    sink = kwargs.get("s_aux")
+    if sink is None:
+        sink = getattr(module, "sinks", None)
+    if kwargs.get("position_bias") is not None:
+        raise CaptureError(f"{type(module).__name__} adds a relative position bias, which attnviz does not read yet.")
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    if layer in rec.wanted:
+        n_query, n_key = query.shape[-2], key.shape[-2]
+        causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+        mask = _mask_rule(attention_mask, n_query, n_key, causal and n_query > 1)
+        n_heads = query.shape[1]
+        rec.inputs[layer] = LayerInputs(
+            q=query[0].detach().float().cpu().clone(), k=key[0].detach().float().cpu().clone(),
+            kv_head_of=tuple(core.kv_head_of(n_heads, key.shape[1])), scaling=scale, mask=mask,
+            softcap=float(softcap) if softcap else None,
+            sink=None if sink is None else sink.detach().float().cpu().reshape(-1).clone())
+        if rec.with_values:
+            rec.values[layer] = value[0].detach().float().cpu().clone()
+    if rec.store == "pattern":
+        out, weights = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if layer in rec.wanted:
+            if weights is None:
+                raise CaptureError(f"{type(module).__name__} returned no attention weights.")
+            rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
+    elif rec.attend is not None and layer in rec.wanted and query.shape[0] == 1:
+        # the caller's blocked attention computes this layer's output from what it saw (and its statistics on the
+        # way): the scores are made once, for both
+        out = rec.attend(layer, rec.inputs[layer], value[0].detach().float().cpu())  # [head, query, d_v]
+        out = out.to(device=query.device, dtype=query.dtype).unsqueeze(0).transpose(1, 2).contiguous()
+        weights = None
+    elif softcap or sink is not None:  # SDPA has neither: attnviz's core computes the output, a block at a time
+        out = _core_output(module, query, key, value, attention_mask, scale, softcap, sink)
+        weights = None
+    else:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, **kwargs)
+    rec.layer_done(layer)
+    return out, weights
+
+
+def _core_output(module, query, key, value, attention_mask, scale, softcap, sink):
+    """[batch, query, head, d_v] attention output by attnviz.attention.layer_output, batch by batch, computed on
+    the CPU (where the core's masks live) and handed back on the model's device."""
+    device = query.device
+    query, key, value = (x.detach().cpu() for x in (query, key, value))
+    attention_mask = None if attention_mask is None else attention_mask.cpu()
+    sink = None if sink is None else sink.detach().cpu()
+    outs = []
+    causal = bool(getattr(module, "is_causal", True)) and query.shape[-2] > 1
+    for b in range(query.shape[0]):
+        mask = _mask_rule(None if attention_mask is None else attention_mask[b:b + 1], query.shape[-2],
+                          key.shape[-2], causal)
+        inputs = LayerInputs(q=query[b].float(), k=key[b].float(),
+                             kv_head_of=tuple(core.kv_head_of(query.shape[1], key.shape[1])), scaling=scale,
+                             mask=mask, softcap=float(softcap) if softcap else None,
+                             sink=None if sink is None else sink.float().reshape(-1))
+        outs.append(core.layer_output(inputs, value[b].float()).to(query.dtype))
+    return torch.stack(outs).transpose(1, 2).contiguous().to(device)
+
+
+def _mask_rule(attention_mask, n_query: int, n_key: int, causal_if_none: bool) -> MaskRule:
+    """The MaskRule of what the model passed: None (causal or full, as SDPA reads it), a bool mask (True =
+    attend) or an additive float mask (the dtype's minimum where masked). Only batch row 0 is read."""
+    if attention_mask is None:
+        return MaskRule(n_query, n_key, causal=causal_if_none)
+    mask = attention_mask[0, 0] if attention_mask.dim() == 4 else attention_mask[0]
+    mask = mask[-n_query:, :n_key] if mask.dim() == 2 else mask
+    if mask.dtype == torch.bool:
+        visible = mask
+    else:
+        visible = mask > torch.finfo(mask.dtype).min / 2
+        if bool((mask[visible] != 0).any()):
+            raise CaptureError("The model's attention mask carries a bias, which attnviz does not read yet.")
+    return MaskRule.from_bool(visible.cpu().numpy())
+
+
+@dataclass
+class _Recorder:
+    wanted: set[int]
+    last: int
+    dtype: np.dtype
+    store: str
+    layer_of: dict[int, int]
+    progress: Callable[[int, int], None] | None = None
+    on_layer: Callable[[int, LayerInputs], None] | None = None
+    keep_inputs: bool = True
+    attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
+    with_values: bool = False
+    stop: bool = True  # stop the forward pass after the last wanted layer
+    pattern: dict[int, np.ndarray] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    inputs: dict[int, LayerInputs] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
+    kv_head_of: tuple[int, ...] | None = None
+    done: int = 0
+
+    def layer_done(self, layer: int) -> None:
+        if layer in self.wanted:
+            x = self.inputs.get(layer)
+            if x is not None:
+                self.seen.add(layer)
+                self.kv_head_of = self.kv_head_of or x.kv_head_of
+                if self.on_layer is not None:
+                    self.on_layer(layer, x)
+                if not self.keep_inputs:
+                    del self.inputs[layer]
+            self.done += 1
+            if self.progress is not None:
+                self.progress(self.done, len(self.wanted))
+        if self.stop and layer == self.last:
+            raise _StopForward
+
+    def clear(self) -> None:
+        """Forgets what was recorded, for the next forward pass under the same recorder."""
+        self.pattern.clear()
+        self.inputs.clear()
+        self.values.clear()
+        self.seen.clear()
+        self.done = 0
+
+
+class _StopForward(Exception):
+    """Raised after the last wanted layer: the rest of the forward pass is not needed."""
+
+
+_ACTIVE: ContextVar[_Recorder | None] = ContextVar("attnviz_capture", default=None)
+
+
+@dataclass
+class _Hooks:
+    users: int = 0
+    handles: list = field(default_factory=list)
+
+
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_HOOKS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording(model, recorder: _Recorder) -> Iterator[_Recorder]:
+    """Records for this thread while the block runs: through the registered attention function, or through hooks
+    on every attention module for the families that do not dispatch through the interface."""
+    modules = attention_modules(model)
+    hooked = not uses_interface(modules[0]) or getattr(model.config, "_attn_implementation", None) != \
+        ATTN_IMPLEMENTATION
+    if hooked:
+        with _HOOKS_LOCK:
+            hooks = _HOOKS.setdefault(model, _Hooks())
+            if hooks.users == 0:
+                for layer, module in enumerate(modules):
+                    hooks.handles.append(module.register_forward_pre_hook(partial(_before, layer),
+                                                                          with_kwargs=True))
+                    hooks.handles.append(module.register_forward_hook(partial(_after, layer)))
+            hooks.users += 1
+    token = _ACTIVE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.reset(token)
+        if hooked:
+            with _HOOKS_LOCK:
+                hooks.users -= 1
+                if hooks.users == 0:
+                    for handle in hooks.handles:
+                        handle.remove()
+                    hooks.handles.clear()
+
+
+@contextlib.contextmanager
+def recording_forward(model, layers=None) -> Iterator[_Recorder]:
+    """Records, for this thread, the attention weights of batch row 0 in every wanted layer (None: all) of each
+    forward pass the block runs, without stopping it: recorder.pattern[layer] is [head, query, key] float32 after
+    each pass (recorder.clear() between passes). The caller runs the whole model, a KV cache included
+    (attnviz.generation reads each new token's row this way)."""
+    modules = attention_modules(model)
+    wanted = _wanted_layers(layers, len(modules))
+    recorder = _Recorder(wanted=set(wanted), last=len(modules), dtype=np.dtype(np.float32), store="pattern",
+                         layer_of={id(m): i for i, m in enumerate(modules)}, stop=False)
+    with recording(model, recorder):
+        yield recorder
+
+
+def _before(layer: int, module, args, kwargs):
+    rec = _ACTIVE.get()
+    if rec is None or layer not in rec.wanted:
+        return None
+    rebuild = _REBUILT.get(type(module).__name__)
+    if rebuild is not None:
+        rec.inputs[layer] = rebuild(module, args, kwargs)
+    return None
+
+
+def _after(layer: int, module, args, output):
+    rec = _ACTIVE.get()
+    if rec is None or layer not in rec.wanted:
+        return None
+    weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+    if weights is None:
+        raise CaptureError(f"{type(module).__name__} returned no attention weights (is attention eager?).")
+    if rec.store == "pattern":  # the long-text store keeps q and k only, never the N x N weights
+        rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
+    rec.layer_done(layer)
+    return None
+
+
+def _bloom_inputs(module, args, kwargs) -> LayerInputs:
+    """BloomAttention's q, k and ALiBi bias from its own projection (BLOOM does not use the attention interface):
+    scores = beta * alibi + inv_norm_factor * q.k, alibi[head, key] = slope_h * key position."""
+    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    q, k, _ = module._reshape(module.query_key_value(hidden))  # each [batch, head, n, head_dim]
+    n_query, n_key = q.shape[-2], k.shape[-2]
+    alibi = kwargs["alibi"].reshape(q.shape[0], module.num_heads, -1)[0, :, -n_key:]  # [head, key]
+    n_heads = module.num_heads
+    return LayerInputs(q=q[0].detach().float().cpu().clone(), k=k[0].detach().float().cpu().clone(),
+                       kv_head_of=tuple(range(n_heads)), scaling=float(module.inv_norm_factor),
+                       mask=_mask_rule(kwargs.get("attention_mask"), n_query, n_key, True),
+                       key_bias=(alibi.detach().float().cpu() * float(module.beta)).clone())
+
+
+_REBUILT = {"BloomAttention": _bloom_inputs}
+
+
+def _wanted_layers(layers, n_layers: int) -> list[int]:
+    if layers is None:
+        return list(range(n_layers))
+    if isinstance(layers, (int, np.integer)):
+        layers = [layers]
+    out = []
+    for layer in layers:
+        i = int(layer)
+        if not -n_layers <= i < n_layers:
+            raise CaptureError(f"Layer {i} does not exist: the model has layers 0 to {n_layers - 1}.")
+        out.append(i % n_layers)
+    if not out:
+        raise CaptureError("No layers chosen: pick at least one layer.")
+    return sorted(set(out))
