@@ -14,6 +14,9 @@ In both, capture.head_pattern(layer, head, rows) and capture.head_scores(...) re
 attnviz.attention from the layer inputs (or read from the dense pattern).
 
 Threads: captures of one shared model from several sessions at once stay apart (see attnviz.recording).
+
+Over 300 lines on purpose: AttentionCapture's map methods (both stores) and capture_attention's checks of every
+argument are the one public surface of capture.
 """
 
 from __future__ import annotations

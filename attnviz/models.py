@@ -11,6 +11,9 @@ attnviz.capture reads), safetensors weights only, and never with remote code.
   later loads read that folder (well under a second).
 - lab/<folder>: a model trained in the toy lab, a safetensors folder under attnviz.paths.trained_dir().
 - anything else: a local folder, or a hub id already in the local Hugging Face cache (never downloaded).
+
+Over 300 lines on purpose: every way a model arrives (toy, bundled GGUF, toy lab, local folder, hub cache) goes
+through the same checks (safetensors only, no remote code) in this one file, where none can be bypassed.
 """
 
 from __future__ import annotations

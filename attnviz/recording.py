@@ -15,6 +15,9 @@ Threads. A cached model is shared by every Streamlit session, so two captures ma
 Nothing global holds per-capture state: the registered function and the hooks look up the recorder of the current
 thread in a ContextVar and do nothing more than the model's own attention when there is none. Hooks are registered
 by the first capture that needs them and removed by the last one to finish (a reference count under a lock).
+
+Over 300 lines on purpose: the registered function, the mask function, the hooks and the recorder are one
+protocol over one per-thread state.
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 
 This file holds what every page shares (the page list, the model picker, model and capture caches, the text box);
 each topic's caches and widgets live beside it in attnviz/ui/<topic>.py. Nothing else in attnviz imports
-streamlit."""
+streamlit.
+
+Over 300 lines on purpose: the model and capture caches belong together (a capture is keyed on the model's
+version, admitted by the memory budget, and sliced from a wider capture already made).
+"""
 
 from __future__ import annotations
 
