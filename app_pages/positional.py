@@ -66,7 +66,6 @@ if section == "Sinusoidal":
     p1 = c2.slider("Position p", 0, 200, 10, key="pos_sin_p1", persist_state="session")
     p2 = c3.slider("Another position p′", 0, 200, 120, key="pos_sin_p2", persist_state="session")
     m_k = P.sinusoidal_shift_matrix(k_shift, d_model, base_sin)
-    w = P.sinusoidal_frequencies(d_model, base_sin)
     left, right = st.columns([1, 1])
     with left:
         ui.chart(F.matrix_heatmap(m_k[:16, :16], title=f"M_k for k = {k_shift} (first 16 dimensions)"),
@@ -74,12 +73,9 @@ if section == "Sinusoidal":
     with right:
         table, errors = {}, {}
         for p in (p1, p2):
-            mapped = m_k @ P.sinusoidal_encoding(p + 1, d_model, base_sin)[p]
-            direct = np.empty(d_model)  # the formula evaluated at p + k, which may be negative
-            direct[0::2], direct[1::2] = np.sin((p + k_shift) * w), np.cos((p + k_shift) * w)
+            mapped, direct, errors[p] = P.shift_identity(p, k_shift, d_model, base_sin)
             table[f"M_k·PE({p})"] = mapped[:6]
             table[f"PE({p + k_shift})"] = direct[:6]
-            errors[p] = float(np.abs(mapped - direct).max())
         st.dataframe(pd.DataFrame(table, index=[f"dim {i}" for i in range(6)]).style.format("{:.6f}"))
         st.markdown("\n".join(f"- p = {p}: max over all {d_model} dimensions of |M_k PE_p − PE_(p+k)| = "
                               f"**{err:.1e}**" for p, err in errors.items()))
@@ -110,18 +106,15 @@ if section == "RoPE":
               f"Pair {pair} turns by θ_{pair} = {theta[pair]:.3g} rad per position; the angle between R_m q and "
               f"R_n k changes only when n − m does.")
     with right:
-        qm = P.apply_rope(q[None], [m_pos], base_rope, interleaved=True)[0]
-        kn = P.apply_rope(k[None], [n_pos_k], base_rope, interleaved=True)[0]
-        k_rel = P.apply_rope(k[None], [n_pos_k - m_pos], base_rope, interleaved=True)[0]
-        q_s = P.apply_rope(q[None], [m_pos + 1000], base_rope, interleaved=True)[0]
-        k_s = P.apply_rope(k[None], [n_pos_k + 1000], base_rope, interleaved=True)[0]
+        ident = P.rope_identity(q, k, m_pos, n_pos_k, base_rope)
         st.markdown("**The relative-position identity, with these numbers** (all d_head dimensions):")
         quantities = ["⟨R_m q, R_n k⟩", "⟨q, R_(n−m) k⟩", "⟨R_(m+1000) q, R_(n+1000) k⟩", "⟨q, k⟩ (no RoPE)"]
-        st.dataframe(pd.DataFrame({"quantity": quantities, "value": [qm @ kn, q @ k_rel, q_s @ k_s, q @ k]})
+        st.dataframe(pd.DataFrame({"quantity": quantities, "value": [ident[key] for key in
+                                                                     ("rotated", "relative", "shifted", "plain")]})
                      .style.format({"value": "{:.12f}"}), hide_index=True)
-        st.caption(f"|⟨R_m q, R_n k⟩ − ⟨q, R_(n−m) k⟩| = {abs(qm @ kn - q @ k_rel):.1e}: the score depends on "
-                   f"n − m = {n_pos_k - m_pos} only. Norms are kept: |q| = {np.linalg.norm(q):.6f}, "
-                   f"|R_m q| = {np.linalg.norm(qm):.6f}.")
+        st.caption(f"|⟨R_m q, R_n k⟩ − ⟨q, R_(n−m) k⟩| = {abs(ident['rotated'] - ident['relative']):.1e}: the "
+                   f"score depends on n − m = {n_pos_k - m_pos} only. Norms are kept: |q| = {ident['norm_q']:.6f}, "
+                   f"|R_m q| = {ident['norm_rotated_q']:.6f}.")
 
     st.subheader("Long-term decay (RoFormer §3.4.3, their Figure 2)")
     st.markdown(
@@ -151,8 +144,6 @@ if section == "RoPE":
     d_small = 8
     perm = P.interleaved_to_half_permutation(d_small)
     x = np.random.default_rng(int(seed)).standard_normal((1, d_small))
-    a = P.apply_rope(x[:, perm], [m_pos], base_rope)[0]
-    b = P.apply_rope(x, [m_pos], base_rope, interleaved=True)[0][perm]
     c1, c2, c3 = st.columns(3)
     with c1:
         ui.chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope, interleaved=True),
@@ -168,7 +159,8 @@ if section == "RoPE":
               f"Reorder the features by {perm.tolist()}: what transformers does to each head's W_q, W_k rows "
               "when it loads a llama.cpp GGUF file.")
     st.markdown(f"With that reordering the two layouts give the same vector: "
-                f"max |rotate_half(Px) − P·interleaved(x)| = **{np.abs(a - b).max():.1e}** (d = {d_small}).")
+                f"max |rotate_half(Px) − P·interleaved(x)| = **{P.layouts_agree(x, m_pos, base_rope):.1e}** "
+                f"(d = {d_small}).")
 
 # ---------------------------------------------------------------- ALiBi
 if section == "ALiBi":

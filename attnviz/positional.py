@@ -294,3 +294,41 @@ def softmax_over_distance(scores) -> np.ndarray:
     from attnviz.attention import masked_softmax
 
     return masked_softmax(np.asarray(scores, dtype=np.float64))[0]
+
+
+# ---------------------------------------------------------------- the identities the page shows, in numbers
+
+
+def shift_identity(p: int, k: float, d_model: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray, float]:
+    """PE_(p+k) two ways: the fixed rotation M_k applied to PE_p, and the formula evaluated at p + k directly (which
+    may be a negative position). Returns (M_k PE_p [d_model], PE(p + k) [d_model], max |difference|)."""
+    mapped = sinusoidal_shift_matrix(k, d_model, base) @ sinusoidal_encoding(p + 1, d_model, base)[p]
+    w = sinusoidal_frequencies(d_model, base)
+    direct = np.empty(d_model)
+    direct[0::2], direct[1::2] = np.sin((p + k) * w), np.cos((p + k) * w)
+    return mapped, direct, float(np.abs(mapped - direct).max())
+
+
+def rope_identity(q, k, m: int, n: int, base: float = 10000.0, shift: int = 1000) -> dict[str, float]:
+    """RoPE's relative-position identity with these vectors (interleaved pairs, as the paper writes it):
+    <R_m q, R_n k>, <q, R_(n-m) k>, the same pair moved by `shift` positions, plain <q, k>, and the norms of q
+    and R_m q."""
+    def rot(x, pos):
+        return apply_rope(np.asarray(x, dtype=np.float64)[None], [pos], base, interleaved=True)[0]
+
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    qm = rot(q, m)
+    return {"rotated": float(qm @ rot(k, n)), "relative": float(q @ rot(k, n - m)),
+            "shifted": float(rot(q, m + shift) @ rot(k, n + shift)), "plain": float(q @ k),
+            "norm_q": float(np.linalg.norm(q)), "norm_rotated_q": float(np.linalg.norm(qm))}
+
+
+def layouts_agree(x, m: int, base: float = 10000.0) -> float:
+    """max |rotate_half(P x) - P interleaved(x)| for vectors x [..., d]: the two RoPE layouts give the same
+    rotation once the features are reordered by interleaved_to_half_permutation."""
+    x = np.asarray(x, dtype=np.float64)
+    perm = interleaved_to_half_permutation(x.shape[-1])
+    a = apply_rope(x[..., perm], [m], base)
+    b = apply_rope(x, [m], base, interleaved=True)[..., perm]
+    return float(np.abs(a - b).max())

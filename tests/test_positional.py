@@ -641,3 +641,45 @@ def test_page_measures_a_sinusoidal_lab_model_without_rope_or_alibi_theory(lab_m
         a = a[0].double().numpy()
         expected = [np.mean([a[h, i, i - r] for h in range(a.shape[0]) for i in range(r, n)]) for r in range(n)]
         np.testing.assert_allclose(_values(traces[f"layer {layer}"]["y"]), expected, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- the identities the page shows
+
+
+@pytest.mark.parametrize("p,k", [(10, 5), (120, 5), (3, -12), (0, 2.5)])
+def test_shift_identity_against_the_paper_formula_by_loop(p, k):
+    d = 16
+    mapped, direct, err = P.shift_identity(p, k, d, 10000.0)
+    for i in range(d // 2):  # PE(p + k) written out with math.sin / math.cos, negative positions included
+        assert direct[2 * i] == pytest.approx(math.sin((p + k) / 10000.0 ** (2 * i / d)), abs=1e-12)
+        assert direct[2 * i + 1] == pytest.approx(math.cos((p + k) / 10000.0 ** (2 * i / d)), abs=1e-12)
+    np.testing.assert_allclose(mapped, direct, atol=1e-12)
+    assert err == pytest.approx(float(np.abs(mapped - direct).max())) and err < 1e-12
+
+
+def test_rope_identity_by_complex_numbers():
+    """RoFormer's form: pair i is the complex number x_2i + i x_2i+1, rotated by e^(i m theta_i); the score is
+    Re sum_i (q_i e^(i m theta_i)) conj(k_i e^(i n theta_i))."""
+    rng = np.random.default_rng(5)
+    q, k = rng.standard_normal((2, 12))
+    m, n, base = 7, 30, 500.0
+    theta = [base ** (-2 * i / 12) for i in range(6)]
+
+    def score(a, b):
+        return sum((complex(q[2 * i], q[2 * i + 1]) * cmath.exp(1j * a * theta[i]) *
+                    (complex(k[2 * i], k[2 * i + 1]) * cmath.exp(1j * b * theta[i])).conjugate()).real
+                   for i in range(6))
+
+    out = P.rope_identity(q, k, m, n, base)
+    assert out["rotated"] == pytest.approx(score(m, n), abs=1e-12)
+    assert out["relative"] == pytest.approx(score(0, n - m), abs=1e-12)
+    assert out["shifted"] == pytest.approx(score(m + 1000, n + 1000), abs=1e-9)
+    assert out["plain"] == pytest.approx(float(q @ k), abs=1e-12)
+    assert out["norm_rotated_q"] == pytest.approx(out["norm_q"], abs=1e-12)
+
+
+def test_layouts_agree_and_would_not_without_the_permutation():
+    x = np.random.default_rng(2).standard_normal((3, 8))
+    assert P.layouts_agree(x, 17, 100.0) < 1e-12
+    # without the reordering the two layouts differ: the check can fail
+    assert np.abs(P.apply_rope(x, [17], 100.0) - P.apply_rope(x, [17], 100.0, interleaved=True)).max() > 0.1
