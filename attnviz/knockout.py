@@ -20,8 +20,6 @@ sharing one cached model stay independent.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -33,6 +31,7 @@ import torch
 
 from attnviz import lm
 from attnviz.capture import attention_modules
+from attnviz.hooks import SharedHooks, decoder_layers
 from attnviz.projection import KnockoutError, head_width, output_projection, projection_weight  # noqa: F401
 
 MODES = ("zero", "mean")
@@ -48,8 +47,6 @@ class _Plan:
 
 
 _PLAN: ContextVar[_Plan | None] = ContextVar("attnviz_knockout", default=None)
-_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_HOOKS_LOCK = threading.Lock()
 _PREFIX_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -79,37 +76,24 @@ def _before_block(layer: int, module, args, kwargs):
 
 
 def blocks(model) -> list[torch.nn.Module] | None:
-    """The transformer block of each layer (the element of the model's layer list that holds its attention
-    module), or None when the model has no such list."""
-    attn = attention_modules(model)
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == len(attn):
-            if all(any(m is a for m in block.modules()) for block, a in zip(module, attn)):
-                return list(module)
-    return None
-
-
-@contextlib.contextmanager
-def _hooked(model):
-    """The projection (and block) hooks on `model` while the block runs, shared by concurrent users."""
-    with _HOOKS_LOCK:
-        entry = _HOOKS.setdefault(model, [0, []])
-        if entry[0] == 0:
-            for layer in range(len(attention_modules(model))):
-                entry[1].append(output_projection(model, layer).register_forward_pre_hook(
-                    partial(_before_projection, layer)))
-            for layer, block in enumerate(blocks(model) or []):
-                entry[1].append(block.register_forward_pre_hook(partial(_before_block, layer), with_kwargs=True))
-        entry[0] += 1
+    """The transformer block of each layer (attnviz.hooks.decoder_layers), or None when the model has no such
+    list."""
     try:
-        yield
-    finally:
-        with _HOOKS_LOCK:
-            entry[0] -= 1
-            if entry[0] == 0:
-                for handle in entry[1]:
-                    handle.remove()
-                entry[1].clear()
+        return decoder_layers(model)
+    except ValueError:
+        return None
+
+
+def _install(model) -> list:
+    handles = []
+    for layer in range(len(attention_modules(model))):
+        handles.append(output_projection(model, layer).register_forward_pre_hook(partial(_before_projection, layer)))
+    for layer, block in enumerate(blocks(model) or []):
+        handles.append(block.register_forward_pre_hook(partial(_before_block, layer), with_kwargs=True))
+    return handles
+
+
+_HOOKS = SharedHooks(_install)  # the projection (and block) hooks, shared by concurrent users
 
 
 def _forward(model, ids: torch.Tensor, plan: _Plan) -> torch.Tensor:
@@ -118,7 +102,7 @@ def _forward(model, ids: torch.Tensor, plan: _Plan) -> torch.Tensor:
         ids = ids.expand(plan.rows, -1)
     token = _PLAN.set(plan)
     try:
-        with _hooked(model), torch.inference_mode():
+        with _HOOKS.on(model), torch.inference_mode():
             logits = lm.next_token_logits(model, ids, attention_mask=torch.ones_like(ids))
     finally:
         _PLAN.reset(token)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
+
+from attnviz.hooks import SharedHooks, decoder_layers
 
 MODES = ("zero", "mean")
 
@@ -35,22 +36,6 @@ class Activation:
     token: int
     dim: int
     value: float
-
-
-def decoder_layers(model) -> list[torch.nn.Module]:
-    """The model's stack of decoder (or encoder) layers: the longest nn.ModuleList whose every entry contains an
-    attention module (Llama's model.layers, GPT-2's transformer.h, BERT's encoder.layer, ...)."""
-    from attnviz.capture import attention_modules
-
-    attention = {id(m) for m in attention_modules(model)}
-    best: list = []
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best) and all(
-                any(id(sub) in attention for sub in layer.modules()) for layer in module):
-            best = list(module)
-    if not best:
-        raise ValueError(f"{type(model).__name__}: no stack of decoder layers found")
-    return best
 
 
 def _hidden(output):
@@ -153,14 +138,8 @@ def edit_for(hidden, layer: int, token: int, dims: Sequence[int], mode: str,
 _EDIT: ContextVar[Edit | None] = ContextVar("attnviz_massive_edit", default=None)
 
 
-@dataclass
-class _Hooks:
-    users: int = 0
-    handles: list = field(default_factory=list)
-
-
-_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_HOOKS_LOCK = threading.Lock()
+def _install(model) -> list:
+    return [layer.register_forward_hook(_apply(i)) for i, layer in enumerate(decoder_layers(model))]
 
 
 def _apply(layer: int):
@@ -183,22 +162,12 @@ def edited(model, edit: Edit) -> Iterator[None]:
     layers = decoder_layers(model)
     if not 0 <= edit.layer < len(layers):
         raise ValueError(f"layer {edit.layer} is outside the model's {len(layers)} layers")
-    with _HOOKS_LOCK:
-        hooks = _HOOKS.setdefault(model, _Hooks())
-        if hooks.users == 0:
-            hooks.handles = [layer.register_forward_hook(_apply(i)) for i, layer in enumerate(layers)]
-        hooks.users += 1
-    token = _EDIT.set(edit)
-    try:
-        yield
-    finally:
-        _EDIT.reset(token)
-        with _HOOKS_LOCK:
-            hooks.users -= 1
-            if hooks.users == 0:
-                for handle in hooks.handles:
-                    handle.remove()
-                hooks.handles = []
+    with _HOOKS.on(model):
+        token = _EDIT.set(edit)
+        try:
+            yield
+        finally:
+            _EDIT.reset(token)
 
 
 @dataclass
@@ -239,3 +208,6 @@ def intervention(loaded, text: str, edit: Edit) -> Intervention:
     with edited(loaded.model, edit):
         edited_losses, edited_mass = _measure(loaded, text, ids)
     return Intervention(edit, losses, edited_losses, mass, edited_mass)
+
+
+_HOOKS = SharedHooks(_install)  # one edit hook per decoder layer, shared by concurrent users

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import torch
 
 from attnviz import attention as core
 from attnviz.attention import LayerInputs, MaskRule
+from attnviz.hooks import SharedHooks
 
 ATTN_IMPLEMENTATION = "attnviz"
 
@@ -279,14 +279,15 @@ class _StopForward(Exception):
 _ACTIVE: ContextVar[_Recorder | None] = ContextVar("attnviz_capture", default=None)
 
 
-@dataclass
-class _Hooks:
-    users: int = 0
-    handles: list = field(default_factory=list)
+def _install_recording_hooks(model) -> list:
+    handles = []
+    for layer, module in enumerate(attention_modules(model)):
+        handles.append(module.register_forward_pre_hook(partial(_before, layer), with_kwargs=True))
+        handles.append(module.register_forward_hook(partial(_after, layer)))
+    return handles
 
 
-_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_HOOKS_LOCK = threading.Lock()
+_HOOKS = SharedHooks(_install_recording_hooks)
 
 
 @contextlib.contextmanager
@@ -296,27 +297,12 @@ def recording(model, recorder: _Recorder) -> Iterator[_Recorder]:
     modules = attention_modules(model)
     hooked = not uses_interface(modules[0]) or getattr(model.config, "_attn_implementation", None) != \
         ATTN_IMPLEMENTATION
-    if hooked:
-        with _HOOKS_LOCK:
-            hooks = _HOOKS.setdefault(model, _Hooks())
-            if hooks.users == 0:
-                for layer, module in enumerate(modules):
-                    hooks.handles.append(module.register_forward_pre_hook(partial(_before, layer),
-                                                                          with_kwargs=True))
-                    hooks.handles.append(module.register_forward_hook(partial(_after, layer)))
-            hooks.users += 1
-    token = _ACTIVE.set(recorder)
-    try:
-        yield recorder
-    finally:
-        _ACTIVE.reset(token)
-        if hooked:
-            with _HOOKS_LOCK:
-                hooks.users -= 1
-                if hooks.users == 0:
-                    for handle in hooks.handles:
-                        handle.remove()
-                    hooks.handles.clear()
+    with _HOOKS.on(model) if hooked else contextlib.nullcontext():
+        token = _ACTIVE.set(recorder)
+        try:
+            yield recorder
+        finally:
+            _ACTIVE.reset(token)
 
 
 @contextlib.contextmanager

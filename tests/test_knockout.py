@@ -146,7 +146,7 @@ def test_concurrent_knockouts_on_one_model_stay_independent():
     for t in threads:
         t.join()
     assert not errors, errors
-    assert not ko._HOOKS[loaded.model][1], "the hooks are removed when the last user is done"
+    assert ko._HOOKS.installed(loaded.model) == 0, "the hooks are removed when the last user is done"
 
 
 @pytest.mark.parametrize("heads, message", [([(2, 0)], "Layer 2 does not exist"), ([(0, 4)], "Head 4 does not exist"),

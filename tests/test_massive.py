@@ -171,8 +171,7 @@ def test_an_edit_touches_only_its_own_thread(llama):
     np.testing.assert_array_equal(seen["other"], plain)
     assert np.all(seen["mine"][0, 1, [1, 2]] == 0.0) and not np.any(plain[0, 1, [1, 2]] == 0.0)
     np.testing.assert_array_equal(massive.layer_outputs(llama.model, ids), plain)  # hooks gone afterwards
-    hooks = massive._HOOKS[llama.model]
-    assert hooks.users == 0 and not hooks.handles
+    assert massive._HOOKS.users(llama.model) == 0 and massive._HOOKS.installed(llama.model) == 0
 
 
 def test_decoder_layers_of_other_families():

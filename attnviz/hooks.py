@@ -1,0 +1,70 @@
+"""Forward hooks that every session shares on one cached model, and the model's stack of layers.
+
+A cached model is shared by every browser session. Capture, head knock-outs and the massive-activation edit all
+need hooks on it while they run, and each reads what to do from a ContextVar of its own thread, so that two sessions
+never see each other's work. The hooks themselves are installed by the first user and removed by the last
+(SharedHooks: a reference count per model under one lock), so a model outside any of them runs unhooked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+
+import torch
+
+
+class SharedHooks:
+    """install(model) -> the hook handles it registered; on(model) keeps them while any thread is inside."""
+
+    def __init__(self, install: Callable[[torch.nn.Module], list]):
+        self._install = install
+        self._lock = threading.Lock()
+        self._entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [users, handles]
+
+    @contextlib.contextmanager
+    def on(self, model) -> Iterator[None]:
+        with self._lock:
+            entry = self._entries.setdefault(model, [0, []])
+            if entry[0] == 0:
+                entry[1] = list(self._install(model))
+            entry[0] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    for handle in entry[1]:
+                        handle.remove()
+                    entry[1] = []
+
+    def users(self, model) -> int:
+        """How many blocks are inside on(model) now."""
+        with self._lock:
+            entry = self._entries.get(model)
+            return 0 if entry is None else entry[0]
+
+    def installed(self, model) -> int:
+        """How many hook handles are on the model now."""
+        with self._lock:
+            entry = self._entries.get(model)
+            return 0 if entry is None else len(entry[1])
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The model's stack of decoder (or encoder) layers, in order: the longest nn.ModuleList whose every entry holds
+    an attention module (Llama's model.layers, GPT-2's transformer.h, BERT's encoder.layer, ...)."""
+    from attnviz.recording import attention_modules
+
+    attention = {id(m) for m in attention_modules(model)}
+    best: list = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best) and all(
+                any(id(sub) in attention for sub in layer.modules()) for layer in module):
+            best = list(module)
+    if not best:
+        raise ValueError(f"{type(model).__name__}: no stack of decoder layers found")
+    return best
