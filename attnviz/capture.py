@@ -219,8 +219,11 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
                       on_layer: Callable[[int, LayerInputs], None] | None = None,
                       keep_inputs: bool = True,
                       attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None,
-                      with_values: bool = False) -> AttentionCapture:
+                      with_values: bool = False, token_ids=None) -> AttentionCapture:
     """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
+
+    token_ids: run on these token ids instead of tokenizing `text` (ids no text tokenizes into, such as the
+    repeated random sequence of the induction test); `text` is then only a label and may be empty.
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
     dtype: np.float32 (exact) or np.float16 (half the memory) for the dense pattern.
@@ -240,7 +243,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     """
     if store not in STORES:
         raise CaptureError(f"Unknown store {store!r}: use 'pattern' or 'qk'.")
-    if not isinstance(text, str) or not text.strip():
+    if token_ids is None and (not isinstance(text, str) or not text.strip()):
         raise CaptureError("The text is empty: type some text to run the model on.")
     model, tokenizer = loaded.model, loaded.tokenizer
     if getattr(model.config, "is_encoder_decoder", False):
@@ -260,8 +263,12 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
                            "transformers' attention interface, so attnviz cannot record its query and key vectors: "
                            "its scores and the long-text store are not available. Capture the pattern only.")
 
-    encoded = tokenizer(text, return_tensors="pt")
-    ids = encoded.input_ids
+    if token_ids is not None:
+        ids = torch.as_tensor([int(t) for t in token_ids], dtype=torch.long).reshape(1, -1)
+        attention_mask = torch.ones_like(ids)
+    else:
+        encoded = tokenizer(text, return_tensors="pt")
+        ids, attention_mask = encoded.input_ids, encoded.attention_mask
     n = int(ids.shape[1])
     if n == 0:
         raise CaptureError(f"{loaded.spec.name}'s tokenizer turned the text into no tokens; try another text or "
@@ -294,7 +301,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
     device = _input_device(model)
     with recording(model, recorder), torch.inference_mode():
         try:
-            runner(input_ids=ids.to(device), attention_mask=encoded.attention_mask.to(device), use_cache=False)
+            runner(input_ids=ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
         except _StopForward:
             pass
         except CaptureError:

@@ -19,7 +19,6 @@ capture_token_ids captures any token ids (the sequence above, windows of a long 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,31 +65,11 @@ def repeated_token_scores(pattern: np.ndarray, length: int, start: int) -> dict[
             "previous_token": p[..., q, q - 1].astype(np.float64).mean(-1)}
 
 
-class _FixedTokens:
-    """A tokenizer that turns any text into the given ids (and is the model's tokenizer for everything else), so
-    capture_attention runs on token ids that no text would tokenize into."""
-
-    def __init__(self, tokenizer, token_ids):
-        self._tokenizer = tokenizer
-        self._ids = [int(t) for t in token_ids]
-
-    def __call__(self, text, return_tensors=None, **kwargs):
-        from transformers import BatchEncoding
-
-        return BatchEncoding({"input_ids": [self._ids], "attention_mask": [[1] * len(self._ids)]} if return_tensors
-                             else {"input_ids": self._ids, "attention_mask": [1] * len(self._ids)},
-                             tensor_type=return_tensors)
-
-    def __getattr__(self, name):
-        return getattr(self._tokenizer, name)
-
-
 def capture_token_ids(loaded, token_ids, **kwargs) -> AttentionCapture:
     """capture_attention of these token ids (kwargs as capture_attention's)."""
     if not len(token_ids):
         raise CaptureError("No tokens to capture.")
-    fixed = dataclasses.replace(loaded, tokenizer=_FixedTokens(loaded.tokenizer, token_ids))
-    return capture_attention(fixed, "(token ids)", **kwargs)
+    return capture_attention(loaded, "(token ids)", token_ids=token_ids, **kwargs)
 
 
 @dataclass

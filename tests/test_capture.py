@@ -310,3 +310,15 @@ def test_recording_forward_runs_the_whole_model_and_records_every_layer():
     assert torch.equal(logits, plain.logits)  # not stopped after the last layer
     for layer, weights in enumerate(plain.attentions):
         np.testing.assert_array_equal(rec.pattern[layer], weights[0].numpy())
+
+
+def test_token_ids_instead_of_a_text_equal_the_texts_own_tokens(toys):
+    """Capturing the ids a text tokenizes into equals capturing the text; ids no text gives are captured too."""
+    loaded = toys["toy-llama-gqa"]
+    ids = loaded.tokenizer(TEXT).input_ids
+    by_text = capture_attention(loaded, TEXT)
+    by_ids = capture_attention(loaded, "", token_ids=ids)
+    np.testing.assert_array_equal(by_ids.pattern, by_text.pattern)
+    assert by_ids.tokens == by_text.tokens and by_ids.token_ids == by_text.token_ids
+    odd = capture_attention(loaded, "", token_ids=[256, 255, 0, 255])
+    assert odd.token_ids == [256, 255, 0, 255] and odd.pattern.shape[-1] == 4
