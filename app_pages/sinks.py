@@ -10,7 +10,7 @@ from attnviz.ui import sinks as sink_ui
 
 DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
-MAX_CHARS = 2000  # ~450 smollm2 tokens: 30 x 9 patterns of that size stay near 200 MB
+MAX_CHARS = ui.MAX_TEXT_CHARS  # long texts keep q and k only and are read a block of rows at a time
 MAX_MAP_TOKENS = 160  # one head's map is drawn for at most this many tokens (the sinks are at the start)
 EXPERIMENT_MODEL = "smollm2-135m"
 WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
@@ -31,7 +31,7 @@ def pick_model_and_text() -> tuple[str | None, str]:
 
 
 def show_sink_scores(model: str, text: str) -> None:
-    capture = ui.get_capture(model, text)
+    capture = ui.get_capture(model, text, store="auto")  # a long text keeps q and k only: read a block at a time
     if capture is None:
         return
     if capture.n_tokens < 2:
@@ -44,7 +44,7 @@ def show_sink_scores(model: str, text: str) -> None:
                 f"no token (gpt-oss). It takes {learned.mean():.1%} of all attention here (layer means from "
                 f"{by_layer.min():.1%} to {by_layer.max():.1%}). The α_k below count the weights on tokens only, "
                 "so a head whose learned sink takes most of its attention has small α_k everywhere.")
-    alpha = sinks.sink_scores(capture.pattern, causal=capture.causal)  # [layer, head, key]
+    alpha = sink_ui.sink_scores(model, text, capture)  # [layer, head, key]
     share = sinks.sink_head_share(alpha)
     top = sinks.top_sink_keys(alpha, capture.tokens, causal=capture.causal)
     n_sink_heads = int(sinks.sink_heads(alpha).sum())
@@ -104,10 +104,10 @@ def show_sink_scores(model: str, text: str) -> None:
                          help=f"Zero the attention on the sink keys (positions {', '.join(map(str, hidden))}) and "
                               "renormalise each row (attnviz.sinks.without_sinks), so the rest of the pattern shows.")
     li = capture.layers.index(layer)
-    p = np.array(capture.pattern[li, head], dtype=float)
+    shown = min(capture.n_tokens, MAX_MAP_TOKENS)
+    p = np.array(capture.head_pattern(layer, head, rows=(0, shown)), dtype=float)  # [shown, n]: whole rows
     if hide:
         p = sinks.without_sinks(p, sink_keys=hidden)
-    shown = min(capture.n_tokens, MAX_MAP_TOKENS)
     ui.chart(figs.head_map(p[:shown, :shown], capture.tokens[:shown],
                         title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
                         + (f" (keys {', '.join(map(str, hidden))} hidden, rows renormalised)" if hide else "")),

@@ -64,6 +64,24 @@ def sink_scores(pattern, *, causal: bool = True) -> np.ndarray:
     return (a * seen).sum(axis=-2) / seen.sum(axis=0)
 
 
+def capture_sink_scores(capture, *, block: int = 256, progress=None) -> np.ndarray:
+    """sink_scores of every captured layer and head, [layer, head, key], read from the capture a block of query
+    rows at a time (capture.layer_rows), so it works in the long-text store at the model's full context.
+
+    Column sums over the rows, divided by the number of queries that can see each key (n - k when causal, n
+    otherwise): the weights a causal mask hides are exact zeros in both stores, so the sums over all rows are the
+    sums over t >= k. progress(done, total) after each layer."""
+    n = capture.n_tokens
+    sums = np.zeros((len(capture.layers), capture.n_heads, n))
+    for li, layer in enumerate(capture.layers):
+        for a in range(0, n, block):
+            sums[li] += np.asarray(capture.layer_rows(layer, a, min(n, a + block)), dtype=np.float64).sum(axis=1)
+        if progress is not None:
+            progress(li + 1, len(capture.layers))
+    seen = (n - np.arange(n)) if capture.causal else np.full(n, n)
+    return sums / seen
+
+
 def sink_heads(alpha, *, key: int = 0, threshold: float = SINK_THRESHOLD) -> np.ndarray:
     """[..., head] bool: the heads whose sink score on `key` exceeds the threshold (Gu et al.: alpha_0 > 0.3).
 

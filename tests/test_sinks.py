@@ -443,3 +443,48 @@ def test_page_runs_the_massive_activation_intervention():
 def test_page_says_an_encoder_has_no_perplexity_for_the_intervention():
     at = _sinks_page("minilm-l6", "Attention sinks sit on the first token.")
     assert any("not a decoder with a language-model head" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("name", ["toy-llama-gqa", "minilm-l6"])
+def test_capture_sink_scores_in_both_stores_equal_the_dense_definition(name):
+    """alpha_k read a block of rows at a time, from the dense store and from q and k, equals sink_scores of the whole
+    pattern, and for a causal model a loop over t >= k."""
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+
+    loaded = load_model(name)
+    text = "The sink is the first token. The sink is the first token, again and again."
+    dense = capture_attention(loaded, text)
+    want = sinks.sink_scores(dense.pattern, causal=dense.causal)
+    for cap in (dense, capture_attention(loaded, text, store="qk")):
+        np.testing.assert_allclose(sinks.capture_sink_scores(cap, block=7), want, rtol=1e-5, atol=1e-7)
+    if dense.causal:
+        n = dense.n_tokens
+        p = dense.pattern.astype(np.float64)
+        for k in (0, 3, n - 1):
+            assert want[1, 2, k] == pytest.approx(sum(p[1, 2, t, k] for t in range(k, n)) / (n - k), rel=1e-9)
+
+
+def test_page_reads_a_long_text_from_q_and_k():
+    """Past the dense store's token limit the page keeps q and k only (and says so); alpha_k and the one-head map
+    come from them (their equality with the dense definition is tested above)."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.capture import MAX_TOKENS, capture_attention
+    from attnviz.models import load_model
+
+    text = ("Sinks hold the first token. " * 90)[: MAX_TOKENS + 50]  # byte tokens: over the dense limit
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"), default_timeout=300)
+    at.session_state["sinks_model"] = "toy-llama-gqa"
+    at.session_state["sinks_text"] = text
+    at.run()
+    assert not at.exception, at.exception
+    assert any("tokens:" in str(e.value) for e in at.info), [str(e.value) for e in at.info]  # the store is named
+    loaded = load_model("toy-llama-gqa")
+    qk = capture_attention(loaded, text, store="qk")
+    alpha_rows = sinks.capture_sink_scores(qk)
+    shown = " ".join(str(e.value) for e in at.caption)
+    n_sink = int(sinks.sink_heads(alpha_rows).sum())
+    assert f"{n_sink} of {alpha_rows.shape[0] * alpha_rows.shape[1]} heads are sink heads" in shown
