@@ -26,3 +26,24 @@ def minilm():
     from attnviz.models import load_model
 
     return load_model("minilm-l6")
+
+
+@pytest.fixture()
+def lab_cache(tmp_path, monkeypatch):
+    """Toy-lab models are saved to a temporary cache."""
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def attention_of():
+    """attention_of(model, token_ids): [layer, head, query, key] straight from the model's own output_attentions,
+    in float64 (the reference captures are compared with)."""
+    import torch
+
+    def attention(model, token_ids):
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([token_ids]), output_attentions=True)
+        return torch.stack([a[0] for a in out.attentions]).double().numpy()
+
+    return attention

@@ -18,20 +18,8 @@ def open_tab(at: AppTest, label: str) -> AppTest:
     return at
 
 
-@pytest.fixture()
-def lab_cache(tmp_path, monkeypatch):
-    """Toy-lab models are saved to a temporary cache."""
-    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
-    return tmp_path
 
 
-def _attention_of(model, token_ids) -> np.ndarray:
-    """[layer, head, query, key] straight from the model's own output_attentions, in float64."""
-    import torch
-
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([token_ids]), output_attentions=True)
-    return torch.stack([a[0] for a in out.attentions]).double().numpy()
 
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -121,7 +109,7 @@ def test_hide_sink_toggle_and_tabs_run():
     at.toggle(key="heads_export_half").set_value(True).run()
     assert not at.exception and any("float16" in c.value and "[1, 1," in c.value for c in at.caption)
 
-def test_heads_page_statistics_follow_a_lab_model_saved_again(lab_cache):
+def test_heads_page_statistics_follow_a_lab_model_saved_again(lab_cache, attention_of):
     from attnviz import lab
 
     text = "abcdefabcdef"
@@ -133,7 +121,7 @@ def test_heads_page_statistics_follow_a_lab_model_saved_again(lab_cache):
     def self_share(model) -> np.ndarray:  # mean over queries of P[q, q], from the model's own output
         from attnviz.tokenizer import byte_tokenizer
 
-        p = _attention_of(model, byte_tokenizer()(text)["input_ids"])
+        p = attention_of(model, byte_tokenizer()(text)["input_ids"])
         return np.einsum("lhqq->lhq", p).mean(-1).ravel()
 
     first = lab.LabRun(lab.LabConfig(seed=0, d_model=32))

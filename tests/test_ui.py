@@ -5,24 +5,11 @@ tests/test_figures_heads.py.)"""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 
-@pytest.fixture()
-def lab_cache(tmp_path, monkeypatch):
-    """Toy-lab models are saved to a temporary cache."""
-    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
-    return tmp_path
 
-def _attention_of(model, token_ids) -> np.ndarray:
-    """[layer, head, query, key] straight from the model's own output_attentions, in float64."""
-    import torch
 
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([token_ids]), output_attentions=True)
-    return torch.stack([a[0] for a in out.attentions]).double().numpy()
-
-def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache):
+def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache, attention_of):
     import torch
 
     from attnviz import lab, ui
@@ -31,7 +18,7 @@ def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache):
     first = lab.LabRun(lab.LabConfig(seed=0, d_model=32))
     first.save("same")
     old_model, old_capture = ui.get_model("lab/same"), ui.get_capture("lab/same", text)
-    np.testing.assert_allclose(old_capture.pattern, _attention_of(first.model, old_capture.token_ids), atol=1e-6)
+    np.testing.assert_allclose(old_capture.pattern, attention_of(first.model, old_capture.token_ids), atol=1e-6)
     version = ui.model_version("lab/same")
     assert ui.model_version("lab/same") == version  # nothing changed on disk: same key, the cached model is reused
     assert ui.get_model("lab/same") is old_model
@@ -44,7 +31,7 @@ def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache):
     want = second.model.state_dict()
     for name, tensor in new_model.model.state_dict().items():
         torch.testing.assert_close(tensor, want[name], rtol=0, atol=0)
-    np.testing.assert_allclose(new_capture.pattern, _attention_of(second.model, new_capture.token_ids), atol=1e-6)
+    np.testing.assert_allclose(new_capture.pattern, attention_of(second.model, new_capture.token_ids), atol=1e-6)
     assert np.abs(new_capture.pattern - old_capture.pattern).max() > 1e-3  # the two saves really differ
 
 def test_model_version_is_empty_for_models_that_cannot_change_and_tracks_local_folders(tmp_path):

@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 
 from attnviz.lab.config import MAX_SECONDS, VARIANTS, LabConfig
-from attnviz.lab.training import _ACTIVE, _ACTIVE_LOCK, MAX_CONCURRENT_RUNS, LabBusyError, LabRun, RunSnapshot
+from attnviz.lab.training import LabRun, RunSnapshot, take_slot, train_in_slot
 
 
 class VariantComparison:
@@ -43,12 +43,8 @@ class VariantComparison:
 
     def start(self) -> VariantComparison:
         """Trains in a background thread. Raises LabBusyError when MAX_CONCURRENT_RUNS runs are training."""
-        with _ACTIVE_LOCK:
-            if len(_ACTIVE) >= MAX_CONCURRENT_RUNS:
-                raise LabBusyError(f"{len(_ACTIVE)} runs are already training on this server; try again shortly")
-            _ACTIVE.add(self)
-        self._thread = threading.Thread(target=self._train_in_thread, name="attnviz-lab-variants", daemon=True)
-        self._thread.start()
+        take_slot(self)
+        self._thread = train_in_slot(self, "attnviz-lab-variants")
         return self
 
     def join(self, timeout: float | None = None) -> dict[str, RunSnapshot]:
@@ -76,10 +72,3 @@ class VariantComparison:
         finally:
             torch.set_num_threads(threads)
         return self.snapshots()
-
-    def _train_in_thread(self) -> None:
-        try:
-            self.run()
-        finally:
-            with _ACTIVE_LOCK:
-                _ACTIVE.discard(self)

@@ -105,6 +105,29 @@ def active_runs() -> int:
         return len(_ACTIVE)
 
 
+def take_slot(owner) -> None:
+    """Takes one of the MAX_CONCURRENT_RUNS training slots of this process for `owner` (a LabRun, or a
+    VariantComparison training several runs in one thread); LabBusyError when none is free."""
+    with _ACTIVE_LOCK:
+        if len(_ACTIVE) >= MAX_CONCURRENT_RUNS:
+            raise LabBusyError(f"{len(_ACTIVE)} runs are already training on this server; try again shortly")
+        _ACTIVE.add(owner)
+
+
+def train_in_slot(owner, name: str) -> threading.Thread:
+    """Starts owner.run() in a daemon thread that gives owner's slot (take_slot) back when it ends."""
+    def train() -> None:
+        try:
+            owner.run()
+        finally:
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(owner)
+
+    thread = threading.Thread(target=train, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 class LabRun:
     """One training run. It owns its model, optimiser and data generator; only its own thread touches them while it
     trains. Other threads read progress through snapshot() and ask it to end through stop().
@@ -154,13 +177,9 @@ class LabRun:
 
     def start(self) -> LabRun:
         """Trains in a background thread. Raises LabBusyError when MAX_CONCURRENT_RUNS runs are training."""
-        with _ACTIVE_LOCK:
-            if len(_ACTIVE) >= MAX_CONCURRENT_RUNS:
-                raise LabBusyError(f"{len(_ACTIVE)} runs are already training on this server; try again shortly")
-            _ACTIVE.add(self)
+        take_slot(self)
         self._set(status="running")
-        self._thread = threading.Thread(target=self._train_in_thread, name="attnviz-lab", daemon=True)
-        self._thread.start()
+        self._thread = train_in_slot(self, "attnviz-lab")
         return self
 
     def run(self) -> RunSnapshot:
@@ -246,13 +265,6 @@ class LabRun:
         target = save_folder(self.model, self.snapshot(), name)
         self._set(saved_as=name)
         return target
-
-    def _train_in_thread(self) -> None:
-        try:
-            self.run()
-        finally:
-            with _ACTIVE_LOCK:
-                _ACTIVE.discard(self)
 
     def _checkpoint(self, step: int, loss: float) -> None:
         from attnviz.sinks import sink_rate
