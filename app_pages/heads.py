@@ -452,37 +452,20 @@ if tabs["head"].open:
                 st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of "
                          f"{n:,} rows have under {MIN_REMAINING:.0%} and are blank in the map above.")
 
-if tabs["token"].open:
-    with tabs["token"]:
-        token_panel()
+def compare_or_why() -> None:
+    if long_text:
+        st.info(f"Compare needs the dense pattern: this text's {n:,} tokens are kept as q and k only. Compare two "
+                "heads on a shorter text, or zoom into each head in One head.")
+    else:
+        compare_panel()
 
-if tabs["predict"].open:
-    with tabs["predict"]:
-        predictions_panel()
 
-if tabs["induction"].open:
-    with tabs["induction"]:
-        induction_panel()
-
-if tabs["corpus"].open:
-    with tabs["corpus"]:
-        corpus_panel()
-
-if tabs["stats"].open:
-    with tabs["stats"]:
-        stats_panel()
-
-if tabs["compare"].open:
-    with tabs["compare"]:
-        if long_text:
-            st.info(f"Compare needs the dense pattern: this text's {n:,} tokens are kept as q and k only. Compare two "
-                    "heads on a shorter text, or zoom into each head in One head.")
-        else:
-            compare_panel()
-
-if tabs["export"].open:
-    with tabs["export"]:
-        export_panel()
+for name, panel in (("token", token_panel), ("predict", predictions_panel), ("induction", induction_panel),
+                    ("corpus", corpus_panel), ("stats", stats_panel), ("compare", compare_or_why),
+                    ("export", export_panel)):
+    if tabs[name].open:  # only the open tab runs
+        with tabs[name]:
+            panel()
 
 # The view goes into the link last. The whole link is compared, text included: a text too long for the link must
 # also take an older text= out of it, or the next rerun would read that older text back as a new link (from_link)

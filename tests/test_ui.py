@@ -7,8 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 
-
-
 def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache, attention_of):
     import torch
 
