@@ -362,3 +362,28 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     if link_asked_key:
         st.session_state.get(link_asked_key, {}).pop(key, None)
     return st.selectbox(label, options, key=key, persist_state="session")
+
+
+def computed_once(cache, key, label: str, compute, *, errors: tuple[type[Exception], ...] = ()):
+    """cache.get(key, ...) of an attnviz.once.ComputeOnce shared by every session, with a progress bar while it
+    runs: compute(progress) gets progress(done, total), and the bar says "label: done of total". A key already
+    computed is returned at once, without a bar; a visitor whose key another is computing is told so while it
+    waits. An exception of one of `errors` becomes an st.error and None."""
+    found, value = cache.peek(key)
+    if found:
+        return value
+    bar = st.progress(0.0, text=f"{label}…")
+
+    def progress(done, total):
+        bar.progress(min(1.0, done / max(total, 1)), text=f"{label}: {done} of {total}")
+
+    def waiting(seconds: float) -> None:
+        bar.progress(0.0, text=f"{label}: another visitor is computing the same; waiting for it ({seconds:.0f} s)")
+
+    try:
+        return cache.get(key, lambda: compute(progress), on_wait=waiting)
+    except errors as exc:
+        st.error(str(exc))
+        return None
+    finally:
+        bar.empty()

@@ -70,16 +70,10 @@ def knockouts(name: str, token_ids: tuple[int, ...], rows: tuple, mode: str, tar
     if loaded is None:
         return None
     key = (name, ui.model_version(name), token_ids, rows, mode, target)
-    bar = st.progress(0.0, text=f"Knocking out {len(rows)} head set(s)…")
-    try:
-        return _KNOCKOUTS.get(key, lambda: knockout_effects(
-            loaded, list(token_ids), list(rows), mode=mode, target=target,
-            progress=lambda done, total: bar.progress(done / total, text=f"Knocked out {done} of {total}")))
-    except KnockoutError as exc:
-        st.error(str(exc))
-        return None
-    finally:
-        bar.empty()
+    return ui.computed_once(_KNOCKOUTS, key, f"Knocking out {len(rows)} head set(s)",
+                            lambda progress: knockout_effects(loaded, list(token_ids), list(rows), mode=mode,
+                                                              target=target, progress=progress),
+                            errors=(KnockoutError,))
 
 
 def knockouts_done(name: str, token_ids: tuple[int, ...], rows: tuple, mode: str, target) -> bool:

@@ -29,16 +29,7 @@ def profile(name: str, text: str, skip: int, capture):
     from attnviz import ui
     from attnviz.distance import measured_profile
 
-    loaded = ui.get_model(name)
+    shape = ui.get_model(name).shape
     key = (name, ui.model_version(name), text, int(skip), capture.store, tuple(capture.layers))
-    found, value = _PROFILES.peek(key)
-    if found:
-        return value
-    bar = st.progress(0.0, text="Averaging attention over distance…")
-
-    def progress(done, total):
-        bar.progress(done / total, text=f"Averaging attention over distance: layer {done} of {total}")
-
-    value = _PROFILES.get(key, lambda: measured_profile(capture, loaded.shape, exclude_keys=skip, progress=progress))
-    bar.empty()
-    return value
+    return ui.computed_once(_PROFILES, key, "Averaging attention over distance, layer by layer",
+                            lambda progress: measured_profile(capture, shape, exclude_keys=skip, progress=progress))

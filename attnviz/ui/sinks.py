@@ -64,22 +64,9 @@ def alpha_over_texts(name: str, texts: tuple[str, ...]):
     if loaded is None:
         return None
     key = ("alpha0", name, ui.model_version(name), tuple(_digest(t) for t in texts))
-    bar = st.progress(0.0, text=f"Capturing {len(texts)} texts through {name}…")
-
-    def compute():
-        return sinks.alpha_over_texts(loaded, texts, progress=lambda done, total: bar.progress(
-            done / total, text=f"Capturing text {done} of {total} through {name}"))
-
-    def waiting(seconds: float) -> None:
-        bar.progress(0.0, text=f"Another visitor is measuring the same texts; waiting for it ({seconds:.0f} s)")
-
-    try:
-        return _results().get(key, compute, on_wait=waiting)
-    except CaptureError as exc:
-        st.error(str(exc))
-        return None
-    finally:
-        bar.empty()
+    return ui.computed_once(_results(), key, f"Capturing {len(texts)} texts through {name}",
+                            lambda progress: sinks.alpha_over_texts(loaded, texts, progress=progress),
+                            errors=(CaptureError,))
 
 
 def layer_outputs(name: str, text: str):
@@ -125,21 +112,18 @@ def reference_outputs(name: str):
     if loaded is None:
         return None
     key = ("reference", name, ui.model_version(name))
-    bar = st.progress(0.0, text=f"Running {name} on {REFERENCE_WINDOWS} windows of the shipped text for the means…")
 
-    def compute():
+    def compute(progress):
         texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=REFERENCE_TOKENS,
                                    n_windows=REFERENCE_WINDOWS)
         out = []
         for i, text in enumerate(texts):
             out.append(massive.layer_outputs(loaded.model, loaded.tokenizer(text)["input_ids"]))
-            bar.progress((i + 1) / len(texts), text=f"Reference text {i + 1} of {len(texts)}")
+            progress(i + 1, len(texts))
         return out
 
-    try:
-        return _results().get(key, compute)
-    finally:
-        bar.empty()
+    return ui.computed_once(_results(), key, f"Running {name} on windows of the shipped text for the means",
+                            compute)
 
 
 def sink_scores(name: str, text: str, capture):
@@ -149,14 +133,5 @@ def sink_scores(name: str, text: str, capture):
     from attnviz import sinks, ui
 
     key = ("alpha", name, ui.model_version(name), _digest(text), capture.store, tuple(capture.layers))
-    found, value = _results().peek(key)
-    if found:
-        return value
-    bar = st.progress(0.0, text="Averaging the attention each key receives…")
-
-    def progress(done, total):
-        bar.progress(done / total, text=f"Averaging the attention each key receives: layer {done} of {total}")
-
-    value = _results().get(key, lambda: sinks.capture_sink_scores(capture, progress=progress))
-    bar.empty()
-    return value
+    return ui.computed_once(_results(), key, "Averaging the attention each key receives, layer by layer",
+                            lambda progress: sinks.capture_sink_scores(capture, progress=progress))
