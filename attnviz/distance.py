@@ -108,23 +108,27 @@ def capture_by_distance(capture, *, signed: bool = False, per_head: bool = False
     """attention_by_distance (signed=False: r = i - j >= 0) or attention_by_signed_distance (signed=True) of every
     captured layer, read from the capture a block of query rows at a time (capture.layer_rows), in either store:
     the long-text store never holds an N x N array, so this measures a model at its full context.
-
-    Per block, the weights [head, rows, keys] are summed along each diagonal i - j = r at once: with the keys
-    reversed (k = n - 1 - j) a diagonal becomes an anti-diagonal t + k = const, and writing the rows into an
-    array one column wider than the block and reading it back one element shorter per row shifts row t right by
-    t, so each anti-diagonal becomes a column (the usual skew trick). The number of (query, key) pairs at each
-    distance is counted in closed form, so the means are those of the dense functions.
     progress(done, total) is called after each layer. Returns what the dense functions return for the capture's
     [layer, head, query, key] pattern."""
     n = capture.n_tokens
-    exclude_keys = int(exclude_keys)
-    if not 0 <= exclude_keys < n:
-        raise ValueError(f"exclude_keys must be in [0, {n}), got {exclude_keys}")
-    r_all = np.arange(-(n - 1), n)  # signed distances; index r + n - 1
-    first = np.maximum(0, r_all + exclude_keys)  # queries i with a key j = i - r in [exclude_keys, n)
-    last = np.minimum(n - 1, n - 1 + r_all)
-    counts = np.maximum(0, last - first + 1).astype(np.float64)
-    sums = np.zeros((len(capture.layers), capture.n_heads, 2 * n - 1))
+    _check_exclude(exclude_keys, n)
+    return _means(diagonal_sums(capture, exclude_keys, block=block, progress=progress)[1], n, int(exclude_keys),
+                  signed=signed, per_head=per_head)
+
+
+def diagonal_sums(capture, exclude_keys: int = 0, *, block: int = 128, progress=None):
+    """(sums over every key, sums leaving the first exclude_keys keys out): each [layer, head, 2n - 1], the weights
+    summed along each diagonal i - j = r (index r + n - 1), from one pass over the capture.
+
+    Per block, the weights [head, rows, keys] are summed along every diagonal at once: with the keys reversed
+    (k = n - 1 - j) a diagonal becomes an anti-diagonal t + k = const, and writing the rows into an array one column
+    wider than the block and reading it back one element shorter per row shifts row t right by t, so each
+    anti-diagonal becomes a column (the usual skew trick). The excluded keys' own weights are summed on the side
+    and taken off."""
+    n = capture.n_tokens
+    exclude_keys = _check_exclude(exclude_keys, n)
+    total = np.zeros((len(capture.layers), capture.n_heads, 2 * n - 1))
+    excluded = np.zeros_like(total)
     for li, layer in enumerate(capture.layers):
         for a in range(0, n, block):
             b = min(n, a + block)
@@ -133,21 +137,36 @@ def capture_by_distance(capture, *, signed: bool = False, per_head: bool = False
             heads, key_end = w.shape[0], w.shape[-1]
             y = np.zeros((heads, m, n + m), dtype=np.float32)
             y[:, :, n - key_end:n] = w[:, :, ::-1]  # key k = n - 1 - j
-            if exclude_keys:
-                y[:, :, n - exclude_keys:n] = 0.0  # keys j < exclude_keys
             z = y.reshape(heads, m * (n + m))[:, :m * (n + m - 1)].reshape(heads, m, n + m - 1)
-            col = z.sum(axis=1, dtype=np.float64)  # [head, n + m - 1]: column c holds t + k = c
-            # r = (a + t) - (n - 1 - k) = a + c - (n - 1): index r + n - 1 = a + c
-            sums[li, :, a:a + n + m - 1] += col
+            # column c holds t + k = c, so r = (a + t) - (n - 1 - k) = a + c - (n - 1): index a + c
+            total[li, :, a:a + n + m - 1] += z.sum(axis=1, dtype=np.float64)
+            for j in range(min(exclude_keys, key_end)):  # key j's weights sit at r = i - j: index i - j + n - 1
+                excluded[li, :, a - j + n - 1:b - j + n - 1] += w[:, :, j]
         if progress is not None:
             progress(li + 1, len(capture.layers))
+    return total, total - excluded
+
+
+def _check_exclude(exclude_keys, n: int) -> int:
+    exclude_keys = int(exclude_keys)
+    if not 0 <= exclude_keys < n:
+        raise ValueError(f"exclude_keys must be in [0, {n}), got {exclude_keys}")
+    return exclude_keys
+
+
+def _means(sums, n: int, exclude_keys: int, *, signed: bool, per_head: bool):
+    """capture_by_distance's result from diagonal_sums: each sum over the number of (query, key) pairs at its
+    distance, counted in closed form (so the means are exactly those of the dense functions)."""
+    r_all = np.arange(-(n - 1), n)
+    first = np.maximum(0, r_all + exclude_keys)  # queries i with a key j = i - r in [exclude_keys, n)
+    last = np.minimum(n - 1, n - 1 + r_all)
+    counts = np.maximum(0, last - first + 1).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         means = np.where(counts > 0, sums / np.where(counts > 0, counts, 1.0), np.nan)
     means = means if per_head else means.mean(axis=1)
     if signed:
         return r_all, means
-    n_dist = n - exclude_keys
-    return means[..., n - 1:n - 1 + n_dist]
+    return means[..., n - 1:n - 1 + n - exclude_keys]
 
 
 def _rows(capture, layer: int, start: int, stop: int) -> np.ndarray:
@@ -189,24 +208,20 @@ def measured_profile(capture, shape, *, exclude_keys: int = 0, progress=None) ->
     n = capture.n_tokens
     skip = int(exclude_keys)
     causal = bool(capture.causal)
+    every, kept = diagonal_sums(capture, skip, progress=progress)  # one pass: with and without the first keys
     if causal:
-        per_head = capture_by_distance(capture, per_head=True, exclude_keys=skip, progress=progress)
-        per_layer = per_head.mean(axis=1)
+        per_layer = _means(kept, n, skip, signed=False, per_head=False)
         distances = np.arange(per_layer.shape[-1])
         baseline = uniform_causal_by_distance(n, exclude_keys=skip)
         baseline_name = "uniform causal (no position)"
         # the weight within 8 tokens back, excluding the token itself (with nothing left out)
-        near_source = per_head if skip == 0 else capture_by_distance(capture, per_head=True)
-        near = near_source[..., 1: min(9, n)].sum(-1)
+        near = _means(every, n, 0, signed=False, per_head=True)[..., 1: min(9, n)].sum(-1)
         where = "within 8 tokens back"
     else:
-        distances, per_head = capture_by_distance(capture, signed=True, per_head=True, exclude_keys=skip,
-                                                  progress=progress)
-        per_layer = per_head.mean(axis=1)
+        distances, per_layer = _means(kept, n, skip, signed=True, per_head=False)
         baseline = uniform_bidirectional_by_distance(n, exclude_keys=skip)[1]
         baseline_name = "uniform over all keys (no position)"
-        if skip:
-            _, per_head = capture_by_distance(capture, signed=True, per_head=True)
+        per_head = _means(every, n, 0, signed=True, per_head=True)[1]
         close = (np.abs(distances) >= 1) & (np.abs(distances) <= 8)
         near = np.nan_to_num(per_head[..., close]).sum(-1)  # mean weight within 8 tokens either side
         where = "within 8 tokens either side"

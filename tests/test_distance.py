@@ -127,6 +127,9 @@ def test_measured_profile_picks_the_theory_of_the_scheme():
     np.testing.assert_allclose(prof.relative, bound / bound[0])
     assert prof.theory is None and "RoFormer" in prof.theory_note
     np.testing.assert_allclose(prof.per_layer, D.attention_by_distance(cap.pattern, exclude_keys=1), rtol=1e-6)
+    # the locality counts every key, whatever is left out of the curves
+    np.testing.assert_allclose(prof.near, D.attention_by_distance(cap.pattern, per_head=True)[..., 1:9].sum(-1),
+                               rtol=1e-6)
     gpt2 = load_model("toy-gpt2")
     prof = D.measured_profile(capture_attention(gpt2, text), gpt2.shape)
     assert prof.theory is None and prof.relative is None and "not RoPE or ALiBi" in prof.theory_note
