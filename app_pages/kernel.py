@@ -65,17 +65,14 @@ def step_view():
         index = 0
     step = steps[index]
     fig = uk.step_figures(*settings, index)
-    left, right = st.columns(2)
-    left.plotly_chart(fig["tiles"], width="stretch")
-    left.caption("Orange is the tile this step computes; blue tiles are done, grey ones to do; yellow ones run "
-                 "masked: the causal diagonal cuts them, or they hold the ragged last keys. Near-white tiles lie "
-                 "wholly right of the diagonal: the kernel never loads them, which is where causal attention saves "
-                 "half the work. Each query block runs its whole tiles first with no mask at all (stage 1), then the "
-                 "yellow ones with masks (stage 2).")
-    right.plotly_chart(fig["scores"], width="stretch")
-    right.caption("The scores q·k/√d of this tile only: the one piece of the N × N matrix that exists right now. "
-                  "Blank cells are hidden by the causal mask" + (" (a whole blank row is fine: its m_i keeps the "
-                                                                  "previous value)." if step.partial else "."))
+    st.plotly_chart(fig["step"], width="stretch")
+    st.caption("Left, the whole score matrix by tiles: orange is the tile this step computes; blue tiles are done, "
+               "grey ones to do; yellow ones run masked: the causal diagonal cuts them, or they hold the ragged last "
+               "keys. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which is where "
+               "causal attention saves half the work. Each query block runs its whole tiles first with no mask at "
+               "all (stage 1), then the yellow ones with masks (stage 2). Right, the scores q·k/√d of this tile "
+               "only: the one piece of the N × N matrix that exists right now. Blank cells are hidden by the causal "
+               "mask" + (" (a whole blank row is fine: its m_i keeps the previous value)." if step.partial else "."))
 
     done_steps = steps[:index + 1]
     m1, m2, m3, m4 = st.columns(4)
@@ -105,19 +102,19 @@ def step_view():
                f"debug buffer: they differ from the torch stepper's by at most "
                f"{gap_m:.1e} (m_i) and {gap_l:.1e} (l_i).")
 
-    a1, a2 = st.columns(2)
-    a1.plotly_chart(fig["acc_rescaled"], width="stretch")
-    a2.plotly_chart(fig["acc"], width="stretch")
-    a1.caption("The accumulator is an unnormalised weighted sum of value rows; rescaling keeps every term relative "
-               "to the current max. On a block's first key tile the old acc is all zeros.")
+    st.plotly_chart(fig["acc"], width="stretch")
+    st.caption("The accumulator is an unnormalised weighted sum of value rows; rescaling keeps every term relative "
+               "to the current max. On a block's first key tile the old acc is all zeros. Both sides share one "
+               "colour scale.")
     if step.last:
-        a2.success(f"Last key block of this query block: O = acc / l_i, max |O − float64 reference| = "
+        st.success(f"Last key block of this query block: O = acc / l_i, max |O − float64 reference| = "
                    f"{run.out_error[index]:.1e}.")
         if index == len(steps) - 1:
             st.success(f"Done. The whole Triton output differs from the float64 reference by at most "
                        f"{run.kernel_error:.1e}.")
     else:
-        a2.caption("O = acc / l_i is taken after this block's last key tile.")
+        st.caption("O = acc / l_i is taken after this block's last key tile.")
+    uk.prefetch_step(*settings, index + 1)
 
 
 step_view()

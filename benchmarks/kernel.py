@@ -245,7 +245,7 @@ def tune(args):
 
 
 def step_view(repeats=5):
-    """What one move of the page's Step slider costs in the step view: its five figures built and serialised as
+    """What one move of the page's Step slider costs in the step view: its three figures built and serialised as
     st.plotly_chart does (plotly.io.to_json), against serialising the figures attnviz.ui.kernel.step_figures kept
     for that step. Medians over the steps of one run, at the page's default and at a large setting."""
     import statistics
@@ -267,11 +267,10 @@ def step_view(repeats=5):
         def build(i):
             s = steps[i]
             states = figs.tile_states(codes, [(t.q_block, t.k_block) for t in steps[:i]], (s.q_block, s.k_block))
-            return [figs.tile_map_figure(states, edges, edges, causal=True, title=f"Step {i}"),
-                    figs.tile_scores_figure(s.scores, s.q_start, s.k_start, title="S tile"),
+            return [figs.step_figure(states, edges, edges, s.scores, s.q_start, s.k_start, causal=True,
+                                     title=f"Step {i}"),
                     figs.state_figure(np.arange(s.q_start, s.q_stop), s.m_prev, s.m_i, s.l_prev, s.l_i, s.alpha),
-                    figs.accumulator_figure(s.acc_rescaled, s.q_start, title="acc · alpha"),
-                    figs.accumulator_figure(s.acc, s.q_start, title="acc")]
+                    figs.accumulator_figure(s.acc_rescaled, s.acc, s.q_start)]
 
         build(0)  # plotly's validators load on first use
         fresh, cached = [], []

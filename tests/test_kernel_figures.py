@@ -30,9 +30,9 @@ def test_every_figure_has_a_title_and_axis_titles():
     codes = tile_map(40, 40, block_m=16, block_n=16, causal=True)
     rows = np.arange(step.q_start, step.q_stop)
     built = [
-        figs.tile_map_figure(figs.tile_states(codes, [], (1, 1)), [0, 16, 32, 40], [0, 16, 32, 40], causal=True),
-        figs.tile_scores_figure(step.scores, step.q_start, step.k_start, title="S"),
-        figs.accumulator_figure(step.acc, step.q_start, title="acc"),
+        figs.step_figure(figs.tile_states(codes, [], (1, 1)), [0, 16, 32, 40], [0, 16, 32, 40], step.scores,
+                         step.q_start, step.k_start, causal=True, title="Step 3"),
+        figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start),
         figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha),
         figs.peak_memory_figure([128, 256], {"naive": [2**20, 2**22], "tiled": [2**18, None]}),
         figs.timing_figure(["naive", "SDPA"], [1.0, 0.5]),
@@ -53,3 +53,40 @@ def test_timing_figure_is_a_dot_plot_on_a_log_axis_with_every_dot_in_range():
     assert fig.layout.xaxis.type == "log" and "ms" in fig.layout.xaxis.title.text
     lo, hi = fig.layout.xaxis.range  # log10 units: the 0.02 ms dot is inside the axis, not at its edge
     assert lo < np.log10(min(ms)) - 0.1 and hi > np.log10(max(ms)) + 0.1
+
+
+def test_step_figure_draws_the_tile_map_and_this_tiles_scores_with_the_mask_blank():
+    """The step's one figure: left the tile states (named in the legend, no colour bar), right the current tile's
+    scores as the stepper computed them, -inf (masked) cells blank and the colour scale centred on 0."""
+    q, k, v = make_inputs(40, 16)
+    steps = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))
+    step = next(s for s in steps if s.partial)  # a diagonal tile: some scores masked
+    codes = tile_map(40, 40, block_m=16, block_n=16, causal=True)
+    states = figs.tile_states(codes, [(s.q_block, s.k_block) for s in steps[:step.index]], (step.q_block, step.k_block))
+    fig = figs.step_figure(states, [0, 16, 32, 40], [0, 16, 32, 40], step.scores, step.q_start, step.k_start,
+                           causal=True, title="Step")
+    tiles, scores = (t for t in fig.data if t.type == "heatmap")
+    np.testing.assert_array_equal(tiles.z, states)
+    assert tiles.showscale is False
+    assert [t.name for t in fig.data if t.type == "scatter" and t.mode == "markers"] == list(figs.TILE_STATES)
+    expected = np.asarray(step.scores, dtype=float)
+    masked = np.isneginf(expected)
+    assert masked.any() and not masked.all()
+    z = np.asarray(scores.z, dtype=float)
+    assert np.isnan(z[masked]).all()
+    np.testing.assert_array_equal(z[~masked], expected[~masked])
+    assert scores.zmin == -scores.zmax == -np.abs(expected[~masked]).max()
+    assert list(scores.x) == [str(step.k_start + j) for j in range(expected.shape[1])]
+    assert list(scores.y) == [str(step.q_start + i) for i in range(expected.shape[0])]
+
+
+def test_accumulator_figure_puts_before_and_after_on_one_scale():
+    q, k, v = make_inputs(40, 16)
+    step = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))[4]
+    fig = figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start)
+    before, after = fig.data
+    np.testing.assert_array_equal(before.z, np.asarray(step.acc_rescaled, dtype=float))
+    np.testing.assert_array_equal(after.z, np.asarray(step.acc, dtype=float))
+    limit = max(np.abs(np.asarray(step.acc_rescaled)).max(), np.abs(np.asarray(step.acc)).max())
+    assert before.zmin == after.zmin == -limit and before.zmax == after.zmax == limit
+    assert [before.showscale, after.showscale] == [False, True]  # one colour bar for both

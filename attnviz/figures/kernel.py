@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, line_chart
+from .common import DIVERGING_SCALE, PALETTE, apply_layout, line_chart
 
 # Tile states, indexed by the values of tile_states(): what the map colours and its legend say.
 TILE_STATES = ("skipped (causal mask)", "to do", "to do, masked", "done", "done, masked", "current")
@@ -29,56 +29,75 @@ def tile_states(codes, done: Sequence[tuple[int, int]], current: tuple[int, int]
     return states
 
 
-def tile_map_figure(states, q_edges, k_edges, *, causal: bool, title: str | None = None) -> go.Figure:
-    """The [N_query, N_key] score matrix drawn by tiles: states [n_query_blocks, n_key_blocks] (TILE_STATES
-    indices), q_edges [n_query_blocks + 1] and k_edges [n_key_blocks + 1] the tiles' boundaries in positions."""
+def step_figure(states, q_edges, k_edges, scores, q_start: int, k_start: int, *, causal: bool,
+                title: str) -> go.Figure:
+    """One step of the kernel in one figure (one chart to draw per step, not two): left, the [N_query, N_key] score
+    matrix by tiles, states [n_query_blocks, n_key_blocks] (TILE_STATES indices) between the tiles' boundaries
+    q_edges and k_edges (positions), its states in the legend; right, the current tile's scores [rows, cols]
+    (q k^T * scale) from query q_start and key k_start, masked entries (-inf) blank."""
     states = np.asarray(states, dtype=float)
+    scores = np.asarray(scores, dtype=float)
+    shown = np.where(np.isneginf(scores), np.nan, scores)
+    rows, cols = scores.shape
+    n_query, n_key = q_edges[-1], k_edges[-1]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "Score matrix by tiles",
+        f"S tile: queries {q_start}–{q_start + rows - 1}, keys {k_start}–{k_start + cols - 1}"))
     n_states = len(TILE_STATES)
     colourscale = []
     for i, colour in enumerate(TILE_COLOURS):
         colourscale += [[i / n_states, colour], [(i + 1) / n_states, colour]]
-    fig = go.Figure(go.Heatmap(
+    fig.add_trace(go.Heatmap(
         z=states, x=np.asarray(k_edges, dtype=float), y=np.asarray(q_edges, dtype=float),
-        colorscale=colourscale, zmin=-0.5, zmax=n_states - 0.5, xgap=1, ygap=1,
+        colorscale=colourscale, zmin=-0.5, zmax=n_states - 0.5, xgap=1, ygap=1, showscale=False,
         customdata=np.array(TILE_STATES, dtype=object)[states.astype(int)],
-        colorbar=dict(tickvals=list(range(n_states)), ticktext=list(TILE_STATES), title=dict(text="tile")),
-        hovertemplate="queries from %{y}, keys from %{x}<br>%{customdata}<extra></extra>",
-    ))
-    n_query, n_key = q_edges[-1], k_edges[-1]
+        hovertemplate="queries from %{y}, keys from %{x}<br>%{customdata}<extra></extra>"), row=1, col=1)
+    for name, colour in zip(TILE_STATES, TILE_COLOURS):  # the states as legend entries
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
+                                 marker=dict(symbol="square", size=12, color=colour,
+                                             line=dict(color="#adb5bd", width=1))), row=1, col=1)
     if causal:
         offset = n_key - n_query
         fig.add_trace(go.Scatter(x=[max(offset, 0), n_key], y=[max(-offset, 0), n_query], mode="lines",
                                  line=dict(color=PALETTE[7], dash="dot"), name="causal diagonal",
-                                 hoverinfo="skip"))
-    fig.update_xaxes(range=[0, n_key])
-    fig.update_yaxes(range=[n_query, 0])
-    return apply_layout(fig, title=title or "Score matrix by tiles", x_title="key position (token index)",
-                        y_title="query position (token index)", height=420)
+                                 hoverinfo="skip"), row=1, col=1)
+    fig.add_trace(go.Heatmap(
+        z=shown, x=[str(k_start + j) for j in range(cols)], y=[str(q_start + i) for i in range(rows)],
+        colorscale=DIVERGING_SCALE, colorbar=dict(title=dict(text="score")), **_symmetric(shown),
+        hovertemplate="query %{y}<br>key %{x}<br>score %{z:.4g}<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(range=[0, n_key], row=1, col=1)
+    fig.update_yaxes(range=[n_query, 0], row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    apply_layout(fig, title=title, x_title="key position (token index)", y_title="query position (token index)",
+                 height=480)
+    return fig.update_layout(margin=dict(t=80, b=110),
+                             legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0.0))
 
 
-def tile_scores_figure(scores, q_start: int, k_start: int, *, title: str) -> go.Figure:
-    """One tile's scores [rows, cols] (q k^T * scale); masked entries (-inf) are left blank."""
-    scores = np.asarray(scores, dtype=float)
-    shown = np.where(np.isneginf(scores), np.nan, scores)
-    return heatmap(shown, x_labels=[str(k_start + j) for j in range(scores.shape[1])],
-                   y_labels=[str(q_start + i) for i in range(scores.shape[0])], title=title,
-                   x_title="key position (token index)", y_title="query position (token index)",
-                   colorscale=DIVERGING_SCALE, colorbar_title="score", height=420, **_symmetric(shown))
-
-
-def accumulator_figure(acc, q_start: int, *, title: str) -> go.Figure:
-    """An accumulator or output tile [rows, d]: one row per query, one column per head-dim channel."""
-    acc = np.asarray(acc, dtype=float)
-    return heatmap(acc, y_labels=[str(q_start + i) for i in range(acc.shape[0])], title=title,
-                   x_title="head-dim channel (index)", y_title="query position (token index)",
-                   colorscale=DIVERGING_SCALE, colorbar_title="value", height=320, **_symmetric(acc))
+def accumulator_figure(acc_rescaled, acc, q_start: int) -> go.Figure:
+    """The accumulator tile [rows, d] before this tile's values are added (rescaled by alpha) and after, side by
+    side on one colour scale (one chart to draw per step): one row per query, one column per head-dim channel."""
+    acc_rescaled, acc = np.asarray(acc_rescaled, dtype=float), np.asarray(acc, dtype=float)
+    limits = _symmetric(np.concatenate([acc_rescaled.ravel(), acc.ravel()]))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        "acc · alpha (old acc, rescaled)", "acc after + p v (this tile's values)"))
+    y = [str(q_start + i) for i in range(acc.shape[0])]
+    for col, values in ((1, acc_rescaled), (2, acc)):
+        fig.add_trace(go.Heatmap(z=values, x=list(range(values.shape[1])), y=y, colorscale=DIVERGING_SCALE,
+                                 showscale=col == 2, colorbar=dict(title=dict(text="value")), **limits,
+                                 hovertemplate="query %{y}<br>channel %{x}<br>value %{z:.4g}<extra></extra>"),
+                      row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    apply_layout(fig, title="The accumulator before and after this tile", x_title="head-dim channel (index)",
+                 y_title="query position (token index)", height=340)
+    return fig.update_layout(margin=dict(t=80))
 
 
 def state_figure(rows, m_prev, m_i, l_prev, l_i, alpha) -> go.Figure:
     """The online-softmax state of one step per query row: m_i and l_i before and after, and alpha."""
     rows = np.asarray(rows)
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("running max m_i", "running sum l_i",
-                                                        "alpha = exp(m_before - m_after)"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1,
+                        subplot_titles=("running max m_i", "running sum l_i", "alpha = exp(m_before - m_after)"))
     panels = ((1, ("before", m_prev), ("after", m_i)), (2, ("before", l_prev), ("after", l_i)), (3, ("alpha", alpha),))
     for col, *series in panels:
         for i, (name, y) in enumerate(series):
@@ -89,7 +108,7 @@ def state_figure(rows, m_prev, m_i, l_prev, l_i, alpha) -> go.Figure:
                 marker=dict(color=PALETTE[2] if name == "alpha" else PALETTE[i], size=6),
                 line=dict(dash="dot" if name == "before" else "solid", width=1)), row=1, col=col)
     apply_layout(fig, title="Online-softmax state per query row (before and after this tile)", height=360)
-    fig.update_layout(margin=dict(t=90), legend=dict(y=-0.35, yanchor="top", x=0.5, xanchor="center"))
+    fig.update_layout(margin=dict(t=90, b=110), legend=dict(y=-0.35, yanchor="top", x=0.5, xanchor="center"))
     fig.update_xaxes(title_text="query position (token index)")
     fig.update_yaxes(title_text="max score (logit units)", row=1, col=1)
     fig.update_yaxes(title_text="sum of exp(score - m_i) (unitless)", row=1, col=2)

@@ -3,6 +3,7 @@ and the peak-memory measurements. Every cache is keyed on every setting its resu
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,24 +63,31 @@ def kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun | None:
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def step_figures(n, d, block_m, block_n, causal, dtype, seed, index) -> dict:
-    """The step view's figures for step `index` of a run: "tiles", "scores", "state", "acc_rescaled", "acc".
-    Kept as objects (a plotly figure is only read when drawn), so moving back to a step costs no rebuild."""
+    """The step view's figures for step `index` of a run: "step" (the tile map and this tile's scores), "state",
+    "acc" (the accumulator before and after). Kept as objects (a plotly figure is only read when drawn), so moving
+    back to a step costs no rebuild."""
     run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
     step = run.steps[index]
     done = [(s.q_block, s.k_block) for s in run.steps[:index]]
     states = figs.tile_states(run.codes, done, (step.q_block, step.k_block))
     rows = np.arange(step.q_start, step.q_stop)
     return {
-        "tiles": figs.tile_map_figure(states, run.q_edges, run.k_edges, causal=causal,
-                                      title=f"Step {index}: query block {step.q_block}, key block {step.k_block}"),
-        "scores": figs.tile_scores_figure(
-            step.scores, step.q_start, step.k_start,
-            title=f"S tile: queries {step.q_start}–{step.q_stop - 1}, keys {step.k_start}–{step.k_stop - 1}"),
+        "step": figs.step_figure(states, run.q_edges, run.k_edges, step.scores, step.q_start, step.k_start,
+                                 causal=causal, title=f"Step {index}: query block {step.q_block}, key block "
+                                                      f"{step.k_block}"),
         "state": figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha),
-        "acc_rescaled": figs.accumulator_figure(step.acc_rescaled, step.q_start,
-                                                title="acc · alpha (old acc, rescaled)"),
-        "acc": figs.accumulator_figure(step.acc, step.q_start, title="acc after + p v (this tile's values)"),
+        "acc": figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start),
     }
+
+
+def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, index) -> None:
+    """Builds step `index`'s figures in the background (into step_figures' cache) while the browser draws the
+    current step: the Step slider is mostly moved one step on, and then its figures are ready. Any session's
+    prefetch fills the shared cache; a step already cached costs nothing."""
+    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
+    if 0 <= index < len(run.steps):
+        threading.Thread(target=step_figures, args=(n, d, block_m, block_n, causal, dtype, seed, index),
+                         daemon=True, name="attnviz-kernel-prefetch").start()
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
