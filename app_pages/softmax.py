@@ -26,6 +26,7 @@ def logit_formula(factor: str, bias: bool, softcap) -> str:
     return f"{x} + b" if bias else x
 
 
+@st.fragment
 def show_real_model(cap, text: str) -> None:
     """The real-model section, once a capture with scores [layer, head, query, key] and its layer inputs is at
     hand. Every map rescales the head's raw q·k (from the captured q and k), never the scores: an additive bias
@@ -130,126 +131,119 @@ st.markdown(
     r"the temperature $T$ divides every logit in both."
 )
 
-c1, c2, c3, c4 = st.columns(4)
-n_keys = c1.slider("keys per query", min_value=2, max_value=512, value=32, key="softmax_n_keys",
-                   persist_state="session",
-                   help="The number of keys each query spreads its weight over (the row length).")
-d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k", persist_state="session",
-                       help="Log-spaced from 1 to 1024: two steps per doubling.")
-temperature = c3.select_slider("temperature T", options=TEMPERATURES, value=1.0, key="softmax_temperature",
-                               persist_state="session",
-                               help="softmax(logits / T): T > 1 flattens, T < 1 sharpens.")
-seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed",
-                           persist_state="session"))
+@st.fragment
+def random_logits_section() -> None:
+    """Everything the four controls above it change: moving one reruns this section only, not the real model's."""
+    c1, c2, c3, c4 = st.columns(4)
+    n_keys = c1.slider("keys per query", min_value=2, max_value=512, value=32, key="softmax_n_keys",
+                       persist_state="session",
+                       help="The number of keys each query spreads its weight over (the row length).")
+    d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k",
+                           persist_state="session", help="Log-spaced from 1 to 1024: two steps per doubling.")
+    temperature = c3.select_slider("temperature T", options=TEMPERATURES, value=1.0, key="softmax_temperature",
+                                   persist_state="session",
+                                   help="softmax(logits / T): T > 1 flattens, T < 1 sharpens.")
+    seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed",
+                               persist_state="session"))
 
-with st.spinner("Sampling queries and keys…"):
-    variants, grads = ui_softmax.sample(d_k, n_keys, seed, temperature)
+    with st.spinner("Sampling queries and keys…"):
+        variants, grads = ui_softmax.sample(d_k, n_keys, seed, temperature)
 
-scale_text = {sm.SCALED: f"scaled: q·k / √{d_k}", sm.UNSCALED: "unscaled: q·k"}
-predicted_var = {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
-log_n = math.log(n_keys)
+    scale_text = {sm.SCALED: f"scaled: q·k / √{d_k}", sm.UNSCALED: "unscaled: q·k"}
+    predicted_var = {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
+    log_n = math.log(n_keys)
 
-left, right = st.columns(2)
-for column, variant in ((left, sm.SCALED), (right, sm.UNSCALED)):
-    scores, pattern, stats = variants[variant]
-    with column:
-        st.subheader(scale_text[variant])
-        m1, m2 = st.columns(2)
-        m3, m4 = st.columns(2)
-        m1.metric("logit std", f"{scores.std():.3g}", help=f"Predicted: {math.sqrt(predicted_var[variant]):.3g}")
-        m2.metric("mean max weight", f"{stats.max_weight.mean():.3f}", help=f"Uniform would be 1/{n_keys}.")
-        m3.metric("mean entropy (nats)", f"{stats.entropy.mean():.2f}",
-                  help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
-        m4.metric("saturated rows", f"{stats.saturated_share:.1%}", help="Rows whose largest weight exceeds 0.99.")
-        st.plotly_chart(figs.logit_histogram(scores, predicted_var=predicted_var[variant],
-                                             title=f"Logits, {scale_text[variant]}",
-                                             color=figs.VARIANT_COLORS[variant]),
-                        width="stretch", key=f"softmax_hist_{variant}")
-        st.plotly_chart(figs.attention_rows(pattern[:ROWS_SHOWN], title=f"First {ROWS_SHOWN} attention rows"),
-                        width="stretch", key=f"softmax_rows_{variant}")
-st.caption(
-    "The dashed curve is the normal density with the predicted variance (1 scaled, d_k unscaled, both divided by "
-    "T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the same "
-    "variance. Unscaled, the rows turn into single bright cells as d_k grows: one key takes all the weight."
-)
+    for column, variant in zip(st.columns(2), (sm.SCALED, sm.UNSCALED)):
+        scores, pattern, stats = variants[variant]
+        with column:
+            st.subheader(scale_text[variant])
+            m1, m2 = st.columns(2)
+            m3, m4 = st.columns(2)
+            m1.metric("logit std", f"{scores.std():.3g}",
+                      help=f"Predicted: {math.sqrt(predicted_var[variant]):.3g}")
+            m2.metric("mean max weight", f"{stats.max_weight.mean():.3f}", help=f"Uniform would be 1/{n_keys}.")
+            m3.metric("mean entropy (nats)", f"{stats.entropy.mean():.2f}",
+                      help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
+            m4.metric("saturated rows", f"{stats.saturated_share:.1%}",
+                      help="Rows whose largest weight exceeds 0.99.")
+    st.plotly_chart(figs.variants_figure(
+        {variant: {"scores": variants[variant][0], "pattern": variants[variant][1],
+                   "predicted_var": predicted_var[variant], "title": scale_text[variant]}
+         for variant in (sm.SCALED, sm.UNSCALED)}, rows_shown=ROWS_SHOWN), width="stretch", key="softmax_variants")
+    st.caption(
+        "The dashed curves are the normal density with the predicted variance (1 scaled, d_k unscaled, both divided "
+        "by T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the "
+        "same variance. Unscaled, the rows turn into single bright cells as d_k grows: one key takes all the weight."
+    )
 
-st.subheader("Every row, not only the mean")
-scaled_stats, unscaled_stats = variants[sm.SCALED][2], variants[sm.UNSCALED][2]
-b1, b2, b3 = st.columns(3)
-b1.plotly_chart(figs.row_distribution({sm.SCALED: scaled_stats.max_weight, sm.UNSCALED: unscaled_stats.max_weight},
-                                      title="Max weight per row", y_title="largest weight in the row (0 to 1)"),
-                width="stretch", key="softmax_box_max")
-b2.plotly_chart(figs.row_distribution({sm.SCALED: scaled_stats.entropy, sm.UNSCALED: unscaled_stats.entropy},
-                                      title=f"Entropy per row (max {log_n:.2f})",
-                                      y_title="entropy (nats)"),
-                width="stretch", key="softmax_box_entropy")
-b3.plotly_chart(figs.row_distribution({sm.SCALED: scaled_stats.jacobian_norm,
-                                       sm.UNSCALED: unscaled_stats.jacobian_norm},
-                                      title="Jacobian norm per row", log_y=True,
-                                      y_title="‖diag(p) − pp^T‖_F (log scale)"),
-                width="stretch", key="softmax_box_jac")
-st.caption(
-    "Each dot is one query row. The Jacobian norm is the Frobenius norm: it is the root-mean-square size of the "
-    "gradient that reaches the logits when the gradient arriving at the weights has independent unit-variance "
-    "entries, and it has a closed form in O(keys) per row (the spectral norm, the worst case, is at most it and at "
-    f"least it divided by √(keys − 1)). Rows below {figs.NORM_FLOOR:.0e} are drawn at {figs.NORM_FLOOR:.0e}: to "
-    "float64 they pass no gradient at all."
-)
+    st.subheader("Every row, not only the mean")
+    scaled_stats, unscaled_stats = variants[sm.SCALED][2], variants[sm.UNSCALED][2]
+    st.plotly_chart(figs.row_distributions([
+        {"values": {sm.SCALED: scaled_stats.max_weight, sm.UNSCALED: unscaled_stats.max_weight},
+         "title": "Max weight per row", "y_title": "largest weight in the row (0 to 1)"},
+        {"values": {sm.SCALED: scaled_stats.entropy, sm.UNSCALED: unscaled_stats.entropy},
+         "title": f"Entropy per row (max {log_n:.2f})", "y_title": "entropy (nats)"},
+        {"values": {sm.SCALED: scaled_stats.jacobian_norm, sm.UNSCALED: unscaled_stats.jacobian_norm},
+         "title": "Jacobian norm per row", "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
+    ]), width="stretch", key="softmax_rows")
+    st.caption(
+        "Each dot is one query row. The Jacobian norm is the Frobenius norm: it is the root-mean-square size of the "
+        "gradient that reaches the logits when the gradient arriving at the weights has independent unit-variance "
+        "entries, and it has a closed form in O(keys) per row (the spectral norm, the worst case, is at most it and "
+        f"at least it divided by √(keys − 1)). Rows below {figs.NORM_FLOOR:.0e} are drawn at {figs.NORM_FLOOR:.0e}: "
+        "to float64 they pass no gradient at all."
+    )
 
-st.subheader("Against d_k")
-with st.spinner(f"Sweeping d_k over {len(DIMS)} values…"):
-    curves = ui_softmax.sweep(n_keys, seed, temperature)
-var_theory = {"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
-              "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}
-s1, s2, s3 = st.columns(3)
-s1.plotly_chart(figs.sweep_chart(curves, "logit_var", title="Variance of the logits", log_y=True,
-                                 y_title="variance (nats², log scale)", current_d_k=d_k, reference=var_theory),
-                width="stretch", key="softmax_sweep_var")
-s2.plotly_chart(figs.sweep_chart(curves, "max_weight", title="Mean max weight", current_d_k=d_k,
-                                 y_title="mean largest weight (0 to 1)"),
-                width="stretch", key="softmax_sweep_max")
-s3.plotly_chart(figs.sweep_chart(curves, "entropy", title=f"Mean entropy (max {log_n:.2f})", current_d_k=d_k,
-                                 y_title="mean entropy (nats)"),
-                width="stretch", key="softmax_sweep_entropy")
-s4, s5, s6 = st.columns(3)
-s4.plotly_chart(figs.sweep_chart(curves, "saturated_share", title="Saturated rows (max weight > 0.99)",
-                                 current_d_k=d_k, y_title="share of rows (0 to 1)"),
-                width="stretch", key="softmax_sweep_sat")
-s5.plotly_chart(figs.sweep_chart(curves, "jac_p50", band=("jac_p10", "jac_p90"), log_y=True, current_d_k=d_k,
-                                 title="Jacobian norm, median and 10–90 %", y_title="‖J‖_F per row (log scale)"),
-                width="stretch", key="softmax_sweep_jac")
-s6.plotly_chart(figs.sweep_chart(curves, "grad_q_p50", log_y=True, current_d_k=d_k,
-                                 title="Gradient reaching q, median", y_title="‖∂L/∂q‖ (log scale)"),
-                width="stretch", key="softmax_sweep_grad")
-st.caption(
-    f"Same seed, {N_QUERIES} queries and {n_keys} keys at every d_k. The scaled curves stay flat; the unscaled ones "
-    "leave them as soon as d_k grows past a few: the logit variance follows the d_k line, rows saturate and the "
-    "Jacobian collapses by orders of magnitude."
-)
+    st.subheader("Against d_k")
+    with st.spinner(f"Sweeping d_k over {len(DIMS)} values…"):
+        curves = ui_softmax.sweep(n_keys, seed, temperature)
+    var_theory = {"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
+                  "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}
+    st.plotly_chart(figs.sweep_panels(curves, [
+        {"column": "logit_var", "title": "Variance of the logits", "y_title": "variance (nats², log scale)",
+         "log_y": True, "reference": True},
+        {"column": "max_weight", "title": "Mean max weight", "y_title": "mean largest weight (0 to 1)"},
+        {"column": "entropy", "title": f"Mean entropy (max {log_n:.2f})", "y_title": "mean entropy (nats)"},
+        {"column": "saturated_share", "title": "Saturated rows (max weight > 0.99)",
+         "y_title": "share of rows (0 to 1)"},
+        {"column": "jac_p50", "title": "Jacobian norm, median and 10–90 %", "y_title": "‖J‖_F per row (log scale)",
+         "log_y": True, "band": ("jac_p10", "jac_p90")},
+        {"column": "grad_q_p50", "title": "Gradient reaching q, median", "y_title": "‖∂L/∂q‖ (log scale)",
+         "log_y": True},
+    ], current_d_k=d_k, reference=var_theory), width="stretch", key="softmax_sweeps")
+    st.caption(
+        f"Same seed, {N_QUERIES} queries and {n_keys} keys at every d_k. The scaled curves stay flat; the unscaled "
+        "ones leave them as soon as d_k grows past a few: the logit variance follows the d_k line, rows saturate and "
+        "the Jacobian collapses by orders of magnitude."
+    )
 
-st.subheader("The gradient that reaches q (autograd)")
-st.markdown(
-    r"One attention layer, $o_i=\sum_j p_{ij} v_j$ with $p_i=\mathrm{softmax}(s\,K q_i / T)$, and a loss "
-    r"$L=\sum_i g_i\cdot o_i$ with a random upstream gradient $g_i$ (what the next layer would send back). "
-    r"`torch.autograd` gives $\partial L/\partial q_i$ through `attnviz.attention.scaled_dot_product_attention`; by "
-    r"the chain rule it is $\tfrac{s}{T}\,K^\top J_i V g_i$, $J_i$ being the Jacobian of row $i$'s softmax. "
-    r"Unscaled, $s=1$ makes the logits $\sqrt{d_k}$ times larger, which at first *raises* the gradient, until "
-    r"saturation drives $J_i$ to zero and the gradient with it."
-)
-st.code(
-    "q = q.requires_grad_()\n"
-    "out, _ = scaled_dot_product_attention(q, k, v, scale=s / T)   # s = 1/sqrt(d_k) or 1\n"
-    "(grad_q,) = torch.autograd.grad((out * g).sum(), q)           # one row per query",
-    language="python",
-)
-g1, g2 = st.columns([1, 2])
-g1.metric("median ‖∂L/∂q‖, scaled", f"{np.median(grads[sm.SCALED]):.3g}")
-g1.metric("median ‖∂L/∂q‖, unscaled", f"{np.median(grads[sm.UNSCALED]):.3g}")
-g1.metric("unscaled rows with < 1 % of it", f"{np.mean(grads[sm.UNSCALED] < 0.01 * np.median(grads[sm.SCALED])):.1%}",
-          help="The share of unscaled rows whose ‖∂L/∂q‖ is below 1 % of the scaled median.")
-g2.plotly_chart(figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
-                                      y_title="gradient norm reaching q (log scale)"),
-                width="stretch", key="softmax_box_grad")
+    st.subheader("The gradient that reaches q (autograd)")
+    st.markdown(
+        r"One attention layer, $o_i=\sum_j p_{ij} v_j$ with $p_i=\mathrm{softmax}(s\,K q_i / T)$, and a loss "
+        r"$L=\sum_i g_i\cdot o_i$ with a random upstream gradient $g_i$ (what the next layer would send back). "
+        r"`torch.autograd` gives $\partial L/\partial q_i$ through `attnviz.attention.scaled_dot_product_attention`; "
+        r"by the chain rule it is $\tfrac{s}{T}\,K^\top J_i V g_i$, $J_i$ being the Jacobian of row $i$'s softmax. "
+        r"Unscaled, $s=1$ makes the logits $\sqrt{d_k}$ times larger, which at first *raises* the gradient, until "
+        r"saturation drives $J_i$ to zero and the gradient with it."
+    )
+    st.code(
+        "q = q.requires_grad_()\n"
+        "out, _ = scaled_dot_product_attention(q, k, v, scale=s / T)   # s = 1/sqrt(d_k) or 1\n"
+        "(grad_q,) = torch.autograd.grad((out * g).sum(), q)           # one row per query",
+        language="python",
+    )
+    g1, g2 = st.columns([1, 2])
+    g1.metric("median ‖∂L/∂q‖, scaled", f"{np.median(grads[sm.SCALED]):.3g}")
+    g1.metric("median ‖∂L/∂q‖, unscaled", f"{np.median(grads[sm.UNSCALED]):.3g}")
+    g1.metric("unscaled rows with < 1 % of it",
+              f"{np.mean(grads[sm.UNSCALED] < 0.01 * np.median(grads[sm.SCALED])):.1%}",
+              help="The share of unscaled rows whose ‖∂L/∂q‖ is below 1 % of the scaled median.")
+    g2.plotly_chart(figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
+                                          y_title="gradient norm reaching q (log scale)"),
+                    width="stretch", key="softmax_box_grad")
+
+
+random_logits_section()
 
 st.divider()
 st.header("In a real model")

@@ -7,85 +7,130 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from attnviz.figures.common import PALETTE, apply_layout, heatmap
+from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, heatmap
 
 VARIANT_COLORS = {"scaled": PALETTE[0], "unscaled": PALETTE[1]}
 REAL_COLORS = {"own scale": PALETTE[0], "unscaled": PALETTE[1], "temperature": PALETTE[2]}
 NORM_FLOOR = 1e-16  # per-row norms below this are drawn at this value on log axes (they are 0 to float64 precision)
 
 
-def logit_histogram(scores, *, predicted_var: float, title: str, color: str = PALETTE[0],
-                    height: int = 360) -> go.Figure:
-    """Histogram (as a density) of all logits in scores, with the normal density of the predicted variance."""
-    x = np.asarray(scores, dtype=float).ravel()
-    fig = go.Figure(go.Histogram(x=x, histnorm="probability density", nbinsx=60, name="sampled logits",
-                                 marker_color=color, opacity=0.75))
-    sd = float(np.sqrt(predicted_var))
-    grid = np.linspace(min(x.min(), -4 * sd), max(x.max(), 4 * sd), 300)
-    density = np.exp(-0.5 * (grid / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-    fig.add_trace(go.Scatter(x=grid, y=density, mode="lines", name=f"normal, variance {predicted_var:.4g}",
-                             line=dict(color="#1f2330", dash="dash")))
-    apply_layout(fig, title=title, x_title="logit q·k × scale / T (nats)", y_title="density (per nat)",
-                 height=height)
-    return _legend_below(fig)
+def variants_figure(panels: Mapping[str, dict], *, rows_shown: int, height: int = 680) -> go.Figure:
+    """The random-logits section in one figure (one chart to draw per slider move, not four): a column per variant
+    (panels: name -> {"scores", "pattern", "predicted_var", "title"}). Top, the histogram (as a density) of every
+    logit with the normal density of the predicted variance, dashed; bottom, the first rows_shown attention rows
+    on one 0..1 colour scale."""
+    names = list(panels)
+    fig = make_subplots(rows=2, cols=len(names), vertical_spacing=0.2, horizontal_spacing=0.12,
+                        subplot_titles=[f"Logits, {panels[n]['title']}" for n in names]
+                        + [f"First {rows_shown} attention rows, {panels[n]['title']}" for n in names])
+    for col, name in enumerate(names, start=1):
+        panel = panels[name]
+        color = VARIANT_COLORS.get(name, PALETTE[col % len(PALETTE)])
+        x = np.asarray(panel["scores"], dtype=float).ravel()
+        fig.add_trace(go.Histogram(x=x, histnorm="probability density", nbinsx=60, name=f"{name}: sampled logits",
+                                   marker_color=color, opacity=0.75), row=1, col=col)
+        sd = float(np.sqrt(panel["predicted_var"]))
+        grid = np.linspace(min(x.min(), -4 * sd), max(x.max(), 4 * sd), 300)
+        density = np.exp(-0.5 * (grid / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
+        fig.add_trace(go.Scatter(x=grid, y=density, mode="lines",
+                                 name=f"{name}: normal, variance {panel['predicted_var']:.4g}",
+                                 line=dict(color=color, dash="dash")), row=1, col=col)
+        pattern = np.asarray(panel["pattern"], dtype=float)[:rows_shown]
+        fig.add_trace(go.Heatmap(z=pattern, zmin=0.0, zmax=1.0, colorscale=ATTENTION_SCALE, showscale=col == 1,
+                                 colorbar=dict(title=dict(text="weight"), len=0.4, y=0.2, yanchor="middle"),
+                                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>"),
+                      row=2, col=col)
+        fig.update_xaxes(title_text="logit q·k × scale / T (nats)", row=1, col=col)
+        fig.update_yaxes(title_text="density (per nat)", row=1, col=col)
+        fig.update_xaxes(title_text="key index", row=2, col=col)
+        fig.update_yaxes(title_text="query index", autorange="reversed", row=2, col=col)
+    apply_layout(fig, height=height)
+    return fig.update_layout(barmode="overlay", legend=dict(orientation="h", yanchor="bottom", y=1.06,
+                                                            xanchor="left", x=0.0), margin=dict(t=110))
 
 
-def attention_rows(pattern, *, title: str, height: int = 300) -> go.Figure:
-    """The first rows of an attention pattern [query, key] on a fixed 0..1 colour scale."""
-    return heatmap(pattern, title=title, x_title="key index", y_title="query index", zmin=0.0, zmax=1.0,
-                   colorbar_title="weight", height=height,
-                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>")
+def _box_traces(values: Mapping[str, Sequence[float]], *, log_y: bool, colors: Mapping[str, str]) -> list:
+    """One box per variant with every row's value drawn beside it. On a log axis, values below NORM_FLOOR are drawn
+    at NORM_FLOOR (the hover gives the true value)."""
+    traces = []
+    for i, (name, y) in enumerate(values.items()):
+        y = np.asarray(y, dtype=float)
+        shown = np.maximum(y, NORM_FLOOR) if log_y else y
+        traces.append(go.Box(y=shown, name=name, boxpoints="all", jitter=0.4, pointpos=0, marker=dict(size=3),
+                             line=dict(color=colors.get(name, PALETTE[i % len(PALETTE)])), showlegend=False,
+                             customdata=y, hovertemplate="%{customdata:.3g}<extra>" + name + "</extra>"))
+    return traces
 
 
 def row_distribution(values: Mapping[str, Sequence[float]], *, title: str, y_title: str, log_y: bool = False,
                      colors: Mapping[str, str] = VARIANT_COLORS, height: int = 320) -> go.Figure:
-    """One box per variant with every row's value drawn beside it: the spread, not only the mean.
-
-    On a log axis, values below NORM_FLOOR are drawn at NORM_FLOOR (the hover says so).
-    """
-    fig = go.Figure()
-    for i, (name, y) in enumerate(values.items()):
-        y = np.asarray(y, dtype=float)
-        shown = np.maximum(y, NORM_FLOOR) if log_y else y
-        fig.add_trace(go.Box(y=shown, name=name, boxpoints="all", jitter=0.4, pointpos=0, marker=dict(size=3),
-                             line=dict(color=colors.get(name, PALETTE[i % len(PALETTE)])),
-                             customdata=y, hovertemplate="%{customdata:.3g}<extra>" + name + "</extra>"))
+    """One box per variant with every row's value drawn beside it: the spread, not only the mean."""
+    fig = go.Figure(_box_traces(values, log_y=log_y, colors=colors))
     if log_y:
         fig.update_yaxes(type="log", exponentformat="power")
     fig.update_layout(showlegend=False)
     return apply_layout(fig, title=title, y_title=y_title, height=height)
 
 
-def sweep_chart(sweep: pd.DataFrame, column: str, *, title: str, y_title: str, current_d_k: int | None = None,
-                band: tuple[str, str] | None = None, log_y: bool = False, reference: Mapping[str, tuple] = (),
-                height: int = 380) -> go.Figure:
-    """column against d_k (log axis), one line per variant; band=(lo, hi) shades a percentile range.
+def row_distributions(panels: Sequence[dict], *, colors: Mapping[str, str] = VARIANT_COLORS,
+                      height: int = 360) -> go.Figure:
+    """row_distribution side by side in one figure, one panel per dict {"values", "title", "y_title", "log_y"}."""
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p["title"] for p in panels],
+                        horizontal_spacing=0.1)
+    for col, panel in enumerate(panels, start=1):
+        for trace in _box_traces(panel["values"], log_y=panel.get("log_y", False), colors=colors):
+            fig.add_trace(trace, row=1, col=col)
+        fig.update_yaxes(title_text=panel["y_title"], row=1, col=col)
+        if panel.get("log_y"):
+            fig.update_yaxes(type="log", exponentformat="power", row=1, col=col)
+    fig.update_layout(showlegend=False)
+    return apply_layout(fig, height=height).update_layout(margin=dict(t=50))
 
-    reference: extra dashed lines, name -> (x, y), e.g. a theoretical curve. current_d_k draws a vertical marker.
-    """
-    fig = go.Figure()
-    for variant, part in sweep.sort_values("d_k").groupby("variant", sort=False):
-        color = VARIANT_COLORS.get(variant, PALETTE[3])
-        x = part["d_k"].to_numpy()
-        if band is not None:
-            lo, hi = (np.maximum(part[c].to_numpy(float), NORM_FLOOR) if log_y else part[c] for c in band)
-            fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
-                                     fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0),
-                                     hoverinfo="skip", showlegend=False, name=f"{variant} 10-90 %"))
-        y = part[column].to_numpy(float)
-        fig.add_trace(go.Scatter(x=x, y=np.maximum(y, NORM_FLOOR) if log_y else y, mode="lines+markers",
-                                 name=variant, line=dict(color=color), marker=dict(size=5)))
-    for i, (name, (x, y)) in enumerate(dict(reference).items()):
-        fig.add_trace(go.Scatter(x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines", name=name,
-                                 line=dict(color=PALETTE[(i + 4) % len(PALETTE)], dash="dash")))
-    if current_d_k is not None:
-        _log_vline(fig, current_d_k, f"d_k = {current_d_k}", "#868e96", "left")
-    fig.update_xaxes(type="log")
-    if log_y:
-        fig.update_yaxes(type="log", exponentformat="power")
-    apply_layout(fig, title=title, x_title="d_k (log scale)", y_title=y_title, height=height)
-    return _legend_below(fig)
+
+def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: int | None = None,
+                 reference: Mapping[str, tuple] = (), cols: int = 3, height: int = 760) -> go.Figure:
+    """Curves against d_k (log axis), one line per variant, one panel per dict {"column", "title", "y_title",
+    "log_y", "band": (lo, hi) or None, "reference": bool} in one figure (one chart to draw, not six). band shades a
+    percentile range; reference (name -> (x, y), e.g. a theoretical curve) is drawn dashed in the panels that ask
+    for it; current_d_k is a dotted vertical marker in every panel. Variants share one legend."""
+    n_rows = -(-len(panels) // cols)
+    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=[p["title"] for p in panels],
+                        vertical_spacing=0.22, horizontal_spacing=0.1)
+    ordered = list(sweep.sort_values("d_k").groupby("variant", sort=False))
+    for i, panel in enumerate(panels):
+        row, col = i // cols + 1, i % cols + 1
+        log_y, band = panel.get("log_y", False), panel.get("band")
+        for variant, part in ordered:
+            color = VARIANT_COLORS.get(variant, PALETTE[3])
+            x = part["d_k"].to_numpy()
+            if band is not None:
+                lo, hi = (np.maximum(part[c].to_numpy(float), NORM_FLOOR) if log_y else part[c].to_numpy(float)
+                          for c in band)
+                fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
+                                         fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0),
+                                         hoverinfo="skip", showlegend=False, name=f"{variant} 10-90 %"),
+                              row=row, col=col)
+            y = part[panel["column"]].to_numpy(float)
+            fig.add_trace(go.Scatter(x=x, y=np.maximum(y, NORM_FLOOR) if log_y else y, mode="lines+markers",
+                                     name=variant, legendgroup=variant, showlegend=i == 0,
+                                     line=dict(color=color), marker=dict(size=5)), row=row, col=col)
+        if panel.get("reference"):
+            for j, (name, (x, y)) in enumerate(dict(reference).items()):
+                fig.add_trace(go.Scatter(x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines", name=name,
+                                         line=dict(color=PALETTE[(j + 4) % len(PALETTE)], dash="dash")),
+                              row=row, col=col)
+        suffix = "" if i == 0 else str(i + 1)
+        if current_d_k is not None:
+            _log_vline(fig, current_d_k, f"d_k = {current_d_k}", "#868e96", "left", axis=suffix)
+        fig.update_xaxes(type="log", title_text="d_k (log scale)", row=row, col=col)
+        fig.update_yaxes(title_text=panel["y_title"], row=row, col=col)
+        if log_y:
+            fig.update_yaxes(type="log", exponentformat="power", row=row, col=col)
+    apply_layout(fig, height=height)
+    return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="left", x=0.0),
+                             margin=dict(t=90))
 
 
 def head_pattern(pattern, tokens: Sequence[str], *, title: str, height: int = 380) -> go.Figure:
@@ -128,13 +173,14 @@ def scale_sweep_chart(sweep: pd.DataFrame, *, own_factor: float, temperature_fac
     return _legend_below(fig)
 
 
-def _log_vline(fig: go.Figure, x: float, text: str, color: str, side: str, y: float = 1.0) -> None:
-    """A dotted vertical marker on a log x axis: the line takes data units, its annotation log10 units."""
+def _log_vline(fig: go.Figure, x: float, text: str, color: str, side: str, y: float = 1.0, axis: str = "") -> None:
+    """A dotted vertical marker on a log x axis: the line takes data units, its annotation log10 units. axis: the
+    subplot's axis suffix ("" for the first, "2" for x2/y2, ...); the marker spans that subplot's height."""
     lx = float(np.log10(x))
-    fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref="x", yref="paper",
+    fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref=f"x{axis}", yref=f"y{axis} domain",
                   line=dict(color=color, dash="dot", width=1.5))
-    fig.add_annotation(x=lx, y=y, xref="x", yref="paper", text=text, showarrow=False, font=dict(color=color),
-                       xanchor="right" if side == "left" else "left", yanchor="top")
+    fig.add_annotation(x=lx, y=y, xref=f"x{axis}", yref=f"y{axis} domain", text=text, showarrow=False,
+                       font=dict(color=color), xanchor="right" if side == "left" else "left", yanchor="top")
 
 
 def _legend_below(fig: go.Figure, y: float = -0.3, bottom: int = 100) -> go.Figure:

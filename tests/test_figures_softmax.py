@@ -1,0 +1,77 @@
+"""attnviz.figures.softmax: the panels that share one figure draw each curve, box and map in its own subplot, with
+the data they were given, and mark the current d_k in every panel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from attnviz.figures import softmax as figs
+
+
+def _sweep() -> pd.DataFrame:
+    rows = []
+    for variant, factor in (("scaled", 1.0), ("unscaled", 3.0)):
+        for d_k in (1, 4, 16, 64):
+            rows.append({"variant": variant, "d_k": d_k, "a": factor * d_k, "b": 1 / (factor * d_k),
+                         "lo": 0.5 * d_k, "hi": 2.0 * d_k})
+    return pd.DataFrame(rows).sample(frac=1.0, random_state=0)  # the figure sorts by d_k itself
+
+
+def _axis_titles(fig, axis: str) -> dict[str, str]:
+    return {name: fig.layout[name].title.text for name in fig.layout if name.startswith(axis)}
+
+
+def test_sweep_panels_draw_each_column_in_its_own_panel_with_one_legend():
+    sweep = _sweep()
+    fig = figs.sweep_panels(sweep, [
+        {"column": "a", "title": "A", "y_title": "a (units)", "band": ("lo", "hi"), "reference": True},
+        {"column": "b", "title": "B", "y_title": "b (log scale)", "log_y": True},
+    ], current_d_k=16, reference={"theory": ([1, 64], [1, 64])}, cols=2)
+    assert [a.text for a in fig.layout.annotations if a.text in ("A", "B")] == ["A", "B"]
+    lines = {(t.name, t.xaxis): t for t in fig.data if t.mode == "lines+markers"}
+    for variant, factor in (("scaled", 1.0), ("unscaled", 3.0)):
+        part = sweep[sweep.variant == variant].sort_values("d_k")
+        np.testing.assert_array_equal(lines[(variant, "x")].y, factor * part.d_k.to_numpy(float))
+        np.testing.assert_array_equal(lines[(variant, "x2")].y, 1 / (factor * part.d_k.to_numpy(float)))
+        assert lines[(variant, "x")].showlegend and not lines[(variant, "x2")].showlegend  # one legend entry
+    assert [t.name for t in fig.data if t.name == "theory"] == ["theory"]  # only the panel that asked for it
+    assert sum(1 for t in fig.data if t.fill == "toself") == 2  # the band, per variant, in panel A only
+    assert fig.layout.yaxis.type != "log" and fig.layout.yaxis2.type == "log"
+    assert _axis_titles(fig, "yaxis") == {"yaxis": "a (units)", "yaxis2": "b (log scale)"}
+    assert set(_axis_titles(fig, "xaxis").values()) == {"d_k (log scale)"}
+    markers = [s for s in fig.layout.shapes if s.x0 == 16]
+    assert sorted(s.xref for s in markers) == ["x", "x2"]  # the current d_k in every panel
+
+
+def test_variants_figure_draws_each_variants_logits_and_rows():
+    rng = np.random.default_rng(0)
+    panels = {name: {"scores": rng.normal(size=(20, 8)) * scale, "pattern": rng.dirichlet(np.ones(8), size=20),
+                     "predicted_var": scale**2, "title": name}
+              for name, scale in (("scaled", 1.0), ("unscaled", 4.0))}
+    fig = figs.variants_figure(panels, rows_shown=12)
+    hists = [t for t in fig.data if t.type == "histogram"]
+    maps = [t for t in fig.data if t.type == "heatmap"]
+    for hist, heat, panel in zip(hists, maps, panels.values()):
+        np.testing.assert_array_equal(hist.x, panel["scores"].ravel())
+        np.testing.assert_array_equal(heat.z, panel["pattern"][:12])
+        assert (heat.zmin, heat.zmax) == (0.0, 1.0)
+    assert [m.showscale for m in maps] == [True, False]  # both maps on one colour scale, one bar
+    densities = [t for t in fig.data if t.type == "scatter"]
+    for curve, panel in zip(densities, panels.values()):  # the normal density of the predicted variance
+        sd = np.sqrt(panel["predicted_var"])
+        x = np.asarray(curve.x)
+        np.testing.assert_allclose(curve.y, np.exp(-0.5 * (x / sd) ** 2) / (sd * np.sqrt(2 * np.pi)))
+
+
+def test_row_distributions_keep_every_row_and_floor_only_the_drawing_on_log_axes():
+    values = np.array([0.5, 1e-30, 0.1])
+    fig = figs.row_distributions([
+        {"values": {"scaled": values}, "title": "lin", "y_title": "v"},
+        {"values": {"scaled": values}, "title": "log", "y_title": "v (log scale)", "log_y": True},
+    ])
+    lin, log = fig.data
+    np.testing.assert_array_equal(lin.y, values)
+    np.testing.assert_array_equal(log.y, np.maximum(values, figs.NORM_FLOOR))
+    np.testing.assert_array_equal(log.customdata, values)  # the hover gives the true value
+    assert (lin.yaxis, log.yaxis) == ("y", "y2") and fig.layout.yaxis2.type == "log"
