@@ -149,8 +149,8 @@ def random_logits_section() -> None:
     with st.spinner("Sampling queries and keys…"):
         variants, grads = ui_softmax.sample(d_k, n_keys, seed, temperature)
 
-    scale_text = {sm.SCALED: f"scaled: q·k / √{d_k}", sm.UNSCALED: "unscaled: q·k"}
-    predicted_var = {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
+    scale_text = ui_softmax.scale_text(d_k)
+    predicted_var = ui_softmax.predicted_variance(d_k, temperature)
     log_n = math.log(n_keys)
 
     for column, variant in zip(st.columns(2), (sm.SCALED, sm.UNSCALED)):
@@ -166,10 +166,8 @@ def random_logits_section() -> None:
                       help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
             m4.metric("saturated rows", f"{stats.saturated_share:.1%}",
                       help="Rows whose largest weight exceeds 0.99.")
-    st.plotly_chart(figs.variants_figure(
-        {variant: {"scores": variants[variant][0], "pattern": variants[variant][1],
-                   "predicted_var": predicted_var[variant], "title": scale_text[variant]}
-         for variant in (sm.SCALED, sm.UNSCALED)}, rows_shown=ROWS_SHOWN), width="stretch", key="softmax_variants")
+    charts = ui_softmax.section_figures(d_k, n_keys, seed, temperature, ROWS_SHOWN)
+    st.plotly_chart(charts["variants"], width="stretch", key="softmax_variants")
     st.caption(
         "The dashed curves are the normal density with the predicted variance (1 scaled, d_k unscaled, both divided "
         "by T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the "
@@ -177,15 +175,7 @@ def random_logits_section() -> None:
     )
 
     st.subheader("Every row, not only the mean")
-    scaled_stats, unscaled_stats = variants[sm.SCALED][2], variants[sm.UNSCALED][2]
-    st.plotly_chart(figs.row_distributions([
-        {"values": {sm.SCALED: scaled_stats.max_weight, sm.UNSCALED: unscaled_stats.max_weight},
-         "title": "Max weight per row", "y_title": "largest weight in the row (0 to 1)"},
-        {"values": {sm.SCALED: scaled_stats.entropy, sm.UNSCALED: unscaled_stats.entropy},
-         "title": f"Entropy per row (max {log_n:.2f})", "y_title": "entropy (nats)"},
-        {"values": {sm.SCALED: scaled_stats.jacobian_norm, sm.UNSCALED: unscaled_stats.jacobian_norm},
-         "title": "Jacobian norm per row", "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
-    ]), width="stretch", key="softmax_rows")
+    st.plotly_chart(charts["rows"], width="stretch", key="softmax_rows")
     st.caption(
         "Each dot is one query row. The Jacobian norm is the Frobenius norm: it is the root-mean-square size of the "
         "gradient that reaches the logits when the gradient arriving at the weights has independent unit-variance "
@@ -195,22 +185,7 @@ def random_logits_section() -> None:
     )
 
     st.subheader("Against d_k")
-    with st.spinner(f"Sweeping d_k over {len(DIMS)} values…"):
-        curves = ui_softmax.sweep(n_keys, seed, temperature)
-    var_theory = {"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
-                  "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}
-    st.plotly_chart(figs.sweep_panels(curves, [
-        {"column": "logit_var", "title": "Variance of the logits", "y_title": "variance (nats², log scale)",
-         "log_y": True, "reference": True},
-        {"column": "max_weight", "title": "Mean max weight", "y_title": "mean largest weight (0 to 1)"},
-        {"column": "entropy", "title": f"Mean entropy (max {log_n:.2f})", "y_title": "mean entropy (nats)"},
-        {"column": "saturated_share", "title": "Saturated rows (max weight > 0.99)",
-         "y_title": "share of rows (0 to 1)"},
-        {"column": "jac_p50", "title": "Jacobian norm, median and 10–90 %", "y_title": "‖J‖_F per row (log scale)",
-         "log_y": True, "band": ("jac_p10", "jac_p90")},
-        {"column": "grad_q_p50", "title": "Gradient reaching q, median", "y_title": "‖∂L/∂q‖ (log scale)",
-         "log_y": True},
-    ], current_d_k=d_k, reference=var_theory), width="stretch", key="softmax_sweeps")
+    st.plotly_chart(charts["sweeps"], width="stretch", key="softmax_sweeps")
     st.caption(
         f"Same seed, {N_QUERIES} queries and {n_keys} keys at every d_k. The scaled curves stay flat; the unscaled "
         "ones leave them as soon as d_k grows past a few: the logit variance follows the d_k line, rows saturate and "
@@ -238,9 +213,7 @@ def random_logits_section() -> None:
     g1.metric("unscaled rows with < 1 % of it",
               f"{np.mean(grads[sm.UNSCALED] < 0.01 * np.median(grads[sm.SCALED])):.1%}",
               help="The share of unscaled rows whose ‖∂L/∂q‖ is below 1 % of the scaled median.")
-    g2.plotly_chart(figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
-                                          y_title="gradient norm reaching q (log scale)"),
-                    width="stretch", key="softmax_box_grad")
+    g2.plotly_chart(charts["gradients"], width="stretch", key="softmax_box_grad")
 
 
 random_logits_section()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from attnviz.figures import softmax as figs
 
@@ -50,10 +51,18 @@ def test_variants_figure_draws_each_variants_logits_and_rows():
                      "predicted_var": scale**2, "title": name}
               for name, scale in (("scaled", 1.0), ("unscaled", 4.0))}
     fig = figs.variants_figure(panels, rows_shown=12)
-    hists = [t for t in fig.data if t.type == "histogram"]
+    hists = [t for t in fig.data if t.type == "bar"]
     maps = [t for t in fig.data if t.type == "heatmap"]
     for hist, heat, panel in zip(hists, maps, panels.values()):
-        np.testing.assert_array_equal(hist.x, panel["scores"].ravel())
+        # each bar: the logits in its bin (counted here), over all logits and the bin's width
+        x = panel["scores"].ravel()
+        lo, hi = np.asarray(hist.customdata).T
+        counts = [np.sum((x >= a) & ((x < b) | ((b == hi[-1]) & (x == b)))) for a, b in zip(lo, hi)]
+        assert sum(counts) == x.size and lo[0] == x.min() and hi[-1] == x.max()
+        np.testing.assert_allclose(hist.y, np.array(counts) / (x.size * (hi - lo)))
+        np.testing.assert_allclose(hist.x, (lo + hi) / 2)
+        np.testing.assert_allclose(hist.width, hi - lo)
+        assert np.sum(hist.y * hist.width) == pytest.approx(1.0)  # a density: area 1
         np.testing.assert_array_equal(heat.z, panel["pattern"][:12])
         assert (heat.zmin, heat.zmax) == (0.0, 1.0)
     assert [m.showscale for m in maps] == [True, False]  # both maps on one colour scale, one bar

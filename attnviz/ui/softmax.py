@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import softmax as sm
+from attnviz.figures import softmax as figs
 
 N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
 DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)
@@ -26,6 +27,62 @@ def sample(d_k: int, n_keys: int, seed: int, temperature: float):
 @st.cache_data(show_spinner=False, max_entries=32)
 def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
     return sm.saturation_sweep(DIMS, n_queries=N_QUERIES, n_keys=n_keys, seed=seed, temperature=temperature)
+
+
+def scale_text(d_k: int) -> dict[str, str]:
+    return {sm.SCALED: f"scaled: q·k / √{d_k}", sm.UNSCALED: "unscaled: q·k"}
+
+
+def predicted_variance(d_k: int, temperature: float) -> dict[str, float]:
+    """The variance of a logit q·k × scale / T for independent unit-variance q and k entries: 1 / T² scaled,
+    d_k / T² unscaled."""
+    return {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
+
+
+# the figures are kept as objects (plotly reads a figure only to draw it), so a slider moved back to a value it had
+# draws them again without building them
+@st.cache_resource(show_spinner=False, max_entries=32)
+def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> dict:
+    """The random-logits section's four figures for one setting of its sliders: "variants" (logits and first rows
+    of both variants), "rows" (every row's statistics), "sweeps" (against d_k) and "gradients" (‖∂L/∂q‖ per row)."""
+    variants, grads = sample(d_k, n_keys, seed, temperature)
+    curves = sweep(n_keys, seed, temperature)
+    text, variance = scale_text(d_k), predicted_variance(d_k, temperature)
+    log_n = float(np.log(n_keys))
+    stats = {variant: variants[variant][2] for variant in (sm.SCALED, sm.UNSCALED)}
+
+    def per_variant(field: str) -> dict:
+        return {variant: getattr(s, field) for variant, s in stats.items()}
+
+    return {
+        "variants": figs.variants_figure(
+            {variant: {"scores": variants[variant][0], "pattern": variants[variant][1],
+                       "predicted_var": variance[variant], "title": text[variant]} for variant in stats},
+            rows_shown=rows_shown),
+        "rows": figs.row_distributions([
+            {"values": per_variant("max_weight"), "title": "Max weight per row",
+             "y_title": "largest weight in the row (0 to 1)"},
+            {"values": per_variant("entropy"), "title": f"Entropy per row (max {log_n:.2f})",
+             "y_title": "entropy (nats)"},
+            {"values": per_variant("jacobian_norm"), "title": "Jacobian norm per row",
+             "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
+        ]),
+        "sweeps": figs.sweep_panels(curves, [
+            {"column": "logit_var", "title": "Variance of the logits", "y_title": "variance (nats², log scale)",
+             "log_y": True, "reference": True},
+            {"column": "max_weight", "title": "Mean max weight", "y_title": "mean largest weight (0 to 1)"},
+            {"column": "entropy", "title": f"Mean entropy (max {log_n:.2f})", "y_title": "mean entropy (nats)"},
+            {"column": "saturated_share", "title": "Saturated rows (max weight > 0.99)",
+             "y_title": "share of rows (0 to 1)"},
+            {"column": "jac_p50", "title": "Jacobian norm, median and 10–90 %",
+             "y_title": "‖J‖_F per row (log scale)", "log_y": True, "band": ("jac_p10", "jac_p90")},
+            {"column": "grad_q_p50", "title": "Gradient reaching q, median", "y_title": "‖∂L/∂q‖ (log scale)",
+             "log_y": True},
+        ], current_d_k=d_k, reference={"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
+                                       "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}),
+        "gradients": figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
+                                           y_title="gradient norm reaching q (log scale)"),
+    }
 
 
 # The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
