@@ -103,6 +103,14 @@ def _wait_until_done(page, timeout_s: float) -> None:
         chart.wait_for_selector(".main-svg", timeout=max(1.0, deadline - time.time()) * 1000)
 
 
+# Each drawn chart whose margins plotly's automargin had to widen, with the margins asked for and drawn (l/r/t/b):
+# such a chart is drawn twice, and attnviz.figures sizes margins so that none is (a view change stays fast).
+WIDENED_MARGINS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(g => {
+    const asked = g.layout.margin || {}, drawn = g._fullLayout._size;
+    const a = ['l', 'r', 't', 'b'].map(k => asked[k]), d = ['l', 'r', 't', 'b'].map(k => Math.round(drawn[k]));
+    return a.some((v, i) => v !== d[i]) ? [`${(g.layout.title || {}).text}: ${a.join('/')} -> ${d.join('/')}`] : [];
+})"""
+
 # The first page opened is a deep link on the fresh server: the case where legacy navigation can take over.
 ORDER = sorted(PAGES, key=lambda p: p.default)
 
@@ -139,6 +147,8 @@ def test_page_opens_by_deep_link(server, browser, info):
         assert page.query_selector("h1") is not None, "page shows no title"
         if not info.default:
             assert page.query_selector_all('[data-testid="stPlotlyChart"]'), f"{info.title} shows no chart"
+        widened = page.evaluate(WIDENED_MARGINS)
+        assert not widened, f"charts whose margins plotly had to widen (each drew twice): {widened}"
         assert not errors, f"browser console errors: {errors}"
     finally:
         context.close()

@@ -18,18 +18,47 @@ PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#1098ad", "#f
 # Margins wide enough for the usual axis title, tick labels and colour bar. Streamlit's chart theme turns on plotly's
 # automargin, which widens a margin that is too narrow by drawing the whole chart a second time: margins that are
 # already wide enough make every chart draw once (a third to a half of its drawing time in the browser).
-MARGIN_LEFT, MARGIN_BOTTOM, MARGIN_RIGHT, MARGIN_RIGHT_COLORBAR = 90, 70, 20, 110
+MARGIN_LEFT, MARGIN_BOTTOM, MARGIN_RIGHT, MARGIN_RIGHT_COLORBAR = 90, 70, 20, 120
 
 
-def _has_colorbar(fig: go.Figure) -> bool:
-    """Whether any trace draws a colour bar (a heatmap's own, or a marker's showscale)."""
+LABEL_CHAR_PX = 7  # about the width of one tick-label character, in pixels
+
+
+def _colorbar_titles(fig: go.Figure) -> list[str] | None:
+    """The titles of the colour bars the figure draws (a heatmap's own, or a marker's showscale), None if none."""
+    titles = []
     for trace in fig.data:
-        if trace.type in ("heatmap", "histogram2d", "contour") and trace.showscale is not False:
-            return True
+        shared = getattr(trace, "coloraxis", None)  # a colour axis shared by traces draws one bar
+        if shared:
+            titles.append(fig.layout[shared].colorbar.title.text or "")
+        elif trace.type in ("heatmap", "histogram2d", "contour") and trace.showscale is not False:
+            titles.append(trace.colorbar.title.text or "")
         marker = getattr(trace, "marker", None)
         if marker is not None and getattr(marker, "showscale", None):
-            return True
-    return False
+            titles.append(marker.colorbar.title.text or "")
+    return titles or None
+
+
+def _right_margin(fig: go.Figure) -> int:
+    titles = _colorbar_titles(fig)
+    if titles is None:
+        return MARGIN_RIGHT
+    return max(MARGIN_RIGHT_COLORBAR, 50 + 6 * max(len(t) for t in titles))
+
+
+def label_margins(fig: go.Figure, *, x_labels: Sequence[str] = (), y_labels: Sequence[str] = (),
+                  x_angle: float = 0.0) -> go.Figure:
+    """Widens the left and bottom margins for long tick labels (tokens), so the chart draws once (see
+    MARGIN_LEFT); x labels drawn at x_angle degrees from horizontal take their vertical extent."""
+    margin = fig.layout.margin
+    if y_labels:
+        longest = max(len(str(t)) for t in y_labels)
+        fig.update_layout(margin=dict(l=max(margin.l or MARGIN_LEFT, 50 + LABEL_CHAR_PX * longest)))
+    if x_labels:
+        longest = max(len(str(t)) for t in x_labels)
+        height = LABEL_CHAR_PX * longest * abs(float(np.sin(np.radians(x_angle)))) + 14
+        fig.update_layout(margin=dict(b=max(margin.b or MARGIN_BOTTOM, int(55 + height))))
+    return fig
 
 
 def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | None = None,
@@ -47,7 +76,7 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     if title:
         fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"))
     fig.update_layout(
-        margin=dict(l=MARGIN_LEFT, r=MARGIN_RIGHT_COLORBAR if _has_colorbar(fig) else MARGIN_RIGHT,
+        margin=dict(l=MARGIN_LEFT, r=_right_margin(fig),
                     t=50 if title else 20, b=MARGIN_BOTTOM),
         height=height,
         legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from attnviz.pooling import MIN_REMAINING, pool_edges
-from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap, line_chart
+from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap, label_margins, line_chart
 
 DETAIL_MAX_TOKENS = 160  # above this a head is drawn as an image; the hover then shows indices only
 GRID_TILE = 48  # pixels per head in the grid of all heads
@@ -142,7 +142,6 @@ def head_detail(p: np.ndarray, tokens: Sequence[str], *, title: str, gamma: floa
     if causal:
         z[np.triu_indices(n, 1)] = np.nan
     colorbar = "weight" if gamma == 1 else f"weight^{gamma:g}"
-    grey = "rgb({}, {}, {})".format(*MASKED_GREY)
     if n <= DETAIL_MAX_TOKENS:
         labels = [f"{i}: {t}" for i, t in enumerate(tokens)]
         fig = heatmap(z, x_labels=labels, y_labels=labels, title=title, x_title="key token (position: token)",
@@ -150,11 +149,7 @@ def head_detail(p: np.ndarray, tokens: Sequence[str], *, title: str, gamma: floa
                       hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
                       height=min(900, 260 + 14 * n))
         fig.data[0].customdata = np.asarray(p, dtype=np.float64)
-        fig.data[0].hoverongaps = False
-        fig.update_layout(plot_bgcolor=grey)  # NaN cells are not drawn: the background shows through
-        fig.update_xaxes(tickangle=-60, showgrid=False)
-        fig.update_yaxes(showgrid=False)
-        return fig
+        return _token_axes(fig, labels, labels)
     ticks = _sparse_ticks(tokens)
     nan = np.isnan(z)
     return image_figure(z, title=title, x_title="key position (token)", y_title="query position (token)",
@@ -194,18 +189,15 @@ def window_detail(w: np.ndarray, tokens: Sequence[str], q0: int, k0: int, *, tit
         qi, kj = np.arange(q0, q0 + rows)[:, None], np.arange(k0, k0 + keys)[None, :]
         z = np.where(kj > qi + causal_offset, np.nan, z)
     colorbar = "weight" if gamma == 1 else f"weight^{gamma:g}"
-    fig = heatmap(z, x_labels=[f"{k0 + j}: {tokens[k0 + j]}" for j in range(keys)],
-                  y_labels=[f"{q0 + i}: {tokens[q0 + i]}" for i in range(rows)], title=title,
+    x_labels = [f"{k0 + j}: {tokens[k0 + j]}" for j in range(keys)]
+    y_labels = [f"{q0 + i}: {tokens[q0 + i]}" for i in range(rows)]
+    fig = heatmap(z, x_labels=x_labels, y_labels=y_labels, title=title,
                   x_title="key token (position: token)", y_title="query token (position: token)", zmin=0.0, zmax=1.0,
                   colorbar_title=colorbar,
                   hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
                   height=min(900, 260 + 14 * rows))
     fig.data[0].customdata = np.asarray(w, dtype=np.float64)
-    fig.data[0].hoverongaps = False
-    fig.update_layout(plot_bgcolor="rgb({}, {}, {})".format(*MASKED_GREY))
-    fig.update_xaxes(tickangle=-60, showgrid=False)
-    fig.update_yaxes(showgrid=False)
-    return fig
+    return _token_axes(fig, x_labels, y_labels)
 
 
 def remaining_mass(kept: np.ndarray, *, title: str, min_mass: float = MIN_REMAINING) -> go.Figure:
@@ -225,6 +217,16 @@ def remaining_mass(kept: np.ndarray, *, title: str, min_mass: float = MIN_REMAIN
     return fig
 
 
+def _token_axes(fig: go.Figure, x_labels: Sequence[str], y_labels: Sequence[str]) -> go.Figure:
+    """A heatmap with a token on every tick: key labels slanted, no grid, NaN cells (blank rows, masked keys) grey
+    and without hover, margins wide enough for the labels."""
+    fig.data[0].hoverongaps = False
+    fig.update_layout(plot_bgcolor="rgb({}, {}, {})".format(*MASKED_GREY))  # NaN cells are not drawn: it shows
+    fig.update_xaxes(tickangle=-60, showgrid=False)
+    fig.update_yaxes(showgrid=False)
+    return label_margins(fig, x_labels=x_labels, y_labels=y_labels, x_angle=60)
+
+
 def _sparse_ticks(tokens: Sequence[str], count: int = 24) -> tuple[list, list]:
     step = max(1, len(tokens) // count)
     positions = list(range(0, len(tokens), step))
@@ -240,15 +242,12 @@ def token_looks(weights: np.ndarray, tokens: Sequence[str], row_labels: Sequence
     colorbar = "weight" if gamma == 1 else f"weight^{gamma:g}"
     height = min(1400, max(340, 200 + 22 * len(row_labels)))
     if z.size <= HEATMAP_MAX_CELLS and n_keys <= 400:
-        fig = heatmap(z, x_labels=[f"{i}: {t}" for i, t in enumerate(tokens[:n_keys])], y_labels=list(row_labels),
+        x_labels = [f"{i}: {t}" for i, t in enumerate(tokens[:n_keys])]
+        fig = heatmap(z, x_labels=x_labels, y_labels=list(row_labels),
                       title=title, x_title="key token (position: token)", y_title="head (layer, head)",
                       zmin=0.0, zmax=1.0, colorbar_title=colorbar,
                       hovertemplate="%{y}<br>key %{x}<br>weight^γ %{z:.4f}<extra></extra>", height=height)
-        fig.data[0].hoverongaps = False
-        fig.update_layout(plot_bgcolor="rgb({}, {}, {})".format(*MASKED_GREY))  # blank rows (NaN) show grey
-        fig.update_xaxes(tickangle=-60, showgrid=False)
-        fig.update_yaxes(showgrid=False)
-        return fig
+        return _token_axes(fig, x_labels, list(row_labels))
     step = max(1, len(row_labels) // 30)
     nan = np.isnan(z)
     fig = image_figure(z, title=title, x_title="key position (token)", y_title="head (layer, head)",
@@ -273,11 +272,7 @@ def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: st
                       colorbar_title="weight A − B",
                       hovertemplate="query %{y}<br>key %{x}<br>A − B %{z:.4f}<extra></extra>",
                       height=min(900, 260 + 14 * n))
-        fig.data[0].hoverongaps = False
-        fig.update_layout(plot_bgcolor="rgb({}, {}, {})".format(*MASKED_GREY))
-        fig.update_xaxes(tickangle=-60, showgrid=False)
-        fig.update_yaxes(showgrid=False)
-        return fig
+        return _token_axes(fig, labels, labels)
     ticks = _sparse_ticks(tokens)
     nan = np.isnan(d)  # rows blank in A or B (hidden sink): grey, like the maps
     return image_figure(d, title=title, x_title="key position (token)", y_title="query position (token)",

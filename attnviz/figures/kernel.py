@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import DIVERGING_SCALE, PALETTE, apply_layout, line_chart
+from .common import DIVERGING_SCALE, PALETTE, apply_layout, label_margins, line_chart
 
 # Tile states, indexed by the values of tile_states(): what the map colours and its legend say.
 TILE_STATES = ("skipped (causal mask)", "to do", "to do, masked", "done", "done, masked", "current")
@@ -141,9 +141,9 @@ def timing_figure(methods: Sequence[str], milliseconds: Sequence[float]) -> go.F
     fig.update_xaxes(type="log", dtick=1, range=[np.floor(np.log10(lo)) - 0.2, np.ceil(np.log10(hi)) + 0.6],
                      showgrid=True)
     fig.update_yaxes(autorange="reversed", showgrid=True)
-    return apply_layout(fig, title="Wall time per call on this machine, one run",
-                        x_title="time per call (ms, log scale)", y_title="method",
-                        height=max(260, 60 * len(ms) + 120))
+    apply_layout(fig, title="Wall time per call on this machine, one run",
+                 x_title="time per call (ms, log scale)", y_title="method", height=max(260, 60 * len(ms) + 120))
+    return label_margins(fig, y_labels=list(methods))
 
 
 def _symmetric(z) -> dict:

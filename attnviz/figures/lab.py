@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import PALETTE, apply_layout, heatmap
+from attnviz.figures.common import PALETTE, apply_layout, heatmap, label_margins
 
 SCORE_TITLES = {"previous_token": "previous-token score", "induction": "induction score", "sink": "sink score"}
 
@@ -114,9 +114,12 @@ def final_scores_heatmap(scores, statistic: str) -> go.Figure:
 
 def target_pattern_heatmaps(tokens: Sequence[str], patterns) -> list[go.Figure]:
     """One heatmap per named target pattern [query, key], token labels on both axes."""
-    return [heatmap(p, x_labels=tokens, y_labels=tokens, title=f"A perfect {name} head", x_title="key token",
-                    y_title="query token", zmin=0.0, zmax=1.0, colorbar_title="weight", height=360,
-                    hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.2f}<extra></extra>")
+    # plotly slants the key labels of a crowded axis by up to 90 degrees
+    return [label_margins(heatmap(p, x_labels=tokens, y_labels=tokens, title=f"A perfect {name} head",
+                                  x_title="key token", y_title="query token", zmin=0.0, zmax=1.0,
+                                  colorbar_title="weight", height=360,
+                                  hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.2f}<extra></extra>"),
+                          x_labels=tokens, y_labels=tokens, x_angle=90)
             for name, p in patterns.items()]
 
 

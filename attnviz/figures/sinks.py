@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import PALETTE, apply_layout, heatmap, line_chart
+from attnviz.figures.common import PALETTE, apply_layout, heatmap, label_margins, line_chart
 
 MAX_LABELLED_TOKENS = 120  # above this a map's axes show positions, not token strings
 
@@ -24,7 +24,7 @@ def sink_score_grid(alpha0, layers: Sequence[int], *, threshold: float) -> go.Fi
                   hovertemplate="%{y}, %{x}<br>α₀ = %{z:.3f}<extra></extra>",
                   height=max(320, 22 * alpha0.shape[0] + 120))
     fig.update_traces(text=np.round(alpha0, 2), texttemplate="%{text:.2f}", textfont=dict(size=9))
-    return fig
+    return label_margins(fig, y_labels=[f"layer {i}" for i in layers])
 
 
 def sink_share_bars(share, layers: Sequence[int], *, threshold: float) -> go.Figure:
@@ -67,12 +67,14 @@ def head_map(pattern, tokens: Sequence[str], *, title: str) -> go.Figure:
     """pattern [query, key] of one head; token labels on the axes when the text is short."""
     pattern = np.asarray(pattern, dtype=float)
     labelled = pattern.shape[0] <= MAX_LABELLED_TOKENS
-    return heatmap(pattern, x_labels=list(tokens) if labelled else None, y_labels=list(tokens) if labelled else None,
-                   zmin=0.0, zmax=float(max(pattern.max(), 1e-9)), title=title,
-                   x_title="key (token attended to)", y_title="query (token attending)",
-                   colorbar_title="weight (share of the row)",
-                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
-                   height=max(380, min(700, 6 * pattern.shape[0] + 150)))
+    fig = heatmap(pattern, x_labels=list(tokens) if labelled else None, y_labels=list(tokens) if labelled else None,
+                  zmin=0.0, zmax=float(max(pattern.max(), 1e-9)), title=title,
+                  x_title="key (token attended to)", y_title="query (token attending)",
+                  colorbar_title="weight (share of the row)",
+                  hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
+                  height=max(380, min(700, 6 * pattern.shape[0] + 150)))
+    # plotly slants the key labels of a crowded axis by up to 90 degrees
+    return label_margins(fig, x_labels=list(tokens), y_labels=list(tokens), x_angle=90) if labelled else fig
 
 
 def loss_curves(positions, losses: Mapping[str, Sequence[float]], *, window: int, smoothing: int) -> go.Figure:

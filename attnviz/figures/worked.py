@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout
+from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, MARGIN_RIGHT, apply_layout
 
 
 def _cell_text(z: np.ndarray, digits: int) -> list[list[str]]:
@@ -30,7 +30,7 @@ def scores_and_pattern_figure(masked_scores: np.ndarray, pattern: np.ndarray, *,
                         horizontal_spacing=spacing)
     # Each colour bar lies flat under its own map, as wide as the map: standing beside the left map, in the gap
     # between the two, it ran over the right map's title and axis in a narrow window.
-    height, top, bottom = 215 + 45 * n_q, 50, 135
+    height, top, bottom = 245 + 45 * n_q, 50, 165
     below = -85 / (height - top - bottom)  # paper units: 85 px under the maps, past the axis titles
     half = (1 - spacing) / 2
     bar = dict(orientation="h", len=half, lenmode="fraction", thickness=12, y=below, yanchor="top",
@@ -47,5 +47,5 @@ def scores_and_pattern_figure(masked_scores: np.ndarray, pattern: np.ndarray, *,
         fig.update_xaxes(title_text="key (row of K)", side="bottom", row=1, col=col)
         fig.update_yaxes(title_text="query (row of Q)", autorange="reversed", row=1, col=col)
     fig = apply_layout(fig, height=height)
-    fig.update_layout(margin=dict(t=top, b=bottom))
+    fig.update_layout(margin=dict(t=top, b=bottom, r=MARGIN_RIGHT))  # no bar on the right
     return fig
