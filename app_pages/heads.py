@@ -1,7 +1,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import ui, views
+from attnviz import ui
 from attnviz.capture import CaptureError
 from attnviz.capture_io import MAX_EXPORT_BYTES, export_bytes
 from attnviz.corpus import compare_heads
@@ -137,8 +137,7 @@ def zoom_panel():
     span = max(0, n - size)  # the last window start; the window is the whole text when it is that short
     q0 = z1.slider("Queries from", 0, span, span, key="heads_zoom_q", persist_state="session") if span else 0
     k0 = z2.slider("Keys from", 0, span, min(span, q0), key="heads_zoom_k", persist_state="session") if span else 0
-    window = views.head_window(capture.inputs[layer], head, (q0, min(n, q0 + size)), (k0, min(n, k0 + size)),
-                               hide_sink=hide_sink)
+    window = cache.head_window(capture, layer, head, (q0, min(n, q0 + size)), (k0, min(n, k0 + size)), hide_sink)
     st.plotly_chart(figs.window_detail(window, capture.tokens, q0, k0, gamma=gamma, causal_offset=causal_offset,
                                        title=f"Layer {layer}, head {head}: queries {q0:,}–{q0 + len(window) - 1:,}"
                                              f", keys {k0:,}–{k0 + window.shape[1] - 1:,}"), width="stretch")
@@ -423,7 +422,7 @@ if tabs["grid"].open:
 
 if tabs["head"].open:
     with tabs["head"]:
-        if long_text:
+        if long_text or n > cache.FULL_MAP_MAX_TOKENS:
             with st.spinner("Pooling the head…"):
                 overview, kept, m = cache.overview_figure(*key, layer, head, gamma, hide_sink, capture)
             st.plotly_chart(overview, width="stretch")

@@ -3,6 +3,7 @@ store, and what a rerun recomputes. Only the open tab runs, so a test opens the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -351,3 +352,44 @@ def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do(
     at.selectbox(key="heads_model_b").set_value("minilm-l6").run()
     at.button(key="heads_corpus_go").click().run()
     assert not at.exception and any("heads do not match" in w.value for w in at.warning)
+
+
+def test_a_long_dense_map_is_drawn_max_pooled_with_an_exact_zoom_window(monkeypatch):
+    """Above FULL_MAP_MAX_TOKENS the One head tab shows a dense capture the way it shows a qk one: each overview
+    pixel the largest weight of its block (checked by a loop over the blocks, and against the same head pooled from
+    q and k), and a zoom window whose weights are the dense map's own, the sink hidden over whole rows first."""
+    from attnviz import views
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.pooling import pool_edges
+    from attnviz.ui import heads as cache
+
+    monkeypatch.setattr(cache, "FULL_MAP_MAX_TOKENS", 20)
+    monkeypatch.setattr(cache, "OVERVIEW", 16)
+    text = "The cat sat on the mat because it was warm, and the dog sat by the door."
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": text, "layer": "1", "head": "2"}), "One head")
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
+    assert any("max-pooled to 16 px" in t for t in titles), titles
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception and not at.error
+
+    cap = capture_attention(load_model("toy-gpt2"), text)
+    n = cap.n_tokens
+    assert n > 20
+    p = cap.pattern[cap.index_of(1), 2]
+    key = ("toy-gpt2", (), text, None)
+    for hide in (False, True):
+        shown = views.sink_hidden(p) if hide else p
+        pooled, kept = cache.overview_of(*key, 1, 2, hide, cap)
+        edges = pool_edges(n, 16)
+        expected = np.array([[np.nanmax(shown[a:b, c:d]) if not np.isnan(shown[a:b, c:d]).all() else np.nan
+                              for c, d in zip(edges[:-1], edges[1:])] for a, b in zip(edges[:-1], edges[1:])])
+        np.testing.assert_allclose(pooled, expected, rtol=1e-6, equal_nan=True)
+        from_qk = views.pooled_heads(cap.inputs[1], 16, hide_sink=hide, heads=[2])[0]
+        np.testing.assert_allclose(pooled, from_qk, atol=1e-5, equal_nan=True)
+        window = cache.head_window(cap, 1, 2, (5, 15), (2, 9), hide)
+        np.testing.assert_array_equal(window, shown[5:15, 2:9])
+        np.testing.assert_allclose(window, views.head_window(cap.inputs[1], 2, (5, 15), (2, 9), hide_sink=hide),
+                                   atol=1e-5, equal_nan=True)
+        assert (kept is None) == (not hide)

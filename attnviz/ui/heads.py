@@ -20,6 +20,11 @@ from attnviz.figures import text as text_figs
 from attnviz.stats import head_stats
 
 OVERVIEW = 512  # pixels per side of a long head's overview
+# Above this many tokens the One head tab draws the max-pooled overview and a zoom window in both stores: a full-size
+# PNG of a dense map is as many pixels as weights (1,800 tokens: a 1 MB chart redrawn on every layer or head change),
+# shown in about 700 screen pixels, where the browser's own downsampling can drop a one-token stripe that max-pooling
+# keeps; the zoom window reads the weights token by token.
+FULL_MAP_MAX_TOKENS = 1024
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -54,10 +59,25 @@ def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | Non
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def overview_of(model: str, version: tuple, text: str, layers, layer: int, head: int, hide_sink: bool, _capture):
-    """One head of a long capture max-pooled to OVERVIEW pixels, and its weight off the sink per row."""
+    """One head of a long capture max-pooled to OVERVIEW pixels, and its weight off the sink per row: from the dense
+    map when the capture has it, else a block of rows at a time from q and k (the same pooling)."""
+    if _capture.pattern is not None:
+        p = _capture.pattern[_capture.index_of(layer), head]
+        return (figs.max_pool(views.sink_hidden(p) if hide_sink else p, OVERVIEW),
+                views.mass_off_sink(p) if hide_sink else None)
     x = _capture.inputs[layer]
     return (views.pooled_heads(x, OVERVIEW, hide_sink=hide_sink, heads=[head])[0],
             views.mass_off_sink(x, head) if hide_sink else None)
+
+
+def head_window(capture, layer: int, head: int, rows: tuple[int, int], keys: tuple[int, int],
+                hide_sink: bool) -> np.ndarray:
+    """One head's exact weights [rows, keys] for the zoom window: a slice of the dense map (the sink hidden over
+    each whole row first, as on the full map), or computed from the layer's q and k for these rows only."""
+    if capture.pattern is not None:
+        p = capture.pattern[capture.index_of(layer), head, rows[0]:rows[1]]
+        return (views.sink_hidden(p) if hide_sink else p)[:, keys[0]:keys[1]]
+    return views.head_window(capture.inputs[layer], head, rows, keys, hide_sink=hide_sink)
 
 
 def shown_head(capture, layer: int, head: int, hide_sink: bool) -> np.ndarray:
