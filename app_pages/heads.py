@@ -141,7 +141,8 @@ def zoom_panel():
     st.plotly_chart(figs.window_detail(window, capture.tokens, q0, k0, gamma=gamma, causal_offset=causal_offset,
                                        title=f"Layer {layer}, head {head}: queries {q0:,}–{q0 + len(window) - 1:,}"
                                              f", keys {k0:,}–{k0 + window.shape[1] - 1:,}"), width="stretch")
-    st.write("The window's weights at full resolution, computed from the layer's q and k for these rows only."
+    st.write("The window's weights at full resolution, "
+             + ("computed from the layer's q and k for these rows only." if long_text else "read from the capture.")
              + (" Grey cells are masked: a causal query cannot see later keys." if capture.causal else ""))
 
 

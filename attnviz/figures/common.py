@@ -43,7 +43,7 @@ def _right_margin(fig: go.Figure) -> int:
     titles = _colorbar_titles(fig)
     if titles is None:
         return MARGIN_RIGHT
-    return max(MARGIN_RIGHT_COLORBAR, 50 + 6 * max(len(t) for t in titles))
+    return max(MARGIN_RIGHT_COLORBAR, int(50 + 6.5 * max(len(t) for t in titles) + 0.5))
 
 
 def label_margins(fig: go.Figure, *, x_labels: Sequence[str] = (), y_labels: Sequence[str] = (),

@@ -250,14 +250,15 @@ def token_looks(weights: np.ndarray, tokens: Sequence[str], row_labels: Sequence
         return _token_axes(fig, x_labels, list(row_labels))
     step = max(1, len(row_labels) // 30)
     nan = np.isnan(z)
+    x_ticks = _sparse_ticks(list(tokens[:n_keys]))
     fig = image_figure(z, title=title, x_title="key position (token)", y_title="head (layer, head)",
-                       colorbar_title=colorbar, x_ticks=_sparse_ticks(list(tokens[:n_keys])),
+                       colorbar_title=colorbar, x_ticks=x_ticks,
                        y_ticks=(list(range(0, len(row_labels), step)), list(row_labels)[::step]),
                        hovertemplate="row %{y}<br>key %{x}<extra></extra>", height=height,
                        masked=nan if nan.any() else None)
     # An image keeps square pixels by default: 9 heads x 1,000 keys would be a strip 9 pixels tall.
     fig.update_yaxes(scaleanchor=False)
-    return fig
+    return label_margins(fig, x_labels=x_ticks[1], x_angle=30)  # plotly slants crowded labels by 30 degrees
 
 
 def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: str) -> go.Figure:
