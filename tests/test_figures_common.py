@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import plotly.graph_objects as go
+import pytest
 import plotly.io as pio
 
 from attnviz.figures import common
@@ -47,3 +48,22 @@ def test_margins_make_room_for_colour_bars_and_long_labels():
     assert flat.layout.margin.b < fig.layout.margin.b  # horizontal labels take one line
     short_labels = common.label_margins(common.heatmap([[0.0]]), y_labels=["L1"])
     assert short_labels.layout.margin.l == common.MARGIN_LEFT  # never narrower than the default
+
+
+def test_grid_layout_is_make_subplots_layout():
+    """The one-go grid matches plotly's own make_subplots: axis domains, anchors and the panel titles."""
+    from plotly.subplots import make_subplots
+
+    for rows, cols, h, v in ((2, 3, 0.1, 0.22), (1, 3, 0.1, 0.2), (2, 2, 0.12, 0.2)):
+        titles = [f"panel {i}" for i in range(rows * cols)]
+        ours = common.grid_layout(rows, cols, titles, horizontal_spacing=h, vertical_spacing=v)
+        theirs = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=h,
+                               vertical_spacing=v).to_dict()["layout"]
+        for name in theirs:
+            if name.startswith(("xaxis", "yaxis")):
+                assert ours[name]["anchor"] == theirs[name]["anchor"], name
+                assert ours[name]["domain"] == pytest.approx(theirs[name]["domain"]), name
+        assert {k for k in ours if k.startswith(("xaxis", "yaxis"))} == \
+            {k for k in theirs if k.startswith(("xaxis", "yaxis"))}
+        for a, b in zip(ours["annotations"], theirs["annotations"]):
+            assert (a["text"], a["x"], a["y"]) == (b["text"], pytest.approx(b["x"]), pytest.approx(b["y"]))

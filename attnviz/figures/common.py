@@ -73,23 +73,39 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     if pio.templates.default != TEMPLATE:
         pio.templates.default = TEMPLATE
         fig.update_layout(template=TEMPLATE)
+    layout = dict(margin=dict(l=MARGIN_LEFT, r=_right_margin(fig), t=50 if title else 20, b=MARGIN_BOTTOM),
+                  height=height, legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))
     if title:
-        fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"))
-    fig.update_layout(
-        margin=dict(l=MARGIN_LEFT, r=_right_margin(fig),
-                    t=50 if title else 20, b=MARGIN_BOTTOM),
-        height=height,
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),
-    )
+        layout["title"] = dict(text=title, x=0.0, xanchor="left")
+    fig.update_layout(layout)
     # Tick labels are never hidden at the edge of the chart: plotly's default ("hide past div") measures every
     # label in the browser on every draw, the largest single cost of drawing a chart with many ticks.
-    fig.update_xaxes(ticklabeloverflow="allow")
-    fig.update_yaxes(ticklabeloverflow="allow")
-    if x_title is not None:
-        fig.update_xaxes(title_text=x_title)
-    if y_title is not None:
-        fig.update_yaxes(title_text=y_title)
+    # (One update per axis kind: each plotly update of a many-panel figure takes milliseconds.)
+    fig.update_xaxes(ticklabeloverflow="allow", **({} if x_title is None else {"title_text": x_title}))
+    fig.update_yaxes(ticklabeloverflow="allow", **({} if y_title is None else {"title_text": y_title}))
     return fig
+
+
+def grid_layout(rows: int, cols: int, titles: Sequence[str] = (), *, horizontal_spacing: float = 0.1,
+                vertical_spacing: float = 0.2) -> dict:
+    """The layout of plotly's make_subplots(rows, cols, subplot_titles=titles) as a plain dict: the axes of panel
+    i (row-major from the top left) are xaxis{i + 1} / yaxis{i + 1} ("xaxis" / "yaxis" for the first), each titled
+    panel an annotation over it. A figure built in one go from it (go.Figure(data, layout)) skips the per-panel
+    updates that make a many-panel plotly figure slow to build."""
+    width = (1.0 - horizontal_spacing * (cols - 1)) / cols
+    height = (1.0 - vertical_spacing * (rows - 1)) / rows
+    layout: dict = {"annotations": []}
+    for i in range(rows * cols):
+        row, col = divmod(i, cols)
+        x0, y1 = col * (width + horizontal_spacing), 1.0 - row * (height + vertical_spacing)
+        suffix = "" if i == 0 else str(i + 1)
+        layout[f"xaxis{suffix}"] = {"anchor": f"y{suffix}", "domain": [x0, min(1.0, x0 + width)]}
+        layout[f"yaxis{suffix}"] = {"anchor": f"x{suffix}", "domain": [max(0.0, y1 - height), y1]}
+        if i < len(titles) and titles[i]:
+            layout["annotations"].append(dict(text=titles[i], x=x0 + width / 2, y=y1, xref="paper", yref="paper",
+                                              xanchor="center", yanchor="bottom", showarrow=False,
+                                              font=dict(size=16)))
+    return layout
 
 
 def heatmap(z, *, x_labels: Sequence | None = None, y_labels: Sequence | None = None, title: str | None = None,

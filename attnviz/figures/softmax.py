@@ -7,9 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, heatmap
+from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap
 
 VARIANT_COLORS = {"scaled": PALETTE[0], "unscaled": PALETTE[1]}
 REAL_COLORS = {"own scale": PALETTE[0], "unscaled": PALETTE[1], "temperature": PALETTE[2]}
@@ -28,40 +27,44 @@ def logit_density(x, bins: int = LOGIT_BINS) -> tuple[np.ndarray, np.ndarray]:
 def variants_figure(panels: Mapping[str, dict], *, rows_shown: int, height: int = 680) -> go.Figure:
     """The random-logits section in one figure (one chart to draw per slider move, not four): a column per variant
     (panels: name -> {"scores", "pattern", "predicted_var", "title"}). Top, the histogram of every logit as a
-    density (logit_density) with the normal density of the predicted variance, dashed; bottom, the first rows_shown attention rows
-    on one 0..1 colour scale."""
+    density (logit_density) with the normal density of the predicted variance, dashed; bottom, the first
+    rows_shown attention rows on one 0..1 colour scale. Built in one go from grid_layout (see sweep_panels)."""
     names = list(panels)
-    fig = make_subplots(rows=2, cols=len(names), vertical_spacing=0.2, horizontal_spacing=0.12,
-                        subplot_titles=[f"Logits, {panels[n]['title']}" for n in names]
-                        + [f"First {rows_shown} attention rows, {panels[n]['title']}" for n in names])
-    for col, name in enumerate(names, start=1):
+    layout = grid_layout(2, len(names), [f"Logits, {panels[n]['title']}" for n in names]
+                         + [f"First {rows_shown} attention rows, {panels[n]['title']}" for n in names],
+                         horizontal_spacing=0.12, vertical_spacing=0.2)
+    traces = []
+    for i, name in enumerate(names):
+        top, bottom = ("" if i == 0 else str(i + 1)), str(len(names) + i + 1)
         panel = panels[name]
-        color = VARIANT_COLORS.get(name, PALETTE[col % len(PALETTE)])
+        color = VARIANT_COLORS.get(name, PALETTE[(i + 1) % len(PALETTE)])
         x = np.asarray(panel["scores"], dtype=float).ravel()
         density, edges = logit_density(x)
-        fig.add_trace(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=density, width=np.diff(edges),
+        traces.append(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=density, width=np.diff(edges),
                              name=f"{name}: sampled logits", marker=dict(color=color, line=dict(width=0)),
                              opacity=0.75, customdata=np.stack([edges[:-1], edges[1:]], axis=-1),
                              hovertemplate="logits %{customdata[0]:.3g} to %{customdata[1]:.3g}<br>"
-                                           "density %{y:.3g} per nat<extra></extra>"), row=1, col=col)
+                                           "density %{y:.3g} per nat<extra></extra>", xaxis=f"x{top}",
+                             yaxis=f"y{top}"))
         sd = float(np.sqrt(panel["predicted_var"]))
         grid = np.linspace(min(x.min(), -4 * sd), max(x.max(), 4 * sd), 300)
-        density = np.exp(-0.5 * (grid / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-        fig.add_trace(go.Scatter(x=grid, y=density, mode="lines",
+        normal = np.exp(-0.5 * (grid / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
+        traces.append(go.Scatter(x=grid, y=normal, mode="lines",
                                  name=f"{name}: normal, variance {panel['predicted_var']:.4g}",
-                                 line=dict(color=color, dash="dash")), row=1, col=col)
+                                 line=dict(color=color, dash="dash"), xaxis=f"x{top}", yaxis=f"y{top}"))
         pattern = np.asarray(panel["pattern"], dtype=float)[:rows_shown]
-        fig.add_trace(go.Heatmap(z=pattern, zmin=0.0, zmax=1.0, colorscale=ATTENTION_SCALE, showscale=col == 1,
+        traces.append(go.Heatmap(z=pattern, zmin=0.0, zmax=1.0, colorscale=ATTENTION_SCALE, showscale=i == 0,
                                  colorbar=dict(title=dict(text="weight"), len=0.4, y=0.2, yanchor="middle"),
-                                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>"),
-                      row=2, col=col)
-        fig.update_xaxes(title_text="logit q·k × scale / T (nats)", row=1, col=col)
-        fig.update_yaxes(title_text="density (per nat)", row=1, col=col)
-        fig.update_xaxes(title_text="key index", row=2, col=col)
-        fig.update_yaxes(title_text="query index", autorange="reversed", row=2, col=col)
+                                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
+                                 xaxis=f"x{bottom}", yaxis=f"y{bottom}"))
+        layout[f"xaxis{top}"]["title"] = dict(text="logit q·k × scale / T (nats)")
+        layout[f"yaxis{top}"]["title"] = dict(text="density (per nat)")
+        layout[f"xaxis{bottom}"]["title"] = dict(text="key index")
+        layout[f"yaxis{bottom}"].update(title=dict(text="query index"), autorange="reversed")
+    fig = go.Figure(data=traces, layout=dict(layout, bargap=0))
     apply_layout(fig, height=height)
-    return fig.update_layout(bargap=0, legend=dict(orientation="h", yanchor="bottom", y=1.06,
-                                                            xanchor="left", x=0.0), margin=dict(t=110))
+    return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.06, xanchor="left", x=0.0),
+                             margin=dict(t=110))
 
 
 def _box_traces(values: Mapping[str, Sequence[float]], *, log_y: bool, colors: Mapping[str, str]) -> list:
@@ -89,16 +92,18 @@ def row_distribution(values: Mapping[str, Sequence[float]], *, title: str, y_tit
 
 def row_distributions(panels: Sequence[dict], *, colors: Mapping[str, str] = VARIANT_COLORS,
                       height: int = 360) -> go.Figure:
-    """row_distribution side by side in one figure, one panel per dict {"values", "title", "y_title", "log_y"}."""
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p["title"] for p in panels],
-                        horizontal_spacing=0.1)
-    for col, panel in enumerate(panels, start=1):
+    """row_distribution side by side in one figure, one panel per dict {"values", "title", "y_title", "log_y"},
+    built in one go from grid_layout (see sweep_panels)."""
+    layout = grid_layout(1, len(panels), [p["title"] for p in panels])
+    traces = []
+    for i, panel in enumerate(panels):
+        suffix = "" if i == 0 else str(i + 1)
         for trace in _box_traces(panel["values"], log_y=panel.get("log_y", False), colors=colors):
-            fig.add_trace(trace, row=1, col=col)
-        fig.update_yaxes(title_text=panel["y_title"], row=1, col=col)
-        if panel.get("log_y"):
-            fig.update_yaxes(type="log", exponentformat="power", row=1, col=col)
-    fig.update_layout(showlegend=False)
+            trace.update(xaxis=f"x{suffix}", yaxis=f"y{suffix}")
+            traces.append(trace)
+        layout[f"yaxis{suffix}"].update(title=dict(text=panel["y_title"]),
+                                        **(dict(type="log", exponentformat="power") if panel.get("log_y") else {}))
+    fig = go.Figure(data=traces, layout=dict(layout, showlegend=False))
     return apply_layout(fig, height=height).update_layout(margin=dict(t=50))
 
 
@@ -107,13 +112,16 @@ def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: in
     """Curves against d_k (log axis), one line per variant, one panel per dict {"column", "title", "y_title",
     "log_y", "band": (lo, hi) or None, "reference": bool} in one figure (one chart to draw, not six). band shades a
     percentile range; reference (name -> (x, y), e.g. a theoretical curve) is drawn dashed in the panels that ask
-    for it; current_d_k is a dotted vertical marker in every panel. Variants share one legend."""
-    n_rows = -(-len(panels) // cols)
-    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=[p["title"] for p in panels],
-                        vertical_spacing=0.22, horizontal_spacing=0.1)
+    for it; current_d_k is a dotted vertical marker in every panel. Variants share one legend.
+
+    Built in one go from grid_layout: plotly re-validates a many-panel figure on every update, which made per-panel
+    updates most of the page's time on a slider move."""
+    layout = grid_layout(-(-len(panels) // cols), cols, [p["title"] for p in panels], vertical_spacing=0.22)
     ordered = list(sweep.sort_values("d_k").groupby("variant", sort=False))
+    traces, shapes, notes = [], [], layout["annotations"]
     for i, panel in enumerate(panels):
-        row, col = i // cols + 1, i % cols + 1
+        suffix = "" if i == 0 else str(i + 1)
+        on = dict(xaxis=f"x{suffix}", yaxis=f"y{suffix}")
         log_y, band = panel.get("log_y", False), panel.get("band")
         for variant, part in ordered:
             color = VARIANT_COLORS.get(variant, PALETTE[3])
@@ -121,26 +129,25 @@ def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: in
             if band is not None:
                 lo, hi = (np.maximum(part[c].to_numpy(float), NORM_FLOOR) if log_y else part[c].to_numpy(float)
                           for c in band)
-                fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
+                traces.append(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
                                          fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0),
-                                         hoverinfo="skip", showlegend=False, name=f"{variant} 10-90 %"),
-                              row=row, col=col)
+                                         hoverinfo="skip", showlegend=False, name=f"{variant} 10-90 %", **on))
             y = part[panel["column"]].to_numpy(float)
-            fig.add_trace(go.Scatter(x=x, y=np.maximum(y, NORM_FLOOR) if log_y else y, mode="lines+markers",
+            traces.append(go.Scatter(x=x, y=np.maximum(y, NORM_FLOOR) if log_y else y, mode="lines+markers",
                                      name=variant, legendgroup=variant, showlegend=i == 0,
-                                     line=dict(color=color), marker=dict(size=5)), row=row, col=col)
+                                     line=dict(color=color), marker=dict(size=5), **on))
         if panel.get("reference"):
             for j, (name, (x, y)) in enumerate(dict(reference).items()):
-                fig.add_trace(go.Scatter(x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines", name=name,
-                                         line=dict(color=PALETTE[(j + 4) % len(PALETTE)], dash="dash")),
-                              row=row, col=col)
-        suffix = "" if i == 0 else str(i + 1)
+                traces.append(go.Scatter(x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines", name=name,
+                                         line=dict(color=PALETTE[(j + 4) % len(PALETTE)], dash="dash"), **on))
         if current_d_k is not None:
-            _log_vline(fig, current_d_k, f"d_k = {current_d_k}", "#868e96", "left", axis=suffix)
-        fig.update_xaxes(type="log", title_text="d_k (log scale)", row=row, col=col)
-        fig.update_yaxes(title_text=panel["y_title"], row=row, col=col)
-        if log_y:
-            fig.update_yaxes(type="log", exponentformat="power", row=row, col=col)
+            shape, note = _log_vline_parts(current_d_k, f"d_k = {current_d_k}", "#868e96", "left", axis=suffix)
+            shapes.append(shape)
+            notes.append(note)
+        layout[f"xaxis{suffix}"].update(type="log", title=dict(text="d_k (log scale)"))
+        layout[f"yaxis{suffix}"].update(title=dict(text=panel["y_title"]),
+                                        **(dict(type="log", exponentformat="power") if log_y else {}))
+    fig = go.Figure(data=traces, layout=dict(layout, shapes=shapes))
     apply_layout(fig, height=height)
     return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="left", x=0.0),
                              margin=dict(t=90))
@@ -186,14 +193,22 @@ def scale_sweep_chart(sweep: pd.DataFrame, *, own_factor: float, temperature_fac
     return _legend_below(fig)
 
 
+def _log_vline_parts(x: float, text: str, color: str, side: str, y: float = 1.0, axis: str = "") -> tuple[dict, dict]:
+    """(shape, annotation) of a dotted vertical marker on a log x axis: the line takes data units, its label log10
+    units. axis: the subplot's axis suffix ("" for the first, "2" for x2/y2, ...); the marker spans that subplot's
+    height."""
+    shape = dict(type="line", x0=x, x1=x, y0=0, y1=1, xref=f"x{axis}", yref=f"y{axis} domain",
+                 line=dict(color=color, dash="dot", width=1.5))
+    note = dict(x=float(np.log10(x)), y=y, xref=f"x{axis}", yref=f"y{axis} domain", text=text, showarrow=False,
+                font=dict(color=color), xanchor="right" if side == "left" else "left", yanchor="top")
+    return shape, note
+
+
 def _log_vline(fig: go.Figure, x: float, text: str, color: str, side: str, y: float = 1.0, axis: str = "") -> None:
-    """A dotted vertical marker on a log x axis: the line takes data units, its annotation log10 units. axis: the
-    subplot's axis suffix ("" for the first, "2" for x2/y2, ...); the marker spans that subplot's height."""
-    lx = float(np.log10(x))
-    fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref=f"x{axis}", yref=f"y{axis} domain",
-                  line=dict(color=color, dash="dot", width=1.5))
-    fig.add_annotation(x=lx, y=y, xref=f"x{axis}", yref=f"y{axis} domain", text=text, showarrow=False,
-                       font=dict(color=color), xanchor="right" if side == "left" else "left", yanchor="top")
+    """Adds the marker of _log_vline_parts to fig."""
+    shape, note = _log_vline_parts(x, text, color, side, y=y, axis=axis)
+    fig.add_shape(shape)
+    fig.add_annotation(note)
 
 
 def _legend_below(fig: go.Figure, y: float = -0.3, bottom: int = 100) -> go.Figure:
