@@ -7,6 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from attnviz.figures import heads as figs
 from attnviz.figures.heads import DETAIL_MAX_TOKENS, head_detail, head_grid, max_pool, palette_png
 
 
@@ -174,3 +175,25 @@ def test_difference_draws_rows_blank_in_either_map_grey():
     b[:10] = np.nan  # ten rows blank in B (sink hidden)
     fig = difference(a, b, [str(i) for i in range(n)], title="t")
     assert _grey_share(fig) == pytest.approx(10 / n)
+
+
+def test_max_abs_pool_keeps_the_largest_difference_of_each_block_with_its_sign():
+    """Checked block by block with a loop: the entry of largest magnitude, sign kept; NaN skipped."""
+    from attnviz.pooling import pool_edges
+
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=(37, 37))
+    d[3, :] = np.nan  # a blank row
+    d[10:13, 20:23] = np.nan  # a blank block
+    m = figs.max_abs_pool(d, 8)
+    edges = pool_edges(37, 8)
+    assert m.shape == (8, 8)
+    for i in range(8):
+        for j in range(8):
+            block = d[edges[i]:edges[i + 1], edges[j]:edges[j + 1]]
+            if np.isnan(block).all():
+                assert np.isnan(m[i, j])
+            else:
+                assert m[i, j] == block.flat[np.nanargmax(np.abs(block))]
+    assert (m < 0).any() and (m > 0).any()
+    np.testing.assert_array_equal(figs.max_abs_pool(d[:5, :5], 8), d[:5, :5])  # small maps unchanged

@@ -393,3 +393,27 @@ def test_a_long_dense_map_is_drawn_max_pooled_with_an_exact_zoom_window(monkeypa
         np.testing.assert_allclose(window, views.head_window(cap.inputs[1], 2, (5, 15), (2, 9), hide_sink=hide),
                                    atol=1e-5, equal_nan=True)
         assert (kept is None) == (not hide)
+
+
+def test_compare_draws_long_maps_max_pooled_and_states_the_exact_difference(monkeypatch):
+    """Above FULL_MAP_MAX_TOKENS Compare draws A, B and A − B pooled (as One head does) while the numbers under
+    them come from the full maps: the largest |A − B| and the mean total variation, checked here by hand."""
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.ui import heads as cache
+
+    monkeypatch.setattr(cache, "FULL_MAP_MAX_TOKENS", 20)
+    monkeypatch.setattr(cache, "OVERVIEW", 16)
+    text = "The cat sat on the mat because it was warm, and the dog sat by the door all day long."
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": text, "layer": "0", "head": "1"}), "Compare")
+    at.selectbox(key="heads_layer_b").set_value(1).run()
+    at.selectbox(key="heads_head_b").set_value(3).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
+    assert sum("max-pooled to 16 px" in t for t in titles) == 3, titles
+    cap = capture_attention(load_model("toy-gpt2"), text)
+    a, b = cap.pattern[0, 1].astype(np.float64), cap.pattern[1, 3].astype(np.float64)
+    assert cap.n_tokens > 20
+    tv = np.mean([0.5 * sum(abs(x - y) for x, y in zip(ra, rb)) for ra, rb in zip(a, b)])
+    said = " ".join(m.value for m in at.markdown)
+    assert f"Largest difference: {np.abs(a - b).max():.3f}" in said and f"query row: {tv:.3f}" in said, said

@@ -95,6 +95,20 @@ def max_pool(p: np.ndarray, size: int) -> np.ndarray:
         return np.fmax.reduceat(cols, edges[:-1], axis=-2)
 
 
+def max_abs_pool(d: np.ndarray, size: int) -> np.ndarray:
+    """d [n, n] (a signed difference) -> [m, m], m = min(n, size): in each block of pool_edges the entry of largest
+    magnitude, with its sign, so a one-token stripe of either sign survives downsampling. NaN cells are skipped; a
+    block is NaN only when all its cells are."""
+    n = d.shape[-1]
+    if n <= size:
+        return d
+    edges = pool_edges(n, size)[:-1]
+    with np.errstate(invalid="ignore"):
+        high = np.fmax.reduceat(np.fmax.reduceat(d, edges, axis=-1), edges, axis=-2)
+        low = np.fmin.reduceat(np.fmin.reduceat(d, edges, axis=-1), edges, axis=-2)
+    return np.where(np.nan_to_num(-low) > np.nan_to_num(high), low, high)
+
+
 def head_grid(pattern: np.ndarray, layers: Sequence[int], *, gamma: float = 0.5, tile: int = GRID_TILE,
               layer_map: Callable[[np.ndarray], np.ndarray] | None = None, causal: bool = False,
               n_tokens: int | None = None) -> go.Figure:
@@ -164,19 +178,24 @@ def pooled_overview(pooled: np.ndarray, n_tokens: int, *, title: str, gamma: flo
     i covers the tokens between the pooling edges i and i + 1. Grey: blank rows (NaN) and, when causal, blocks
     wholly after the diagonal."""
     m = pooled.shape[-1]
-    edges = pool_edges(n_tokens, m)
     z = np.asarray(pooled, dtype=np.float64) ** gamma
     masked = np.isnan(z)
     if causal:
         masked |= np.triu(np.ones((m, m), dtype=bool), 1)
-    step = max(1, m // 8)
-    ticks = (list(range(0, m, step)), [f"{int(edges[i]):,}" for i in range(0, m, step)])
+    ticks = _pooled_ticks(n_tokens, m)
     colorbar = "max weight" if gamma == 1 else f"max weight^{gamma:g}"
     fig = image_figure(z, title=title, x_title="key position (token)", y_title="query position (token)",
                        colorbar_title=colorbar, x_ticks=ticks, y_ticks=ticks,
                        hovertemplate="block %{y}, %{x}<extra></extra>", height=700,
                        masked=masked if masked.any() else None)
     return fig
+
+
+def _pooled_ticks(n_tokens: int, m: int) -> tuple[list, list]:
+    """Ticks of a map pooled to m pixels: about 8, each labelled with the token where its block starts."""
+    edges = pool_edges(n_tokens, m)
+    step = max(1, m // 8)
+    return list(range(0, m, step)), [f"{int(edges[i]):,}" for i in range(0, m, step)]
 
 
 def window_detail(w: np.ndarray, tokens: Sequence[str], q0: int, k0: int, *, title: str, gamma: float = 1.0,
@@ -261,11 +280,23 @@ def token_looks(weights: np.ndarray, tokens: Sequence[str], row_labels: Sequence
     return label_margins(fig, x_labels=x_ticks[1], x_angle=30)  # plotly slants crowded labels by 30 degrees
 
 
-def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: str) -> go.Figure:
-    """a - b for two maps of the same shape [query, key], on a diverging scale symmetric about 0."""
+def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: str,
+               pool: int | None = None) -> go.Figure:
+    """a - b for two maps of the same shape [query, key], on a diverging scale symmetric about 0. pool: the
+    difference drawn max-|.|-pooled to this many pixels (max_abs_pool), its axes in tokens."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     bound = float(max(np.nanmax(np.abs(d), initial=0.0, where=~np.isnan(d)), 1e-6))  # blank rows are NaN
     n = d.shape[-1]
+    if pool is not None:
+        m = max_abs_pool(d, pool)
+        ticks = _pooled_ticks(n, m.shape[-1])
+        nan = np.isnan(m)
+        return image_figure(m, title=f"{title} (each pixel the largest difference of its block, max-pooled to "
+                                     f"{m.shape[-1]} px)", x_title="key position (token)",
+                            y_title="query position (token)", colorscale=DIVERGING_SCALE, vmin=-bound, vmax=bound,
+                            colorbar_title="weight A − B", x_ticks=ticks, y_ticks=ticks,
+                            hovertemplate="block %{y}, %{x}<extra></extra>", height=700,
+                            masked=nan if nan.any() else None)
     if n <= DETAIL_MAX_TOKENS:
         labels = [f"{i}: {t}" for i, t in enumerate(tokens)]
         fig = heatmap(d, x_labels=labels, y_labels=labels, title=title, x_title="key token (position: token)",

@@ -156,11 +156,19 @@ def compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple,
     (what they are: layer, head, text), so a rerun that changes neither draws nothing again."""
     a = views.sink_hidden(_a) if hide_sink else _a
     b = views.sink_hidden(_b) if hide_sink else _b
-    fig_a = figs.head_detail(a, _tokens_a, title=titles[0], gamma=gamma, causal=causal)
-    fig_b = figs.head_detail(b, _tokens_b, title=titles[1], gamma=gamma, causal=causal)
+
+    def drawn(p, tokens, title):  # above FULL_MAP_MAX_TOKENS max-pooled, as One head draws it
+        if p.shape[-1] <= FULL_MAP_MAX_TOKENS:
+            return figs.head_detail(p, tokens, title=title, gamma=gamma, causal=causal)
+        pooled = figs.max_pool(p, OVERVIEW)
+        return figs.pooled_overview(pooled, p.shape[-1], gamma=gamma, causal=causal,
+                                    title=f"{title}, max-pooled to {pooled.shape[-1]} px")
+
+    fig_a, fig_b = drawn(a, _tokens_a, titles[0]), drawn(b, _tokens_b, titles[1])
     if a.shape != b.shape:
         return fig_a, fig_b, None, None
-    diff = figs.difference(a, b, _tokens_a, title="A − B: red = more attention in A, blue = more in B")
+    diff = figs.difference(a, b, _tokens_a, title="A − B: red = more attention in A, blue = more in B",
+                           pool=OVERVIEW if a.shape[-1] > FULL_MAP_MAX_TOKENS else None)
     return fig_a, fig_b, diff, views.map_difference(a, b)
 
 
