@@ -90,6 +90,12 @@ def show_sink_scores(model: str, text: str) -> None:
                f"{sinks.min_sink_heads(n_heads)}); heads_where_largest counts the heads for which this key gets more "
                "than any other ranked key.")
 
+    one_head_view(capture, alpha, hidden)
+
+
+@st.fragment
+def one_head_view(capture, alpha: np.ndarray, hidden) -> None:
+    """One head with and without its sinks: its layer, head and toggle rerun this part of the page only."""
     st.subheader("One head, with and without its sink")
     li_default, head_default = (int(i) for i in np.unravel_index(np.argmax(alpha[..., 0]), alpha.shape[:2]))
     c1, c2, c3 = st.columns(3)
@@ -133,8 +139,8 @@ def show_metric_over_texts(model: str, text: str) -> None:
     if st.button("Measure over the texts", key="sinks_metric_run"):
         st.session_state["sinks_metric_on"] = True
     if not st.session_state.get("sinks_metric_on"):
-        st.info(f"Press the button to capture every text: about a second per text on a quiet CPU for SmolLM2 "
-                f"(30 layers), a moment for the toy models. Results are kept: moving ε is instant.")
+        st.info("Press the button to capture every text: about a second per text on a quiet CPU for SmolLM2 "
+                "(30 layers), a moment for the toy models. Results are kept: moving ε is instant.")
         return
     loaded = ui.get_model(model)
     if loaded is None:

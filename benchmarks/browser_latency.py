@@ -14,10 +14,12 @@ what a person at the page waits for.
   Heads, ~1,800 tokens of smollm2-135m (the shipped Declaration and Gettysburg text, repeated), layers 0-14 (the
       dense pattern store, 1.7 GiB) and every layer (the qk store): layer change, head change, boost toggle,
       hide-sink on, on the One head tab
+  Sinks: on SmolLM2's capture of the page's text, the "One head" section's head changed, and its sinks hidden
+  Positional: the RoPE section's "Query position m" slider moved one step
   Softmax: the "keys per query" slider moved one step on, to a value it has not had
   Kernel: the "Step" slider moved one step on (the page builds the next step's figures while the browser draws)
 
-    python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--only heads-dense] [--only kernel] ...
+    python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--only heads-dense] [--only sinks] ...
 """
 
 from __future__ import annotations
@@ -188,6 +190,23 @@ def softmax_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
                                                                                         "ArrowRight"), repeat))]
 
 
+def sinks_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
+    page.goto(f"{url}/sinks?model={MODEL}")
+    settle(page, 600)
+    return [("Sinks: one head, head change", timed(page, lambda i: choose(page, "Head", ["3", "4"][i % 2]), repeat)),
+            ("Sinks: one head, hide the sinks", timed(page, lambda i: toggle(page, "Hide the sinks"), repeat))]
+
+
+def positional_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
+    page.goto(f"{url}/positional")
+    settle(page, 600)
+    watch(page)
+    page.get_by_text("RoPE", exact=True).first.click()
+    wait_idle(page, time.perf_counter())
+    return [("Positional, RoPE: query position moved", timed(page, lambda i: slider_step(page, "Query position m",
+                                                                                         "ArrowRight"), repeat))]
+
+
 def kernel_rows(page, url: str, repeat: int) -> list[tuple[str, list[float]]]:
     page.goto(f"{url}/kernel")
     settle(page, 600)
@@ -198,7 +217,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8641)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", choices=["heads-dense", "heads-qk", "softmax", "kernel"], action="append")
+    parser.add_argument("--only", choices=["heads-dense", "heads-qk", "sinks", "positional", "softmax", "kernel"],
+                        action="append")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -224,7 +244,8 @@ def main() -> None:
             context = browser.new_context(viewport={"width": 1400, "height": 1300})
             page = context.new_page()
             for name, measure in (("heads-dense", lambda *a: heads_rows(*a, layers="0-14")),
-                                  ("heads-qk", heads_rows), ("softmax", softmax_rows), ("kernel", kernel_rows)):
+                                  ("heads-qk", heads_rows), ("sinks", sinks_rows), ("positional", positional_rows),
+                                  ("softmax", softmax_rows), ("kernel", kernel_rows)):
                 if args.only and name not in args.only:
                     continue
                 try:
