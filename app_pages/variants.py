@@ -139,29 +139,39 @@ st.markdown(
     "made from the MHA layer as Ainslie et al. (2023) convert checkpoints: each group's key and value projections "
     "are the mean of its heads'. Queries are unchanged, so every difference below comes from sharing keys and values."
 )
-t1, t2, t3, t4 = st.columns(4)
-n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens", persist_state="session")
-max_d_head = min(64, MAX_TOY_WIDTH // n_heads)
-if st.session_state.get("variants_dhead", 16) > max_d_head:  # more query heads were chosen above
-    st.session_state["variants_dhead"] = max_d_head
-d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead", persist_state="session",
-                   help=f"At most {MAX_TOY_WIDTH} // query heads, so the toy layer stays {MAX_TOY_WIDTH} wide or less.")
-seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed", persist_state="session")
-toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal", persist_state="session")
-results, kv_counts = uv.toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
-heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
-                             key="variants_heads_shown", persist_state="session", max_selections=MAX_HEADS_SHOWN)
-if not heads_shown:
-    st.warning("Pick at least one head to show.")
-else:
-    st.plotly_chart(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
-                                             {n: cost.kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
-                    width="stretch", key="variants_maps")
-    diffs = var.differences_from(results, "MHA")
-    cols = st.columns(len(diffs))
-    for col, (name, (tv, rel)) in zip(cols, diffs.items()):
-        col.metric(f"{name}: rows moved vs MHA", f"{tv:.3f}", help="Mean total-variation distance between a "
-                   f"head's attention row and MHA's (0 = same, 1 = disjoint). Output differs by {rel:.1%}.")
-    st.caption("Heads in one GQA group read the same keys, so their maps differ only through their queries; under "
-               "MQA every head does. Untrained, pooled keys are averages of unrelated heads, so rows move a lot: "
-               "this is why converted checkpoints need some further training (uptraining).")
+
+
+@st.fragment
+def toy_layer(n_heads: int, n_kv: int) -> None:
+    """The toy layer's maps: its own controls rerun this section only."""
+    t1, t2, t3, t4 = st.columns(4)
+    n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens", persist_state="session")
+    max_d_head = min(64, MAX_TOY_WIDTH // n_heads)
+    if st.session_state.get("variants_dhead", 16) > max_d_head:  # more query heads were chosen above
+        st.session_state["variants_dhead"] = max_d_head
+    d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead",
+                       persist_state="session",
+                       help=f"At most {MAX_TOY_WIDTH} // query heads, so the toy layer stays {MAX_TOY_WIDTH} wide or "
+                            "less.")
+    seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed", persist_state="session")
+    toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal", persist_state="session")
+    results, kv_counts = uv.toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
+    heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
+                                 key="variants_heads_shown", persist_state="session", max_selections=MAX_HEADS_SHOWN)
+    if not heads_shown:
+        st.warning("Pick at least one head to show.")
+    else:
+        st.plotly_chart(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
+                                                 {n: cost.kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
+                        width="stretch", key="variants_maps")
+        diffs = var.differences_from(results, "MHA")
+        cols = st.columns(len(diffs))
+        for col, (name, (tv, rel)) in zip(cols, diffs.items()):
+            col.metric(f"{name}: rows moved vs MHA", f"{tv:.3f}", help="Mean total-variation distance between a "
+                       f"head's attention row and MHA's (0 = same, 1 = disjoint). Output differs by {rel:.1%}.")
+        st.caption("Heads in one GQA group read the same keys, so their maps differ only through their queries; under "
+                   "MQA every head does. Untrained, pooled keys are averages of unrelated heads, so rows move a lot: "
+                   "this is why converted checkpoints need some further training (uptraining).")
+
+
+toy_layer(n_heads, n_kv)
