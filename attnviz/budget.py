@@ -10,6 +10,7 @@ once with the reason.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import os
 import threading
@@ -41,6 +42,9 @@ def default_budget_bytes() -> int:
     return int(0.4 * physical_memory_bytes())
 
 
+COLLECT_BEFORE_BYTES = 256 * 2**20  # work at least this large first runs a full garbage collection
+
+
 class MemoryBudget:
     """Admits work by estimated bytes under a limit shared by every thread of the process.
 
@@ -63,6 +67,10 @@ class MemoryBudget:
               on_poll: Callable[[], None] | None = None, timeout: float | None = None, poll_seconds: float = 0.5,
               what: str = "This work") -> Iterator[None]:
         nbytes = max(0, int(nbytes))
+        if nbytes >= COLLECT_BEFORE_BYTES:
+            # The app turns off Streamlit's full collection after every run (.streamlit/config.toml: it held up
+            # every view change): unreachable cycles are freed here instead, before a large allocation.
+            gc.collect()
         if nbytes > self.limit:
             raise OverBudget(f"{what} needs about {nbytes / 2**30:.2f} GiB, more than the {self.limit / 2**30:.2f} "
                              "GiB this server gives all visitors' work at once: make it smaller.")

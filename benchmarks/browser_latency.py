@@ -2,8 +2,8 @@
 
 Starts Streamlit on 127.0.0.1 (port 8641, or --port), opens each page in Chromium driven by playwright, lets its
 first run finish (captures and caches warm), then makes each change below and times it: from the moment the
-widget is changed until the app reports its script has stopped running, no skeleton is left, every chart in view
-is drawn, and that has held for three polls 50 ms apart (the idle rule of tests/test_browser.py, polled finer; the
+widget is changed until the server has answered, the app reports its script has stopped running, no skeleton is
+left, every chart in view is drawn, and that has held for three polls 50 ms apart (the idle rule of tests/test_browser.py, polled finer; the
 three quiet polls are not counted). Every change is made REPEAT times (back and forth) and the median printed.
 
 Two clocks: "driver" starts before playwright makes the change (so it includes the automation itself: opening a
@@ -72,6 +72,7 @@ def _idle(page) -> bool:
 WATCH = """() => {
     const app = document.querySelector('[data-testid="stApp"]');
     window.__states = [];
+    window.__receivedAtWatch = window.__received;
     if (!window.__watching) {
         new MutationObserver(() => window.__states.push(app.getAttribute('data-test-script-state')))
             .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
@@ -83,12 +84,28 @@ WATCH = """() => {
 }"""
 
 
+# Counts the messages the server sends over Streamlit's websocket (installed before any page script runs).
+COUNT_MESSAGES = """(() => {
+    const Socket = window.WebSocket;
+    window.__received = 0;
+    window.WebSocket = function (...args) {
+        const socket = new Socket(...args);
+        socket.addEventListener('message', () => { window.__received += 1; });
+        return socket;
+    };
+    window.WebSocket.prototype = Socket.prototype;
+    Object.assign(window.WebSocket, Socket);
+})();"""
+
+
 def wait_idle(page, started: float, timeout_s: float = 600.0) -> tuple[float, float]:
-    """Seconds from `started` until the page became idle (and stayed so for three polls). The rerun must first
-    begin (a change the server has not answered yet looks idle): a MutationObserver installed by watch() records
-    every change of the script state, so a rerun shorter than a poll is seen too."""
+    """Seconds from `started` until the page became idle (and stayed so for three polls). The server must first
+    answer (a change it has not answered yet looks idle): a MutationObserver installed by watch() records every
+    change of the script state, and a rerun so short that the page never shows it running is seen by the messages
+    the server sent since watch()."""
     deadline = time.perf_counter() + 5.0
-    while time.perf_counter() < deadline and "running" not in (page.evaluate("window.__states || []") or []):
+    while time.perf_counter() < deadline and not page.evaluate(
+            "(window.__states || []).includes('running') || window.__received > window.__receivedAtWatch"):
         time.sleep(0.01)
     quiet, since, since_browser = 0, None, None
     end = time.perf_counter() + timeout_s
@@ -242,6 +259,7 @@ def main() -> None:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
             context = browser.new_context(viewport={"width": 1400, "height": 1300})
+            context.add_init_script(COUNT_MESSAGES)
             page = context.new_page()
             for name, measure in (("heads-dense", lambda *a: heads_rows(*a, layers="0-14")),
                                   ("heads-qk", heads_rows), ("sinks", sinks_rows), ("positional", positional_rows),

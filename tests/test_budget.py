@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from attnviz.budget import MemoryBudget, OverBudget, capture_working_bytes
+from attnviz.budget import COLLECT_BEFORE_BYTES, MemoryBudget, OverBudget, capture_working_bytes
 
 
 def test_work_that_does_not_fit_waits_is_told_and_starts_when_the_first_finishes():
@@ -108,3 +109,34 @@ def test_a_waiting_caller_is_polled_and_can_give_up_by_raising():
         assert budget.held == 90 and not budget._queue  # the quitter left the queue
     with budget.admit(100):  # and nothing is left held
         pass
+
+
+def test_large_work_first_frees_unreachable_cycles():
+    """Streamlit's collection after every run is off (.streamlit/config.toml); a large admission collects first, so a
+    capture dropped in a reference cycle does not hold its memory while the next one is admitted."""
+    import gc
+    import weakref
+
+    import tomllib
+
+    config = tomllib.loads((Path(__file__).resolve().parent.parent / ".streamlit" / "config.toml").read_text())
+    assert config["runner"]["postScriptGC"] is False
+
+    class Big:
+        pass
+
+    gc.disable()  # only the admission may collect during this test
+    try:
+        cycle = Big()
+        cycle.self = cycle  # unreachable once dropped, freed only by a collection
+        alive = weakref.ref(cycle)
+        del cycle
+        budget = MemoryBudget(2**40)
+        with budget.admit(1024):  # small work: no collection
+            pass
+        assert alive() is not None
+        with budget.admit(COLLECT_BEFORE_BYTES):
+            pass
+        assert alive() is None
+    finally:
+        gc.enable()
