@@ -214,6 +214,9 @@ def random_logits_section() -> None:
               f"{np.mean(grads[sm.UNSCALED] < 0.01 * np.median(grads[sm.SCALED])):.1%}",
               help="The share of unscaled rows whose ‖∂L/∂q‖ is below 1 % of the scaled median.")
     g2.plotly_chart(charts["gradients"], width="stretch", key="softmax_box_grad")
+    setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
+    ui_softmax.prefetch_next(setting, st.session_state.get("softmax_last_setting"), TEMPERATURES, ROWS_SHOWN)
+    st.session_state["softmax_last_setting"] = setting
 
 
 random_logits_section()

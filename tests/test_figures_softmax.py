@@ -84,3 +84,38 @@ def test_row_distributions_keep_every_row_and_floor_only_the_drawing_on_log_axes
     np.testing.assert_array_equal(log.y, np.maximum(values, figs.NORM_FLOOR))
     np.testing.assert_array_equal(log.customdata, values)  # the hover gives the true value
     assert (lin.yaxis, log.yaxis) == ("y", "y2") and fig.layout.yaxis2.type == "log"
+
+
+def test_prefetch_builds_one_step_either_way_of_the_slider_just_moved(monkeypatch):
+    from attnviz.ui import softmax as ui_softmax
+
+    built = []
+
+    class Now:  # runs the thread's work at once
+        def __init__(self, target, **kwargs):
+            self.target = target
+
+        def start(self):
+            self.target()
+
+    monkeypatch.setattr(ui_softmax.threading, "Thread", Now)
+    monkeypatch.setattr(ui_softmax, "section_figures", lambda *a: built.append(a))
+    temps = [0.5, 1.0, 2.0]
+    base = {"d_k": 64, "n_keys": 33, "seed": 0, "temperature": 1.0}
+    ui_softmax.prefetch_next(base, {**base, "n_keys": 32}, temps, 12)
+    assert built == [(64, 32, 0, 1.0, 12), (64, 34, 0, 1.0, 12)]
+    built.clear()
+    ui_softmax.prefetch_next(base, base, temps, 12)  # nothing moved: nothing built
+    ui_softmax.prefetch_next(base, None, temps, 12)  # first run
+    assert built == []
+    top = {**base, "n_keys": 512}
+    ui_softmax.prefetch_next(top, {**top, "n_keys": 511}, temps, 12)  # at the slider's end: one side only
+    assert built == [(64, 511, 0, 1.0, 12)]
+    built.clear()
+    dims = list(ui_softmax.DIMS)
+    i = dims.index(64)
+    ui_softmax.prefetch_next(base, {**base, "d_k": dims[i - 1]}, temps, 12)
+    assert built == [(dims[i - 1], 33, 0, 1.0, 12), (dims[i + 1], 33, 0, 1.0, 12)]
+    built.clear()
+    ui_softmax.prefetch_next(base, {**base, "temperature": 2.0}, temps, 12)
+    assert built == [(64, 33, 0, 0.5, 12), (64, 33, 0, 2.0, 12)]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -83,6 +85,28 @@ def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_s
         "gradients": figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
                                            y_title="gradient norm reaching q (log scale)"),
     }
+
+
+N_KEYS_RANGE = (2, 512)  # the "keys per query" slider's bounds
+
+
+def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float], rows_shown: int) -> None:
+    """Builds, in a background thread, section_figures one step either way of the slider just moved (setting and
+    previous: {"d_k", "n_keys", "seed", "temperature"} of this run and the last), while the browser draws this
+    one: a slider moved again by a step then finds its figures ready. Nothing is built when no slider moved."""
+    if previous is None:
+        return
+    steps = {"n_keys": list(range(N_KEYS_RANGE[0], N_KEYS_RANGE[1] + 1)), "d_k": list(DIMS),
+             "temperature": list(temperatures)}
+    wanted = []
+    for name, options in steps.items():
+        if previous.get(name) != setting[name] and setting[name] in options:
+            i = options.index(setting[name])
+            wanted += [{**setting, name: options[j]} for j in (i - 1, i + 1) if 0 <= j < len(options)]
+    if wanted:
+        threading.Thread(target=lambda: [section_figures(s["d_k"], s["n_keys"], s["seed"], s["temperature"],
+                                                         rows_shown) for s in wanted],
+                         daemon=True, name="attnviz-softmax-prefetch").start()
 
 
 # The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
