@@ -64,10 +64,10 @@ def show_real_model(cap, text: str) -> None:
                + (", the bias unchanged" if biased else "") + f"); right, ({own_formula}) / {real_t:g}. q·k is "
                "computed from the captured q and k (after RoPE, for RoPE models), in float64.")
     keep = sm.valid_keys(head_raw) >= 2
+    st.plotly_chart(figs.head_patterns({titles[name]: pattern for name, pattern in patterns.items()}, tokens),
+                    width="stretch", key="softmax_real_maps")
     rows = []
-    for column, (name, pattern) in zip(st.columns(3), patterns.items()):
-        column.plotly_chart(figs.head_pattern(pattern, tokens, title=titles[name]), width="stretch",
-                            key=f"softmax_real_chart_{name}")
+    for name, pattern in patterns.items():
         stats = sm.row_stats(pattern[keep])
         rows.append({"softmax": titles[name], "mean max weight": stats.max_weight.mean(),
                      "mean entropy (nats)": stats.entropy.mean(), "saturated rows": stats.saturated_share,

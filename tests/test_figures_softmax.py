@@ -119,3 +119,17 @@ def test_prefetch_builds_one_step_either_way_of_the_slider_just_moved(monkeypatc
     built.clear()
     ui_softmax.prefetch_next(base, {**base, "temperature": 2.0}, temps, 12)
     assert built == [(64, 33, 0, 0.5, 12), (64, 33, 0, 2.0, 12)]
+
+
+def test_head_patterns_draw_each_softmax_of_a_head_on_one_scale():
+    rng = np.random.default_rng(1)
+    maps = {f"map {i}": rng.dirichlet(np.ones(5), size=5) for i in range(3)}
+    tokens = ["a", "b", "a", "c", "d"]  # a repeated token keeps its own column
+    fig = figs.head_patterns(maps, tokens)
+    assert [t.name for t in fig.data] == list(maps)
+    for trace, p in zip(fig.data, maps.values()):
+        np.testing.assert_array_equal(trace.z, p)
+        assert (trace.zmin, trace.zmax) == (0.0, 1.0)
+        assert len(set(trace.x)) == 5
+    assert [t.showscale for t in fig.data] == [False, False, True]
+    assert [t.xaxis for t in fig.data] == ["x", "x2", "x3"]

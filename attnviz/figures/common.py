@@ -114,8 +114,8 @@ def heatmap(z, *, x_labels: Sequence | None = None, y_labels: Sequence | None = 
             hovertemplate: str | None = None, reverse_y: bool = True, height: int | None = None) -> go.Figure:
     """A labelled heatmap of a small matrix z [rows, cols]; rows run top to bottom like a matrix."""
     z = np.asarray(z, dtype=float)
-    x = list(range(z.shape[1])) if x_labels is None else _unique_labels(x_labels)
-    y = list(range(z.shape[0])) if y_labels is None else _unique_labels(y_labels)
+    x = list(range(z.shape[1])) if x_labels is None else unique_labels(x_labels)
+    y = list(range(z.shape[0])) if y_labels is None else unique_labels(y_labels)
     fig = go.Figure(go.Heatmap(
         z=z, x=x, y=y, colorscale=colorscale, zmin=zmin, zmax=zmax,
         colorbar=dict(title=dict(text=colorbar_title)) if colorbar_title else None,
@@ -143,7 +143,7 @@ def line_chart(x, series: Mapping[str, Sequence[float]], *, title: str | None = 
     return apply_layout(fig, title=title, x_title=x_title, y_title=y_title, height=height)
 
 
-def _unique_labels(labels: Sequence) -> list[str]:
+def unique_labels(labels: Sequence) -> list[str]:
     """Plotly merges equal category labels, so repeated tokens get their position appended."""
     labels = [str(t) for t in labels]
     seen: dict[str, int] = {}

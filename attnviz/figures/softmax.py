@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap
+from attnviz.figures.common import (ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap, label_margins,
+                                    unique_labels)
 
 VARIANT_COLORS = {"scaled": PALETTE[0], "unscaled": PALETTE[1]}
 REAL_COLORS = {"own scale": PALETTE[0], "unscaled": PALETTE[1], "temperature": PALETTE[2]}
@@ -153,11 +154,26 @@ def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: in
                              margin=dict(t=90))
 
 
-def head_pattern(pattern, tokens: Sequence[str], *, title: str, height: int = 380) -> go.Figure:
-    """A real head's pattern [query, key] with token labels, on a fixed 0..1 colour scale."""
-    return heatmap(pattern, x_labels=tokens, y_labels=tokens, title=title, x_title="key token",
-                   y_title="query token", zmin=0.0, zmax=1.0, colorbar_title="weight", height=height,
-                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>")
+def head_patterns(patterns: Mapping[str, np.ndarray], tokens: Sequence[str], *, height: int = 440) -> go.Figure:
+    """A real head's pattern [query, key] under each softmax (title -> pattern), side by side in one figure on one
+    fixed 0..1 colour scale, token labels on the axes. Each map's trace is named by its title."""
+    titles = list(patterns)
+    layout = grid_layout(1, len(titles), titles, horizontal_spacing=0.08)
+    labels = [str(t) for t in tokens]
+    unique = unique_labels(labels)
+    traces = []
+    for i, title in enumerate(titles):
+        suffix = "" if i == 0 else str(i + 1)
+        traces.append(go.Heatmap(z=np.asarray(patterns[title], dtype=float), x=unique, y=unique, name=title,
+                                 zmin=0.0, zmax=1.0, colorscale=ATTENTION_SCALE, showscale=i == len(titles) - 1,
+                                 colorbar=dict(title=dict(text="weight")), xaxis=f"x{suffix}", yaxis=f"y{suffix}",
+                                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>"))
+        layout[f"xaxis{suffix}"]["title"] = dict(text="key token")
+        layout[f"yaxis{suffix}"].update(autorange="reversed", **({"title": dict(text="query token")} if i == 0 else
+                                                                  {"showticklabels": False}))
+    fig = go.Figure(data=traces, layout=layout)
+    apply_layout(fig, height=height)
+    return label_margins(fig.update_layout(margin=dict(t=60)), x_labels=unique, y_labels=unique, x_angle=90)
 
 
 def head_row(patterns: Mapping[str, np.ndarray], tokens: Sequence[str], *, title: str,
