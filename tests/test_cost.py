@@ -300,3 +300,46 @@ def test_arch_from_config_agrees_with_the_models_shape(name):
     arch, shape = arch_from_config(loaded.model.config, name=name), loaded.shape
     assert (arch.layers, arch.heads, arch.kv_heads, arch.head_dim, arch.d_model, arch.vocab) == \
         (shape.layers, shape.heads, shape.kv_heads, shape.head_dim, shape.d_model, shape.vocab)
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(8, 4), (128, 8), (12, 12), (9, 1)])
+def test_head_sharing_draws_one_line_from_each_query_head_to_the_kv_head_it_reads(n_heads, n_kv):
+    """The lines of a colour are one trace broken by None: every query head has exactly one segment, ending under
+    the centre of its own group, in its group's colour; a panel draws at most one line trace per colour."""
+    from attnviz.figures.common import PALETTE
+    from attnviz.figures.cost import head_sharing_figure
+
+    kv_of = kv_head_of(n_heads, n_kv)
+    fig = head_sharing_figure(n_heads, {"GQA": kv_of})
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == min(n_kv, len(PALETTE))
+    ends = {}
+    for trace in lines:
+        xs, ys = list(trace.x), list(trace.y)
+        for i in range(0, len(xs), 3):
+            assert (ys[i], ys[i + 1], xs[i + 2], ys[i + 2]) == (1, 0, None, None)
+            assert xs[i] not in ends
+            ends[xs[i]] = (xs[i + 1], trace.line.color)
+    assert sorted(ends) == list(range(n_heads))
+    group = n_heads // n_kv
+    for h, (x_end, colour) in ends.items():
+        g = kv_of[h]
+        assert x_end == pytest.approx(g * group + (group - 1) / 2)  # the middle of the heads that share it
+        assert colour == PALETTE[g % len(PALETTE)]
+
+
+def test_variant_maps_figure_puts_each_variants_head_in_its_panel_on_one_colour_axis():
+    from attnviz.figures.cost import variant_maps_figure
+
+    rng = np.random.default_rng(0)
+    patterns = {name: rng.dirichlet(np.ones(6), size=(4, 6)) for name in ("MHA", "GQA", "MQA")}
+    kv = {"MHA": [0, 1, 2, 3], "GQA": [0, 0, 1, 1], "MQA": [0, 0, 0, 0]}
+    fig = variant_maps_figure(patterns, [1, 3], kv)
+    assert len(fig.data) == 6
+    titles = [a.text for a in fig.layout.annotations]
+    for i, (name, h) in enumerate((n, h) for n in patterns for h in (1, 3)):
+        trace = fig.data[i]
+        np.testing.assert_array_equal(trace.z, patterns[name][h])
+        assert trace.coloraxis == "coloraxis" and trace.xaxis == ("x" if i == 0 else f"x{i + 1}")
+        assert titles[i] == f"{name} · head {h} (KV {kv[name][h]})"
+    assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (0, 1)

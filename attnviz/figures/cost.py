@@ -6,9 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, line_chart
+from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, line_chart
 
 GIB = 2 ** 30
 
@@ -42,44 +41,52 @@ def head_sharing_figure(n_heads: int, layouts: Mapping[str, Sequence[int]]) -> g
     names = list(layouts)
     # each panel's title on two lines: on one ("GQA (4 KV): 8 query, 4 KV heads") neighbouring titles ran into each
     # other once a narrow window made the panels narrower than PANEL_PX
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[
+    layout = grid_layout(1, len(names), [
         f"{name}<br>{n_heads} query, {max(layouts[name]) + 1} KV head{'s' if max(layouts[name]) else ''}"
         for name in names], horizontal_spacing=0.04)
+    for note in layout["annotations"]:
+        note["font"] = dict(size=13)
     q_step = label_step(n_heads, "Q")
-    for col, name in enumerate(names, start=1):
+    traces = []
+    for i, name in enumerate(names):
+        on = {"xaxis": f"x{'' if i == 0 else i + 1}", "yaxis": f"y{'' if i == 0 else i + 1}"}
         kv_of = list(layouts[name])
         n_kv = max(kv_of) + 1
         kv_step = label_step(n_kv, "KV")
         kv_x = [(g + 0.5) * n_heads / n_kv - 0.5 for g in range(n_kv)]  # each KV head centred under its group
-        for h, g in enumerate(kv_of):
-            fig.add_trace(go.Scatter(x=[h, kv_x[g]], y=[1, 0], mode="lines", showlegend=False, hoverinfo="skip",
-                                     line=dict(color=PALETTE[g % len(PALETTE)], width=2 if n_heads <= 32 else 1)),
-                          row=1, col=col)
-        fig.add_trace(go.Scatter(
+        # the lines of one colour are one trace, broken by None: 128 heads draw 8 traces, not 128
+        for colour in range(min(n_kv, len(PALETTE))):
+            x, y = [], []
+            for h, g in enumerate(kv_of):
+                if g % len(PALETTE) == colour:
+                    x += [h, kv_x[g], None]
+                    y += [1, 0, None]
+            traces.append(go.Scatter(x=x, y=y, mode="lines", showlegend=False, hoverinfo="skip",
+                                     line=dict(color=PALETTE[colour], width=2 if n_heads <= 32 else 1), **on))
+        traces.append(go.Scatter(
             x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text", showlegend=False, cliponaxis=False,
             text=[f"Q{h}" if h % q_step == 0 else "" for h in range(n_heads)], textposition="top center",
             textfont=dict(size=11),
             marker=dict(symbol="square", size=_marker_px(n_heads, 16),
                         color=[PALETTE[g % len(PALETTE)] for g in kv_of]),
-            customdata=kv_of, hovertemplate="query head %{x} reads KV head %{customdata}<extra></extra>"),
-            row=1, col=col)
-        fig.add_trace(go.Scatter(
+            customdata=kv_of, hovertemplate="query head %{x} reads KV head %{customdata}<extra></extra>", **on))
+        traces.append(go.Scatter(
             x=kv_x, y=[0] * n_kv, mode="markers+text", showlegend=False, cliponaxis=False,
             text=[f"KV{g}" if g % kv_step == 0 else "" for g in range(n_kv)], textposition="bottom center",
             textfont=dict(size=11),
             marker=dict(symbol="diamond", size=_marker_px(n_kv, 18),
                         color=[PALETTE[g % len(PALETTE)] for g in range(n_kv)]),
             customdata=[[g, kv_of.count(g)] for g in range(n_kv)],
-            hovertemplate="KV head %{customdata[0]}: shared by %{customdata[1]} query heads<extra></extra>"),
-            row=1, col=col)
+            hovertemplate="KV head %{customdata[0]}: shared by %{customdata[1]} query heads<extra></extra>", **on))
         pad = max(0.8, 0.04 * n_heads)  # room for the first and last labels, half of each outside the heads
-        fig.update_xaxes(title_text="query head index", range=[-pad, n_heads - 1 + pad], showgrid=False,
-                         zeroline=False,
-                         tickvals=list(range(0, n_heads, q_step)), row=1, col=col)
-        fig.update_yaxes(range=[-0.45, 1.45], tickvals=[0, 1], ticktext=["K/V heads", "query heads"],
-                         showticklabels=col == 1, showgrid=False, zeroline=False, row=1, col=col)
-    fig.update_annotations(font_size=13)
-    fig = apply_layout(fig, title="Which key/value head each query head reads", height=320)
+        layout[on["xaxis"].replace("x", "xaxis")].update(
+            title=dict(text="query head index"), range=[-pad, n_heads - 1 + pad], showgrid=False, zeroline=False,
+            tickvals=list(range(0, n_heads, q_step)))
+        layout[on["yaxis"].replace("y", "yaxis")].update(
+            range=[-0.45, 1.45], tickvals=[0, 1], ticktext=["K/V heads", "query heads"], showticklabels=i == 0,
+            showgrid=False, zeroline=False)
+    fig = apply_layout(go.Figure(data=traces, layout=layout), title="Which key/value head each query head reads",
+                       height=320)
     return fig.update_layout(margin=dict(t=80))  # the figure's title and the panels' two-line titles
 
 
@@ -120,24 +127,28 @@ def flops_figure(seq_lens, projections, attention, *, crossover: float, d_model:
 
 def variant_maps_figure(patterns: Mapping[str, np.ndarray], heads: Sequence[int], kv_heads: Mapping[str, Sequence[int]]
                         ) -> go.Figure:
-    """A grid of attention maps: one row per variant, one column per chosen head. patterns: name -> [head, n, n]."""
+    """A grid of attention maps: one row per variant, one column per chosen head. patterns: name -> [head, n, n].
+    Built in one go from grid_layout: per-panel plotly updates of up to 3 x 8 maps took most of its build time."""
     names = list(patterns)
     titles = [f"{name} · head {h} (KV {kv_heads[name][h]})" for name in names for h in heads]
-    fig = make_subplots(rows=len(names), cols=len(heads), subplot_titles=titles,
-                        horizontal_spacing=0.02, vertical_spacing=0.08)
-    for r, name in enumerate(names, start=1):
-        for c, h in enumerate(heads, start=1):
-            fig.add_trace(go.Heatmap(z=patterns[name][h], coloraxis="coloraxis",
-                                     hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"),
-                          row=r, col=c)
-            fig.update_yaxes(autorange="reversed", showticklabels=c == 1, row=r, col=c,
-                             title_text="query position" if c == 1 else None)
-            fig.update_xaxes(showticklabels=r == len(names), row=r, col=c,
-                             title_text="key position" if r == len(names) else None)
-    fig.update_layout(coloraxis=dict(colorscale=ATTENTION_SCALE, cmin=0, cmax=1,
-                                     colorbar=dict(title=dict(text="weight"))))
-    fig.update_annotations(font_size=11)
-    return apply_layout(fig, title="The same input through MHA, GQA and MQA", height=190 * len(names) + 90)
+    layout = grid_layout(len(names), len(heads), titles, horizontal_spacing=0.02, vertical_spacing=0.08)
+    for note in layout["annotations"]:
+        note["font"] = dict(size=11)
+    traces = []
+    for r, name in enumerate(names):
+        for c, h in enumerate(heads):
+            i = r * len(heads) + c
+            suffix = "" if i == 0 else str(i + 1)
+            traces.append(go.Heatmap(z=patterns[name][h], coloraxis="coloraxis", xaxis=f"x{suffix}",
+                                     yaxis=f"y{suffix}",
+                                     hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
+            layout[f"yaxis{suffix}"].update(autorange="reversed", showticklabels=c == 0,
+                                            **({"title": dict(text="query position")} if c == 0 else {}))
+            layout[f"xaxis{suffix}"].update(showticklabels=r == len(names) - 1,
+                                            **({"title": dict(text="key position")} if r == len(names) - 1 else {}))
+    layout["coloraxis"] = dict(colorscale=ATTENTION_SCALE, cmin=0, cmax=1, colorbar=dict(title=dict(text="weight")))
+    return apply_layout(go.Figure(data=traces, layout=layout), title="The same input through MHA, GQA and MQA",
+                        height=190 * len(names) + 90)
 
 
 def param_share_figure(counts: Mapping[str, Mapping[str, int]],
