@@ -136,11 +136,10 @@ def show_metric_over_texts(model: str, text: str) -> None:
     eps = c3.slider("Threshold ε", 0.05, 0.95, sinks.SINK_THRESHOLD, step=0.05, key="sinks_metric_eps",
                     persist_state="session")
     own = c4.checkbox("Add my text", value=True, key="sinks_metric_own", persist_state="session")
-    if st.button("Measure over the texts", key="sinks_metric_run"):
-        st.session_state["sinks_metric_on"] = True
-    if not st.session_state.get("sinks_metric_on"):
-        st.info("Press the button to capture every text: about a second per text on a quiet CPU for SmolLM2 "
-                "(30 layers), a moment for the toy models. Results are kept: moving ε is instant.")
+    if not ui.started_by_button("Measure over the texts", "sinks_metric_run",
+                                "Press the button to capture every text: about a second per text on a quiet CPU for "
+                                "SmolLM2 (30 layers), a moment for the toy models. Results are kept: moving ε is "
+                                "instant."):
         return
     loaded = ui.get_model(model)
     if loaded is None:
@@ -220,11 +219,9 @@ def show_massive_activations(model: str, text: str) -> None:
                     format_func=lambda m: "zero" if m == "zero" else "their mean over other texts")
     dims = np.argsort(-np.abs(hidden[layer, token]), kind="stable")[:k].tolist()
     st.caption(f"Dimensions {', '.join(map(str, dims))} of token {token} ({tokens[token]!r}) after layer {layer}.")
-    if st.button("Run the intervention", key="sinks_massive_run"):
-        st.session_state["sinks_massive_on"] = True
-    if not st.session_state.get("sinks_massive_on"):
-        st.info("Press the button: the model runs twice (with and without the edit), each time with a capture "
-                "of every head.")
+    if not ui.started_by_button("Run the intervention", "sinks_massive_run",
+                                "Press the button: the model runs twice (with and without the edit), each time with "
+                                "a capture of every head."):
         return
     means = None
     if mode == "mean":
@@ -279,12 +276,11 @@ def show_experiment() -> None:
                                         "other choice keeps their place in the text.")]
     smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing",
                                  persist_state="session")
-    if st.button("Run the eviction experiment", key="sinks_run", type="primary"):
-        st.session_state["sinks_experiment_on"] = True
-    if not st.session_state.get("sinks_experiment_on"):
-        st.info("Press the button to run it: three forward passes over 2,886 tokens, about 15 s on a quiet 2-core "
-                "CPU and minutes on a busy one. Every result is cached: full attention is computed once for all "
-                "windows, and moving a slider back to a setting already run is instant.")
+    if not ui.started_by_button("Run the eviction experiment", "sinks_run",
+                                "Press the button to run it: three forward passes over 2,886 tokens, about 15 s on a "
+                                "quiet 2-core CPU and minutes on a busy one. Every result is cached: full attention "
+                                "is computed once for all windows, and moving a slider back to a setting already run "
+                                "is instant.", type="primary"):
         return
     loaded = ui.get_model(EXPERIMENT_MODEL)
     if loaded is None:

@@ -364,6 +364,17 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     return st.selectbox(label, options, key=key, persist_state="session")
 
 
+def started_by_button(label: str, key: str, hint: str, **button_args) -> bool:
+    """A button that starts long work and stays pressed for this visitor: True from the click on (the section then
+    reruns with its sliders without asking again), else False after an st.info with `hint`."""
+    if st.button(label, key=key, **button_args):
+        st.session_state[f"{key}_on"] = True
+    if not st.session_state.get(f"{key}_on"):
+        st.info(hint)
+        return False
+    return True
+
+
 def computed_once(cache, key, label: str, compute, *, errors: tuple[type[Exception], ...] = ()):
     """cache.get(key, ...) of an attnviz.once.ComputeOnce shared by every session, with a progress bar while it
     runs: compute(progress) gets progress(done, total), and the bar says "label: done of total". A key already
