@@ -98,7 +98,9 @@ def test_prefetch_builds_one_step_either_way_of_the_slider_just_moved(monkeypatc
         def start(self):
             self.target()
 
-    monkeypatch.setattr(ui_softmax.threading, "Thread", Now)
+    import attnviz.ui
+
+    monkeypatch.setattr(attnviz.ui.threading, "Thread", Now)
     monkeypatch.setattr(ui_softmax, "section_figures", lambda *a: built.append(a))
     temps = [0.5, 1.0, 2.0]
     base = {"d_k": 64, "n_keys": 33, "seed": 0, "temperature": 1.0}

@@ -11,6 +11,7 @@ version, admitted by the memory budget, and sliced from a wider capture already 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -362,6 +363,15 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     if link_asked_key:
         st.session_state.get(link_asked_key, {}).pop(key, None)
     return st.selectbox(label, options, key=key, persist_state="session")
+
+
+def build_in_background(cached, calls: list[tuple], name: str) -> None:
+    """Calls the cached function `cached` (st.cache_resource or st.cache_data) with each argument tuple of `calls`
+    in a daemon thread, so the results a visitor is likely to ask for next are in the shared cache by then; a call
+    already cached costs nothing, and one a visitor asks for while it is being built waits for it (the cache's own
+    lock per key)."""
+    if calls:
+        threading.Thread(target=lambda: [cached(*args) for args in calls], daemon=True, name=name).start()
 
 
 def started_by_button(label: str, key: str, hint: str, **button_args) -> bool:

@@ -3,7 +3,6 @@ and the peak-memory measurements. Every cache is keyed on every setting its resu
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +10,7 @@ import streamlit as st
 
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
 from attnviz.figures import kernel as figs
+from attnviz.ui import build_in_background
 
 MEMORY_SIZES = (128, 256, 512, 1024, 2048)
 BLOCKS_TOO_BIG = "Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head dim, or float16, and it will run."
@@ -86,8 +86,8 @@ def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, index) -> None:
     prefetch fills the shared cache; a step already cached costs nothing."""
     run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
     if 0 <= index < len(run.steps):
-        threading.Thread(target=step_figures, args=(n, d, block_m, block_n, causal, dtype, seed, index),
-                         daemon=True, name="attnviz-kernel-prefetch").start()
+        build_in_background(step_figures, [(n, d, block_m, block_n, causal, dtype, seed, index)],
+                            "attnviz-kernel-prefetch")
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

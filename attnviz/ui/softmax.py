@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 from attnviz import softmax as sm
 from attnviz.figures import softmax as figs
+from attnviz.ui import build_in_background
 
 N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
 DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)
@@ -103,10 +102,8 @@ def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float
         if previous.get(name) != setting[name] and setting[name] in options:
             i = options.index(setting[name])
             wanted += [{**setting, name: options[j]} for j in (i - 1, i + 1) if 0 <= j < len(options)]
-    if wanted:
-        threading.Thread(target=lambda: [section_figures(s["d_k"], s["n_keys"], s["seed"], s["temperature"],
-                                                         rows_shown) for s in wanted],
-                         daemon=True, name="attnviz-softmax-prefetch").start()
+    build_in_background(section_figures, [(s["d_k"], s["n_keys"], s["seed"], s["temperature"], rows_shown)
+                                          for s in wanted], "attnviz-softmax-prefetch")
 
 
 # The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
