@@ -61,11 +61,22 @@ class MemoryBudget:
         self._cond = threading.Condition()
         self._tickets = itertools.count()
         self._queue: list[int] = []
+        self._caches: list[HeldCache] = []  # results kept for later use, dropped (cheapest first) to make room
 
     @contextlib.contextmanager
-    def admit(self, nbytes: int, *, on_wait: Callable[[int, int], None] | None = None,
-              on_poll: Callable[[], None] | None = None, timeout: float | None = None, poll_seconds: float = 0.5,
-              what: str = "This work") -> Iterator[None]:
+    def admit(self, nbytes: int, **wait) -> Iterator[None]:
+        """Runs the block once `nbytes` are admitted (acquire), and gives them back after it (release)."""
+        nbytes = self.acquire(nbytes, **wait)
+        try:
+            yield
+        finally:
+            self.release(nbytes)
+
+    def acquire(self, nbytes: int, *, on_wait: Callable[[int, int], None] | None = None,
+                on_poll: Callable[[], None] | None = None, timeout: float | None = None, poll_seconds: float = 0.5,
+                what: str = "This work") -> int:
+        """Holds `nbytes` of the budget until release(nbytes), waiting (first come, first served) until they fit.
+        Before waiting, results kept for later use (HeldCache) are dropped to make room. Returns the bytes held."""
         nbytes = max(0, int(nbytes))
         if nbytes >= COLLECT_BEFORE_BYTES:
             # The app turns off Streamlit's full collection after every run (.streamlit/config.toml: it held up
@@ -81,6 +92,15 @@ class MemoryBudget:
                 told = False
                 deadline = None if timeout is None else time.monotonic() + timeout
                 while not (self._queue[0] == ticket and self.held + nbytes <= self.limit):
+                    kept = sum(cache.held for cache in self._caches)
+                    if self._queue[0] == ticket and self.held - kept + nbytes <= self.limit:  # dropping can help
+                        self._cond.release()  # a cache that drops a result calls release(), which takes the lock
+                        try:
+                            freed = self.make_room()
+                        finally:
+                            self._cond.acquire()
+                        if freed:
+                            continue
                     if not told and on_wait is not None:
                         told = True
                         on_wait(self.held, self._queue.index(ticket))
@@ -94,12 +114,101 @@ class MemoryBudget:
             finally:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self.held -= nbytes
-                self._cond.notify_all()
+        return nbytes
+
+    def release(self, nbytes: int) -> None:
+        """Gives back bytes that acquire() held."""
+        with self._cond:
+            self.held -= int(nbytes)
+            self._cond.notify_all()
+
+    def make_room(self) -> bool:
+        """Drops the least recently used result of the cheapest cache that holds one; whether one was dropped."""
+        return any(cache.drop_oldest() for cache in sorted(self._caches, key=lambda c: c.priority))
+
+
+class HeldCache:
+    """A ComputeOnce whose results hold their memory in a MemoryBudget for as long as they are kept.
+
+    get(key, compute, need=...) admits `need` bytes (the computation's peak: it waits, or is refused, like any
+    work), computes, then keeps holding only what the result itself takes (held_bytes(result)) until the result is
+    dropped: by the cache's own bound, or by the budget when other work needs the room (cheapest priority first:
+    a capture is dropped before a model, which costs more to make again). A result a session still uses stays in
+    memory until that session lets go of it: the budget then counts it a little late, never twice.
+    """
+
+    def __init__(self, budget: MemoryBudget, max_items: int, priority: int = 0):
+        from attnviz.once import ComputeOnce
+
+        self.budget = budget
+        self.priority = priority
+        self._held: dict = {}
+        self._lock = threading.Lock()
+        self._once = ComputeOnce(max_items=max_items, on_evict=self._evicted)
+        budget._caches.append(self)
+
+    def peek(self, key):
+        return self._once.peek(key)
+
+    @property
+    def held(self) -> int:
+        """The bytes its kept results hold."""
+        with self._lock:
+            return sum(self._held.values())
+
+    def __len__(self) -> int:
+        return len(self._once)
+
+    def get(self, key, compute: Callable[[], object], *, need: int, on_wait_other=None, **wait):
+        """The cached result of key, or compute()'s under the budget; **wait goes to MemoryBudget.acquire,
+        on_wait_other(seconds) is called while another session computes the same key."""
+        def admitted():
+            held = self.budget.acquire(need, **wait)
+            try:
+                value = compute()
+            except BaseException:
+                self.budget.release(held)
+                raise
+            kept = min(held, held_bytes(value))
+            self.budget.release(held - kept)
+            with self._lock:
+                self._held[key] = kept
+            return value
+
+        return self._once.get(key, admitted, on_wait=on_wait_other)
+
+    def drop_oldest(self) -> bool:
+        return self._once.pop_oldest()
+
+    def _evicted(self, key, _value) -> None:
+        with self._lock:
+            held = self._held.pop(key, 0)
+        self.budget.release(held)
+
+
+def held_bytes(value, depth: int = 3) -> int:
+    """The bytes of the numpy arrays and torch tensors a value holds: itself, or in its fields, dicts, lists and
+    tuples, `depth` levels down (a model's parameters, a capture's pattern and per-layer q and k)."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, torch.Tensor):
+        return int(value.numel() * value.element_size())
+    if isinstance(value, torch.nn.Module):
+        return sum(int(t.numel() * t.element_size()) for t in (*value.parameters(), *value.buffers()))
+    if depth == 0:
+        return 0
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    elif hasattr(value, "__dict__"):
+        items = vars(value).values()
+    else:
+        return 0
+    return sum(held_bytes(v, depth - 1) for v in items)
 
 
 BUDGET = MemoryBudget(default_budget_bytes())

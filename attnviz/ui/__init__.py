@@ -10,12 +10,15 @@ version, admitted by the memory budget, and sliced from a wider capture already 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
+
+log = logging.getLogger("attnviz")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ PAGES: tuple[PageInfo, ...] = (
 )
 
 
-CUSTOM_MODEL = "Other: a local folder or hub id…"
+CUSTOM_MODEL = "Other: a folder or hub id on this server…"
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TEXT_CHARS = 50_000  # about 10,000 tokens of English: smollm2's 8,192 fit
 
@@ -90,11 +93,15 @@ def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", a
     choice = st.selectbox(label, options, key=key, persist_state="session", format_func=label_of,
                           help="Toy models are instant; bundled real models load in about a second once converted.")
     if choice == CUSTOM_MODEL:
-        custom = st.text_input("Local folder or hub id (safetensors weights only; never downloaded)",
-                               key=f"{key}_custom", persist_state="session").strip()
+        custom = st.text_input("A folder or hub id under this server's model folders (safetensors weights only; "
+                               "never downloaded)", key=f"{key}_custom", persist_state="session").strip()
+        if not model_roots():
+            st.info("This server opens the listed models only. Its operator can allow folders of models with "
+                    "ATTNVIZ_MODEL_ROOTS or model_roots in .streamlit/secrets.toml (see the README).")
+            return None
         if not custom:
-            st.warning("Type the path of a local transformers folder, or the id of a hub model already in your "
-                       "Hugging Face cache.")
+            st.warning("Type the path of a transformers folder under this server's model folders, or the id of a "
+                       "hub model in a Hugging Face cache there.")
             return None
         return custom
     spec = specs[choice]
@@ -105,32 +112,46 @@ def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", a
     return choice
 
 
+def model_roots() -> tuple[Path, ...]:
+    """The folders this server's visitors may open models under (attnviz.models.allowed_roots): ATTNVIZ_MODEL_ROOTS
+    and the list `model_roots` in .streamlit/secrets.toml, each resolved; empty: the listed models only."""
+    import os
+
+    from attnviz.models import allowed_roots
+
+    listed = []
+    try:
+        if st.secrets.load_if_toml_exists():
+            value = st.secrets.get("model_roots", [])
+            listed = [value] if isinstance(value, str) else [str(v) for v in value]
+    except Exception:  # a malformed secrets file: Streamlit's own error says why in the server log
+        log.exception("could not read model_roots from the secrets file")
+    return allowed_roots(os.pathsep.join([os.environ.get("ATTNVIZ_MODEL_ROOTS", ""), *listed]))
+
+
 def model_version(name: str | None) -> tuple:
     """A token that changes whenever the files behind `name` change on disk, for cache keys next to the name.
 
-    A toy-lab model ("lab/<folder>", replaced in place when the lab saves under a name already used) and a local
-    folder: the folder, then (file name, inode, size, mtime_ns) of each file in it. A hub id: the commit its "main"
-    ref points to in the local Hugging Face cache. Toy and bundled models: () (built from a seed, or read from an
-    installed package and converted once: their weights cannot change while the server runs). A save replaces the
-    lab folder with freshly written files, so their inodes differ even when size and mtime (coarse on some file
-    systems) do not. Costs one directory listing.
+    A toy-lab model ("lab/<folder>", replaced in place when the lab saves under a name already used), and a folder
+    or hub snapshot under this server's model folders: the resolved folder, then (file name, inode, size,
+    mtime_ns) of each file in it (a hub snapshot's folder names its commit). Toy and bundled models, and names this
+    server does not open: () (built from a seed, or read from an installed package and converted once: their
+    weights cannot change while the server runs). A save replaces the lab folder with freshly written files, so
+    their inodes differ even when size and mtime (coarse on some file systems) do not. Costs one directory listing.
     """
-    from attnviz.models import HUB_ID, hub_repo_dir, lab_folder, local_folder
+    from attnviz.models import ModelError, is_registered, lab_folder, user_folder
 
     if not name:
         return ()
     if name.startswith("lab/"):
         folder = lab_folder(name)
         return () if folder is None else _folder_version(folder)
-    folder = local_folder(name)
-    if folder is not None:
-        return _folder_version(folder)
-    if HUB_ID.match(name):
-        try:
-            return ("hub", (hub_repo_dir(name) / "refs" / "main").read_text().strip())
-        except OSError:
-            return ()
-    return ()
+    if is_registered(name):
+        return ()
+    try:
+        return _folder_version(user_folder(name, model_roots())[1])
+    except ModelError:  # not opened here: loading it will say so
+        return ()
 
 
 def _folder_version(folder: Path) -> tuple:
@@ -146,19 +167,43 @@ def _folder_version(folder: Path) -> tuple:
     return (str(folder), *files)
 
 
-@st.cache_resource(show_spinner=False, max_entries=4)
-def _cached_model(name: str, version: tuple):
-    """Keyed on the name and model_version(name): a toy-lab model saved again under its name is loaded afresh."""
-    from attnviz.models import load_model
+MAX_MODELS = 4  # models kept loaded at once, inside the memory budget; the least recently used goes first
+_MODELS = None  # budget.HeldCache of LoadedModels, made on first use
+_CAPTURES = None  # budget.HeldCache of AttentionCaptures, made on first use
 
-    return load_model(name)
+
+def _caches():
+    """(models, captures): results shared by every session, holding their memory in the one budget. Captures
+    are dropped before models when other work needs the room (a model costs more to load again)."""
+    global _MODELS, _CAPTURES
+    from attnviz import budget
+
+    with _CACHES_LOCK:
+        if _MODELS is None:
+            _MODELS = budget.HeldCache(budget.BUDGET, max_items=MAX_MODELS, priority=1)
+            _CAPTURES = budget.HeldCache(budget.BUDGET, max_items=4, priority=0)
+    return _MODELS, _CAPTURES
+
+
+_CACHES_LOCK = threading.Lock()
+
+
+def _cached_model(name: str, version: tuple, **wait):
+    """The LoadedModel of `name` (at `version`: model_version), loaded once for every session under the memory
+    budget: its weights' estimated bytes are admitted before loading, so a load that can never fit is refused and
+    one that must wait for other work waits (**wait: budget.MemoryBudget.acquire's messages)."""
+    from attnviz.models import load_bytes, load_model
+
+    roots = model_roots()
+    return _caches()[0].get((name, version), lambda: load_model(name, roots=roots),
+                            need=load_bytes(name, roots), what=f"Loading {name}", **wait)
 
 
 def get_model(name: str | None):
     """The LoadedModel for `name`, loaded once per process (per version of its files: model_version) and shared
     by every session (read-only!).
 
-    Shows a spinner while loading; on a ModelError shows st.error and returns None.
+    Shows a spinner while loading; when it cannot be loaded shows why (st.error) and returns None.
     """
     if not name:
         return None
@@ -166,31 +211,47 @@ def get_model(name: str | None):
 
 
 def _get_model(name: str, version: tuple):
+    from attnviz import budget
     from attnviz.models import ModelError
 
+    found, loaded = _caches()[0].peek((name, version))
+    if found:
+        return loaded
     note = " The first load of smollm2-135m converts its GGUF once (about 20 s)." if name == "smollm2-135m" else ""
+    waiting = st.empty()
+
+    def on_wait(held, position):
+        waiting.info(f"Waiting for memory to load {name}: other visitors' work holds {held / 2**30:.1f} GiB of the "
+                     f"{budget.BUDGET.limit / 2**30:.1f} GiB budget ({position} ahead). It starts by itself.")
+
     try:
         with st.spinner(f"Loading {name}…{note}"):
-            return _cached_model(name, version)
-    except ModelError as exc:
-        st.error(str(exc))
+            return _cached_model(name, version, on_wait=on_wait, on_poll=lambda: None)
+    except (ModelError, budget.OverBudget) as exc:
+        show_error(exc)
         return None
+    finally:
+        waiting.empty()
 
 
-_CAPTURES = None  # attnviz.once.ComputeOnce, made on first use
+def show_error(exc: Exception) -> None:
+    """st.error with a refusal's message (attnviz's errors say why without naming the server's files); what
+    only the operator should see (a path, a library's exception) goes to the server log."""
+    detail = getattr(exc, "detail", None)
+    if detail:
+        log.warning("%s (%s)", exc, detail)
+    st.error(str(exc))
 
 
 def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...] | None, with_scores: bool,
-                    store: str = "pattern", progress=None):
+                    store: str = "pattern", progress=None, need: int | None = None, **wait):
     """The capture, computed once for every session that asks for the same arguments (at most 4 kept: a long
-    smollm2 capture is ~1 GB). Not an st.cache_resource: the capture reports its progress to the calling page,
-    and a Streamlit cache may not touch page elements from inside."""
-    global _CAPTURES
+    smollm2 capture is ~1 GB), its peak `need` bytes (default: _capture_need) admitted by the memory budget and
+    what it keeps held there while it is kept (**wait: budget.MemoryBudget.acquire's messages). Not an
+    st.cache_resource: the capture reports its progress to the calling page, and a Streamlit cache may not touch
+    page elements from inside."""
     from attnviz.capture import capture_attention
-    from attnviz.once import ComputeOnce
 
-    if _CAPTURES is None:
-        _CAPTURES = ComputeOnce(max_items=4)
     made = _made_capture(name, version, text, layers, with_scores, store)
     if made is not None:
         return made
@@ -213,14 +274,28 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
                 array.flags.writeable = False  # shared by every session: nobody may change it in place
         return capture
 
-    return _CAPTURES.get((name, version, text, layers, with_scores, store), compute)
+    if need is None:
+        loaded = _cached_model(name, version)
+        n_layers = len(layers) if layers is not None else None
+        need = _capture_need(loaded, len(loaded.tokenizer(text).input_ids), n_layers, store)
+    wait.setdefault("what", "This capture")
+    return _caches()[1].get((name, version, text, layers, with_scores, store), compute, need=need, **wait)
+
+
+def _capture_need(loaded, n_tokens: int, n_layers: int | None, store: str) -> int:
+    """The estimated peak bytes of a capture beyond the model (budget.capture_working_bytes)."""
+    from attnviz import budget
+    from attnviz.capture import attention_modules, uses_interface
+
+    modules = attention_modules(loaded.model)
+    return budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers or len(modules), store=store,
+                                        uses_sdpa=uses_interface(modules[0]))
 
 
 def _made_capture(name, version, text, layers, with_scores, store):
     """The capture if it was already made, never computing: its own entry, or the same text's capture of every
     layer restricted to these layers (narrowing the layer range needs no new forward pass). Else None."""
-    if _CAPTURES is None:
-        return None
+    _CAPTURES = _caches()[1]
     found, capture = _CAPTURES.peek((name, version, text, layers, with_scores, store))
     if not found and layers is not None:
         found, whole = _CAPTURES.peek((name, version, text, None, with_scores, store))
@@ -285,44 +360,39 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
                 st.info(f"{n_tokens:,} tokens: {why}.")
         if n_tokens is None:
             n_tokens = int(loaded.tokenizer(text, return_tensors="pt").input_ids.shape[1])
-        from attnviz.capture import attention_modules, uses_interface
-
-        modules = attention_modules(loaded.model)
-        n_layers = len(modules) if key_layers is None else len(key_layers)
-        need = budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers, store=store,
-                                            uses_sdpa=uses_interface(modules[0]))
+        # already made (by this visitor or another): no memory to admit, no waiting
+        made = _made_capture(name, version, text, key_layers, bool(with_scores), store)
+        if made is not None:
+            return made
+        need = _capture_need(loaded, n_tokens, None if key_layers is None else len(key_layers), store)
         waiting = st.empty()
 
         def on_wait(held, position):
-            waiting.info(f"Waiting for memory: other visitors' captures hold {held / 2**30:.1f} GiB of the "
+            waiting.info(f"Waiting for memory: other visitors' work holds {held / 2**30:.1f} GiB of the "
                          f"{budget.BUDGET.limit / 2**30:.1f} GiB budget (this one needs {need / 2**30:.2f} GiB; "
                          f"{position} ahead of it). It starts by itself as soon as they finish.")
+
+        def on_poll():  # touches the page every half second while waiting, so Streamlit can stop a run the
+            # visitor left
+            waiting.info(f"Waiting for memory: other visitors' work holds {budget.BUDGET.held / 2**30:.1f} GiB "
+                         f"of the {budget.BUDGET.limit / 2**30:.1f} GiB budget. It starts by itself as soon as they "
+                         "finish.")
 
         bar = st.progress(0.0, text=f"Running {name} and capturing every head…")
 
         def progress(done, total):
+            waiting.empty()
             bar.progress(done / total, text=f"Running {name}: layer {done} of {total} captured")
 
-        # already made (by this visitor or another): no memory to admit, no waiting
-        made = _made_capture(name, version, text, key_layers, bool(with_scores), store)
-        if made is not None:
+        try:
+            return _cached_capture(name, version, text, key_layers, bool(with_scores), store, progress=progress,
+                                   need=need, on_wait=on_wait, on_poll=on_poll,
+                                   what=f"Capturing {n_tokens:,} tokens")
+        finally:
             bar.empty()
             waiting.empty()
-            return made
-
-        def on_poll():  # touches the page every half second while waiting, so Streamlit can stop a run the
-            # visitor left
-            waiting.info(f"Waiting for memory: other visitors' captures hold {budget.BUDGET.held / 2**30:.1f} GiB "
-                         f"of the {budget.BUDGET.limit / 2**30:.1f} GiB budget. It starts by itself as soon as they "
-                         "finish.")
-
-        with budget.BUDGET.admit(need, on_wait=on_wait, on_poll=on_poll, what=f"Capturing {n_tokens:,} tokens"):
-            waiting.empty()
-            capture = _cached_capture(name, version, text, key_layers, bool(with_scores), store, progress=progress)
-        bar.empty()
-        return capture
     except (CaptureError, ModelError, budget.OverBudget) as exc:
-        st.error(str(exc))
+        show_error(exc)
         return None
 
 
@@ -365,13 +435,28 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     return st.selectbox(label, options, key=key, persist_state="session")
 
 
-def build_in_background(cached, calls: list[tuple], name: str) -> None:
+BACKGROUND_BUILDS = 2  # prefetch threads for the whole server; a build asked for while they are busy is skipped
+_background = threading.BoundedSemaphore(BACKGROUND_BUILDS)
+
+
+def build_in_background(cached, calls: list[tuple], name: str) -> bool:
     """Calls the cached function `cached` (st.cache_resource or st.cache_data) with each argument tuple of `calls`
     in a daemon thread, so the results a visitor is likely to ask for next are in the shared cache by then; a call
     already cached costs nothing, and one a visitor asks for while it is being built waits for it (the cache's own
-    lock per key)."""
-    if calls:
-        threading.Thread(target=lambda: [cached(*args) for args in calls], daemon=True, name=name).start()
+    lock per key). At most BACKGROUND_BUILDS run at once for all visitors together: a prefetch is only a guess, so
+    one asked for while they are busy is skipped (returns False) rather than queued behind a slider's every move."""
+    if not calls or not _background.acquire(blocking=False):
+        return False
+
+    def build():
+        try:
+            for args in calls:
+                cached(*args)
+        finally:
+            _background.release()
+
+    threading.Thread(target=build, daemon=True, name=name).start()
+    return True
 
 
 def started_by_button(label: str, key: str, hint: str, **button_args) -> bool:

@@ -1,0 +1,223 @@
+"""Model sources a server's operator controls (attnviz.models roots, attnviz.ui's picker) and the memory budget for
+model loads (attnviz.budget.HeldCache): a visitor opens the listed models and folders under the allowed roots only,
+learns nothing about the rest of the disk, and a load that can never fit is refused before it starts."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from attnviz import budget, models
+from attnviz.capture import capture_attention
+from attnviz.models import NOT_AVAILABLE, ModelError, allowed_roots, load_model
+
+
+def _save_toy(folder):
+    loaded = load_model("toy-llama-gqa")
+    folder.mkdir(parents=True, exist_ok=True)
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    return loaded
+
+
+@pytest.fixture()
+def tree(tmp_path):
+    """An allowed root holding one model folder, a model folder outside it, and links from inside to outside."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    original = _save_toy(root / "mine")
+    _save_toy(outside / "theirs")
+    (root / "link-out").symlink_to(outside / "theirs")
+    sneaky = root / "sneaky"  # a folder inside whose weights are a link to a file outside
+    sneaky.mkdir()
+    for f in (root / "mine").iterdir():
+        (sneaky / f.name).write_bytes(f.read_bytes())
+    (sneaky / "model.safetensors").unlink()
+    (sneaky / "model.safetensors").symlink_to(outside / "theirs" / "model.safetensors")
+    return root, outside, original
+
+
+def test_roots_are_resolved_and_missing_ones_left_out(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    value = os.pathsep.join([str(tmp_path / "a" / ".." / "a"), "~/a", str(tmp_path / "missing"), ""])
+    assert allowed_roots(value) == (tmp_path.resolve() / "a",)
+    monkeypatch.delenv("ATTNVIZ_MODEL_ROOTS", raising=False)
+    assert allowed_roots() == ()
+
+
+def test_a_folder_under_the_roots_loads_the_same_model(tree):
+    root, _, original = tree
+    loaded = load_model(str(root / "mine"), roots=(root.resolve(),))
+    assert loaded.spec.source == "local"
+    np.testing.assert_array_equal(capture_attention(loaded, "abcabc").pattern,
+                                  capture_attention(original, "abcabc").pattern)
+    # .. that comes back inside is resolved before the check, and so is ~
+    assert load_model(str(root / "mine" / ".." / "mine"), roots=(root.resolve(),)).spec.source == "local"
+
+
+@pytest.mark.parametrize("where", ["outside/theirs", "root/link-out", "root/sneaky", "root/../outside/theirs",
+                                   "root/no-such-folder", "/etc", "/", "~", "/proc/self/cwd"])
+def test_everything_else_gets_one_message_naming_nothing(tree, tmp_path, where):
+    root = tree[0]
+    name = where if where.startswith(("/", "~")) else str(tmp_path / where)
+    with pytest.raises(ModelError) as refused:
+        load_model(name, roots=(root.resolve(),))
+    assert str(refused.value) == NOT_AVAILABLE
+    with pytest.raises(ModelError) as estimated:  # the memory estimate, read before loading, refuses alike
+        models.load_bytes(name, roots=(root.resolve(),))
+    assert str(estimated.value) == NOT_AVAILABLE
+
+
+def test_hub_ids_are_refused_unless_the_hub_cache_is_under_a_root(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--owner--tiny"
+    _save_toy(repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelError) as refused:
+        load_model("owner/tiny", roots=((tmp_path / "elsewhere").resolve(),))
+    assert str(refused.value) == NOT_AVAILABLE
+    with pytest.raises(ModelError) as uncached:
+        load_model("owner/not-cached", roots=((tmp_path / "hub").resolve(),))
+    assert str(uncached.value) == NOT_AVAILABLE
+    assert load_model("owner/tiny", roots=((tmp_path / "hub").resolve(),)).spec.source == "hub"
+
+
+def test_refusals_inside_the_roots_name_no_file(tree, tmp_path):
+    import torch
+
+    root = tree[0]
+    pickled = root / "pickled"
+    loaded = load_model("toy-gpt2")
+    loaded.model.config.save_pretrained(pickled)
+    torch.save(loaded.model.state_dict(), pickled / "secret_name.bin")
+    corrupt = root / "damaged"
+    _save_toy(corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    notes = root / "notes"
+    notes.mkdir()
+    (notes / "secret_name.txt").write_text("not a model")
+    for folder, said in ((pickled, "pickle weights"), (corrupt, "could not load"), (notes, "no config.json")):
+        with pytest.raises(ModelError, match=said) as refused:
+            load_model(str(folder), roots=(root.resolve(),))
+        message = str(refused.value)
+        assert str(tmp_path) not in message and "secret_name" not in message and folder.name not in message
+        assert refused.value.detail  # what the operator needs goes to the log
+
+
+def test_load_bytes_counts_every_weight_as_float32(tree):
+    root, _, original = tree
+    n = sum(p.numel() for p in original.model.state_dict().values() if p.dtype.is_floating_point)
+    got = models.load_bytes(str(root / "mine"))
+    # tied or shared tensors are stored once; every stored tensor is counted at 4 bytes
+    stored = {k: v for k, v in original.model.state_dict().items()}
+    assert got - models.LOAD_OVERHEAD_BYTES <= 4 * n
+    assert got - models.LOAD_OVERHEAD_BYTES >= 4 * max(v.numel() for v in stored.values())
+
+
+def test_a_load_that_can_never_fit_is_refused_before_loading(tree):
+    root = tree[0]
+    need = models.load_bytes(str(root / "mine"))
+    cache = budget.HeldCache(budget.MemoryBudget(need - 1), max_items=2)
+    calls = []
+    with pytest.raises(budget.OverBudget, match="Loading mine needs about"):
+        cache.get("mine", lambda: calls.append(1), need=need, what="Loading mine")
+    assert calls == [] and cache.budget.held == 0
+
+
+def test_kept_results_hold_their_bytes_until_dropped_and_captures_go_before_models():
+    import torch
+
+    pool = budget.MemoryBudget(1000)
+    models_cache = budget.HeldCache(pool, max_items=2, priority=1)
+    captures = budget.HeldCache(pool, max_items=2, priority=0)
+    model = models_cache.get("m", lambda: torch.zeros(100), need=600)  # 400 bytes kept of the 600 admitted
+    assert pool.held == 400 and budget.held_bytes(model) == 400
+    captures.get("c", lambda: np.zeros(50), need=500)  # 400 kept
+    assert pool.held == 800
+    captures.get("d", lambda: np.zeros(10), need=500)  # needs room: the capture "c" is dropped, not the model
+    assert not captures.peek("c")[0] and captures.peek("d")[0] and models_cache.peek("m")[0]
+    assert pool.held == 480
+    models_cache.get("n", lambda: torch.zeros(10), need=40)
+    models_cache.get("o", lambda: torch.zeros(10), need=40)  # its own bound (2) drops "m"
+    assert not models_cache.peek("m")[0] and pool.held == 80 + 80
+    with pytest.raises(RuntimeError):  # a failed computation holds nothing
+        captures.get("e", lambda: (_ for _ in ()).throw(RuntimeError("no")), need=100)
+    assert pool.held == 160
+
+
+def test_background_builds_are_capped(monkeypatch):
+    import threading
+
+    from attnviz import ui
+
+    gate, started = threading.Event(), []
+
+    def slow(i):
+        started.append(i)
+        gate.wait(5)
+
+    accepted = [ui.build_in_background(slow, [(i,)], f"test-{i}") for i in range(ui.BACKGROUND_BUILDS + 3)]
+    assert accepted == [True] * ui.BACKGROUND_BUILDS + [False] * 3
+    gate.set()
+    for t in [t for t in threading.enumerate() if t.name.startswith("test-")]:
+        t.join(5)
+    assert ui.build_in_background(slow, [(0,)], "test-again")  # the slots are free again
+
+
+def _picker_app():
+    import streamlit as st
+
+    from attnviz import ui
+
+    name = ui.model_picker("m", default="toy-gpt2")
+    loaded = ui.get_model(name)
+    if loaded is not None:
+        st.success(f"loaded {loaded.spec.family} from {loaded.spec.source}")
+
+
+def _open(typed: str) -> AppTest:
+    from attnviz import ui
+
+    at = AppTest.from_function(_picker_app, default_timeout=60)
+    at.session_state["m"] = ui.CUSTOM_MODEL
+    at.session_state["m_custom"] = typed
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_the_picker_opens_folders_under_the_roots_only(tree, tmp_path, monkeypatch):
+    root = tree[0]
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(root))
+    assert [s.value for s in _open(str(root / "mine")).success] == ["loaded llama from local"]
+    refused = {where: [e.value for e in _open(where).error]
+               for where in (str(tmp_path / "outside" / "theirs"), "/etc", str(tmp_path / "no" / "such"),
+                             str(root / "link-out"), str(root / "sneaky"))}
+    assert all(messages == [NOT_AVAILABLE] for messages in refused.values()), refused
+
+
+def test_the_picker_opens_no_folder_when_no_root_is_allowed(tree, monkeypatch):
+    monkeypatch.delenv("ATTNVIZ_MODEL_ROOTS", raising=False)
+    at = _open(str(tree[0] / "mine"))
+    assert not at.success and not at.error
+    assert "opens the listed models only" in at.info[0].value
+
+
+def test_the_page_says_a_load_cannot_fit(monkeypatch):
+    from attnviz import ui
+
+    monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(models.TOY_BYTES - 1))
+    monkeypatch.setattr(ui, "_MODELS", None)
+    monkeypatch.setattr(ui, "_CAPTURES", None)
+    at = AppTest.from_function(_picker_app, default_timeout=60)
+    at.session_state["m"] = "toy-llama-gqa"
+    at.run()
+    assert not at.exception and not at.success
+    assert "Loading toy-llama-gqa needs about" in at.error[0].value
