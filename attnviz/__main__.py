@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             return _stats(args)
         return _capture(args)
     except (CaptureError, ModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        detail = getattr(exc, "detail", None)  # on the command line the path and the library's words help
+        print(f"error: {exc}" + (f" ({detail})" if detail else ""), file=sys.stderr)
         return 2
 
 

@@ -214,24 +214,31 @@ def held_bytes(value, depth: int = 3) -> int:
 BUDGET = MemoryBudget(default_budget_bytes())
 
 
-def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, itemsize: int = 4,
-                          uses_sdpa: bool = True) -> int:
-    """Estimated peak bytes of one capture beyond the model's weights: what it keeps (the dense pattern, or q and k
-    per layer) plus the forward pass's working set (hidden states and MLP activations, float32, a few copies), and
-    for the pattern store (and for families read by hooks, uses_sdpa=False, in either store) one layer's eager
-    [head, n, n] scores and weights."""
-    from attnviz.capture import inputs_bytes, pattern_bytes
+def forward_bytes(config, n_tokens: int, *, batch: int = 1, eager: bool = True) -> int:
+    """Estimated peak bytes of one forward pass beyond the model's weights: hidden states and MLP activations
+    (float32, a few copies) for `batch` texts of n_tokens, plus, when attention runs eager, one layer's [head, n, n]
+    scores, weights and a copy."""
+    from attnviz.capture import pattern_bytes
     from attnviz.shape import hidden_size
     from attnviz.shape import n_heads as heads_of
 
     hidden = hidden_size(config)
-    n_heads = heads_of(config)
-    eager_layer = pattern_bytes(1, n_heads, n_tokens, 4) * 3  # one layer's eager scores, weights, copy
     inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
-    forward = n_tokens * (8 * hidden + 3 * inner) * 4
+    activations = n_tokens * (8 * hidden + 3 * inner) * 4
+    eager_layer = pattern_bytes(1, heads_of(config), n_tokens, 4) * 3 if eager else 0
+    return int(batch * (activations + eager_layer))
+
+
+def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, itemsize: int = 4,
+                          uses_sdpa: bool = True) -> int:
+    """Estimated peak bytes of one capture beyond the model's weights: what it keeps (the dense pattern, or q and k
+    per layer) plus the forward pass's working set (forward_bytes; eager attention for the pattern store and for
+    families read by hooks, uses_sdpa=False, in either store)."""
+    from attnviz.capture import inputs_bytes, pattern_bytes
+    from attnviz.shape import n_heads as heads_of
+
     keeps = inputs_bytes(config, n_layers, n_tokens)
     if store == "pattern":
-        keeps += pattern_bytes(n_layers, n_heads, n_tokens, itemsize) + eager_layer
-    elif not uses_sdpa:  # a family read by hooks (BLOOM) runs eager attention even in the qk store
-        keeps += eager_layer
-    return int(forward + keeps)
+        keeps += pattern_bytes(n_layers, heads_of(config), n_tokens, itemsize)
+    eager = store == "pattern" or not uses_sdpa  # a family read by hooks (BLOOM) runs eager even in the qk store
+    return int(forward_bytes(config, n_tokens, eager=eager) + keeps)

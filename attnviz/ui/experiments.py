@@ -19,6 +19,7 @@ _KNOCKOUTS = ComputeOnce(max_items=16)
 _NORMS = ComputeOnce(max_items=16)
 _ROLLOUTS = ComputeOnce(max_items=16)
 
+KNOCKOUT_BATCH = 16  # head sets per forward pass (attnviz.knockout.knockout_effects' default)
 ROLLOUT_MAX_TOKENS = 512  # rollout keeps [layer, n, n] float64: 30 layers of 512 tokens are 63 MB
 
 
@@ -64,16 +65,23 @@ def generation(name: str, prompt: str, n_new: int, temperature: float, seed: int
 
 def knockouts(name: str, token_ids: tuple[int, ...], rows: tuple, mode: str, target):
     """The KnockoutResult of these rows on the text, or None after a message; progress shown batch by batch."""
+    from attnviz import budget
     from attnviz.knockout import KnockoutError, knockout_effects
 
     loaded = ui.get_model(name)
     if loaded is None:
         return None
     key = (name, ui.model_version(name), token_ids, rows, mode, target)
-    return ui.computed_once(_KNOCKOUTS, key, f"Knocking out {len(rows)} head set(s)",
-                            lambda progress: knockout_effects(loaded, list(token_ids), list(rows), mode=mode,
-                                                              target=target, progress=progress),
-                            errors=(KnockoutError,))
+    # every batch of KNOCKOUT_BATCH rows is one forward pass of that many copies of the text
+    need = budget.forward_bytes(loaded.model.config, len(token_ids), batch=min(KNOCKOUT_BATCH, len(rows)))
+
+    def compute(progress):
+        with budget.BUDGET.admit(need, what=f"Knocking out {len(rows)} head sets"):
+            return knockout_effects(loaded, list(token_ids), list(rows), mode=mode, target=target,
+                                    batch=KNOCKOUT_BATCH, progress=progress)
+
+    return ui.computed_once(_KNOCKOUTS, key, f"Knocking out {len(rows)} head set(s)", compute,
+                            errors=(KnockoutError, budget.OverBudget))
 
 
 def knockouts_done(name: str, token_ids: tuple[int, ...], rows: tuple, mode: str, target) -> bool:
