@@ -1,9 +1,10 @@
-"""attnviz: the entry point declares the pages and nothing else."""
+"""attnviz: the entry point imports the library once for every visitor (ui.warm_up) and declares the pages."""
 
 import streamlit as st
 
-from attnviz.ui import PAGES
+from attnviz.ui import PAGES, warm_up
 
 st.set_page_config(page_title="attnviz", page_icon="🔭", layout="wide")
+warm_up()
 st.navigation([st.Page(p.script, title=p.title, icon=p.icon, url_path=p.url_path, default=p.default)
                for p in PAGES]).run()

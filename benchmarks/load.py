@@ -49,14 +49,15 @@ def short_text(marker: str) -> str:
     return f"In the morning the class read about {marker}, and then the class wrote about {marker} again."
 
 
-def start_server(port: int, budget_mb: int | None) -> subprocess.Popen:
+def start_server(port: int, budget_mb: int | None, log: Path | None) -> subprocess.Popen:
     env = dict(os.environ)
     if budget_mb:
         env["ATTNVIZ_MEMORY_BUDGET_MB"] = str(budget_mb)
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
          "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+         "--server.fileWatcherType", "none"], cwd=ROOT, env=env, stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL if log is None else open(log, "w"))
     deadline = time.time() + 60
     while True:
         try:
@@ -123,7 +124,14 @@ async def _idle(page, timeout_s: float) -> None:
 async def run_visitor(browser, base: str, visitor: Visitor, long_text: str, timeout_s: float) -> None:
     context = await browser.new_context(viewport={"width": 1400, "height": 3000})
     page = await context.new_page()
-    page.on("console", lambda msg: visitor.console_errors.append(msg.text[:200]) if msg.type == "error" else None)
+
+    def on_console(msg):
+        # Streamlit's frontend first probes /<page>/_stcore/* on a deep link and gets 404: its own behaviour
+        if msg.type == "error" and "/_stcore/" not in (msg.location or {}).get("url", ""):
+            visitor.console_errors.append(f"{msg.text[:200]} ({(msg.location or {}).get('url', '')})")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: visitor.console_errors.append(str(exc)[:200]))
     done = asyncio.Event()
     watcher = asyncio.create_task(_watch(page, visitor, done))
     started = time.perf_counter()
@@ -134,12 +142,13 @@ async def run_visitor(browser, base: str, visitor: Visitor, long_text: str, time
             await _until_chart(page, started, visitor, timeout_s)
             await _idle(page, timeout_s)
             ticks = (await page.evaluate(TICKS)).replace("␣", "").replace(" ", "")
+            visitor.ticks = ticks
             visitor.own_result = visitor.marker in ticks and not any(m in ticks for m in MARKERS
                                                                      if m != visitor.marker)
         elif visitor.kind == "long":
             await page.goto(f"{base}/heads?{urllib.parse.urlencode({'model': MODEL})}")
             await _idle(page, timeout_s)
-            box = page.get_by_label("Text")
+            box = page.locator('[data-testid="stTextArea"] textarea').first
             await box.fill(long_text)
             started = time.perf_counter()
             await box.press("Control+Enter")
@@ -152,13 +161,12 @@ async def run_visitor(browser, base: str, visitor: Visitor, long_text: str, time
             await page.goto(f"{base}/toy-lab")
             await _idle(page, timeout_s)
             started = time.perf_counter()
-            await page.get_by_role("button", name="Train", exact=True).click()
+            await page.get_by_role("button", name="Train", exact=True).click(timeout=timeout_s * 1000)
             await _until_chart(page, started, visitor, timeout_s)
             visitor.own_result = True
     except Exception as exc:  # a timeout or a page that broke: reported, the others go on
         visitor.timed_out = "Timeout" in type(exc).__name__
-        if not visitor.timed_out:
-            visitor.exceptions.append(f"{type(exc).__name__}")
+        visitor.exceptions.append(f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
         done.set()
         await watcher
@@ -189,6 +197,8 @@ def report(visitors: list[Visitor], peak: int | None, budget_bytes: int, seconds
     for v in visitors:
         shown = "-" if v.first_chart_s is None else f"{v.first_chart_s:.1f}"
         own = "timeout" if v.timed_out else {True: "yes", False: "NO", None: "-"}[v.own_result]
+        if v.own_result is False:
+            print(f"  {v.name} saw the tokens {getattr(v, 'ticks', '')[:300]!r}")
         print(f"{v.name:<10} {own:>10} {shown:>14} {'yes' if v.told_waits else 'no':>7} {len(v.exceptions):>10} "
               f"{len(v.console_errors):>14}  {' | '.join(v.refusals) or '-'}")
     times = sorted(v.first_chart_s for v in visitors if v.first_chart_s is not None)
@@ -196,6 +206,10 @@ def report(visitors: list[Visitor], peak: int | None, budget_bytes: int, seconds
         p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
         print(f"time to first chart: p50 {statistics.median(times):.1f} s, p95 {p95:.1f} s "
               f"({len(times)} of {len(visitors)} visitors drew one)")
+    for v in visitors:
+        for what, items in (("exception", v.exceptions), ("console error", v.console_errors)):
+            for item in dict.fromkeys(items):  # each distinct one once
+                print(f"  {v.name} {what}: {item}")
     mixed = [v.name for v in visitors if v.own_result is False]
     print(f"mixed results: {', '.join(mixed) or 'none'}; exception boxes: "
           f"{sum(len(v.exceptions) for v in visitors)}; console errors: {sum(len(v.console_errors) for v in visitors)}")
@@ -210,13 +224,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8651)
     parser.add_argument("--budget-mb", type=int, default=None, help="ATTNVIZ_MEMORY_BUDGET_MB for the server")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each visitor may take")
+    parser.add_argument("--server-log", type=Path, default=None, help="write the server's output to this file")
     args = parser.parse_args()
     from attnviz.budget import default_budget_bytes
 
     if args.budget_mb:
         os.environ["ATTNVIZ_MEMORY_BUDGET_MB"] = str(args.budget_mb)
     budget_bytes = default_budget_bytes()
-    server = start_server(args.port, args.budget_mb)
+    server = start_server(args.port, args.budget_mb, args.server_log)
     start = time.perf_counter()
     try:
         visitors = asyncio.run(run_all(f"http://127.0.0.1:{args.port}", args.timeout))

@@ -64,6 +64,38 @@ PAGES: tuple[PageInfo, ...] = (
 )
 
 
+_WARM_LOCK = threading.Lock()
+_warm = False
+
+
+def warm_up() -> None:
+    """Imports every attnviz module (and with them transformers' names), once per server, before any page runs.
+    transformers resolves its names lazily, which is not safe when the first visitors' sessions do it in several
+    threads at once (benchmarks/load.py saw "cannot import name 'PreTrainedTokenizerFast' from 'transformers'" with
+    8 visitors arriving together); the sessions behind the first wait here until it is done."""
+    global _warm
+    if _warm:
+        return
+    with _WARM_LOCK, st.spinner("Starting attnviz: loading its libraries, once for this server…"):
+        if not _warm:
+            import importlib
+            import pkgutil
+
+            import transformers
+
+            import attnviz
+
+            for module in pkgutil.walk_packages(attnviz.__path__, "attnviz."):
+                importlib.import_module(module.name)
+            for name in _LAZY_NAMES:  # the names attnviz's functions import from transformers when they run
+                getattr(transformers, name)
+            _warm = True
+
+
+_LAZY_NAMES = ("AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoTokenizer", "PreTrainedTokenizerFast",
+               "GPT2Config", "LlamaConfig", "BloomConfig", "DynamicCache")
+
+
 CUSTOM_MODEL = "Other: a folder or hub id on this server…"
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TEXT_CHARS = 50_000  # about 10,000 tokens of English: smollm2's 8,192 fit
@@ -195,8 +227,15 @@ def _cached_model(name: str, version: tuple, **wait):
     from attnviz.models import load_bytes, load_model
 
     roots = model_roots()
-    return _caches()[0].get((name, version), lambda: load_model(name, roots=roots),
-                            need=load_bytes(name, roots), what=f"Loading {name}", **wait)
+
+    def load():
+        with _LOAD_LOCK:  # one load at a time: transformers' lazy imports of a family's classes are not thread-safe
+            return load_model(name, roots=roots)
+
+    return _caches()[0].get((name, version), load, need=load_bytes(name, roots), what=f"Loading {name}", **wait)
+
+
+_LOAD_LOCK = threading.Lock()
 
 
 def get_model(name: str | None):
