@@ -110,8 +110,10 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
                 text=f"{snap.status}: step {snap.step} of {cfg.steps}, {snap.elapsed_s:.0f} s "
                      f"({cfg.task}, {lab.architecture(cfg)}, {cfg.n_layers} layers × {cfg.n_heads} heads, "
                      f"d_model {cfg.d_model}, seed {cfg.seed})")
-    if snap.error:
-        st.error(f"Training stopped with an error: {snap.error}")
+    if snap.error and snap.status == "failed":
+        st.error(f"Training stopped: {snap.error}.")
+    elif snap.error:  # the run trained, but its automatic save was refused (a limit) or failed
+        st.warning(f"{snap.error[0].upper()}{snap.error[1:]}.")
     chance = lab.chance_loss(cfg.n_letters, cfg.task)
     chance_of = "bytes" if cfg.task == "text" else "letters"
     left, right = st.columns(2)
@@ -160,14 +162,12 @@ def show_trained(run: lab.LabRun) -> None:
                "layer 1.")
     c1, c2 = st.columns([2, 1])
     name = c1.text_input("Save as", value=snap.saved_as or snap.config.default_name(), key="lab_save_name",
-                         persist_state="session",
-                         max_chars=48, help="Lowercase letters, digits, '-', '_' and '.'.")
+                         persist_state="session", max_chars=lab.MAX_NAME,
+                         help="Lowercase letters, digits, '-', '_' and '.'. A name another visitor saved stays "
+                              "theirs; saving again under one of your own replaces your model.")
     if c2.button("Save", key="lab_save"):
-        try:
-            run.save(name.strip())
-            snap = run.snapshot()
-        except (ValueError, RuntimeError, OSError) as exc:
-            st.error(f"Not saved: {exc}")
+        lab_ui.save_run(run, name.strip())
+        snap = run.snapshot()
     if snap.saved_as:
         st.success(f"Saved as the model **lab/{snap.saved_as}** (safetensors, in the attnviz cache).")
         example = lab.example_text(snap.config)
@@ -200,8 +200,8 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
         comparison.stop()
     if comparison is None:
         st.info(f"Trains {len(lab.VARIANTS)} models one step each in turn, {config.steps} steps each (at most "
-                f"{lab.MAX_SECONDS:.0f} s in all), on the task and sizes set above; each is saved and opens on "
-                "the Heads page.")
+                f"{lab.MAX_SECONDS:.0f} s in all), on the task and sizes set above; each is saved (as yours: another "
+                "visitor's name is never replaced) and opens on the Heads page.")
         return
 
     @st.fragment(run_every=2.0 if busy else None)  # decided after the buttons: a click starts the polling
@@ -214,7 +214,7 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
                          f"{max(s.elapsed_s for s in snaps.values()):.0f} s{late}")
         for name, snap in snaps.items():
             if snap.error:
-                st.error(f"{name}: {snap.error}")
+                st.error(f"{name.replace('_', ' ')}: {snap.error}.")
         left, right = st.columns(2)
         with left:
             losses = {n: s.losses for n, s in snaps.items()}
@@ -245,3 +245,4 @@ else:
     show_trained(run)
 st.header("Sink-free attention, side by side")
 show_comparison(config, problems)
+lab_ui.my_models()

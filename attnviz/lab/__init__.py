@@ -7,14 +7,16 @@
   four attention variants on one gpt-oss skeleton: softmax, off-by-one, learned sink, head-wise gate);
 - attnviz.lab.training: the loss, checkpoints and LabRun (trains in a background thread, polled by snapshot());
 - attnviz.lab.comparison: VariantComparison, the attention variants trained side by side;
-- attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>.
+- attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>,
+  its owner, and the limits on what visitors keep.
 
 The names below are the lab's public surface; `from attnviz import lab` then `lab.LabRun(lab.LabConfig())`.
 """
 
 from attnviz.lab.config import (ATTENTION, ATTENTION_INFO, MAX_SECONDS, MAX_STEPS, POSITIONAL, VARIANTS,
                                 LabConfig)
-from attnviz.lab.storage import LAB_FILE, read_history, saved_runs
+from attnviz.lab.storage import (LAB_FILE, MAX_NAME, NameTaken, QuotaExceeded, StorageRefused, read_history,
+                                 saved_runs)
 from attnviz.lab.tasks import (ALPHABET, BOS_ID, LETTER_TASKS, PROBE_BATCH, PROBE_SEED, SEPARATOR, TASK_INFO, TASKS,
                                chance_loss,
                                example_text, induction_score, make_batch, make_probe, previous_token_score,
@@ -25,9 +27,9 @@ from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError,
 from attnviz.lab.variants import ARCHITECTURE, INIT_STD, N_POSITIONS, architecture, build_model
 
 __all__ = ["ALPHABET", "ARCHITECTURE", "ATTENTION", "ATTENTION_INFO", "BOS_ID", "INIT_STD", "LAB_FILE",
-           "MAX_CONCURRENT_RUNS", "MAX_SECONDS", "MAX_STEPS", "N_POSITIONS", "POSITIONAL", "PROBE_BATCH",
+           "MAX_CONCURRENT_RUNS", "MAX_NAME", "MAX_SECONDS", "MAX_STEPS", "N_POSITIONS", "NameTaken", "QuotaExceeded", "POSITIONAL", "PROBE_BATCH",
            "PROBE_SEED", "SEPARATOR", "TASKS", "LETTER_TASKS", "TASK_INFO", "VARIANTS", "Checkpoint", "LabBusyError",
            "LabConfig", "LabRun", "RunSnapshot", "VariantComparison", "active_runs", "architecture", "build_model",
            "chance_loss", "example_text", "head_scores", "induction_score", "make_batch", "make_probe",
-           "previous_token_score", "probe_lengths", "read_history", "saved_runs", "sink_score", "target_patterns",
-           "task_loss", "text_probe"]
+           "previous_token_score", "probe_lengths", "read_history", "saved_runs", "sink_score", "StorageRefused",
+           "target_patterns", "task_loss", "text_probe"]

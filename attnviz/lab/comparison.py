@@ -16,13 +16,15 @@ from attnviz.lab.training import LabRun, RunSnapshot, take_slot, train_in_slot
 class VariantComparison:
     """The same config trained once per attention variant (attnviz.lab.config.VARIANTS), the runs interleaved step
     by step in one background thread, so their curves grow side by side and the comparison takes one of the
-    MAX_CONCURRENT_RUNS slots. max_seconds bounds the whole comparison; each run keeps its own snapshot."""
+    MAX_CONCURRENT_RUNS slots. max_seconds bounds the whole comparison; each run keeps its own snapshot.
+    With auto_save, each run is saved by `owner` under its config's default name when it ends (LabRun)."""
 
     def __init__(self, base: LabConfig, *, variants=None, max_seconds: float = MAX_SECONDS,
-                 auto_save: bool = False):
+                 auto_save: bool = False, owner: str | None = None):
         self.variants = tuple(variants or VARIANTS)
         configs = {v: replace(base, attention=v, positional="rope") for v in self.variants}
-        self.runs = {v: LabRun(c, max_seconds=float("inf"), auto_save=c.default_name() if auto_save else None)
+        self.runs = {v: LabRun(c, max_seconds=float("inf"), auto_save=c.default_name() if auto_save else None,
+                               owner=owner)
                      for v, c in configs.items()}
         self.max_seconds = max_seconds
         self._stop = threading.Event()
