@@ -169,7 +169,9 @@ def show_trained(run: lab.LabRun) -> None:
         lab_ui.save_run(run, name.strip())
         snap = run.snapshot()
     if snap.saved_as:
-        st.success(f"Saved as the model **lab/{snap.saved_as}** (safetensors, in the attnviz cache).")
+        taken = f" (lab/{run.auto_save} is another visitor's)" if run.auto_save and \
+            snap.saved_as.startswith(f"{run.auto_save}-") and lab_ui.taken_by_another(run.auto_save) else ""
+        st.success(f"Saved as the model **lab/{snap.saved_as}**{taken} (safetensors, in the attnviz cache).")
         example = lab.example_text(snap.config)
         st.page_link("app_pages/heads.py", label=f"Open lab/{snap.saved_as} on the Heads page", icon="🧠",
                      query_params={"model": f"lab/{snap.saved_as}", "text": example})

@@ -47,6 +47,8 @@ def test_a_save_under_another_visitors_name_does_not_overwrite_it(lab_cache):
     assert str(lab_cache) not in str(refused.value)
     assert same_weights(alice, folder) and not same_weights(bob, folder)
     assert bob.snapshot().saved_as is None
+    assert storage.taken_by_another("class-model", BOB) and not storage.taken_by_another("class-model", ALICE)
+    assert not storage.taken_by_another("no-such-model", BOB)
     # every visitor still reads Alice's model by name, as every page loads it
     ids = torch.tensor([[lab.BOS_ID] + [ord(c) for c in "abcabc"]])
     with torch.no_grad():
@@ -220,7 +222,8 @@ def test_the_page_never_saves_over_another_sessions_model(lab_cache):
     assert theirs.snapshot().saved_as == f"{default}-2"
     assert same_weights(mine, lab_cache / "trained" / default)
     assert same_weights(theirs, lab_cache / "trained" / f"{default}-2")
-    assert any(f"lab/{default}-2" in s.value for s in second.success)
+    assert any(f"lab/{default}-2** (lab/{default} is another visitor's)" in s.value for s in second.success)
+    assert not any("another visitor's" in s.value for s in first.success)
     # each session lists its own models, and deletes only those
     assert second.selectbox(key="lab_delete_name").options == [f"lab/{default}-2"]
     second.button(key="lab_delete").click().run()

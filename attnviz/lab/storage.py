@@ -150,6 +150,15 @@ def usage(owner: str | None) -> Usage:
     return Usage(len(mine), sum(mine), sum(b for _, b in sizes))
 
 
+def taken_by_another(name: str, owner: str | None) -> bool:
+    """Whether a folder `name` exists and another owner saved it (so `owner` cannot replace it)."""
+    return _taken(trained_dir() / name, _owner_key(owner))
+
+
+def _taken(folder: Path, key: str | None) -> bool:
+    return folder.exists() and owner_of(folder) != key
+
+
 def _owner_key(owner: str | None) -> str | None:
     """What LAB_FILE stores for an owner: a digest, so that a file read by anyone does not hand out the token."""
     return None if owner is None else hashlib.sha256(owner.encode()).hexdigest()[:32]
@@ -159,8 +168,7 @@ def _claim(name: str, key: str | None, rename: bool) -> str:
     """`name` when it is free or the owner's own; else, with rename, the first free (or own) "<name>-k"."""
     candidates = [name] + [f"{name[:MAX_NAME - len(f'-{k}')]}-{k}" for k in range(2, _SUFFIXES + 1)]
     for candidate in candidates if rename else candidates[:1]:
-        folder = trained_dir() / candidate
-        if not folder.exists() or owner_of(folder) == key:
+        if not _taken(trained_dir() / candidate, key):
             return candidate
     if rename:
         raise NameTaken(f"lab/{name} and {_SUFFIXES - 1} names after it are taken by other visitors; save under "

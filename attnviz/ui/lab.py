@@ -63,6 +63,11 @@ SINK_MEASUREMENT = (
     "sinks to emerge from language modelling, so compare the variants' losses and maps there.")
 
 
+def taken_by_another(name: str) -> bool:
+    """Whether lab/<name> is another visitor's model."""
+    return storage.taken_by_another(name, visitor())
+
+
 def save_run(run: lab.LabRun, name: str) -> None:
     """Saves a finished run as lab/<name> for this visitor (owner: visitor(), set when the run started), or says in
     the page why not: another visitor's name, a limit, a bad name, a run still training, a failed write."""
