@@ -180,6 +180,27 @@ def show_trained(run: lab.LabRun) -> None:
                     "previous-token head of layer 0 looks one letter back.")
 
 
+def show_variant_maps(comparison: lab.VariantComparison) -> None:
+    got = lab_ui.variant_maps(comparison)
+    if got is None:
+        return
+    tokens, maps = got
+    cfg = next(iter(comparison.runs.values())).config
+    c1, c2, _ = st.columns([1, 1, 3])
+    with c1:
+        layer = ui.choice_box("Layer", list(range(cfg.n_layers)), "lab_map_layer", default=cfg.n_layers - 1)
+    with c2:
+        head = ui.choice_box("Head", list(range(cfg.n_heads)), "lab_map_head", default=0)
+    shown = {name: m[layer, head] for name, m in maps.items()}
+    ui.chart(figs.variant_maps(tokens, shown, {n: float(lab.weight_on_tokens(m)) for n, m in shown.items()},
+                               layer=layer, head=head),
+             "The same head of each trained variant on the same text (row: a query token, column: the key it "
+             "reads; one colour scale). Softmax must spend each row in full, so a head with nothing to read lights "
+             "up the <bos> column; off by one and the learned sink may leave part of a row on no token (the share "
+             "on tokens is in each title); the gate's map is a softmax's, as the gate mutes a head's output, not "
+             "its weights.")
+
+
 def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
     st.markdown(
         "Why do heads park attention on the first token? Softmax must give every row a total of 1, so a head with "
@@ -187,8 +208,9 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
         "remove that need: **off by one** (softmax with 1 added to the denominator, weights can sum to less than "
         "1), a **learned sink** logit per head (gpt-oss), and a **sigmoid gate** per head on the output (gated "
         "attention, Qwen 2025: a head can switch itself off). Train the same small gpt-oss model with each, plus "
-        "plain **softmax**, on the settings above, and compare their losses and sink metric (Sink₀^0.3: the share "
-        "of (text, layer, head) triples with α₀ > 0.3, measured on fixed texts of the task).")
+        "plain **softmax**, on the settings above, and compare their losses, their sink metric (Sink₀^0.3: the "
+        "share of (text, layer, head) triples with α₀ > 0.3, measured on fixed texts of the task) and, once "
+        "trained, their attention maps side by side.")
     st.caption(lab_ui.SINK_MEASUREMENT)
     comparison: lab.VariantComparison | None = st.session_state.get("lab_comparison")
     busy = comparison is not None and not comparison.finished
@@ -236,6 +258,8 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
             st.caption("Saved, to open on the Heads page: " + ", ".join(f"lab/{n}" for n in saved) + ".")
         if was_running and comparison.finished:
             st.rerun()
+        if comparison.finished:
+            show_variant_maps(comparison)
 
     comparison_view(busy)
 

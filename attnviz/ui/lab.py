@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import secrets
 
+import numpy as np
 import streamlit as st
 
 from attnviz import lab
@@ -102,3 +103,19 @@ def my_models() -> None:
         except storage.StorageRefused as exc:
             st.error(f"Not deleted: {exc}.")
 
+
+def variant_maps(comparison: lab.VariantComparison) -> tuple[list[str], dict[str, np.ndarray]] | None:
+    """comparison.patterns on its map_text, computed once per comparison and kept in the session (the models are
+    the session's own), or None after a message saying why not."""
+    from attnviz.capture import CaptureError
+
+    kept = st.session_state.get("lab_comparison_maps")
+    if kept is not None and kept[0] is comparison:
+        return kept[1]
+    try:
+        maps = comparison.patterns(comparison.map_text())
+    except (CaptureError, RuntimeError) as exc:  # messages written for the page
+        st.error(f"No maps: {exc}")
+        return None
+    st.session_state["lab_comparison_maps"] = (comparison, maps)
+    return maps
