@@ -110,8 +110,10 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
                 text=f"{snap.status}: step {snap.step} of {cfg.steps}, {snap.elapsed_s:.0f} s "
                      f"({cfg.task}, {lab.architecture(cfg)}, {cfg.n_layers} layers × {cfg.n_heads} heads, "
                      f"d_model {cfg.d_model}, seed {cfg.seed})")
-    if snap.error:
-        st.error(f"Training stopped with an error: {snap.error}")
+    if snap.error and snap.status == "failed":
+        st.error(f"Training stopped: {snap.error}.")
+    elif snap.error:  # the run trained, but its automatic save was refused (a limit) or failed
+        st.warning(f"{snap.error[0].upper()}{snap.error[1:]}.")
     chance = lab.chance_loss(cfg.n_letters, cfg.task)
     chance_of = "bytes" if cfg.task == "text" else "letters"
     left, right = st.columns(2)
@@ -160,22 +162,43 @@ def show_trained(run: lab.LabRun) -> None:
                "layer 1.")
     c1, c2 = st.columns([2, 1])
     name = c1.text_input("Save as", value=snap.saved_as or snap.config.default_name(), key="lab_save_name",
-                         persist_state="session",
-                         max_chars=48, help="Lowercase letters, digits, '-', '_' and '.'.")
+                         persist_state="session", max_chars=lab.MAX_NAME,
+                         help="Lowercase letters, digits, '-', '_' and '.'. A name another visitor saved stays "
+                              "theirs; saving again under one of your own replaces your model.")
     if c2.button("Save", key="lab_save"):
-        try:
-            run.save(name.strip())
-            snap = run.snapshot()
-        except (ValueError, RuntimeError, OSError) as exc:
-            st.error(f"Not saved: {exc}")
+        lab_ui.save_run(run, name.strip())
+        snap = run.snapshot()
     if snap.saved_as:
-        st.success(f"Saved as the model **lab/{snap.saved_as}** (safetensors, in the attnviz cache).")
+        taken = f" (lab/{run.auto_save} is another visitor's)" if run.auto_save and \
+            snap.saved_as.startswith(f"{run.auto_save}-") and lab_ui.taken_by_another(run.auto_save) else ""
+        st.success(f"Saved as the model **lab/{snap.saved_as}**{taken} (safetensors, in the attnviz cache).")
         example = lab.example_text(snap.config)
         st.page_link("app_pages/heads.py", label=f"Open lab/{snap.saved_as} on the Heads page", icon="🧠",
                      query_params={"model": f"lab/{snap.saved_as}", "text": example})
         st.markdown(f"There, with the text `{example}` (or any text in the task's letters), the induction head "
                     "of layer 1 looks from each repeated letter to the letter after its first copy, and the "
                     "previous-token head of layer 0 looks one letter back.")
+
+
+def show_variant_maps(comparison: lab.VariantComparison) -> None:
+    got = lab_ui.variant_maps(comparison)
+    if got is None:
+        return
+    tokens, maps = got
+    cfg = next(iter(comparison.runs.values())).config
+    c1, c2, _ = st.columns([1, 1, 3])
+    with c1:
+        layer = ui.choice_box("Layer", list(range(cfg.n_layers)), "lab_map_layer", default=cfg.n_layers - 1)
+    with c2:
+        head = ui.choice_box("Head", list(range(cfg.n_heads)), "lab_map_head", default=0)
+    shown = {name: m[layer, head] for name, m in maps.items()}
+    ui.chart(figs.variant_maps(tokens, shown, {n: float(lab.weight_on_tokens(m)) for n, m in shown.items()},
+                               layer=layer, head=head),
+             "The same head of each trained variant on the same text (row: a query token, column: the key it "
+             "reads; one colour scale). Softmax must spend each row in full, so a head with nothing to read lights "
+             "up the <bos> column; off by one and the learned sink may leave part of a row on no token (the share "
+             "on tokens is in each title); the gate's map is a softmax's, as the gate mutes a head's output, not "
+             "its weights.")
 
 
 def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
@@ -185,8 +208,9 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
         "remove that need: **off by one** (softmax with 1 added to the denominator, weights can sum to less than "
         "1), a **learned sink** logit per head (gpt-oss), and a **sigmoid gate** per head on the output (gated "
         "attention, Qwen 2025: a head can switch itself off). Train the same small gpt-oss model with each, plus "
-        "plain **softmax**, on the settings above, and compare their losses and sink metric (Sink₀^0.3: the share "
-        "of (text, layer, head) triples with α₀ > 0.3, measured on fixed texts of the task).")
+        "plain **softmax**, on the settings above, and compare their losses, their sink metric (Sink₀^0.3: the "
+        "share of (text, layer, head) triples with α₀ > 0.3, measured on fixed texts of the task) and, once "
+        "trained, their attention maps side by side.")
     st.caption(lab_ui.SINK_MEASUREMENT)
     comparison: lab.VariantComparison | None = st.session_state.get("lab_comparison")
     busy = comparison is not None and not comparison.finished
@@ -200,8 +224,8 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
         comparison.stop()
     if comparison is None:
         st.info(f"Trains {len(lab.VARIANTS)} models one step each in turn, {config.steps} steps each (at most "
-                f"{lab.MAX_SECONDS:.0f} s in all), on the task and sizes set above; each is saved and opens on "
-                "the Heads page.")
+                f"{lab.MAX_SECONDS:.0f} s in all), on the task and sizes set above; each is saved (as yours: another "
+                "visitor's name is never replaced) and opens on the Heads page.")
         return
 
     @st.fragment(run_every=2.0 if busy else None)  # decided after the buttons: a click starts the polling
@@ -214,7 +238,7 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
                          f"{max(s.elapsed_s for s in snaps.values()):.0f} s{late}")
         for name, snap in snaps.items():
             if snap.error:
-                st.error(f"{name}: {snap.error}")
+                st.error(f"{name.replace('_', ' ')}: {snap.error}.")
         left, right = st.columns(2)
         with left:
             losses = {n: s.losses for n, s in snaps.items()}
@@ -234,6 +258,8 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
             st.caption("Saved, to open on the Heads page: " + ", ".join(f"lab/{n}" for n in saved) + ".")
         if was_running and comparison.finished:
             st.rerun()
+        if comparison.finished:
+            show_variant_maps(comparison)
 
     comparison_view(busy)
 
@@ -245,3 +271,4 @@ else:
     show_trained(run)
 st.header("Sink-free attention, side by side")
 show_comparison(config, problems)
+lab_ui.my_models()

@@ -1,13 +1,15 @@
-"""Toy-lab figures: the loss curve against chance, per-head scores over training, the final scores per head."""
+"""Toy-lab figures: the loss curve against chance, per-head scores over training, the final scores per head, and
+the attention variants side by side (losses, sink metric, one head's map each)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import PALETTE, apply_layout, heatmap, label_margins
+from attnviz.figures.common import (ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap, label_margins,
+                                   unique_labels)
 
 SCORE_TITLES = {"previous_token": "previous-token score", "induction": "induction score", "sink": "sink score"}
 
@@ -160,3 +162,33 @@ def variant_sink_curves(steps: dict[str, Sequence[int]], rates: dict[str, Sequen
         fig.update_xaxes(range=[0, total_steps])
     return _legend_below(apply_layout(fig, title=f"Sink metric over training (α₀ > {eps:g})", x_title="training step",
                                       y_title="Sink₀^ε (% of (text, layer, head) triples)", height=400))
+
+
+def variant_maps(tokens: Sequence[str], maps: Mapping[str, np.ndarray], on_tokens: Mapping[str, float], *,
+                 layer: int, head: int, cols: int = 2, panel_px: int = 300) -> go.Figure:
+    """One head's attention map per variant, in a grid of `cols` columns on one 0-1 colour scale (one colour bar):
+    key tokens along the bottom row, query tokens down the left column. maps: variant -> [query, key]; on_tokens:
+    variant -> the mean share of a row on tokens, in the panel's title. Built in one go from grid_layout."""
+    names = list(maps)
+    labels = unique_labels(tokens)
+    rows = -(-len(names) // cols)
+    layout = grid_layout(rows, cols, [f"{n.replace('_', ' ')}: {on_tokens[n]:.0%} on tokens" for n in names],
+                         horizontal_spacing=0.04, vertical_spacing=0.1)
+    every_token = dict(dtick=1) if len(labels) <= 40 else {}  # beyond that plotly's own spacing keeps them legible
+    traces = []
+    for i, name in enumerate(names):
+        suffix = "" if i == 0 else str(i + 1)
+        bottom, left = i >= len(names) - cols, i % cols == 0
+        traces.append(go.Heatmap(z=np.asarray(maps[name], dtype=float), x=labels, y=labels, coloraxis="coloraxis",
+                                 xaxis=f"x{suffix}", yaxis=f"y{suffix}",
+                                 hovertemplate=f"{name.replace('_', ' ')}<br>query %{{y}}<br>key %{{x}}<br>"
+                                               "weight %{z:.3f}<extra></extra>"))
+        layout[f"xaxis{suffix}"].update(showticklabels=bottom, tickangle=-90, **every_token,
+                                        **({"title": dict(text="key token")} if bottom else {}))
+        layout[f"yaxis{suffix}"].update(autorange="reversed", showticklabels=left, **every_token,
+                                        **({"title": dict(text="query token")} if left else {}))
+    layout["coloraxis"] = dict(colorscale=ATTENTION_SCALE, cmin=0.0, cmax=1.0,
+                               colorbar=dict(title=dict(text="attention weight")))
+    fig = apply_layout(go.Figure(data=traces, layout=layout), title=f"Layer {layer}, head {head} of each variant",
+                       height=rows * panel_px + 200)
+    return label_margins(fig.update_layout(margin=dict(t=80)), x_labels=labels, y_labels=labels, x_angle=90)

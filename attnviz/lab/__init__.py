@@ -6,28 +6,30 @@
 - attnviz.lab.variants: the model each config builds (a transformers architecture per positional scheme, and
   four attention variants on one gpt-oss skeleton: softmax, off-by-one, learned sink, head-wise gate);
 - attnviz.lab.training: the loss, checkpoints and LabRun (trains in a background thread, polled by snapshot());
-- attnviz.lab.comparison: VariantComparison, the attention variants trained side by side;
-- attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>.
+- attnviz.lab.comparison: VariantComparison, the attention variants trained side by side, and their maps;
+- attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>,
+  its owner, and the limits on what visitors keep.
 
 The names below are the lab's public surface; `from attnviz import lab` then `lab.LabRun(lab.LabConfig())`.
 """
 
 from attnviz.lab.config import (ATTENTION, ATTENTION_INFO, MAX_SECONDS, MAX_STEPS, POSITIONAL, VARIANTS,
                                 LabConfig)
-from attnviz.lab.storage import LAB_FILE, read_history, saved_runs
+from attnviz.lab.storage import (LAB_FILE, MAX_NAME, NameTaken, QuotaExceeded, StorageRefused, read_history,
+                                 saved_runs)
 from attnviz.lab.tasks import (ALPHABET, BOS_ID, LETTER_TASKS, PROBE_BATCH, PROBE_SEED, SEPARATOR, TASK_INFO, TASKS,
                                chance_loss,
                                example_text, induction_score, make_batch, make_probe, previous_token_score,
                                probe_lengths, sink_score, target_patterns, text_probe)
-from attnviz.lab.comparison import VariantComparison
+from attnviz.lab.comparison import VariantComparison, weight_on_tokens
 from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError, LabRun, RunSnapshot, active_runs,
                                   head_scores, task_loss)
 from attnviz.lab.variants import ARCHITECTURE, INIT_STD, N_POSITIONS, architecture, build_model
 
 __all__ = ["ALPHABET", "ARCHITECTURE", "ATTENTION", "ATTENTION_INFO", "BOS_ID", "INIT_STD", "LAB_FILE",
-           "MAX_CONCURRENT_RUNS", "MAX_SECONDS", "MAX_STEPS", "N_POSITIONS", "POSITIONAL", "PROBE_BATCH",
+           "MAX_CONCURRENT_RUNS", "MAX_NAME", "MAX_SECONDS", "MAX_STEPS", "N_POSITIONS", "POSITIONAL", "PROBE_BATCH",
            "PROBE_SEED", "SEPARATOR", "TASKS", "LETTER_TASKS", "TASK_INFO", "VARIANTS", "Checkpoint", "LabBusyError",
-           "LabConfig", "LabRun", "RunSnapshot", "VariantComparison", "active_runs", "architecture", "build_model",
-           "chance_loss", "example_text", "head_scores", "induction_score", "make_batch", "make_probe",
-           "previous_token_score", "probe_lengths", "read_history", "saved_runs", "sink_score", "target_patterns",
-           "task_loss", "text_probe"]
+           "LabConfig", "LabRun", "NameTaken", "QuotaExceeded", "RunSnapshot", "StorageRefused", "VariantComparison",
+           "active_runs", "architecture", "build_model", "chance_loss", "example_text", "head_scores",
+           "induction_score", "make_batch", "make_probe", "previous_token_score", "probe_lengths", "read_history",
+           "saved_runs", "sink_score", "target_patterns", "task_loss", "text_probe", "weight_on_tokens"]

@@ -1,5 +1,6 @@
 """Training the toy lab's attention variants side by side: the same config once per variant, the runs
-interleaved step by step in one thread (LabRun.steps), so their curves grow together on the page."""
+interleaved step by step in one thread (LabRun.steps), so their curves grow together on the page; then the
+trained variants' attention maps on one text (VariantComparison.patterns)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,26 @@ import threading
 import time
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from attnviz.lab.config import MAX_SECONDS, VARIANTS, LabConfig
+from attnviz.lab.tasks import example_text
 from attnviz.lab.training import LabRun, RunSnapshot, take_slot, train_in_slot
 
 
 class VariantComparison:
     """The same config trained once per attention variant (attnviz.lab.config.VARIANTS), the runs interleaved step
     by step in one background thread, so their curves grow side by side and the comparison takes one of the
-    MAX_CONCURRENT_RUNS slots. max_seconds bounds the whole comparison; each run keeps its own snapshot."""
+    MAX_CONCURRENT_RUNS slots. max_seconds bounds the whole comparison; each run keeps its own snapshot.
+    With auto_save, each run is saved by `owner` under its config's default name when it ends (LabRun)."""
 
     def __init__(self, base: LabConfig, *, variants=None, max_seconds: float = MAX_SECONDS,
-                 auto_save: bool = False):
+                 auto_save: bool = False, owner: str | None = None):
         self.variants = tuple(variants or VARIANTS)
         configs = {v: replace(base, attention=v, positional="rope") for v in self.variants}
-        self.runs = {v: LabRun(c, max_seconds=float("inf"), auto_save=c.default_name() if auto_save else None)
+        self.runs = {v: LabRun(c, max_seconds=float("inf"), auto_save=c.default_name() if auto_save else None,
+                               owner=owner)
                      for v, c in configs.items()}
         self.max_seconds = max_seconds
         self._stop = threading.Event()
@@ -72,3 +77,33 @@ class VariantComparison:
         finally:
             torch.set_num_threads(threads)
         return self.snapshots()
+
+    def map_text(self) -> str:
+        """The text the variants' maps are drawn on: the task's example (attnviz.lab.tasks.example_text), cut to
+        the training rows' length, so that every position is one the models were trained at."""
+        config = next(iter(self.runs.values())).config
+        return example_text(config)[:config.seq_len - 1]  # <bos> is the first token
+
+    def patterns(self, text: str) -> tuple[list[str], dict[str, np.ndarray]]:
+        """Every variant's attention on the same text, captured by attnviz.capture from the model as trained (its
+        eager attention, the gate included). Returns (tokens, variant -> [layer, head, query, key] float32). A row
+        of off_by_one or learned_sink sums to less than 1: the rest went to the sink logit, to no token.
+        RuntimeError while the variants are still training (their weights change under the capture)."""
+        from attnviz.capture import capture_attention
+        from attnviz.models import LoadedModel, ModelSpec
+        from attnviz.tokenizer import byte_tokenizer
+
+        if not self.finished:
+            raise RuntimeError("the variants are still training; their maps are drawn once they finish")
+        tokens, maps = [], {}
+        for name, run in self.runs.items():
+            spec = ModelSpec(f"the {name} variant", "gpt_oss", "lab", True, None, "a toy-lab comparison's model")
+            capture = capture_attention(LoadedModel(run.model, byte_tokenizer(), spec), text)
+            tokens, maps[name] = capture.tokens, capture.pattern
+        return tokens, maps
+
+
+def weight_on_tokens(pattern: np.ndarray) -> np.ndarray:
+    """The mean over queries of each row's total weight on tokens. [..., query, key] -> [...]. 1 for softmax; below 1
+    where a sink logit (off by one, learned sink) takes its share of the row."""
+    return np.asarray(pattern, dtype=np.float64).sum(-1).mean(-1)

@@ -3,6 +3,7 @@ thread and is polled through snapshot(). Runs never share mutable state, so one 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -14,11 +15,13 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from attnviz.lab.config import MAX_SECONDS, LabConfig
+from attnviz.lab.storage import StorageRefused, check_name, save_folder
 from attnviz.lab.tasks import (induction_score, make_batch, make_probe, previous_token_score, probe_lengths,
                                sink_score, text_probe)
 from attnviz.lab.variants import build_model
 
 MAX_CONCURRENT_RUNS = 2   # the app's host has few cores; a third run waits for one to finish
+log = logging.getLogger(__name__)
 
 
 def task_loss(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -135,15 +138,18 @@ class LabRun:
     run() trains in the calling thread (tests, scripts); start() trains in a daemon thread and returns at once.
     on_checkpoint(checkpoint), when given, is called in the training thread after each checkpoint (a benchmark
     stops a run there once its sink metric passes a threshold).
+    owner: who saves it (attnviz.lab.storage: an opaque token, one per visitor; None for scripts). auto_save names
+    the folder saved when training ends; should another owner hold that name, the first free "<name>-k" is used.
     """
 
-    def __init__(self, config: LabConfig, *, auto_save: str | None = None, max_seconds: float = MAX_SECONDS,
-                 on_checkpoint=None):
+    def __init__(self, config: LabConfig, *, auto_save: str | None = None, owner: str | None = None,
+                 max_seconds: float = MAX_SECONDS, on_checkpoint=None):
         problems = config.problems()
         if problems:
             raise ValueError("; ".join(problems))
         self.config = config
         self.auto_save = auto_save
+        self.owner = owner
         self.max_seconds = max_seconds
         self.on_checkpoint = on_checkpoint
         self.model = build_model(config)
@@ -235,9 +241,10 @@ class LabRun:
                     recent = self._losses[-cfg.eval_every:]
                     self._checkpoint(step, float(np.mean(recent)))
                 yield step
-        except Exception as exc:  # reported through the snapshot: the page shows it instead of a dead thread
+        except Exception:  # reported through the snapshot: the page says so instead of leaving a dead thread
+            log.exception("toy-lab training failed (%s)", cfg)
             status = "failed"
-            self._set(error=f"{type(exc).__name__}: {exc}")
+            self._set(error="training failed at this step; the server's log has the details")
         self.model.eval()
         final = self.snapshot()
         if status != "failed" and final.checkpoints[-1].step != final.step:
@@ -245,25 +252,28 @@ class LabRun:
             self._checkpoint(final.step, float(np.mean(recent)) if recent else float("nan"))
         if self.auto_save and status != "failed":
             try:
-                self.save(self.auto_save)
-            except Exception as exc:
-                self._set(error=f"training ended but saving failed: {type(exc).__name__}: {exc}")
+                self.save(self.auto_save, rename=True)  # the visitor never chose this name: take a free one
+            except StorageRefused as exc:
+                self._set(error=f"training ended, but the model was not saved: {exc}")
+            except Exception:
+                log.exception("saving a toy-lab run failed")
+                self._set(error="training ended, but the model could not be saved; the server's log has the "
+                                "details")
         self._set(status=status, elapsed=time.perf_counter() - t0)
         yield self._step
 
-    def save(self, name: str) -> Path:
-        """Writes the model (safetensors) and the byte tokenizer to trained_dir()/name, plus the lab file (config
-        and history: attnviz.lab.storage), replacing any folder of that name. Every page lists it as
-        "lab/<name>"."""
-        from attnviz.lab.storage import check_name, save_folder
-
+    def save(self, name: str, *, rename: bool = False) -> Path:
+        """Writes the model (safetensors) and the byte tokenizer to trained_dir()/name, plus the lab file (config,
+        history and owner: attnviz.lab.storage.save_folder), replacing this owner's folder of that name. Another
+        owner's name raises NameTaken, or with rename=True is saved as the first free "<name>-k"; a limit passed
+        raises QuotaExceeded. Every page lists the folder as "lab/<its name>"."""
         check_name(name)
         with self._lock:
             if self._status == "running" and threading.current_thread() is not self._thread \
                     and self._thread is not None:
                 raise RuntimeError("the run is still training; stop it or wait for it to finish, then save")
-        target = save_folder(self.model, self.snapshot(), name)
-        self._set(saved_as=name)
+        target = save_folder(self.model, self.snapshot(), name, self.owner, rename=rename)
+        self._set(saved_as=target.name)
         return target
 
     def _checkpoint(self, step: int, loss: float) -> None:
