@@ -138,3 +138,27 @@ def test_sink_rate_of_a_checkpoint_is_gu_et_al_metric_on_its_probe():
                 above += alpha0 > 0.3
                 total += 1
     assert run.snapshot().checkpoints[-1].sink_rate == pytest.approx(above / total)
+
+
+def test_training_holds_its_estimate_in_the_memory_budget_and_a_run_that_cannot_fit_is_refused(monkeypatch, lab_cache):
+    """The estimate counts what training keeps: checked against the bytes the run's own tensors take (parameters,
+    gradients and AdamW's moments, measured on the model after a step), which it must cover."""
+    from attnviz import budget
+
+    config = lab.LabConfig(steps=2, d_model=32)
+    run = lab.LabRun(config)
+    run.run()
+    params = sum(p.numel() for p in run.model.parameters())
+    assert lab.training.training_bytes(config) >= 4 * 4 * params
+
+    pool = budget.MemoryBudget(lab.training.training_bytes(config) + 10)
+    monkeypatch.setattr(budget, "BUDGET", pool)
+    started = lab.LabRun(config).start()
+    assert pool.held == lab.training.training_bytes(config)  # held while it trains
+    with pytest.raises(lab.LabBusyError, match="memory"):
+        lab.LabRun(config).start()  # the second run does not fit now: refused at once, not queued
+    started.join(60)
+    assert pool.held == 0
+    monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(10))
+    with pytest.raises(lab.LabBusyError, match="more than the"):
+        lab.LabRun(config).start()

@@ -98,8 +98,19 @@ class LabBusyError(RuntimeError):
     """Raised when MAX_CONCURRENT_RUNS runs are already training."""
 
 
-_ACTIVE: set[LabRun] = set()
+_ACTIVE: dict = {}  # owner -> the bytes of the memory budget its training holds
 _ACTIVE_LOCK = threading.Lock()
+
+
+def training_bytes(config) -> int:
+    """Estimated peak bytes of training `config`: the parameters with their gradients and AdamW's two moments
+    (4 float32 copies), and the activations kept for the backward pass (about 16 d_model values per token and
+    layer, and each head's scores, weights and their gradients, 3 per (query, key)), doubled for the backward
+    pass's own buffers. A 257-token vocabulary (the byte tokenizer) and a 4 d_model MLP."""
+    d, n_layers, t = config.d_model, config.n_layers, config.seq_len
+    params = 257 * d * 2 + n_layers * 12 * d * d + t * d
+    activations = config.batch_size * n_layers * t * (16 * d + 3 * config.n_heads * t)
+    return 4 * (4 * params + 2 * activations)
 
 
 def active_runs() -> int:
@@ -111,10 +122,20 @@ def active_runs() -> int:
 def take_slot(owner) -> None:
     """Takes one of the MAX_CONCURRENT_RUNS training slots of this process for `owner` (a LabRun, or a
     VariantComparison training several runs in one thread); LabBusyError when none is free."""
+    from attnviz import budget
+
     with _ACTIVE_LOCK:
         if len(_ACTIVE) >= MAX_CONCURRENT_RUNS:
             raise LabBusyError(f"{len(_ACTIVE)} runs are already training on this server; try again shortly")
-        _ACTIVE.add(owner)
+        try:  # never waits: a visitor whose run cannot start now is told so and tries again
+            configs = [r.config for r in owner.runs.values()] if hasattr(owner, "runs") else [owner.config]
+            need = sum(training_bytes(c) for c in configs)  # a comparison trains its runs side by side
+            _ACTIVE[owner] = budget.BUDGET.acquire(need, timeout=0, what="This training run")
+        except TimeoutError:
+            raise LabBusyError("other visitors' work holds this server's memory right now; try again shortly") \
+                from None
+        except budget.OverBudget as exc:
+            raise LabBusyError(str(exc).rstrip(".")) from None
 
 
 def train_in_slot(owner, name: str) -> threading.Thread:
@@ -123,8 +144,10 @@ def train_in_slot(owner, name: str) -> threading.Thread:
         try:
             owner.run()
         finally:
+            from attnviz import budget
+
             with _ACTIVE_LOCK:
-                _ACTIVE.discard(owner)
+                budget.BUDGET.release(_ACTIVE.pop(owner, 0))
 
     thread = threading.Thread(target=train, name=name, daemon=True)
     thread.start()
