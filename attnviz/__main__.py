@@ -133,15 +133,10 @@ def _stats(args) -> int:
 
         ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0].tolist()
         attend, summary = streaming_attend(ids)
-        targets = None
 
         def on_layer(layer, x):  # a family read by hooks (BLOOM) has no attend call: its statistics come here
-            nonlocal targets
             if layer not in summary:
-                from attnviz.stats import induction_targets
-
-                targets = targets or induction_targets(ids)
-                summary[layer] = streamed_stats(x, targets)
+                summary[layer] = streamed_stats(x, ids)
 
         capture = capture_attention(loaded, text, layers=layers, store="qk", keep_inputs=False, attend=attend,
                                     on_layer=on_layer, progress=report("forward pass and statistics"))

@@ -59,7 +59,7 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     pass over the scores); pooled_nosink_out likewise gets them with the first-token sink hidden.
     """
     pattern = getattr(capture, "pattern", None)
-    targets = induction_targets(capture.token_ids)
+    targets = induction_targets(capture.token_ids) if pattern is not None else None
     n_layers, n_heads, n = len(capture.layers), len(capture.kv_head_of), len(capture.token_ids)
     summary = getattr(capture, "summary", None) or {}
     # a model with learned sink logits (gpt-oss): each row's weights sum to 1 minus its sink's share
@@ -75,7 +75,7 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
             if sinks is not None:
                 per_layer[-1]["learned_sink"] = np.asarray(sinks[li], dtype=np.float64).mean(-1)
         else:
-            result = streamed_stats(capture.inputs[layer], targets, pool=pool)
+            result = streamed_stats(capture.inputs[layer], capture.token_ids, pool=pool)
             per_layer.append({c: result[c] for c in (*COLUMNS, "learned_sink") if c in result})
         if pool and "_pooled" in result:
             if pooled_out is not None:
@@ -93,11 +93,10 @@ def streaming_attend(token_ids, *, pool: int | None = None):
     """(attend, summary) for capture_attention(store="qk", attend=attend): each wanted layer's attention output
     and its streamed_stats (and pooled heads) from one pass over its scores, stored in summary[layer]; set
     capture.summary = summary afterwards and head_stats reads it instead of computing again."""
-    targets = induction_targets(token_ids)
     summary: dict[int, dict] = {}
 
     def attend(layer, inputs, values):
-        result = streamed_stats(inputs, targets, pool=pool, values=values)
+        result = streamed_stats(inputs, token_ids, pool=pool, values=values)
         summary[layer] = result
         return result.pop("_output")
 
@@ -181,7 +180,7 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
     return out
 
 
-def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int = 128, key_block: int = 2048,
+def streamed_stats(inputs, token_ids=None, *, block: int = 128, key_block: int = 2048,
                    pool: int | None = None, values: torch.Tensor | None = None) -> dict[str, np.ndarray]:
     """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs) the way the
     kernel page's FlashAttention kernel computes attention: tiles of `block` query rows x `key_block` keys, with a
@@ -195,8 +194,11 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     - entropy: with A = sum_k exp(s_k - m)(s_k - m), H = -sum_k p_k ln p_k = ln(l) sum_k p_k - A / l, and A is
       rescaled as A <- alpha (A + (m_i - m_new) l_i) + sum_tile exp(s - m_new)(s - m_new): no logarithm per weight;
     - mean distance: sum_k p_k |q - k|, as q sum_k p_k - (sum_k exp(s_k - m) k) / l for a causal row;
-    - the weight of single keys (token 0, the diagonal, the previous token, induction targets): their raw scores s
-      are kept, and p = exp(s - m) / l at the end; a learned sink logit joins m and l at the end.
+    - the weight of single keys (token 0, the diagonal, the previous token): their raw scores s are kept, and
+      p = exp(s - m) / l at the end; a learned sink logit joins m and l at the end;
+    - induction (token_ids given; NaN without): query q's weight on the keys k < q whose previous token equals
+      its own, ids[k - 1] == ids[q] (induction_targets' definition), carried like l with that match as a mask on
+      each tile: O(tile) work and no list of (query, target) pairs, which a repetitive text makes O(n²) long.
     Sums over a tile run in float32, totals over rows in float64.
     pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result), from
     each pooling block's largest raw score (exp is monotone: the largest weight is exp(max s - m) / l), and
@@ -211,7 +213,16 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
     n, n_keys, n_heads = inputs.n_query, inputs.n_key, inputs.n_heads
     sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}
     per_query = np.zeros((n_heads, n))
-    with_targets = np.zeros(n, dtype=bool)
+    if token_ids is not None:
+        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
+        before = torch.cat([torch.tensor([-1]), ids[:-1]])  # the token before each key; none before key 0
+        first_seen = {}
+        for q, tok in enumerate(ids.tolist()):
+            first_seen.setdefault(tok, q)
+        # query q has an induction target when its token occurred at some j with j + 1 < q
+        with_targets = np.array([first_seen[tok] + 1 < q for q, tok in enumerate(ids.tolist())], dtype=bool)
+    else:
+        with_targets = np.zeros(n, dtype=bool)
     sink = inputs.sink
     sink_share = np.zeros(n_heads)
     causal_rule = inputs.mask.kind == "causal" and n_keys == n
@@ -240,10 +251,8 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
         dist = torch.zeros(n_heads, r)  # sum exp(s - m) k (causal) or sum exp(s - m) |q - k|
         acc = torch.zeros(n_heads, r, values.shape[-1]) if values is not None else None
         raw0, raw_self, raw_prev = (torch.full((n_heads, r), neg_inf) for _ in range(3))
-        pairs = [(q - a, t) for q in range(a, b) for t in (targets[q] if targets else ())]
-        pair_r = torch.tensor([p[0] for p in pairs], dtype=torch.long)
-        pair_t = torch.tensor([p[1] for p in pairs], dtype=torch.long)
-        raw_pairs = torch.full((n_heads, len(pairs)), neg_inf)
+        induction = torch.zeros(n_heads, r)  # sum exp(s - m) over the keys after an earlier copy of the query
+        find = token_ids is not None and n_keys == n and bool(with_targets[a:b].any())
         bins_max = torch.full((n_heads, r, n_bins), neg_inf) if pool else None
         bin0_off_sink = torch.full((n_heads, r), neg_inf)  # largest raw score of the first key block, key 0 left out
         for k0 in range(0, key_end, key_block):
@@ -256,9 +265,6 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
             raw_self[:, on_diag] = s[:, rows[on_diag], qpos[on_diag] - k0]
             prev = (qpos - 1 >= k0) & (qpos - 1 < k1)
             raw_prev[:, prev] = s[:, rows[prev], qpos[prev] - 1 - k0]
-            if pairs:
-                inside = (pair_t >= k0) & (pair_t < k1)
-                raw_pairs[:, inside] = s[:, pair_r[inside], pair_t[inside] - k0]
             if pool:
                 first = int(np.searchsorted(key_edges, k0, side="right")) - 1
                 last = int(np.searchsorted(key_edges, k1 - 1, side="right")) - 1
@@ -278,6 +284,9 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
             shift = torch.where(l > 0, (m - m_safe) * l, torch.zeros_like(l))  # (m_i - m_new) l_i, 0 if l_i = 0
             big_a = alpha * (big_a + shift) + (e * s).sum(-1)
             l = alpha * l + e.sum(-1)
+            if find:
+                match = (before[None, k0:k1] == ids[a:b, None]) & (positions[None, k0:k1] < qpos[:, None])
+                induction = alpha * induction + (e * match).sum(-1) if match.any() else alpha * induction
             if causal_rule:
                 dist = alpha * dist + torch.matmul(e, positions[k0:k1])
             else:
@@ -298,6 +307,7 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
             l_keys = alpha * l
             l = l_keys + torch.exp(sink[:, None] - m_f)
             dist = alpha * dist
+            induction = alpha * induction
             if acc is not None:
                 acc = alpha[..., None] * acc
             m_safe = m_f
@@ -316,10 +326,8 @@ def streamed_stats(inputs, targets: list[list[int]] | None = None, *, block: int
         first_row = 1 if a == 0 else 0  # query 0 has no previous token and is left out of the sink mass
         sums["sink_mass"] += p0[:, first_row:].double().sum(-1).numpy()
         sums["prev_token"] += p_prev[:, first_row:].double().sum(-1).numpy()
-        if pairs:  # every (query, induction target) weight of the block
-            mass_pairs = (torch.exp(raw_pairs - m_safe[:, pair_r]) / total[:, pair_r]).double().numpy()
-            np.add.at(per_query.T, pair_r.numpy() + a, mass_pairs.T)
-            with_targets[pair_r.numpy() + a] = True
+        if find:
+            per_query[:, a:b] = (induction / total).double().numpy()
         if acc is not None:
             output[:, a:b] = acc / total[..., None]
         if pool:  # the largest weight of each (row, key block), then the largest over each pooling row block

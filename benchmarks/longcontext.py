@@ -42,17 +42,17 @@ def _child(case: str, n_tokens: int) -> dict:
 
     from attnviz.capture import capture_attention
     from attnviz.models import load_model
-    from attnviz.stats import head_stats, induction_targets, stats_frame, streamed_stats
+    from attnviz.stats import head_stats, stats_frame, streamed_stats
 
     loaded = load_model(MODEL)
     text = long_text(n_tokens, loaded.tokenizer)
     out = {"threads": torch.get_num_threads()}
     started = time.perf_counter()
     if case == "stats":
-        targets = induction_targets(loaded.tokenizer(text).input_ids)
+        ids = loaded.tokenizer(text).input_ids
         per_layer = {}
         cap = capture_attention(loaded, text, store="qk", keep_inputs=False,
-                                on_layer=lambda layer, x: per_layer.__setitem__(layer, streamed_stats(x, targets)))
+                                on_layer=lambda layer, x: per_layer.__setitem__(layer, streamed_stats(x, ids)))
         stats_frame([per_layer[i] for i in cap.layers], cap.layers, cap.kv_head_of, cap.n_tokens)
     elif case == "page":
         # the Heads page itself, run by Streamlit's AppTest (script time on the server, without the browser)

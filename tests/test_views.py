@@ -114,10 +114,9 @@ def test_online_tiles_equal_the_dense_statistics_output_and_grid(kind, sink):
                     softcap=4.0, sink=torch.randn(heads, generator=g) + 2 if sink else None)
     v = torch.randn(kv, n, 3, generator=g)
     ids = list(np.random.default_rng(1).integers(0, 6, n))
-    targets = induction_targets(ids)
-    got = streamed_stats(x, targets, block=5, key_block=7, pool=9, values=v)
+    got = streamed_stats(x, ids, block=5, key_block=7, pool=9, values=v)
     dense = layer_pattern(x, dtype=torch.float64)[0].numpy()
-    expected = pattern_stats(dense, targets)
+    expected = pattern_stats(dense, induction_targets(ids))  # the dense definition: a list of targets per query
     for column in expected:
         np.testing.assert_allclose(got[column], expected[column], rtol=2e-6, atol=1e-7, err_msg=column)
     np.testing.assert_allclose(got["_output"], layer_output(x, v.double(), dtype=torch.float64).numpy(), atol=2e-6)
@@ -162,3 +161,23 @@ def test_sink_hidden_and_the_difference_of_two_maps_equal_a_row_by_row_loop():
     assert got["max"] == pytest.approx(largest, abs=1e-12)
     assert map_difference(a, a)["total_variation"] == 0.0 and map_difference(a, a)["all_rows"]
     assert map_difference(np.full((2, 2), np.nan), b[:2, :2]) is None
+
+
+def test_induction_on_a_text_of_one_repeated_token_equals_the_dense_definition():
+    """A text that repeats one token has n²/2 (query, target) pairs; the streamed pass reads the match as a mask
+    per tile instead of listing them. Its scores equal the dense definition (pattern_stats on induction_targets'
+    lists), on one repeated token and on a text with a few."""
+    import torch
+
+    from attnviz.attention import LayerInputs, MaskRule, causal_mask, layer_pattern
+    from attnviz.stats import induction_targets, pattern_stats, streamed_stats
+
+    n = 300
+    g = torch.Generator().manual_seed(0)
+    x = LayerInputs(q=torch.randn(2, n, 8, generator=g), k=torch.randn(2, n, 8, generator=g), kv_head_of=(0, 1),
+                    scaling=8 ** -0.5, mask=MaskRule.from_bool(causal_mask(n)))
+    dense = layer_pattern(x, dtype=torch.float64)[0].numpy()
+    for ids in ([7] * n, [i % 5 for i in range(n)], list(range(n))):
+        got = streamed_stats(x, ids, block=64, key_block=100)["induction"]
+        want = pattern_stats(dense, induction_targets(ids))["induction"]
+        np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
