@@ -74,6 +74,8 @@ if "learned_sink" in stats.columns:
             "softmax that belongs to no token, so a row's weights sum to 1 minus what the sink took. Here the sinks "
             f"take {share.mean():.1%} of the attention on average (from {share.min():.1%} to {share.max():.1%} by "
             "head): see the learned_sink column in Statistics.")
+links.check_asked(cache.LINK, "heads_layer", capture.layers)  # said across the page, not in a narrow column
+links.check_asked(cache.LINK, "heads_head", range(capture.n_heads))
 c1, c2, c3, c4 = st.columns(4)
 with c1:
     layer = cache.choice_box("Layer", list(capture.layers), "heads_layer")

@@ -179,3 +179,12 @@ def test_a_query_token_past_the_text_is_clamped_with_a_warning():
     assert at.selectbox(key="heads_query").value == n - 1
     assert any(f"`query=40`: this text has no token 40 (tokens 0–{n - 1}), showing {n - 1}" in w.value
                for w in at.warning)
+
+
+def test_a_repeated_unregistered_model_is_one_warning_and_the_button_goes_once_pressed():
+    at = _page("experiments", {"model": ["toy-gpt2", "../../etc"]})
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1 and "gives `model` 2 times" in warnings[0] and "Load it" in warnings[0], warnings
+    at.button(key="exp_link_model_confirm").click().run()
+    assert not at.exception and not at.warning and at.error
+    assert not any(b.key == "exp_link_model_confirm" for b in at.button)

@@ -96,7 +96,9 @@ def read(link: Link) -> None:
         note = _apply(link, name, param, values[-1], asked)
         if note:
             notes.append(note)
-        if notes:
+        if notes and param.kind == "model" and not note and link.state("model_pending") in st.session_state:
+            st.session_state[link.state("model_note")] = " ".join(notes)  # said with model_confirmed's warning
+        elif notes:
             st.warning(" ".join(notes))
     st.session_state[link.state("asked")] = asked
 
@@ -195,6 +197,7 @@ def _model(link: Link, name: str, param: Param, value: str) -> str | None:
 
     if len(value) > MAX_MODEL_NAME_CHARS:
         return f"The link's {shown(name)} is {len(value):,} characters, too long for a model name or folder: ignored."
+    st.session_state.pop(link.state("model_note"), None)
     if value in {spec.name for spec in available_models()}:
         _set(param, value)
         st.session_state.pop(link.state("model_pending"), None)
@@ -211,11 +214,17 @@ def model_confirmed(link: Link, model: str | None) -> bool:
     pending = st.session_state.get(link.state("model_pending"))
     if model is None or model != pending:
         return True
-    st.warning(f"The link's {shown('model', model)} is not one of attnviz's models (toy, bundled or toy-lab): a "
-               "folder or hub id is read from this server, so it is loaded only when you press Load it.")
-    if not st.button("Load it", key=link.state("model_confirm")):
-        return False
+    said = st.session_state.get(link.state("model_note"), "")
+    slot = st.empty()  # the warning and the button go as soon as it is pressed
+    with slot.container():
+        st.warning(f"{said} The link's {shown('model', model)} is not one of attnviz's models (toy, bundled or "
+                   "toy-lab): a folder or hub id is read from this server, so it is loaded only when you press Load "
+                   "it.".strip())
+        if not st.button("Load it", key=link.state("model_confirm")):
+            return False
+    slot.empty()
     del st.session_state[link.state("model_pending")]
+    st.session_state.pop(link.state("model_note"), None)
     return True
 
 
