@@ -4,55 +4,34 @@ import streamlit as st
 from attnviz import ui
 from attnviz.figures import experiments as figs
 from attnviz.capture import readable_tokens
-from attnviz.models import available_models
+from attnviz.generation import MAX_NEW_TOKENS
 from attnviz.ui import experiments as cache
+from attnviz.ui import links
 
 VIEWS = ("Generation", "Knock-outs", "Rollout", "Norm-based attention")
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 DEFAULT_PROMPT = "Once upon a time"
 URL_TEXT_LIMIT = 1500
-# link key -> (session key, kind)
-LINK = {"view": ("exp_view", "view"), "model": ("exp_model", "model"), "text": ("exp_text", "text"),
-        "prompt": ("exp_prompt", "text"), "new": ("exp_new", "int"), "temperature": ("exp_temperature", "float"),
-        "seed": ("exp_seed", "int"), "mode": ("exp_ko_mode", "mode"), "layer": ("exp_layer", "int"),
-        "head": ("exp_head", "int"), "query": ("exp_query", "int"), "step": ("exp_step", "int")}
-
-
-def from_link() -> None:
-    """The view from the URL, applied when the query is not the one this page last wrote. Layers, heads, queries
-    and steps the model or text does not have are clamped later (ui.choice_box) with a warning."""
-    q = st.query_params.to_dict()
-    seen = tuple(sorted((k, v) for k, v in q.items() if k in LINK))
-    if seen == st.session_state.get("exp_link_seen"):
-        return
-    st.session_state["exp_link_seen"] = seen
-    asked = {}
-    for name, (key, kind) in LINK.items():
-        value = q.get(name)
-        if value is None:
-            continue
-        if kind == "view" and value in VIEWS:
-            st.session_state[key] = value
-        elif kind == "model" and value in {spec.name for spec in available_models()}:
-            st.session_state[key] = value
-        elif kind == "text":
-            st.session_state[key] = value[:ui.MAX_TEXT_CHARS]
-        elif kind == "mode" and value in ("zero", "mean"):
-            st.session_state[key] = value
-        elif kind == "int" and value.isdigit():
-            st.session_state[key] = asked[key] = int(value)
-        elif kind == "float":
-            try:
-                st.session_state[key] = min(2.0, max(0.0, round(float(value), 1)))
-            except ValueError:
-                pass
-    st.session_state["exp_link_asked"] = asked
+LINK = links.Link("exp_", {
+    "view": links.Param("exp_view", "choice", choices={v: v for v in VIEWS}),
+    "model": links.Param("exp_model", "model"),
+    "text": links.Param("exp_text", "text", "text"),
+    "prompt": links.Param("exp_prompt", "text", "prompt"),
+    "new": links.Param("exp_new", "int", lo=1, hi=MAX_NEW_TOKENS),
+    "temperature": links.Param("exp_temperature", "float", "temperature", lo=0.0, hi=2.0, step=0.1),
+    "seed": links.Param("exp_seed", "int", lo=0, hi=1_000_000),
+    "mode": links.Param("exp_ko_mode", "choice", choices={"zero": "zero", "mean": "mean"}),
+    "layer": links.Param("exp_layer", "int", "layer"),
+    "head": links.Param("exp_head", "int", "head"),
+    "query": links.Param("exp_query", "int", "token", within="text"),
+    "step": links.Param("exp_step", "int", "generated token", within="generation"),
+})
 
 
 def choice_box(label, options, key, default=None):
     if key not in st.session_state and default is not None:  # the selectbox would otherwise start at options[0]
         st.session_state[key] = default
-    return ui.choice_box(label, options, key, default, link_asked_key="exp_link_asked")
+    return links.choice_box(LINK, label, options, key, default)
 
 
 def generation_view(model, loaded):
@@ -74,12 +53,9 @@ def generation_view(model, loaded):
                + {"eos": ", ending with the model's end token.", "stopped": " before you stopped it.",
                   "length": "."}[gen.ended])
     steps = [f"{i}: {gen.tokens[gen.n_prompt + i]}" for i in range(gen.n_generated)]
-    asked = st.session_state.get("exp_step", 0)
-    if not 0 <= asked < gen.n_generated:
-        if st.session_state.get("exp_link_asked", {}).get("exp_step") == asked:
-            st.warning(f"The link asked for generated token {asked}; there are {gen.n_generated}: showing the last.")
+    links.check_asked(LINK, "exp_step", range(gen.n_generated))
+    if not 0 <= st.session_state.get("exp_step", 0) < gen.n_generated:
         st.session_state["exp_step"] = gen.n_generated - 1
-    st.session_state.get("exp_link_asked", {}).pop("exp_step", None)
     step = 0 if gen.n_generated == 1 else st.select_slider(
         "Generated token", list(range(gen.n_generated)), key="exp_step", persist_state="session",
         format_func=lambda i: steps[i])
@@ -245,14 +221,14 @@ st.title("Experiments")
 st.write("From picture to experiment: watch attention while the model writes, remove heads and measure what they "
          "carried, follow attention through every layer (rollout), and weigh attention by what it moves "
          "(norm-based attention).")
-from_link()
+links.read(LINK)
 left, right = st.columns([1, 2])
 with left:
     model = ui.model_picker("exp_model", default="toy-gpt2", allow_custom=True)
     view = st.radio("Experiment", VIEWS, key="exp_view", persist_state="session")
 with right:
     text = ui.text_input("exp_text", DEFAULT_TEXT, height=80) if view != "Generation" else None
-if model is None:
+if model is None or not links.model_confirmed(LINK, model):  # a link's folder or hub id loads once confirmed
     st.stop()
 loaded = ui.get_model(model)
 if loaded is None:
@@ -275,7 +251,4 @@ link = {"view": view, "model": model, **({"text": text} if text and len(text) <=
         **{k: str(v) for k, v in shown.items() if k != "prompt"}}
 if shown.get("prompt") and len(shown["prompt"]) <= URL_TEXT_LIMIT:
     link["prompt"] = shown["prompt"]
-link = {k: str(v) for k, v in link.items()}
-if st.query_params.to_dict() != link:
-    st.query_params.from_dict(link)
-st.session_state["exp_link_seen"] = tuple(sorted(link.items()))
+links.write(LINK, link)

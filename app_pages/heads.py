@@ -11,6 +11,7 @@ from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
 from attnviz.stats import COLUMNS, ROLES, top_heads
 from attnviz.ui import heads as cache
+from attnviz.ui import links
 
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
@@ -35,18 +36,15 @@ with right:
     text = ui.text_input("heads_text", DEFAULT_TEXT, height=80)
 if model is None:
     st.stop()
-if model == st.session_state.get("heads_link_model_pending"):
-    # A link must not make the server load any folder it names: the visitor confirms first.
-    st.info(f"This link asks to load the model `{model}` from this server's disk or Hugging Face cache.")
-    if not st.button("Load it", key="heads_link_model_confirm"):
-        st.stop()
-    del st.session_state["heads_link_model_pending"]
+if not links.model_confirmed(cache.LINK, model):  # a link's folder or hub id loads once the visitor confirms
+    st.stop()
 loaded = ui.get_model(model)
 if loaded is None:
     st.stop()
 
 n_model_layers = loaded.shape.layers
 layers = None
+links.check_asked(cache.LINK, "heads_layer_range", range(n_model_layers))
 if n_model_layers > 12:
     asked_range = st.session_state.get("heads_layer_range")
     if asked_range and not (0 <= asked_range[0] <= asked_range[1] < n_model_layers):
@@ -76,6 +74,8 @@ if "learned_sink" in stats.columns:
             "softmax that belongs to no token, so a row's weights sum to 1 minus what the sink took. Here the sinks "
             f"take {share.mean():.1%} of the attention on average (from {share.min():.1%} to {share.max():.1%} by "
             "head): see the learned_sink column in Statistics.")
+links.check_asked(cache.LINK, "heads_layer", capture.layers)  # said across the page, not in a narrow column
+links.check_asked(cache.LINK, "heads_head", range(capture.n_heads))
 c1, c2, c3, c4 = st.columns(4)
 with c1:
     layer = cache.choice_box("Layer", list(capture.layers), "heads_layer")
@@ -103,6 +103,7 @@ with c4:
 li = capture.layers.index(layer)
 
 # The query token of Where a token looks follows a new model or text (its last token), or the one a link names.
+links.check_asked(cache.LINK, "heads_link_query", range(n))
 if "heads_link_query" in st.session_state:
     st.session_state["heads_query"] = min(st.session_state.pop("heads_link_query"), n - 1)
     st.session_state["heads_query_for"] = key

@@ -18,6 +18,7 @@ from attnviz import views
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.stats import head_stats
+from attnviz.ui import links
 
 OVERVIEW = 512  # pixels per side of a long head's overview
 # Above this many tokens the One head tab draws the max-pooled overview and a zoom window in both stores: a full-size
@@ -174,64 +175,38 @@ def compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple,
 
 # -- the link: a shared URL reproduces the view ------------------------------------------------------------------
 
-LINK_KEYS = ("model", "text", "layer", "head", "layers", "boost", "sink", "query", "tab")
+LINK = links.Link("heads_", {
+    "model": links.Param("heads_model", "model"),
+    "text": links.Param("heads_text", "text", "text"),
+    "layer": links.Param("heads_layer", "int", "layer"),
+    "head": links.Param("heads_head", "int", "head"),
+    "layers": links.Param("heads_layer_range", "range", "layer"),
+    "boost": links.Param("heads_link_boost", "choice", choices={"0": False, "1": True}),  # over the long-text default
+    "sink": links.Param("heads_hide_sink", "choice", choices={"0": False, "1": True}),
+    "query": links.Param("heads_link_query", "int", "token", within="text"),  # applied once the tokens are known
+    "tab": links.Param("heads_tab", "choice", also=("heads_open_tab",)),  # its choices: the page's tabs
+})
 
 
 def link_key(query: dict) -> tuple:
     """The part of a URL query the Heads page reads, as a comparable tuple."""
-    return tuple(sorted((k, str(v)) for k, v in query.items() if k in LINK_KEYS))
+    return links.link_key(LINK, query)
 
 
 def from_link(tab_of_slug: dict[str, str]) -> None:
-    """Model, text, layers, head, settings, query token and open tab from the URL query, so a shared link
-    reproduces the view. Applied whenever the query is not the one the page last wrote (a new link, or a link from
-    another page), never over the user's own choices on a rerun. tab_of_slug: the tab label of each link name."""
-    from attnviz import ui
-    from attnviz.models import available_models
-
-    q = st.query_params
-    if link_key(q.to_dict()) == st.session_state.get("heads_link_seen"):
-        return
-    st.session_state["heads_link_seen"] = link_key(q.to_dict())
-    if "model" in q:
-        if q["model"] in {spec.name for spec in available_models()}:
-            st.session_state["heads_model"] = q["model"]
-        else:  # a local folder or hub id: it goes into the picker's text box, loaded only once the user confirms
-            st.session_state["heads_model"] = ui.CUSTOM_MODEL
-            st.session_state["heads_model_custom"] = q["model"]
-            st.session_state["heads_link_model_pending"] = q["model"]
-    if "text" in q:
-        st.session_state["heads_text"] = q["text"][:ui.MAX_TEXT_CHARS]
-    asked = {}
-    for name in ("layer", "head"):
-        if q.get(name, "").isdigit():
-            st.session_state[f"heads_{name}"] = asked[f"heads_{name}"] = int(q[name])
-    st.session_state["heads_link_asked"] = asked  # choice_box says so when the model has no such layer or head
-    first, _, last = q.get("layers", "").partition("-")
-    if first.isdigit() and last.isdigit() and int(first) <= int(last):
-        st.session_state["heads_layer_range"] = (int(first), int(last))
-    if q.get("boost") in ("0", "1"):
-        st.session_state["heads_link_boost"] = q["boost"] == "1"  # applied over the long-text default
-    if q.get("sink") in ("0", "1"):
-        st.session_state["heads_hide_sink"] = q["sink"] == "1"
-    if q.get("query", "").isdigit():
-        st.session_state["heads_link_query"] = int(q["query"])  # applied once the text's tokens are known
-    if q.get("tab") in tab_of_slug:
-        st.session_state["heads_tab"] = st.session_state["heads_open_tab"] = tab_of_slug[q["tab"]]
+    """Model, text, layers, head, settings, query token and open tab from the URL query (links.read), so a shared
+    link reproduces the view. tab_of_slug: the tab label of each link name."""
+    links.read(LINK.with_choices("tab", tab_of_slug))
 
 
 def write_link(view: dict) -> None:
     """Puts the view into the URL (only when it changed) and remembers it as the page's own link."""
-    if link_key(st.query_params.to_dict()) != link_key(view):
-        st.query_params.from_dict(view)
-    st.session_state["heads_link_seen"] = link_key(view)
+    links.write(LINK, view)
 
 
 def choice_box(label: str, options: list[int], key: str) -> int:
     """ui.choice_box, warning when a link asked for a layer or head this model does not have."""
-    from attnviz import ui
-
-    return ui.choice_box(label, options, key, link_asked_key="heads_link_asked")
+    return links.choice_box(LINK, label, options, key)
 
 
 def open_tab(labels: list[str]) -> list:
