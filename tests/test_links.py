@@ -128,7 +128,8 @@ def _page(name: str, query: dict, *, view: str | None = None) -> AppTest:
 
 
 @pytest.mark.parametrize("model", ["../../etc", "/etc", "no-such-model", " lab/../x "])
-def test_an_unregistered_model_from_a_link_waits_for_the_visitor_alike_on_both_pages(model):
+def test_an_unregistered_model_from_a_link_waits_for_the_visitor_alike_on_both_pages(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))  # a server that opens folders under one root
     said = {}
     for name in PAGES:
         at = _page(name, {"model": model})
@@ -139,6 +140,16 @@ def test_an_unregistered_model_from_a_link_waits_for_the_visitor_alike_on_both_p
         at.button(key=f"{MODEL_KEY[name][:-5]}link_model_confirm").click().run()
         assert not at.exception and at.error, f"{name}: the confirmed name is tried, and the page says why it fails"
     assert said["heads"] == said["experiments"]
+
+
+@pytest.mark.parametrize("model", ["../../etc", "/etc", "no-such-model"])
+def test_a_server_that_opens_no_folders_ignores_a_links_unregistered_model_with_a_warning(model, monkeypatch):
+    monkeypatch.delenv("ATTNVIZ_MODEL_ROOTS", raising=False)
+    for name in PAGES:
+        at = _page(name, {"model": model}, view="Rollout")
+        warnings = [w.value for w in at.warning]
+        assert len(warnings) == 1 and "opens no folders of models: ignored" in warnings[0], warnings
+        assert at.selectbox(key=MODEL_KEY[name]).value == "toy-gpt2" and at.get("plotly_chart")
 
 
 def test_a_100_kb_model_name_is_never_echoed_back_and_the_page_keeps_its_model():
@@ -181,7 +192,8 @@ def test_a_query_token_past_the_text_is_clamped_with_a_warning():
                for w in at.warning)
 
 
-def test_a_repeated_unregistered_model_is_one_warning_and_the_button_goes_once_pressed():
+def test_a_repeated_unregistered_model_is_one_warning_and_the_button_goes_once_pressed(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
     at = _page("experiments", {"model": ["toy-gpt2", "../../etc"]})
     warnings = [w.value for w in at.warning]
     assert len(warnings) == 1 and "gives `model` 2 times" in warnings[0] and "Load it" in warnings[0], warnings

@@ -202,6 +202,9 @@ def _model(link: Link, name: str, param: Param, value: str) -> str | None:
         _set(param, value)
         st.session_state.pop(link.state("model_pending"), None)
         return None
+    if not ui.model_roots():  # this server opens its listed models only: nothing to confirm
+        return (f"The link's {shown(name, value)} is not one of attnviz's models (toy, bundled or toy-lab), and this "
+                "server opens no folders of models: ignored.")
     _set(param, ui.CUSTOM_MODEL)
     st.session_state[f"{param.key}_custom"] = value
     st.session_state[link.state("model_pending")] = value
