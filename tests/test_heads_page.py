@@ -77,12 +77,15 @@ def test_heads_opens_on_the_real_decoder_and_falls_back_when_it_is_missing(monke
     assert at.selectbox(key="heads_model").value == "toy-gpt2"  # the first installed model, not a warning
     assert not at.warning
 
-def test_link_to_an_unknown_model_says_so():
+def test_link_to_an_unknown_model_says_so(tmp_path, monkeypatch):
+    from attnviz.models import NOT_AVAILABLE
+
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
     at = heads_page({"model": "no-such-model"})
     assert at.text_input(key="heads_model_custom").value == "no-such-model"
     assert not at.error, "a folder named by a link is not loaded before the visitor confirms"
     at.button(key="heads_link_model_confirm").click().run()
-    assert any("Unknown model 'no-such-model'" in e.value for e in at.error)
+    assert [e.value for e in at.error] == [NOT_AVAILABLE]
 
 def test_empty_text_is_an_error_message():
     at = heads_page()
@@ -286,9 +289,11 @@ def test_a_link_carries_boost_hidden_sink_query_and_layer_range_and_says_when_it
     assert at.slider(key="heads_layer_range").value == (3, 5)
     assert at.query_params["layers"] in ("3-5", ["3-5"])
 
-def test_heads_page_shows_a_models_learned_sinks(tmp_path):
+def test_heads_page_shows_a_models_learned_sinks(tmp_path, monkeypatch):
     """A gpt-oss folder (learned sink logits): the page says how much the sinks take and maps the column."""
     import sys
+
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))  # a server that opens the folders under tmp_path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from families import build_family
