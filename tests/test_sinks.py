@@ -304,7 +304,7 @@ def test_alpha0_and_the_heads_pages_sink_mass_relation():
     np.testing.assert_allclose(alpha0, (1 + (m - 1) * frame["sink_mass"].to_numpy()) / m, atol=1e-6)
 
 
-def test_page_states_a_learned_sinks_share(tmp_path):
+def test_page_states_a_learned_sinks_share(tmp_path, monkeypatch):
     """A gpt-oss folder: the Sinks page says what its learned sink logits take, computed from the capture."""
     import sys
     from pathlib import Path
@@ -320,7 +320,10 @@ def test_page_states_a_learned_sinks_share(tmp_path):
     folder = build_family("gpt_oss", tmp_path)
     text = "abcabc abcabc"
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"), default_timeout=120)
-    at.session_state["sinks_model"] = "Other: a local folder or hub id…"
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))  # a server that opens the folders under tmp_path
+    from attnviz.ui import CUSTOM_MODEL
+
+    at.session_state["sinks_model"] = CUSTOM_MODEL
     at.session_state["sinks_model_custom"] = str(folder)
     at.session_state["sinks_text"] = text
     at.run()
