@@ -169,15 +169,12 @@ def token_panel():
 
 
 def predictions_panel():
-    if n > cache.MAX_PREDICTION_TOKENS:
-        st.info(f"Predictions run the model once more with its attention dense: up to "
-                f"{cache.MAX_PREDICTION_TOKENS:,} tokens here, and this text has {n:,}. Shorten it to see them.")
-        return
-    with st.spinner("Predicting every next token…"):
-        got = cache.predictions_of(model, version, text, 5, loaded, capture)
-    if got is None:
+    if not cache.predicts_next_token(loaded):
         st.info(f"{model} is an encoder: it has no language-model head, so it predicts no next token (no loss, no "
                 "top-k). Pick a decoder such as smollm2-135m or toy-gpt2.")
+        return
+    got = cache.predictions_of(model, version, text, 5, loaded, capture)
+    if got is None:
         return
     losses, table = got
     st.plotly_chart(text_figs.loss_chart(losses, capture.tokens, title=f"{model}: the loss of each token given the "
@@ -322,41 +319,37 @@ def stats_panel():
 def compare_panel():
     mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,
                     key="heads_compare_mode", persist_state="session")
-    a, a_key, a_title = capture.pattern[li, head], ("head", layer, head), f"A: layer {layer}, head {head}"
-    b = None
-    b_tokens = capture.tokens
+    a = cache.CompareMap(capture, layer, head, ("head", layer, head), f"A: layer {layer}, head {head}")
     if mode == "Two heads":
         d1, d2 = st.columns(2)
         with d1:
             layer_b = cache.choice_box("Layer B", list(capture.layers), "heads_layer_b")
         with d2:
             head_b = cache.choice_box("Head B", list(range(capture.n_heads)), "heads_head_b")
-        b, b_key = capture.pattern[capture.layers.index(layer_b), head_b], ("head", layer_b, head_b)
-        b_title = f"B: layer {layer_b}, head {head_b}"
+        b = cache.CompareMap(capture, layer_b, head_b, ("head", layer_b, head_b), f"B: layer {layer_b}, head {head_b}")
     elif mode.startswith("Two layers"):
         layer_b = cache.choice_box("Layer B", list(capture.layers), "heads_layer_b2")
-        a, a_key, a_title = capture.pattern[li].mean(0), ("mean", layer), f"A: layer {layer}, mean of its heads"
-        b, b_key = capture.pattern[capture.layers.index(layer_b)].mean(0), ("mean", layer_b)
-        b_title = f"B: layer {layer_b}, mean of its heads"
+        a = cache.CompareMap(capture, layer, None, ("mean", layer), f"A: layer {layer}, mean of its heads")
+        b = cache.CompareMap(capture, layer_b, None, ("mean", layer_b), f"B: layer {layer_b}, mean of its heads")
     else:
         other = st.text_area("Text B", value=text.replace("cat", "dog"), key="heads_text_b",
                              persist_state="session", height=68)  # its length is checked by get_capture
-        other_capture = ui.get_capture(model, other, layers=layers)
-        if other_capture is not None:
-            b, b_key, b_tokens = other_capture.pattern[li, head], ("text", other, layer, head), other_capture.tokens
-            b_title = f"B: text B, layer {layer}, head {head}"
-    if b is None:
+        other_capture = ui.get_capture(model, other, layers=layers, store="auto")
+        if other_capture is None:
+            return
+        b = cache.CompareMap(other_capture, layer, head, ("text", other, layer, head),
+                             f"B: text B, layer {layer}, head {head}")
+    shown = cache.compare_view(*key, a, b, gamma, hide_sink)
+    if shown is None:
         return
-    fig_a, fig_b, diff, summary = cache.compare_figures(*key, a_key, b_key, gamma, hide_sink, a, b, capture.tokens,
-                                                        b_tokens, capture.causal, (a_title, b_title))
+    fig_a, fig_b, diff, summary = shown
     # side by side while the maps are small enough to read in half the width; longer texts get the full width
     # each, one under the other (two 1,800-token images in half columns shrink to ~200 px with piled-up ticks)
-    e1, e2 = st.columns(2) if max(a.shape[-1], b.shape[-1]) <= figs.DETAIL_MAX_TOKENS else (st.container(),
-                                                                                            st.container())
+    e1, e2 = st.columns(2) if max(a.n, b.n) <= figs.DETAIL_MAX_TOKENS else (st.container(), st.container())
     e1.plotly_chart(fig_a, width="stretch")
     e2.plotly_chart(fig_b, width="stretch")
     if diff is None:
-        st.info(f"Text B has {len(b_tokens)} tokens and text A {n}: the difference needs the same number of "
+        st.info(f"Text B has {b.n:,} tokens and text A {a.n:,}: the difference needs the same number of "
                 "tokens (keep the texts the same length in tokens).")
         return
     st.plotly_chart(diff, width="stretch")
@@ -365,7 +358,9 @@ def compare_panel():
     else:
         st.write(f"Largest difference: {summary['max']:.3f}; total variation per query row: "
                  f"{summary['total_variation']:.3f} (0 = same, 1 = disjoint)"
-                 + (f", over the {summary['rows']:,} rows blank in neither map." if not summary["all_rows"] else "."))
+                 + (f", over the {summary['rows']:,} rows blank in neither map." if not summary["all_rows"] else ".")
+                 + (" Computed from the full maps a block of rows at a time; the maps are drawn max-pooled."
+                    if max(a.n, b.n) > cache.FULL_MAP_MAX_TOKENS else ""))
 
 
 @st.fragment
@@ -453,16 +448,9 @@ if tabs["head"].open:
                 st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of "
                          f"{n:,} rows have under {MIN_REMAINING:.0%} and are blank in the map above.")
 
-def compare_or_why() -> None:
-    if long_text:
-        st.info(f"Compare needs the dense pattern: this text's {n:,} tokens are kept as q and k only. Compare two "
-                "heads on a shorter text, or zoom into each head in One head.")
-    else:
-        compare_panel()
-
 
 for name, panel in (("token", token_panel), ("predict", predictions_panel), ("induction", induction_panel),
-                    ("corpus", corpus_panel), ("stats", stats_panel), ("compare", compare_or_why),
+                    ("corpus", corpus_panel), ("stats", stats_panel), ("compare", compare_panel),
                     ("export", export_panel)):
     if tabs[name].open:  # only the open tab runs
         with tabs[name]:

@@ -42,16 +42,74 @@ dtype = c6.selectbox("dtype", ["float32", "float16", "bfloat16"], key="kernel_dt
 seed = int(c7.number_input("Seed for Q, K, V", 0, 10_000, 0, key="kernel_seed", persist_state="session"))
 settings = (n, d, block_m, block_n, causal, dtype, seed)
 
-run = uk.kernel_run(*settings)
-if run is None:
-    st.stop()
-steps = run.steps
+traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype)
 
 st.header("1. Step through the kernel")
-st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
-            f"**{len(steps)} tile steps** for {run.codes.shape[0]} query blocks; move the slider to walk through them "
-            "in the order one program runs them (key blocks left to right, then the next query block).")
-traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype)
+run = uk.kernel_run(*settings)  # None after the reason it cannot run here: every section below still draws
+steps = None if run is None else run.steps
+if run is not None:
+    st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
+                f"**{len(steps)} tile steps** for {run.codes.shape[0]} query blocks; move the slider to walk through "
+                "them in the order one program runs them (key blocks left to right, then the next query block).")
+
+
+def traffic_counters(done_steps=None):
+    """The bytes naive and tiled attention move for these settings (counted, nothing run), and with the steps run
+    so far, their FLOPs and bytes loaded; without a run, the tile steps the kernel would take."""
+    m1, m2, m3, m4 = st.columns(4)
+    if done_steps is None:
+        total = kn.tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal)
+        m1.metric("Tile steps it would run", f"{total:,}", help="Key blocks right of the causal diagonal are skipped.")
+        m2.metric("Keys read by all query blocks (L)", f"{traffic.keys_read:,}",
+                  help="Each query block reads every key block it visits, K and V alike.")
+    else:
+        m1.metric("FLOPs so far", f"{sum(s.flops for s in done_steps):,}",
+                  help="4 · rows · cols · d per tile: q kᵀ and p v, a multiply-add counted as 2.")
+        m2.metric("Bytes loaded so far", kib(sum(s.bytes_loaded for s in done_steps)),
+                  help="K and V tiles each step, the Q tile on a block's first step.")
+    m3.metric("Tiled, all steps: bytes moved", kib(traffic.tiled),
+              help="Q once, K and V once per query block, O once.")
+    m4.metric("Naive: bytes moved", kib(traffic.naive),
+              help="Naive writes S = Q Kᵀ, reads it for the softmax, writes P, reads P for P V: the N × N matrix "
+                   f"moves four times. Read {traffic.naive_read:,} B, written {traffic.naive_written:,} B.")
+    verdict = (f"here tiling moves {kib(traffic.tiled)} against naive's {kib(traffic.naive)}"
+               + (f", {traffic.naive / traffic.tiled:.2g}× less." if traffic.tiled < traffic.naive else
+                  f", {traffic.tiled / traffic.naive:.2g}× more." if traffic.tiled > traffic.naive else ", the same."))
+    bound = (f"here L = {traffic.keys_read:,}, so d < {traffic.break_even:,.1f}" if np.isfinite(traffic.break_even)
+             else "here one query block reads each key once, so at any d")
+    st.caption("Counters for one head in main memory (HBM on a GPU). Naive moves the N × N matrix through memory "
+               "four times; the tiled kernel never stores it but re-reads K and V once per query block, so tiling "
+               "saves traffic only while d < 2N²/(L − N), L being the keys all query blocks read together "
+               f"({bound}; for long inputs about {'4' if causal else '2'}·BLOCK_M): " + verdict)
+
+
+def timing_table(results):
+    """Each method's error and time, measured in one run (kernels.compare_methods), as a table and a chart."""
+    st.dataframe(pd.DataFrame({
+        "method": [r["method"] for r in results],
+        "max |O − O_float64|": [f"{r['error']:.1e}" for r in results],
+        "time (ms)": [f"{r['seconds'] * 1e3:,.2f}" for r in results],
+        "tile steps": ["" if r["steps"] is None else str(r["steps"]) for r in results],
+        "how to read the time": [r["note"] for r in results],
+    }), hide_index=True, width="stretch")
+    where = ("on one CPU thread" if kn.INTERPRETED else
+             f"on the GPU ({kn.KERNEL_DEVICE}), the stepper on one CPU thread")
+    kernel_timing = ("the interpreted kernel: one call, as nothing is compiled" if kn.INTERPRETED else
+                     "the Triton kernel's first call, which compiles it, is not timed")
+    st.caption(f"Measured in one run on this machine, {where}: after one untimed warm-up call, a median of 5 calls, "
+               f"or one call for a method slower than {kn.timing.SLOW_CALL_S:g} s ({kernel_timing}). Errors are "
+               f"against a float64 computation of the same {dtype} inputs.")
+    speeds = [r for r in results if not (kn.INTERPRETED and r["method"] == "fused Triton kernel")]
+    st.plotly_chart(figs.timing_figure([r["method"] for r in speeds], [r["seconds"] * 1e3 for r in speeds]),
+                    width="stretch")
+    if kn.INTERPRETED:
+        st.caption("On a CPU the Python-loop tiled versions lose to one big matmul: tiling pays off on a GPU, where "
+                   "the N × N matrix would have to go through slow main memory. The interpreted Triton kernel is "
+                   "left out: its time is not a speed.")
+    else:
+        st.caption("Compare the fused Triton kernel with torch SDPA (both fused GPU kernels) and with naive, which "
+                   "sends the N × N matrix through GPU memory; the two Python-loop tiled versions pay one launch "
+                   "per tile, and the stepper runs on the CPU.")
 
 
 @st.fragment
@@ -74,26 +132,7 @@ def step_view():
                "only: the one piece of the N × N matrix that exists right now. Blank cells are hidden by the causal "
                "mask" + (" (a whole blank row is fine: its m_i keeps the previous value)." if step.partial else "."))
 
-    done_steps = steps[:index + 1]
-    m1, m2, m3, m4 = st.columns(4)
-    m1.metric("FLOPs so far", f"{sum(s.flops for s in done_steps):,}",
-              help="4 · rows · cols · d per tile: q kᵀ and p v, a multiply-add counted as 2.")
-    m2.metric("Bytes loaded so far", kib(sum(s.bytes_loaded for s in done_steps)),
-              help="K and V tiles each step, the Q tile on a block's first step.")
-    m3.metric("Tiled, all steps: bytes moved", kib(traffic.tiled),
-              help="Q once, K and V once per query block, O once.")
-    m4.metric("Naive: bytes moved", kib(traffic.naive),
-              help="Naive writes S = Q Kᵀ, reads it for the softmax, writes P, reads P for P V: the N × N matrix "
-                   f"moves four times. Read {traffic.naive_read:,} B, written {traffic.naive_written:,} B.")
-    verdict = (f"here tiling moves {kib(traffic.tiled)} against naive's {kib(traffic.naive)}"
-               + (f", {traffic.naive / traffic.tiled:.2g}× less." if traffic.tiled < traffic.naive else
-                  f", {traffic.tiled / traffic.naive:.2g}× more." if traffic.tiled > traffic.naive else ", the same."))
-    bound = (f"here L = {traffic.keys_read:,}, so d < {traffic.break_even:,.1f}" if np.isfinite(traffic.break_even)
-             else "here one query block reads each key once, so at any d")
-    st.caption("Counters for one head in main memory (HBM on a GPU). Naive moves the N × N matrix through memory "
-               "four times; the tiled kernel never stores it but re-reads K and V once per query block, so tiling "
-               "saves traffic only while d < 2N²/(L − N), L being the keys all query blocks read together "
-               f"({bound}; for long inputs about {'4' if causal else '2'}·BLOCK_M): " + verdict)
+    traffic_counters(steps[:index + 1])
 
     st.plotly_chart(fig["state"], width="stretch")
     gap_m, gap_l = kn.trace_difference(run.trace, step)
@@ -117,7 +156,10 @@ def step_view():
     uk.prefetch_step(*settings, index + 1)
 
 
-step_view()
+if run is None:
+    traffic_counters()
+else:
+    step_view()
 
 st.header("2. From naive to fused")
 st.markdown(
@@ -128,44 +170,26 @@ st.markdown(
     "(the stepper above).\n"
     "- **fused Triton kernel**: the same loop as one GPU kernel, tiles held on chip."
 )
-results = uk.comparison(*settings)
-if results is None:
-    st.stop()
-st.dataframe(pd.DataFrame({
-    "method": [r["method"] for r in results],
-    "max |O − O_float64|": [f"{r['error']:.1e}" for r in results],
-    "time (ms)": [f"{r['seconds'] * 1e3:,.2f}" for r in results],
-    "tile steps": ["" if r["steps"] is None else str(r["steps"]) for r in results],
-    "how to read the time": [r["note"] for r in results],
-}), hide_index=True, width="stretch")
-where = ("on one CPU thread" if kn.INTERPRETED else
-         f"on the GPU ({kn.KERNEL_DEVICE}), the stepper on one CPU thread")
-kernel_timing = ("the interpreted kernel: one call, as nothing is compiled" if kn.INTERPRETED else
-                 "the Triton kernel's first call, which compiles it, is not timed")
-st.caption(f"Measured in one run on this machine, {where}: after one untimed warm-up call, a median of 5 calls, or "
-           f"one call for a method slower than {kn.timing.SLOW_CALL_S:g} s ({kernel_timing}). Errors are "
-           f"against a float64 computation of the same {dtype} inputs.")
-speeds = [r for r in results if not (kn.INTERPRETED and r["method"] == "fused Triton kernel")]
-st.plotly_chart(figs.timing_figure([r["method"] for r in speeds], [r["seconds"] * 1e3 for r in speeds]),
-                width="stretch")
-if kn.INTERPRETED:
-    st.caption("On a CPU the Python-loop tiled versions lose to one big matmul: tiling pays off on a GPU, where the "
-               "N × N matrix would have to go through slow main memory. The interpreted Triton kernel is left out: "
-               "its time is not a speed.")
-else:
-    st.caption("Compare the fused Triton kernel with torch SDPA (both fused GPU kernels) and with naive, which "
-               "sends the N × N matrix through GPU memory; the two Python-loop tiled versions pay one launch per "
-               "tile, and the stepper runs on the CPU.")
+results = None if run is None else uk.comparison(*settings)
+if run is None:
+    st.info("Not timed at these settings: the comparison runs the same Triton kernel and tiled loops, which cannot "
+            "run here (the reason is in section 1). The byte counts above need no run.")
+if results is not None:
+    timing_table(results)
 
 st.header("3. Peak memory, naive vs tiled")
 st.markdown("Measured with torch.profiler's allocation events: the most bytes torch's CPU allocator held during "
             "the call, beyond its inputs. The profiler's first start takes a few seconds, so this is opt-in.")
 if st.toggle("Measure peak memory", value=False, key="kernel_memory", persist_state="session"):
     with st.spinner("Measuring peak memory…"):
-        at_n = uk.memory_at(*settings)
+        at_n = None if run is None else uk.memory_at(*settings)
         peaks = uk.memory_scan(d, causal)
-    for col, (name, b) in zip(st.columns(len(at_n)), at_n.items()):
-        col.metric(f"{name.split(' (')[0]}, N = {n}", mib(b))
+    if at_n is None:
+        st.info(f"Not measured at N = {n:,}: the measurement runs the same tiled loops, which cannot run here (the "
+                f"reason is in section 1). The scan below, up to N = {uk.MEMORY_SIZES[-1]:,}, does not depend on N.")
+    else:
+        for col, (name, b) in zip(st.columns(len(at_n)), at_n.items()):
+            col.metric(f"{name.split(' (')[0]}, N = {n}", mib(b))
     st.plotly_chart(figs.peak_memory_figure(uk.MEMORY_SIZES, {"naive": peaks["naive"],
                                                               "two-pass tiled (64 × 64 tiles)": peaks["tiled"]}),
                     width="stretch")

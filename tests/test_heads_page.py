@@ -256,7 +256,8 @@ def test_a_text_too_long_for_the_dense_pattern_uses_the_qk_store_and_every_tab_r
     at.selectbox(key="heads_head").set_value(2).run()
     at.toggle(key="heads_hide_sink").set_value(True).run()
     assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
-    assert any("Compare needs the dense pattern" in i.value for i in open_tab(at, "Compare").info)
+    compared = open_tab(at, "Compare")  # from q and k a block of rows at a time, as at any length
+    assert not compared.error and any("Largest difference" in m.value for m in compared.markdown)
     table = open_tab(at, "Statistics").dataframe[-1].value  # the statistics table, from the streamed pass
     assert len(table) == 8 and table["entropy"].notna().all()
 
@@ -422,3 +423,92 @@ def test_compare_draws_long_maps_max_pooled_and_states_the_exact_difference(monk
     tv = np.mean([0.5 * sum(abs(x - y) for x, y in zip(ra, rb)) for ra, rb in zip(a, b)])
     said = " ".join(m.value for m in at.markdown)
     assert f"Largest difference: {np.abs(a - b).max():.3f}" in said and f"query row: {tv:.3f}" in said, said
+
+
+def test_a_long_text_has_predictions_and_compare_with_exact_numbers():
+    """3,000 tokens through toy-llama-gqa (4,096 positions): over the 2,048 tokens the dense store takes, so the
+    capture keeps q and k only. Predictions: every loss is transformers' own cross-entropy and every rank its own;
+    Compare (two heads, two layer means, two texts) states the largest difference and total variation of the maps
+    transformers itself returns (output_attentions), though no map is ever built whole on the page's side."""
+    import torch
+    import torch.nn.functional as F
+
+    from attnviz.models import load_model
+
+    text = ("The cat sat on the mat because it was warm, and the dog sat by the door all day long. " * 40)[:3000]
+    loaded = load_model("toy-llama-gqa")
+    ids = torch.tensor([loaded.tokenizer(text).input_ids])
+    n = ids.shape[1]
+    assert 2048 < n <= 4096
+    at = heads_page({"model": "toy-llama-gqa", "text": text, "layer": "0", "head": "1"})
+    assert not at.error, [e.value for e in at.error]
+    assert any("only each layer's q and k are kept" in i.value for i in at.info)
+
+    with torch.no_grad():
+        out = loaded.model(input_ids=ids, output_attentions=True)
+    logits = out.logits[0].double()
+    attn = [a[0].double() for a in out.attentions]  # [head, query, key] per layer
+
+    at = open_tab(at, "Predictions")
+    assert not at.error, [e.value for e in at.error]
+    table = next(d.value for d in at.dataframe if "loss (nats)" in d.value.columns)
+    assert len(table) == n
+    nll = F.cross_entropy(logits[:-1], ids[0, 1:], reduction="none").numpy()
+    np.testing.assert_allclose(table["loss (nats)"].to_numpy()[:-1], nll, atol=2e-5)
+    probs = torch.softmax(logits, -1)
+    actual = probs[torch.arange(n - 1), ids[0, 1:]]
+    ranks = (probs[:-1] > actual[:, None]).sum(-1).numpy()
+    assert (table["rank of next"].to_numpy()[:-1] == ranks).mean() > 0.99  # float32 near-ties may swap
+
+    def said(at):
+        assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+        return " ".join(m.value for m in at.markdown)
+
+    def check(said_text, a, b):
+        tv = float((0.5 * (a - b).abs().sum(-1)).mean())
+        assert f"Largest difference: {(a - b).abs().max():.3f}" in said_text, said_text
+        assert f"total variation per query row: {tv:.3f}" in said_text, said_text
+
+    at = open_tab(at, "Compare")
+    at.selectbox(key="heads_layer_b").set_value(1).run()
+    at.selectbox(key="heads_head_b").set_value(3).run()
+    check(said(at), attn[0][1], attn[1][3])
+    at.radio(key="heads_compare_mode").set_value("Two layers (mean over heads)").run()
+    at.selectbox(key="heads_layer_b2").set_value(1).run()
+    check(said(at), attn[0].mean(0), attn[1].mean(0))
+    at.radio(key="heads_compare_mode").set_value("Two texts").run()
+    other = at.text_area(key="heads_text_b").value
+    assert other == text.replace("cat", "dog")
+    with torch.no_grad():
+        attn_b = loaded.model(input_ids=torch.tensor([loaded.tokenizer(other).input_ids]),
+                              output_attentions=True).attentions
+    check(said(at), attn[0][1], attn_b[0][0, 1].double())
+
+
+def test_predictions_and_compare_that_could_never_fit_say_so_with_the_numbers_before_running(monkeypatch):
+    """With a memory budget smaller than their estimates, Predictions and a pooled Compare are refused with both
+    numbers, and neither lm.predictions nor compare.compare_maps starts."""
+    from attnviz import budget, compare, lm
+    from attnviz.models import load_model
+    from attnviz.ui import heads as cache
+
+    monkeypatch.setattr(cache, "FULL_MAP_MAX_TOKENS", 20)  # Compare's block-by-block path from 21 tokens
+    text = "The cat sat on the mat because it was warm, and the dog sat by the door all day long."
+    at = heads_page({"model": "toy-gpt2", "text": text})  # the capture is made under the real budget
+    started = []
+    monkeypatch.setattr(lm, "predictions", lambda *a, **k: started.append("predictions"))
+    monkeypatch.setattr(compare, "compare_maps", lambda *a, **k: started.append("compare"))
+    n = len(text) + 1  # the byte tokenizer: one token a byte, and <bos>
+    config = load_model("toy-gpt2").model.config
+    # small enough for neither, and still twice the dense pattern (2 layers x 4 heads x n^2 float32), so the page
+    # keeps the capture it already made in the dense store
+    limit = 500_000
+    assert 2 * (2 * 4 * n * n * 4) <= limit < min(lm.prediction_bytes(config, n), compare.compare_bytes(n, n))
+    monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(limit))
+    for tab, need in (("Predictions", lm.prediction_bytes(config, n)),
+                      ("Compare", compare.compare_bytes(n, n))):
+        errors = [e.value for e in open_tab(at, tab).error]
+        assert errors == [f"{'Predicting every next token' if tab == 'Predictions' else 'Comparing two maps'} of "
+                          f"{n:,} tokens needs about {need / 2**30:.2f} GiB, more than the 0.00 GiB this server "
+                          "gives all visitors' work at once: make it smaller."], errors
+    assert not started

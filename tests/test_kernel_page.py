@@ -124,3 +124,46 @@ def test_kernel_page_says_when_tiling_does_not_save_traffic():
     assert "saves traffic only while d < 2N²/(L − N)" in said
     assert f"here L = {keys}, so d < {2 * 100 * 100 / (keys - 100):.1f}" in said
     assert f"here tiling moves {tiled:.1f} KiB against naive's {naive:.1f} KiB, {tiled / naive:.2g}× more." in said
+
+
+def test_a_refused_size_says_why_and_every_other_section_is_still_drawn():
+    """N = 4,096 with 16 x 16 tiles is refused here (over the interpreter's time, or over the stepper's steps on a
+    GPU): the reason is shown where the stepper would be, and the traffic counters (which need no run), the timing
+    section's note and the memory scan are all drawn."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    import attnviz.kernels as kn
+    from attnviz.ui import PAGES
+
+    st.cache_data.clear()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=180)
+    at.run()
+    at.slider(key="kernel_n").set_value(4096).run()
+    assert not at.exception, at.exception
+    d = at.select_slider(key="kernel_d").value
+    reason = kn.refusal(4096, d, block_m=16, block_n=16, causal=True, dtype="float32")
+    assert reason is not None
+    assert [e.value for e in at.error] == [f"Not run: {reason}"]
+    assert [h.value for h in at.header] == ["1. Step through the kernel", "2. From naive to fused",
+                                            "3. Peak memory, naive vs tiled"]
+    # the counters, by the definitions: 256 query blocks of 16, block i reads 16 (i + 1) keys when causal
+    keys = keys_read_by_definition(4096, 16, 16, True)
+    assert keys == sum(16 * (i + 1) for i in range(256))
+    tiled, naive = (2 * 4096 + 2 * keys) * d * 4 / 1024, (4 * 4096 * d + 4 * 4096 * 4096) * 4 / 1024
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Tile steps it would run"] == f"{256 * 257 // 2:,}"
+    assert metrics["Keys read by all query blocks (L)"] == f"{keys:,}"
+    assert metrics["Tiled, all steps: bytes moved"] == f"{tiled:,.1f} KiB"
+    assert metrics["Naive: bytes moved"] == f"{naive:,.1f} KiB"
+    said = next(c.value for c in at.caption if c.value.startswith("Counters for one head"))
+    assert f"here tiling moves {tiled:,.1f} KiB against naive's {naive:,.1f} KiB, {naive / tiled:.2g}× less." in said
+    assert any(i.value.startswith("Not timed at these settings") for i in at.info)
+    assert not at.dataframe  # no timing table: nothing was run
+    at.toggle(key="kernel_memory").set_value(True).run()
+    assert not at.exception, at.exception
+    assert any(i.value.startswith("Not measured at N = 4,096") for i in at.info)
+    assert len(at.get("plotly_chart")) == 1  # the scan over N, which does not depend on this N
+    st.cache_data.clear()

@@ -288,15 +288,7 @@ def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: st
     bound = float(max(np.nanmax(np.abs(d), initial=0.0, where=~np.isnan(d)), 1e-6))  # blank rows are NaN
     n = d.shape[-1]
     if pool is not None:
-        m = max_abs_pool(d, pool)
-        ticks = _pooled_ticks(n, m.shape[-1])
-        nan = np.isnan(m)
-        return image_figure(m, title=f"{title} (each pixel the largest difference of its block, max-pooled to "
-                                     f"{m.shape[-1]} px)", x_title="key position (token)",
-                            y_title="query position (token)", colorscale=DIVERGING_SCALE, vmin=-bound, vmax=bound,
-                            colorbar_title="weight A − B", x_ticks=ticks, y_ticks=ticks,
-                            hovertemplate="block %{y}, %{x}<extra></extra>", height=700,
-                            masked=nan if nan.any() else None)
+        return pooled_difference(max_abs_pool(d, pool), n, bound, title=title)
     if n <= DETAIL_MAX_TOKENS:
         labels = [f"{i}: {t}" for i, t in enumerate(tokens)]
         fig = heatmap(d, x_labels=labels, y_labels=labels, title=title, x_title="key token (position: token)",
@@ -310,6 +302,21 @@ def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: st
     return image_figure(d, title=title, x_title="key position (token)", y_title="query position (token)",
                         colorscale=DIVERGING_SCALE, vmin=-bound, vmax=bound, colorbar_title="weight A − B",
                         x_ticks=ticks, y_ticks=ticks, height=800, masked=nan if nan.any() else None)
+
+
+def pooled_difference(pooled: np.ndarray, n_tokens: int, bound: float, *, title: str) -> go.Figure:
+    """A − B already pooled (max_abs_pool, or attnviz.compare block by block) to pooled [m, m], on a diverging scale
+    from -bound to bound (the largest |A − B| of the full maps), its axes in tokens; blank rows grey."""
+    bound = max(float(bound), 1e-6)
+    m = pooled.shape[-1]
+    ticks = _pooled_ticks(n_tokens, m)
+    nan = np.isnan(pooled)
+    return image_figure(pooled, title=f"{title} (each pixel the largest difference of its block, max-pooled to "
+                                      f"{m} px)", x_title="key position (token)",
+                        y_title="query position (token)", colorscale=DIVERGING_SCALE, vmin=-bound, vmax=bound,
+                        colorbar_title="weight A − B", x_ticks=ticks, y_ticks=ticks,
+                        hovertemplate="block %{y}, %{x}<extra></extra>", height=700,
+                        masked=nan if nan.any() else None)
 
 
 def stat_grid(stats: pd.DataFrame, column: str, *, title: str, colorbar_title: str) -> go.Figure:

@@ -11,12 +11,15 @@ no map is renormalised, pooled or encoded as a PNG again (the Heads page's laten
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import streamlit as st
 
 from attnviz import views
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
+from attnviz.once import ComputeOnce
 from attnviz.stats import head_stats
 from attnviz.ui import links
 
@@ -150,26 +153,108 @@ def text_view(model: str, version: tuple, text: str, layers, layer: int, head: i
                                  label=f"weight from token {query}")
 
 
+@dataclass(frozen=True)
+class CompareMap:
+    """One map of the Compare tab: head `head` of `layer` in `capture`, or the mean of the layer's heads (head
+    None); key names it in the caches (what it is: layer, head, text), title is its chart's."""
+
+    capture: object
+    layer: int
+    head: int | None
+    key: tuple
+    title: str
+
+    @property
+    def n(self) -> int:
+        return self.capture.n_tokens
+
+    @property
+    def heads(self) -> int:
+        """How many heads one of its rows is read from."""
+        return 1 if self.head is not None else self.capture.n_heads
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Its weights for queries start .. stop - 1, [rows, key] float32: read from the dense pattern, or computed
+        from the layer's q and k for these rows only."""
+        if self.head is None:
+            return self.capture.layer_rows(self.layer, start, stop).mean(0)
+        return self.capture.head_pattern(self.layer, self.head, rows=(start, stop))
+
+
+def compare_view(model: str, version: tuple, text: str, layers, a: CompareMap, b: CompareMap, gamma: float,
+                 hide_sink: bool):
+    """(figure A, figure B, A − B or None, views.map_difference or None) for Compare, or None after a message.
+    Maps up to FULL_MAP_MAX_TOKENS are drawn whole; longer ones are compared a block of rows at a time
+    (attnviz.compare: never a whole [n, n] map), admitted under the memory budget with compare.compare_bytes first,
+    so a comparison that could never fit is refused with the numbers before anything runs."""
+    from attnviz import budget, compare
+
+    key = (model, version, text, layers)
+    if max(a.n, b.n) <= FULL_MAP_MAX_TOKENS:
+        return compare_figures(*key, a.key, b.key, gamma, hide_sink, a.rows(0, a.n), b.rows(0, b.n),
+                               a.capture.tokens, b.capture.tokens, a.capture.causal, (a.title, b.title))
+    need = compare.compare_bytes(a.n, b.n, heads_a=a.heads, heads_b=b.heads)
+    waiting = st.empty()
+
+    def on_poll(held=None, position=None):  # also touches the page while waiting, so Streamlit can stop the run
+        waiting.info(f"Waiting for memory: other visitors' work holds {budget.BUDGET.held / 2**30:.1f} GiB of the "
+                     f"{budget.BUDGET.limit / 2**30:.1f} GiB budget, and this comparison needs {need / 2**30:.2f} GiB. "
+                     "It starts by itself as soon as it is free.")
+
+    try:
+        with budget.BUDGET.admit(need, on_wait=on_poll, on_poll=on_poll,
+                                 what=f"Comparing two maps of {max(a.n, b.n):,} tokens"):
+            waiting.empty()
+            with st.spinner(f"Comparing the two maps a block of rows at a time ({max(a.n, b.n):,} rows)…"):
+                result = compared(*key, a.key, b.key, hide_sink, a, b)
+    except budget.OverBudget as exc:
+        st.error(str(exc))
+        return None
+    return pooled_compare_figures(*key, a.key, b.key, gamma, hide_sink, result, a, b)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def compared(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple, hide_sink: bool, _a, _b):
+    """attnviz.compare.compare_maps of the maps a and b named by a_key and b_key, pooled to OVERVIEW: cached apart
+    from the figures, so the boost toggle redraws without a second pass over the rows."""
+    from attnviz import compare
+
+    return compare.compare_maps(_a.rows, _a.n, _b.rows, _b.n, OVERVIEW, hide_sink=hide_sink,
+                                heads=(_a.heads, _b.heads))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def pooled_compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple, gamma: float,
+                           hide_sink: bool, _result, _a, _b):
+    """The Compare figures of a comparison made block by block: each map max-pooled (as One head draws a long
+    head; a map no longer than OVERVIEW is itself), and A − B pooled with its sign."""
+    def drawn(pooled, m):
+        if m.n <= OVERVIEW:
+            return figs.head_detail(pooled, m.capture.tokens, title=m.title, gamma=gamma, causal=m.capture.causal)
+        return figs.pooled_overview(pooled, m.n, gamma=gamma, causal=m.capture.causal,
+                                    title=f"{m.title}, max-pooled to {pooled.shape[-1]} px")
+
+    fig_a, fig_b = drawn(_result.a, _a), drawn(_result.b, _b)
+    if _result.diff is None:
+        return fig_a, fig_b, None, None
+    diff = figs.pooled_difference(_result.diff, _a.n, _result.bound,
+                                  title="A − B: red = more attention in A, blue = more in B")
+    return fig_a, fig_b, diff, _result.summary
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple, gamma: float,
                     hide_sink: bool, _a, _b, _tokens_a, _tokens_b, causal: bool, titles: tuple[str, str]):
-    """The two Compare maps, their difference and views.map_difference, for maps a and b named by a_key and b_key
-    (what they are: layer, head, text), so a rerun that changes neither draws nothing again."""
+    """The two Compare maps of at most FULL_MAP_MAX_TOKENS tokens drawn whole, their difference and
+    views.map_difference, for maps a and b named by a_key and b_key (what they are: layer, head, text), so a rerun
+    that changes neither draws nothing again."""
     a = views.sink_hidden(_a) if hide_sink else _a
     b = views.sink_hidden(_b) if hide_sink else _b
-
-    def drawn(p, tokens, title):  # above FULL_MAP_MAX_TOKENS max-pooled, as One head draws it
-        if p.shape[-1] <= FULL_MAP_MAX_TOKENS:
-            return figs.head_detail(p, tokens, title=title, gamma=gamma, causal=causal)
-        pooled = figs.max_pool(p, OVERVIEW)
-        return figs.pooled_overview(pooled, p.shape[-1], gamma=gamma, causal=causal,
-                                    title=f"{title}, max-pooled to {pooled.shape[-1]} px")
-
-    fig_a, fig_b = drawn(a, _tokens_a, titles[0]), drawn(b, _tokens_b, titles[1])
+    fig_a = figs.head_detail(a, _tokens_a, title=titles[0], gamma=gamma, causal=causal)
+    fig_b = figs.head_detail(b, _tokens_b, title=titles[1], gamma=gamma, causal=causal)
     if a.shape != b.shape:
         return fig_a, fig_b, None, None
-    diff = figs.difference(a, b, _tokens_a, title="A − B: red = more attention in A, blue = more in B",
-                           pool=OVERVIEW if a.shape[-1] > FULL_MAP_MAX_TOKENS else None)
+    diff = figs.difference(a, b, _tokens_a, title="A − B: red = more attention in A, blue = more in B")
     return fig_a, fig_b, diff, views.map_difference(a, b)
 
 
@@ -232,36 +317,75 @@ def export_file(capture, fmt: str, export: dict, dtype):
 
 # -- research views: predictions, the induction test, statistics over many texts ----------------------------------
 
-MAX_PREDICTION_TOKENS = 2048  # next-token predictions run the model once more, its attention dense
+_PREDICTIONS = ComputeOnce(max_items=4)  # shared by every session: one forward pass per (model, text)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def predictions_of(model: str, version: tuple, text: str, k: int, _loaded, _capture):
+def predicts_next_token(loaded) -> bool:
+    """Whether the model has a language-model head (an encoder has none: no loss, no top-k)."""
+    from attnviz import lm
+
+    return lm.is_language_model(loaded.model)
+
+
+def predictions_of(model: str, version: tuple, text: str, k: int, loaded, capture):
     """(losses [n - 1] in nats, a table of every position's top-k next tokens) of a language model on the
-    capture's tokens (attnviz.lm), or None for a model that predicts no next token (an encoder)."""
+    capture's tokens (attnviz.lm.predictions: fused attention, the head applied a block of positions at a time), at
+    any length the capture took; computed once for every session. The work is admitted under the memory budget
+    with lm.prediction_bytes first: a text that could never fit is refused with the numbers before anything runs.
+    None after a message."""
+    from attnviz import budget, lm, ui
+    from attnviz.capture import attention_modules, uses_interface
+
+    n = capture.n_tokens
+    key = (model, version, text, int(k))
+    found, value = _PREDICTIONS.peek(key)
+    if found:
+        return value
+    need = lm.prediction_bytes(loaded.model.config, n, k=k,
+                               uses_sdpa=uses_interface(attention_modules(loaded.model)[0]))
+    waiting = st.empty()
+
+    def on_poll(held=None, position=None):  # also touches the page while waiting, so Streamlit can stop the run
+        waiting.info(f"Waiting for memory: other visitors' work holds {budget.BUDGET.held / 2**30:.1f} GiB of the "
+                     f"{budget.BUDGET.limit / 2**30:.1f} GiB budget, and these predictions need {need / 2**30:.2f} "
+                     "GiB. They start by themselves as soon as it is free.")
+
+    def compute(progress):
+        result = lm.predictions(loaded.model, capture.token_ids, k=k, progress=progress)
+        return result.losses, prediction_table(loaded.tokenizer, capture.tokens, result)
+
+    try:
+        with budget.BUDGET.admit(need, on_wait=on_poll, on_poll=on_poll,
+                                 what=f"Predicting every next token of {n:,} tokens"):
+            waiting.empty()
+            return ui.computed_once(_PREDICTIONS, key, f"Predicting the next token at {n:,} positions (every "
+                                    "layer, then the head a block of positions at a time)", compute,
+                                    errors=(lm.PredictionError,))
+    except budget.OverBudget as exc:
+        st.error(str(exc))
+        return None
+
+
+def prediction_table(tokenizer, tokens: list[str], result):
+    """The Predictions table: each position, the token after it, its loss, rank and probability, and the model's
+    top-k next tokens with their probabilities (each distinct id decoded once)."""
     import pandas as pd
 
-    from attnviz import lm
     from attnviz.capture import readable_tokens
 
-    if not lm.is_language_model(_loaded.model):
-        return None
-    ids = _capture.token_ids
-    logits = lm.next_token_logits(_loaded.model, ids)[0]
-    losses = lm.token_losses(logits, ids)
-    top = lm.top_k(logits, ids, k=k)
-    del logits
-    names = readable_tokens(_loaded.tokenizer, top.ids.ravel().tolist())
-    n = len(ids)
+    top = result.top
+    distinct = np.unique(top.ids)
+    names = dict(zip(distinct.tolist(), readable_tokens(tokenizer, distinct.tolist())))
+    n = len(tokens)
     table = pd.DataFrame({
-        "position": np.arange(n), "token": _capture.tokens,
-        "next token": [*_capture.tokens[1:], ""],
-        "loss (nats)": [*losses, np.nan],
+        "position": np.arange(n), "token": tokens,
+        "next token": [*tokens[1:], ""],
+        "loss (nats)": [*result.losses, np.nan],
         "rank of next": [*top.actual_rank.astype(float), np.nan],
-        "p(next)": [*top.actual_prob, np.nan],
-        **{f"top {j + 1}": [f"{names[i * top.ids.shape[1] + j]} ({top.probs[i, j]:.2f})" for i in range(n)]
-           for j in range(top.ids.shape[1])}})
-    return losses, table
+        "p(next)": [*top.actual_prob, np.nan]})
+    for j in range(top.ids.shape[1]):
+        table[f"top {j + 1}"] = [f"{names[i]} ({p:.2f})" for i, p in zip(top.ids[:, j].tolist(), top.probs[:, j])]
+    return table
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
