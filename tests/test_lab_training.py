@@ -153,10 +153,13 @@ def test_training_holds_its_estimate_in_the_memory_budget_and_a_run_that_cannot_
 
     pool = budget.MemoryBudget(lab.training.training_bytes(config) + 10)
     monkeypatch.setattr(budget, "BUDGET", pool)
-    started = lab.LabRun(config).start()
+    long = lab.LabConfig(steps=lab.config.MAX_STEPS, d_model=32)  # trains until stopped
+    assert lab.training.training_bytes(long) == lab.training.training_bytes(config)
+    started = lab.LabRun(long).start()
     assert pool.held == lab.training.training_bytes(config)  # held while it trains
     with pytest.raises(lab.LabBusyError, match="memory"):
         lab.LabRun(config).start()  # the second run does not fit now: refused at once, not queued
+    started.stop()
     started.join(60)
     assert pool.held == 0
     monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(10))
