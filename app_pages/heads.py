@@ -1,7 +1,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import ui
+from attnviz import budget, ui
 from attnviz.capture import CaptureError
 from attnviz.capture_io import MAX_EXPORT_BYTES, export_bytes
 from attnviz.corpus import compare_heads
@@ -381,9 +381,10 @@ def export_panel():
     size = export_bytes(capture, **export, dtype=dtype)
     what = {"This head": f"layer {layer}, head {head}", "This layer": f"layer {layer}, every head",
             "Every captured layer": f"{capture.n_layers} layers x {capture.n_heads} heads"}[scope]
-    if size > MAX_EXPORT_BYTES:
+    limit = min(MAX_EXPORT_BYTES, budget.BUDGET.limit)  # the export is held in memory once written
+    if size > limit:
         st.warning(f"{what} x {n:,}² weights would be {size / 2**30:.1f} GiB, over the "
-                   f"{MAX_EXPORT_BYTES / 2**30:.0f} GiB an export builds: pick one layer or one head, or float16.")
+                   f"{limit / 2**30:.1f} GiB an export builds here: pick one layer or one head, or float16.")
     else:
         tag = {"This head": f"-L{layer}H{head}", "This layer": f"-L{layer}", "Every captured layer": ""}[scope]
         tag += "-f16" if half else ""

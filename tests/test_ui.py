@@ -57,3 +57,29 @@ def test_narrowing_the_layers_slices_the_capture_already_made(monkeypatch):
     part = ui._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", (1,), False)
     assert part.layers == [1] and np.array_equal(part.pattern[0], whole.pattern[1])
     assert calls == [None]  # one forward pass, for the whole capture
+
+
+def test_an_export_is_admitted_by_the_memory_budget_while_it_is_written(monkeypatch, tmp_path):
+    import pytest
+
+    from attnviz import budget
+    from attnviz.capture import capture_attention
+    from attnviz.capture_io import export_bytes, load_capture
+    from attnviz.models import load_model
+    from attnviz.ui.heads import export_file
+
+    capture = capture_attention(load_model("toy-gpt2"), "export me, please")
+    export = dict(layers=[1], heads=None)
+    need = export_bytes(capture, **export, dtype=np.float32)
+    seen = []
+    pool = budget.MemoryBudget(need)
+    monkeypatch.setattr(budget, "BUDGET", pool)
+    real = budget.MemoryBudget.acquire
+    monkeypatch.setattr(budget.MemoryBudget, "acquire", lambda self, n, **k: seen.append(n) or real(self, n, **k))
+    with export_file(capture, "npz", export, np.float32) as fh:
+        (tmp_path / "x.npz").write_bytes(fh.read())
+    assert seen == [need] and pool.held == 0
+    np.testing.assert_array_equal(load_capture(tmp_path / "x.npz").pattern[0], capture.pattern[1])
+    monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(need - 1))
+    with pytest.raises(budget.OverBudget):
+        export_file(capture, "npz", export, np.float32)

@@ -309,10 +309,13 @@ def open_tab(labels: list[str]) -> list:
 def export_file(capture, fmt: str, export: dict, dtype):
     """The file a download button hands the browser, made when the button is pressed: the capture (the layers and
     heads in `export`) streamed by capture_io.write_capture into a temporary file a block of rows at a time, and
-    returned open for reading. Streamlit reads it once: the pattern is never built in memory besides that."""
-    from attnviz.capture_io import export_to_temporary_file
+    returned open for reading. Streamlit reads it once: the pattern is never built in memory besides that. Its
+    bytes are admitted by the memory budget while it is written (the page refuses one larger than the budget)."""
+    from attnviz import budget
+    from attnviz.capture_io import export_bytes, export_to_temporary_file
 
-    return export_to_temporary_file(capture, fmt, **export, dtype=dtype)
+    with budget.BUDGET.admit(export_bytes(capture, **export, dtype=dtype), what="This export"):
+        return export_to_temporary_file(capture, fmt, **export, dtype=dtype)
 
 
 # -- research views: predictions, the induction test, statistics over many texts ----------------------------------
