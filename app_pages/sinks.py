@@ -12,21 +12,39 @@ DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on thi
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
 MAX_CHARS = ui.MAX_TEXT_CHARS  # long texts keep q and k only and are read a block of rows at a time
 MAX_MAP_TOKENS = 160  # one head's map is drawn for at most this many tokens (the sinks are at the start)
+TOKEN_CHOICES = 256  # the massive-activation edit is offered at the first tokens and where the top values sit
 EXPERIMENT_MODEL = "smollm2-135m"
 WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
 POSITIONS = {"inside the cache (StreamingLLM)": "cache", "as in the text": "original"}
 
 
-def pick_model_and_text() -> tuple[str | None, str]:
+def pick_model_and_text() -> tuple[str | None, str | None]:
+    """The model and the text every section reads, the text checked once against the page's one limit (the
+    model's context, and ui.MAX_TEXT_CHARS characters): (model, None) after a message when the text cannot be read,
+    so the sections that need it say nothing more and start no work."""
     left, right = st.columns([1, 2])
     with left:
         model = ui.model_picker("sinks_model", default=EXPERIMENT_MODEL)
     with right:
         text = ui.text_input("sinks_text", DEFAULT_TEXT, height=80)
-    if model is not None and len(text) > MAX_CHARS:
-        st.error(f"The text is {len(text):,} characters; this page measures sinks on up to {MAX_CHARS:,}. "
-                 "Shorten it (the eviction experiment below runs on its own long text).")
-        return None, text
+    loaded = ui.get_model(model) if model is not None else None
+    if loaded is None:
+        return None, None
+    limit = loaded.shape.max_positions
+    st.caption(f"This page reads texts of up to {MAX_CHARS:,} characters"
+               + (f" and {limit:,} tokens, {model}'s context" if limit else "") + "; long texts keep only each "
+               "layer's q and k and are read a block of rows at a time. (The eviction experiment at the bottom runs "
+               "on its own text.)")
+    if not text.strip():
+        st.warning("The text is empty: type a text above to measure its sinks.")
+        return model, None
+    if len(text) > MAX_CHARS:
+        st.error(f"The text is {len(text):,} characters, over the {MAX_CHARS:,} this page reads: shorten it.")
+        return model, None
+    n = len(loaded.tokenizer(text)["input_ids"])
+    if limit and n > limit:
+        st.error(f"The text is {n:,} tokens, over the {limit:,} {model} reads at once: shorten it.")
+        return model, None
     return model, text
 
 
@@ -122,7 +140,7 @@ def one_head_view(capture, alpha: np.ndarray, hidden) -> None:
           + (f" Only the first {shown} of {capture.n_tokens} tokens are drawn." if shown < capture.n_tokens else ""))
 
 
-def show_metric_over_texts(model: str, text: str) -> None:
+def show_metric_over_texts(model: str, text: str | None) -> None:
     st.markdown(
         "One text says little about a model. Gu et al. measure over many: **Sink₀^ε** is the share of all "
         "(text, layer, head) triples whose α₀ exceeds ε (0.3 in the paper, on 64-token texts). Here the texts "
@@ -145,8 +163,10 @@ def show_metric_over_texts(model: str, text: str) -> None:
     if loaded is None:
         return
     texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=n_tokens, n_windows=n_windows)
-    if own and text.strip():
+    if own and text:
         texts.append(text)
+    elif own:
+        st.caption("Your text is left out: the top of the page says why.")
     alpha = sink_ui.alpha_over_texts(model, tuple(texts))  # [text, layer, head]
     if alpha is None:
         return
@@ -213,7 +233,10 @@ def show_massive_activations(model: str, text: str) -> None:
         layer = ui.choice_box("Edit after layer", list(range(len(hidden) - 1)), "sinks_massive_layer", default_layer)
     with c2:
         st.session_state.setdefault("sinks_massive_token", top[layer][0].token)
-        token = ui.choice_box("At token", list(range(len(ids))), "sinks_massive_token", top[layer][0].token)
+        # the first tokens, and wherever a layer's largest values sit: a list of every token of a long text is no
+        # choice a person can make
+        choices = sorted(set(range(min(len(ids), TOKEN_CHOICES))) | {a.token for t in top for a in t})
+        token = ui.choice_box("At token", choices, "sinks_massive_token", top[layer][0].token)
     k = c3.slider("Largest dimensions edited", 1, 8, 3, key="sinks_massive_dims", persist_state="session")
     mode = c4.radio("Set them to", massive.MODES, key="sinks_massive_mode", persist_state="session",
                     format_func=lambda m: "zero" if m == "zero" else "their mean over other texts")
@@ -221,7 +244,7 @@ def show_massive_activations(model: str, text: str) -> None:
     st.caption(f"Dimensions {', '.join(map(str, dims))} of token {token} ({tokens[token]!r}) after layer {layer}.")
     if not ui.started_by_button("Run the intervention", "sinks_massive_run",
                                 "Press the button: the model runs twice (with and without the edit), each time with "
-                                "a capture of every head."):
+                                "a capture of every head; on a long text that takes minutes."):
         return
     means = None
     if mode == "mean":
@@ -245,8 +268,8 @@ def show_massive_activations(model: str, text: str) -> None:
     ratio = result.edited_perplexity / result.perplexity
     times = f"{ratio:,.0f}×" if ratio >= 100 else f"{ratio:.2f}×"
     c1.metric("Perplexity on your text", f"{result.edited_perplexity:,.2f}",
-              delta=f"{'+' if ratio >= 1 else '-'}{times} the unedited {result.perplexity:.2f}",
-              delta_color="inverse")
+              delta=f"{times} the unedited {result.perplexity:.2f}", delta_color="inverse",
+              delta_arrow="up" if ratio >= 1 else "down")  # a ratio takes no sign: the arrow says which way
     c2.metric(f"Sink mass of layers {layer + 1}–{len(hidden) - 1}", f"{edited:.1%}",
               delta=f"{100 * (edited - mass):+.1f} points vs {mass:.1%} unedited", delta_color="off")
     label = "dimensions zeroed" if mode == "zero" else "dimensions set to their mean"
@@ -277,25 +300,29 @@ def show_experiment() -> None:
     smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing",
                                  persist_state="session")
     if not ui.started_by_button("Run the eviction experiment", "sinks_run",
-                                "Press the button to run it: three forward passes over 2,886 tokens, about 15 s on a "
-                                "quiet 2-core CPU and minutes on a busy one. Every result is cached: full attention "
-                                "is computed once for all windows, and moving a slider back to a setting already run "
-                                "is instant.", type="primary"):
+                                "Press the button to run it: three forward passes over the 2,886 tokens of the "
+                                "shipped text, from under a minute to several on a 2-core CPU, depending on how busy "
+                                "it is; each shows its progress. Every result is kept for every visitor: full "
+                                "attention is computed once for all windows, and a setting already run is "
+                                "instant.", type="primary"):
         return
     loaded = ui.get_model(EXPERIMENT_MODEL)
     if loaded is None:
         return
     text = streaming.shipped_text()
-    full, window_only, with_sinks = streaming.SETTINGS
-    runs = [(full, None, 0), (window_only, window, 0), (with_sinks, window, n_sinks)]
-    losses = {}
+    ids = loaded.tokenizer(text)["input_ids"]
+
+    def cached(i, name, w, s, compute):
+        label = f"({'abc'[i]}) {name}"
+        bar = st.progress(0.0, text=label)
+        losses = sink_ui.cached_losses(text, w, s, positions, compute, bar, label)
+        bar.progress(1.0, text=f"{label}: done")
+        return losses
+
     with st.status("Running the eviction experiment…", expanded=True) as status:
-        for i, (name, w, s) in enumerate(runs):
-            bar = st.progress(0.0, text=f"({'abc'[i]}) {name}")
-            losses[name] = sink_ui.cached_losses(loaded, text, w, s, positions, bar, f"({'abc'[i]}) {name}")
-            bar.progress(1.0, text=f"({'abc'[i]}) {name}: done")
+        result = streaming.streaming_experiment(loaded.model, ids, window=window, n_sinks=n_sinks,
+                                                positions=positions, cached=cached)
         status.update(label="Eviction experiment: done", state="complete", expanded=False)
-    result = streaming.StreamingResult.from_losses(window, n_sinks, losses)
 
     cols = st.columns(3)
     full = result.perplexity[streaming.SETTINGS[0]]
@@ -332,14 +359,16 @@ st.markdown(
     "put its attention somewhere, and models learn to park it on a token every query can see. Gu et al. "
     "(ICLR 2025, *When Attention Sink Emerges in Language Models*) measure it per head:")
 st.latex(r"\alpha_k = \frac{1}{T-k}\sum_{t=k}^{T-1} A_{t,k}\qquad\text{a sink head has } \alpha_0 > 0.3")
-picked, typed = pick_model_and_text()
-if picked is not None:
+picked, typed = pick_model_and_text()  # typed is None when the text cannot be read: the top said why
+if typed is not None:
     show_sink_scores(picked, typed)
 st.header("The sink metric over many texts")
 if picked is not None:
     show_metric_over_texts(picked, typed)
 st.header("Massive activations: what the sink is built on")
-if picked is not None:
+if typed is not None:
     show_massive_activations(picked, typed)
+elif picked is not None:
+    st.caption("It reads your text: the top of the page says why it cannot.")
 st.header("Evict the first tokens: the StreamingLLM experiment")
 show_experiment()

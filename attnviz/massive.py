@@ -190,23 +190,26 @@ class Intervention:
         return float(np.exp(self.edited_losses.mean()))
 
 
-def _measure(loaded, text: str, ids) -> tuple[np.ndarray, np.ndarray]:
+def _measure(loaded, text: str, ids, store: str) -> tuple[np.ndarray, np.ndarray]:
     from attnviz.capture import capture_attention
-    from attnviz.lm import next_token_logits, token_losses
-    from attnviz.stats import sink_mass
+    from attnviz.lm import predictions
+    from attnviz.stats import head_stats
 
-    losses = token_losses(next_token_logits(loaded.model, ids)[0], ids)
-    capture = capture_attention(loaded, text)
-    return losses, sink_mass(capture.pattern).mean(axis=-1)
+    losses = predictions(loaded.model, ids, k=1).losses
+    capture = capture_attention(loaded, text, store=store)  # in the "qk" store the sink mass is streamed
+    frame = head_stats(capture)
+    return losses, frame.groupby("layer", sort=True)["sink_mass"].mean().to_numpy()
 
 
-def intervention(loaded, text: str, edit: Edit) -> Intervention:
+def intervention(loaded, text: str, edit: Edit, *, store: str = "pattern") -> Intervention:
     """Sun et al.'s experiment on one text: the loss of every next token and each layer's sink mass, as the
-    model runs, then with `edit` applied. loaded: an attnviz LoadedModel with a language-model head."""
+    model runs, then with `edit` applied. loaded: an attnviz LoadedModel with a language-model head. store:
+    "pattern" reads the sink mass from the dense capture, "qk" from q and k a block of rows at a time (any length
+    the model takes; attnviz.stats.streamed_stats, equal to the dense definition)."""
     ids = torch.as_tensor(loaded.tokenizer(text)["input_ids"])
-    losses, mass = _measure(loaded, text, ids)
+    losses, mass = _measure(loaded, text, ids, store)
     with edited(loaded.model, edit):
-        edited_losses, edited_mass = _measure(loaded, text, ids)
+        edited_losses, edited_mass = _measure(loaded, text, ids, store)
     return Intervention(edit, losses, edited_losses, mass, edited_mass)
 
 

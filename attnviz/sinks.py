@@ -187,15 +187,21 @@ def text_windows(text: str, tokenizer, *, n_tokens: int = 64, n_windows: int = 1
     return [text[spans[s][0]:spans[s + n_tokens - 1][1]] for s in starts]
 
 
-def alpha_over_texts(loaded, texts: Sequence[str], *, key: int = 0, progress=None) -> np.ndarray:
-    """alpha_key of every head on each text: [text, layer, head], from attnviz.capture's patterns (sink_scores,
-    causal or bidirectional as the model is). progress(done, total) is called after each text."""
-    from attnviz.capture import capture_attention
+def alpha_over_texts(loaded, texts: Sequence[str], *, key: int = 0, progress=None,
+                     dense_tokens: int | None = None) -> np.ndarray:
+    """alpha_key of every head on each text: [text, layer, head], from attnviz.capture (capture_sink_scores,
+    causal or bidirectional as the model is): a text of at most dense_tokens tokens (default capture.MAX_TOKENS) is
+    captured densely, a longer one keeps q and k only and is read a block of rows at a time, up to the model's
+    context. progress(done, total) is called after each text."""
+    from attnviz import capture as cap
 
+    limit = cap.MAX_TOKENS if dense_tokens is None else dense_tokens
     out = []
     for i, text in enumerate(texts):
-        capture = capture_attention(loaded, text)
-        alpha = sink_scores(capture.pattern, causal=capture.causal)  # [layer, head, key]
+        n = len(loaded.tokenizer(text)["input_ids"])
+        store = "qk" if n > limit and cap.records_inputs(loaded.model) else "pattern"
+        capture = cap.capture_attention(loaded, text, store=store)
+        alpha = capture_sink_scores(capture)  # [layer, head, key]
         out.append(alpha[..., key] if alpha.shape[-1] > key else np.zeros(alpha.shape[:2]))
         if progress is not None:
             progress(i + 1, len(texts))

@@ -215,10 +215,13 @@ def describe_experiment(result: StreamingResult, model_name: str = "the model") 
 
 def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAULT_SINKS,
                          full_losses=None, progress: Callable[[float, str], None] | None = None,
-                         positions: str = "cache") -> StreamingResult:
+                         positions: str = "cache", cached=None) -> StreamingResult:
     """(a) full attention, (b) a window of the last `window` tokens, (c) the same window plus the first n_sinks
     tokens, on one text, each as one masked forward pass (see streaming_token_losses). full_losses, when given,
     is reused for (a) (it does not depend on the window). progress(fraction, message) is called after every layer.
+    cached(index, name, window, n_sinks, compute), when given, returns each setting's losses, calling
+    compute(report) (report(fraction of its layers), or None) for those it does not have: the app keeps them for
+    every visitor, and shows each setting's own progress.
     """
     ids = torch.as_tensor(input_ids).reshape(-1)
     n = ids.shape[0]
@@ -236,8 +239,12 @@ def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAUL
         if progress is not None:
             def report(f, i=i, name=name):
                 progress((i + f) / len(runs), f"{name} ({i + 1}/{len(runs)})")
+
+        def compute(report=report, w=w, s=s):
+            return streaming_token_losses(model, ids, window=w, n_sinks=s, positions=positions, progress=report)
+
         start = time.perf_counter()
-        losses[name] = streaming_token_losses(model, ids, window=w, n_sinks=s, positions=positions, progress=report)
+        losses[name] = compute() if cached is None else np.asarray(cached(i, name, w, s, compute))
         seconds[name] = time.perf_counter() - start
     return StreamingResult(window=window, n_sinks=n_sinks, n_tokens=n, positions=np.arange(1, n), losses=losses,
                            perplexity={k: perplexity(v) for k, v in losses.items()}, seconds=seconds)

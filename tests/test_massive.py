@@ -196,3 +196,21 @@ def test_smollm2_massive_activations_reproduce_sun_et_al(smollm2):
                                                                 massive.mean_at(others, layer, 0, dims)))
     assert zero.edited_perplexity > 100 * zero.perplexity
     assert mean.edited_perplexity < 1.2 * mean.perplexity
+
+
+def test_the_intervention_reads_the_same_sink_mass_from_q_and_k_as_from_the_dense_capture():
+    """store="qk" (any length) streams each layer's sink mass; on a short text it equals the dense store's, and the
+    losses are the same forward pass either way."""
+    from attnviz.models import load_model
+
+    loaded = load_model("toy-llama-gqa")
+    text = "The cat sat on the mat. The dog sat on the log."
+    hidden = massive.layer_outputs(loaded.model, loaded.tokenizer(text)["input_ids"])
+    dims = np.argsort(-np.abs(hidden[0, 3]), kind="stable")[:8].tolist()
+    edit = massive.edit_for(hidden, 0, 3, dims, "zero")
+    dense = massive.intervention(loaded, text, edit)
+    streamed = massive.intervention(loaded, text, edit, store="qk")
+    np.testing.assert_allclose(streamed.sink_mass, dense.sink_mass, atol=1e-6)
+    np.testing.assert_allclose(streamed.edited_sink_mass, dense.edited_sink_mass, atol=1e-6)
+    np.testing.assert_allclose(streamed.edited_losses, dense.edited_losses, atol=1e-6)
+    assert np.abs(dense.edited_sink_mass - dense.sink_mass).max() > 1e-4  # the edit changes what it measures

@@ -285,7 +285,7 @@ def show_error(exc: Exception) -> None:
 def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...] | None, with_scores: bool,
                     store: str = "pattern", progress=None, need: int | None = None, **wait):
     """The capture, computed once for every session that asks for the same arguments (at most 4 kept: a long
-    smollm2 capture is ~1 GB), its peak `need` bytes (default: _capture_need) admitted by the memory budget and
+    smollm2 capture is ~1 GB), its peak `need` bytes (default: capture_need) admitted by the memory budget and
     what it keeps held there while it is kept (**wait: budget.MemoryBudget.acquire's messages). Not an
     st.cache_resource: the capture reports its progress to the calling page, and a Streamlit cache may not touch
     page elements from inside."""
@@ -316,12 +316,12 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
     if need is None:
         loaded = _cached_model(name, version)
         n_layers = len(layers) if layers is not None else None
-        need = _capture_need(loaded, len(loaded.tokenizer(text).input_ids), n_layers, store)
+        need = capture_need(loaded, len(loaded.tokenizer(text).input_ids), n_layers, store)
     wait.setdefault("what", "This capture")
     return _caches()[1].get((name, version, text, layers, with_scores, store), compute, need=need, **wait)
 
 
-def _capture_need(loaded, n_tokens: int, n_layers: int | None, store: str) -> int:
+def capture_need(loaded, n_tokens: int, n_layers: int | None, store: str) -> int:
     """The estimated peak bytes of a capture beyond the model (budget.capture_working_bytes)."""
     from attnviz import budget
     from attnviz.capture import attention_modules, uses_interface
@@ -403,7 +403,7 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
         made = _made_capture(name, version, text, key_layers, bool(with_scores), store)
         if made is not None:
             return made
-        need = _capture_need(loaded, n_tokens, None if key_layers is None else len(key_layers), store)
+        need = capture_need(loaded, n_tokens, None if key_layers is None else len(key_layers), store)
         waiting = st.empty()
 
         def on_wait(held, position):

@@ -24,24 +24,19 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def cached_losses(loaded, text: str, window: int | None, n_sinks: int, positions: str, bar, label: str):
-    """streaming_token_losses on `text`, computed once per (text, window, sinks, positions), with a progress bar."""
-    from attnviz import streaming
-
+def cached_losses(text: str, window: int | None, n_sinks: int, positions: str, compute, bar, label: str):
+    """One setting's per-token losses of the eviction experiment (streaming.streaming_experiment's `cached`),
+    computed once per (text, window, sinks, positions) for every session: compute(report) runs it, with a
+    progress bar."""
     key = (_digest(text), window, n_sinks if window else 0, positions if window else "")
 
-    def compute():
-        ids = loaded.tokenizer(text)["input_ids"]
-        def report(f: float) -> None:
-            bar.progress(f, text=f"{label}: {f:.0%} of the layers")
-
-        return streaming.streaming_token_losses(loaded.model, ids, window=window, n_sinks=n_sinks,
-                                                positions=positions, progress=report)
+    def report(f: float) -> None:
+        bar.progress(f, text=f"{label}: {f:.0%} of the layers")
 
     def waiting(seconds: float) -> None:
         bar.progress(0.0, text=f"{label}: another visitor is computing this setting; waiting for it ({seconds:.0f} s)")
 
-    return loss_store().get(key, compute, on_wait=waiting, poll_seconds=1.0)
+    return loss_store().get(key, lambda: compute(report), on_wait=waiting, poll_seconds=1.0)
 
 
 _RESULTS = None  # attnviz.once.ComputeOnce of the sink metric's alphas and the massive-activation runs
@@ -57,46 +52,76 @@ def _results() -> ComputeOnce:
 def alpha_over_texts(name: str, texts: tuple[str, ...]):
     """alpha_0 [text, layer, head] of `name` on each text (attnviz.sinks.alpha_over_texts), computed once per
     (model, model_version, texts) for every session, with a progress bar. None after an st.error."""
-    from attnviz import sinks, ui
+    from attnviz import budget, sinks, ui
     from attnviz.capture import CaptureError
 
     loaded = ui.get_model(name)
     if loaded is None:
         return None
     key = ("alpha0", name, ui.model_version(name), tuple(_digest(t) for t in texts))
-    return ui.computed_once(_results(), key, f"Capturing {len(texts)} texts through {name}",
-                            lambda progress: sinks.alpha_over_texts(loaded, texts, progress=progress),
-                            errors=(CaptureError,))
+    longest = max(len(loaded.tokenizer(t)["input_ids"]) for t in texts)
+    need = ui.capture_need(loaded, longest, None, ui.capture_store(name, max(texts, key=len))[0])
+
+    def compute(progress):
+        with budget.BUDGET.admit(need, what=f"Capturing {len(texts)} texts"):
+            return sinks.alpha_over_texts(loaded, texts, progress=progress)
+
+    return ui.computed_once(_results(), key, f"Capturing {len(texts)} texts through {name}", compute,
+                            errors=(CaptureError, budget.OverBudget))
 
 
 def layer_outputs(name: str, text: str):
     """(token ids [n], hidden [layer, token, dim]) of `text` through `name` (attnviz.massive.layer_outputs),
-    computed once per (model, model_version, text)."""
-    from attnviz import massive, ui
+    computed once per (model, model_version, text), admitted by the memory budget (its eager forward pass holds
+    one layer's [head, n, n] weights). None after a message."""
+    from attnviz import budget, massive, ui
 
     loaded = ui.get_model(name)
     if loaded is None:
         return None
     key = ("hidden", name, ui.model_version(name), _digest(text))
+    ids = loaded.tokenizer(text)["input_ids"]
+    config = loaded.model.config
+    need = budget.forward_bytes(config, len(ids)) + 4 * len(ids) * loaded.shape.d_model * loaded.shape.layers
 
     def compute():
-        ids = loaded.tokenizer(text)["input_ids"]
-        return ids, massive.layer_outputs(loaded.model, ids)
+        with budget.BUDGET.admit(need, what=f"Reading every layer's output on {len(ids):,} tokens"):
+            return ids, massive.layer_outputs(loaded.model, ids)
 
-    with st.spinner(f"Running {name} and keeping every layer's output…"):
-        return _results().get(key, compute)
+    try:
+        with st.spinner(f"Running {name} and keeping every layer's output…"):
+            return _results().get(key, compute)
+    except budget.OverBudget as exc:
+        ui.show_error(exc)
+        return None
 
 
 def intervention(name: str, text: str, edit):
-    """attnviz.massive.intervention of `edit` on `text`, computed once per (model, model_version, text, edit)."""
-    from attnviz import massive, ui
+    """attnviz.massive.intervention of `edit` on `text`, computed once per (model, model_version, text, edit), in
+    the store a capture of the text takes (ui.capture_store: the dense one while it fits, else q and k), admitted by
+    the memory budget. None after a message."""
+    from attnviz import budget, massive, ui
+    from attnviz.capture import CaptureError
+    from attnviz.lm import PredictionError
 
     loaded = ui.get_model(name)
     if loaded is None:
         return None
-    key = ("intervention", name, ui.model_version(name), _digest(text), edit)
-    with st.spinner(f"Running {name} with and without the edit (two forward passes and two captures)…"):
-        return _results().get(key, lambda: massive.intervention(loaded, text, edit))
+    store, _, n = ui.capture_store(name, text)
+    key = ("intervention", name, ui.model_version(name), _digest(text), edit, store)
+    need = ui.capture_need(loaded, n, None, store)
+
+    def compute():
+        with budget.BUDGET.admit(need, what=f"The intervention on {n:,} tokens"):
+            return massive.intervention(loaded, text, edit, store=store)
+
+    try:
+        with st.spinner(f"Running {name} with and without the edit on {n:,} tokens (two forward passes for the "
+                        "losses and two captures for the sink mass)…"):
+            return _results().get(key, compute)
+    except (CaptureError, PredictionError, budget.OverBudget) as exc:
+        ui.show_error(exc)
+        return None
 
 
 REFERENCE_WINDOWS = 8   # texts the "mean" intervention averages over (Sun et al. average over many sequences)
