@@ -16,7 +16,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from attnviz import gguf, models, paths
+from attnviz import gguf, models, paths, ui
 from attnviz.capture import capture_attention
 from attnviz.models import NOT_AVAILABLE, ModelError, load_model
 from tests.gguf_files import F16, F32, Q8_0, gguf_name, write_llama
@@ -362,3 +362,30 @@ def test_gemma3_loads_from_its_converted_folder(gemma3, monkeypatch):
     assert again.spec.description == gemma3.spec.description
     assert models.load_bytes("gemma3-270m") == models._folder_bytes(gguf.converted_folder(
         models._bundled_gguf("gemma3-270m")[1]))
+
+
+def test_the_heads_page_opens_a_gguf_file_under_the_roots_and_names_nothing_outside(files, lab_cache, tmp_path,
+                                                                                    monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "mine.gguf").write_bytes(files["f32"].read_bytes())
+    (outside / "theirs.gguf").write_bytes(files["f32"].read_bytes())
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(root))
+    app = str(Path(__file__).resolve().parent.parent / "app.py")
+    for name, loads in ((root / "mine.gguf", True), (outside / "theirs.gguf", False)):
+        at = AppTest.from_file(app, default_timeout=120)
+        at.run()
+        at.switch_page("app_pages/heads.py")
+        at.run()
+        at.selectbox(key="heads_model").select(ui.CUSTOM_MODEL).run()
+        at.text_input(key="heads_model_custom").input(str(name)).run()
+        assert not at.exception, at.exception
+        shown = " ".join(str(e.value) for e in [*at.error, *at.warning, *at.info, *at.caption, *at.markdown])
+        assert "theirs" not in shown and "outside" not in shown  # no file name from the server's disk
+        if loads:
+            assert not at.error and "4 heads" in shown  # the toy's map, read from its GGUF
+        else:
+            assert [e.value for e in at.error] == [NOT_AVAILABLE]
