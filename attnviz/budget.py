@@ -45,6 +45,16 @@ def default_budget_bytes() -> int:
 COLLECT_BEFORE_BYTES = 256 * 2**20  # work at least this large first runs a full garbage collection
 
 
+def two_sizes(a: int, b: int) -> tuple[str, str]:
+    """a and b in one binary unit, the largest in which the smaller is at least 1 and the two show apart at two
+    decimals ("0.98 GiB" twice would read as equal sizes where one is refused for exceeding the other)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        shown = f"{a / scale:,.2f} {unit}", f"{b / scale:,.2f} {unit}"
+        if min(a, b) >= scale and shown[0] != shown[1]:
+            return shown
+    return f"{a:,} B", f"{b:,} B"
+
+
 class MemoryBudget:
     """Admits work by estimated bytes under a limit shared by every thread of the process.
 
@@ -83,8 +93,9 @@ class MemoryBudget:
             # every view change): unreachable cycles are freed here instead, before a large allocation.
             gc.collect()
         if nbytes > self.limit:
-            raise OverBudget(f"{what} needs about {nbytes / 2**30:.2f} GiB, more than the {self.limit / 2**30:.2f} "
-                             "GiB this server gives all visitors' work at once: make it smaller.")
+            need, limit = two_sizes(nbytes, self.limit)
+            raise OverBudget(f"{what} needs about {need}, more than the {limit} this server gives all visitors' "
+                             "work at once: make it smaller.")
         with self._cond:
             ticket = next(self._tickets)
             self._queue.append(ticket)

@@ -92,6 +92,7 @@ class Visitor:
         self.console_errors: list[str] = []
         self.refusals: list[str] = []
         self.timed_out = False
+        self.refused = False
 
 
 async def _watch(page, visitor: Visitor, done: asyncio.Event) -> None:
@@ -159,6 +160,9 @@ async def run_visitor(browser, base: str, visitor: Visitor, long_text: str, time
             await page.wait_for_function(
                 "() => document.body.innerText.includes('8,192 tokens')", timeout=timeout_s * 1000)
             await _idle(page, timeout_s)  # the default text's chart is on the page already: its own is drawn at idle
+            if await page.query_selector('[data-testid="stAlertContentError"]'):
+                visitor.refused = True  # told why with a message (a budget too small for it): an outcome, not a hang
+                return
             await _until_chart(page, started, visitor, timeout_s)
             visitor.own_result = True
         else:
@@ -200,7 +204,8 @@ def report(visitors: list[Visitor], peak: int | None, budget_bytes: int, seconds
           f"{'console errors':>14}  refusals")
     for v in visitors:
         shown = "-" if v.first_chart_s is None else f"{v.first_chart_s:.1f}"
-        own = "timeout" if v.timed_out else {True: "yes", False: "NO", None: "-"}[v.own_result]
+        own = ("timeout" if v.timed_out else "refused" if v.refused
+               else {True: "yes", False: "NO", None: "-"}[v.own_result])
         if v.own_result is False:
             print(f"  {v.name} saw the tokens {getattr(v, 'ticks', '')[:300]!r}")
         print(f"{v.name:<10} {own:>10} {shown:>14} {'yes' if v.told_waits else 'no':>7} {len(v.exceptions):>10} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -62,6 +63,26 @@ def test_small_work_runs_side_by_side_and_order_is_first_come_first_served():
     for t in threads:
         t.join(5)
     assert order[0] == "a" and sorted(order) == ["a", "b", "c"] and budget.held == 0
+
+
+def refused_sizes(message: str) -> tuple[float, float]:
+    """The two sizes a refusal states, in bytes, read back from its words."""
+    scale = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
+    found = re.search(r"needs about ([\d,.]+) (GiB|MiB|KiB|B), more than the ([\d,.]+) (GiB|MiB|KiB|B) ", message)
+    assert found, message
+    need, need_unit, limit, limit_unit = found.groups()
+    return float(need.replace(",", "")) * scale[need_unit], float(limit.replace(",", "")) * scale[limit_unit]
+
+
+@pytest.mark.parametrize("need, limit", [(101, 100), (1_052_000_000, 1_048_576_000), (600_000, 500_000),
+                                         (5 * 2**30, 4 * 2**30)])
+def test_a_refusal_states_both_sizes_apart_and_to_within_rounding(need, limit):
+    with pytest.raises(OverBudget) as refused:
+        MemoryBudget(limit).acquire(need, what="This capture")
+    shown_need, shown_limit = refused_sizes(str(refused.value))
+    assert shown_need > shown_limit  # "0.98 GiB, more than the 0.98 GiB" would read as a contradiction
+    for shown, true in ((shown_need, need), (shown_limit, limit)):
+        assert abs(shown - true) <= 0.005 * max(true, 2**10) or shown == true
 
 
 def test_work_larger_than_the_whole_budget_is_refused_at_once_and_errors_release():
