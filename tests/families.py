@@ -54,6 +54,15 @@ def _configs() -> dict[str, tuple[str, object]]:
         "falcon": ("causal", tf.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                              num_kv_heads=2, new_decoder_architecture=True, multi_query=True,
                                              max_position_embeddings=512, **_IDS, **_INIT)),
+        # Falcon-7B's layout: the old decoder, one KV head (multi_query), attention and MLP in parallel
+        "falcon_mqa": ("causal", tf.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 new_decoder_architecture=False, multi_query=True,
+                                                 parallel_attn=True, max_position_embeddings=512, **_IDS, **_INIT)),
+        # Falcon-RW's layout: ALiBi instead of RoPE, one KV head per head, sequential attention and MLP, biases
+        "falcon_alibi": ("causal", tf.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                   new_decoder_architecture=False, multi_query=False,
+                                                   parallel_attn=False, alibi=True, bias=True,
+                                                   max_position_embeddings=512, **_IDS, **_INIT)),
         "gpt_oss": ("causal", tf.GptOssConfig(**{**_LLAMA_LIKE, "intermediate_size": 32}, head_dim=16,
                                               num_local_experts=2, num_experts_per_tok=1,
                                               sliding_window=SLIDING_WINDOW, layer_types=_SLIDING_FULL,
@@ -93,11 +102,14 @@ def _configs() -> dict[str, tuple[str, object]]:
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "opt", "falcon",
             "gpt_oss", "olmo2", "stablelm", "granite", "cohere", "gptj", "gpt_bigcode", "deepseek_v3", "gpt2",
             "bloom", "bert", "roberta", "distilbert", "electra")
+# more layouts of one family, checked as the families are: name -> the family (its config's model_type)
+LAYOUTS = {"falcon_mqa": "falcon", "falcon_alibi": "falcon"}
+CHECKED = FAMILIES + tuple(LAYOUTS)
 ENCODERS = ("bert", "roberta", "distilbert", "electra")
 # the key/value heads of each family's tiny model (4 query heads everywhere): GQA 2 where the family has it, MQA 1
-KV_HEADS = {name: 4 for name in FAMILIES} | {name: 2 for name in (
+KV_HEADS = {name: 4 for name in CHECKED} | {name: 2 for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "falcon", "gpt_oss", "olmo2", "stablelm",
-    "granite", "cohere")} | {"gpt_bigcode": 1}
+    "granite", "cohere")} | {"gpt_bigcode": 1, "falcon_mqa": 1, "falcon_alibi": 4}
 
 
 def build_family(name: str, root: Path) -> Path:

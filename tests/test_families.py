@@ -12,17 +12,15 @@ import torch
 from attnviz import attention as core
 from attnviz.capture import CaptureError, capture_attention, inputs_bytes
 from attnviz.models import load_model
-from tests.families import ENCODERS, FAMILIES, KV_HEADS, build_family
+from tests.families import CHECKED, ENCODERS, KV_HEADS, LAYOUTS, build_family
 
 # attnviz loads a model onto the GPU when there is one, while the reference runs on the CPU: a GPU's float32
 # rounding differs from the CPU's by about 1e-6 (1.3e-6 seen on an H100), so the comparisons with it allow 1e-5 there
 REF_ATOL = 1e-5 if torch.cuda.is_available() else 1e-6
 TEXT = "The cat sat on the mat and the dog too."  # 40 tokens with <bos>: longer than the sliding window (8)
-UNRECORDED = ("falcon", "gptj")  # no attention interface: pattern only (no q, k, scores or qk store)
 SINKS = ("gpt_oss",)
 # family -> the layers with a sliding window (layer_types, or every layer for Mistral)
 SLIDING = {"mistral": [0, 1], "gemma2": [0], "gemma3_text": [0], "gpt_oss": [0]}
-RECORDED = tuple(f for f in FAMILIES if f not in UNRECORDED)
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +84,7 @@ def _softmax64(scores: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray
     return p[..., :scores.shape[-1]]
 
 
-@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 def test_pattern_store_equals_output_attentions(family_of, name):
     fam = family_of(name)
     cap = fam.capture("pattern")
@@ -95,10 +93,10 @@ def test_pattern_store_equals_output_attentions(family_of, name):
     assert cap.pattern.shape[0] == 2 and cap.n_tokens == len(TEXT.encode()) + 1
     np.testing.assert_allclose(cap.pattern, ref, rtol=0, atol=REF_ATOL)
     assert cap.causal == (name not in ENCODERS)
-    assert (cap.inputs is None) == (name in UNRECORDED)
+    assert cap.inputs is not None
 
 
-@pytest.mark.parametrize("name", RECORDED, ids=RECORDED)
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 def test_qk_store_equals_output_attentions(family_of, name):
     fam = family_of(name)
     cap = fam.capture("qk")
@@ -112,7 +110,7 @@ def test_qk_store_equals_output_attentions(family_of, name):
         np.testing.assert_allclose(cap.head_pattern(layer, 1, rows=(3, 9)), ref[i, 1, 3:9], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", RECORDED, ids=RECORDED)
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 def test_core_on_recorded_inputs_equals_eager(family_of, name):
     """attnviz.attention's pattern from the pattern store's inputs (what eager itself saw) equals eager's."""
     fam = family_of(name)
@@ -128,7 +126,7 @@ def test_core_on_recorded_inputs_equals_eager(family_of, name):
         assert (sink is None) == (name not in SINKS)
 
 
-@pytest.mark.parametrize("name", RECORDED, ids=RECORDED)
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 @pytest.mark.parametrize("store", ["pattern", "qk"])
 def test_scores_reproduce_the_pattern(family_of, name, store):
     fam = family_of(name)
@@ -143,7 +141,7 @@ def test_scores_reproduce_the_pattern(family_of, name, store):
         np.testing.assert_array_equal(cap.head_scores(layer, 2), scores[i, 2])
 
 
-@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 def test_rows_and_learned_sink_sum_to_one(family_of, name):
     fam = family_of(name)
     cap = fam.capture("pattern")
@@ -179,19 +177,16 @@ def test_sliding_window_layers_have_an_explicit_mask(family_of, name, store):
             assert mask.kind == "causal"
 
 
-@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 def test_kv_heads_and_store_size(family_of, name):
     """kv_head_of is the model's real sharing (GQA, MQA, Falcon's num_kv_heads), in both stores; inputs_bytes
     predicts the qk store's q and k exactly (head_dim overrides, MLA's wider q.k, one KV head for MQA)."""
     fam = family_of(name)
     n_kv = KV_HEADS[name]
     expected = [h * n_kv // 4 for h in range(4)]
-    for store in ("pattern",) if name in UNRECORDED else ("pattern", "qk"):
+    for store in ("pattern", "qk"):
         cap = fam.capture(store)
         assert cap.kv_head_of == expected
-    if name in UNRECORDED:
-        return
-    cap = fam.capture("qk")
     assert all(x.k.shape[0] == n_kv for x in cap.inputs.values())
     qk_bytes = sum(x.q.numel() * 4 + x.k.numel() * 4 for x in cap.inputs.values())
     assert inputs_bytes(fam.loaded.model.config, cap.n_layers, cap.n_tokens) == qk_bytes
@@ -216,18 +211,159 @@ def test_mqa_and_mla_shapes(family_of):
     assert x.scaling != pytest.approx(x.head_dim ** -0.5)  # YaRN's mscale
 
 
-@pytest.mark.parametrize("name", UNRECORDED, ids=UNRECORDED)
-def test_families_without_the_interface_refuse_scores(family_of, name):
+REBUILT = ("falcon", "falcon_mqa", "falcon_alibi", "gptj")  # no attention interface: q and k rebuilt by hooks
+
+
+def _attention_inputs(model, modules) -> list[np.ndarray]:
+    """The hidden states [n, hidden] (float64) each of `modules` of transformers' own `model` is called with, on
+    TEXT."""
+    from transformers import AutoTokenizer
+
+    seen = []
+    hooks = [m.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]),
+        with_kwargs=True) for m in modules]
+    try:
+        ids = AutoTokenizer.from_pretrained(model.name_or_path)(TEXT, return_tensors="pt").input_ids
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [h[0].double().numpy() for h in seen]
+
+
+def _rope_halves(x: np.ndarray, base: float) -> np.ndarray:
+    """RoPE as Llama and Falcon lay it out: dims i and i + d/2 of position p turn together by the
+    angle p * base^(-2i/d). x [head, n, d]."""
+    n, d = x.shape[-2], x.shape[-1]
+    angle = np.arange(n)[:, None] * base ** (-np.arange(0, d, 2) / d)
+    z = (x[..., :d // 2] + 1j * x[..., d // 2:]) * np.exp(1j * angle)
+    return np.concatenate([z.real, z.imag], axis=-1)
+
+
+def _rope_pairs(x: np.ndarray, base: float, width: int) -> np.ndarray:
+    """RoPE as GPT-J and the RoFormer paper lay it out: dims 2i and 2i + 1 of the first `width` turn together by
+    p * base^(-2i/width); the other dims pass unchanged. x [head, n, d]."""
+    n = x.shape[-2]
+    angle = np.arange(n)[:, None] * base ** (-np.arange(0, width, 2) / width)
+    z = (x[..., 0:width:2] + 1j * x[..., 1:width:2]) * np.exp(1j * angle)
+    out = x.copy()
+    out[..., 0:width:2], out[..., 1:width:2] = z.real, z.imag
+    return out
+
+
+def _falcon_by_hand(attention, config, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q [head, n, d], k [kv_head, n, d] and scores [head, n, n] of one Falcon layer in float64, from its fused
+    weight as the three layouts pack it: per KV group [its g queries, k, v] (new decoder architecture), [every
+    query, one k, one v] (multi_query) or per head [q, k, v]."""
+    n, heads = hidden.shape[0], config.num_attention_heads
+    d = config.hidden_size // heads
+    fused = hidden @ attention.query_key_value.weight.detach().double().numpy().T
+    if attention.query_key_value.bias is not None:
+        fused = fused + attention.query_key_value.bias.detach().double().numpy()
+    if config.new_decoder_architecture:
+        x = fused.reshape(n, config.num_kv_heads, -1, d)
+        q, k = x[:, :, :-2].reshape(n, heads, d), x[:, :, -2]
+    elif config.multi_query:
+        x = fused.reshape(n, heads + 2, d)
+        q, k = x[:, :heads], x[:, heads:heads + 1]
+    else:
+        x = fused.reshape(n, heads, 3, d)
+        q, k = x[:, :, 0], x[:, :, 1]
+    q, k = q.transpose(1, 0, 2), k.transpose(1, 0, 2)
+    if not config.alibi:
+        base = config.rope_parameters["rope_theta"]
+        q, k = _rope_halves(q, base), _rope_halves(k, base)
+    scores = np.matmul(q, np.repeat(k, heads // k.shape[0], axis=0).transpose(0, 2, 1)) / np.sqrt(d)
+    if config.alibi:
+        # ALiBi (Press et al. 2022): slope 2^(-8 (h + 1) / heads) times the key's position. transformers' eager
+        # Falcon adds it twice: in the attention, (q.k + alibi) / sqrt(d), and again in the mask it builds,
+        # alibi / sqrt(d); its output_attentions (the tests above) agree
+        slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+        scores = scores + 2 * slopes[:, None, None] * np.arange(n)[None, None, :] / np.sqrt(d)
+    return q, k, scores
+
+
+def _gptj_by_hand(attention, config, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k [head, n, d] and scores [head, n, n] of one GPT-J layer in float64: its q_proj and k_proj, the first
+    rotary_dim dims of each head turned in pairs (base 10,000), scores = q.k / sqrt(d)."""
+    n, heads = hidden.shape[0], config.n_head
+    d = config.n_embd // heads
+    q, k = ((hidden @ proj.weight.detach().double().numpy().T).reshape(n, heads, d).transpose(1, 0, 2)
+            for proj in (attention.q_proj, attention.k_proj))
+    q, k = _rope_pairs(q, 10000.0, config.rotary_dim), _rope_pairs(k, 10000.0, config.rotary_dim)
+    return q, k, np.matmul(q, k.transpose(0, 2, 1)) / np.sqrt(d)
+
+
+@pytest.mark.parametrize("name", REBUILT, ids=REBUILT)
+def test_rebuilt_q_k_and_scores_equal_a_float64_copy(family_of, name):
+    """The q, k and scores that hooks rebuild for the families outside the attention interface, against the same
+    layer computed by hand in float64 from transformers' own model: its weights and the hidden states entering its
+    attention modules, with RoPE, ALiBi and each layout's packing of q, k and v written out here."""
+    from transformers import AutoModelForCausalLM
+
     fam = family_of(name)
+    model = AutoModelForCausalLM.from_pretrained(str(fam.folder), attn_implementation="eager", dtype=torch.float32)
+    model.eval()
+    config = model.config
+    attentions = [getattr(block, "self_attention", None) or block.attn for block in model.transformer.h]
+    by_hand = _gptj_by_hand if name == "gptj" else _falcon_by_hand
     cap = fam.capture("pattern")
-    assert cap.inputs is None and not cap.has_scores and cap.scores is None and cap.learned_sink is None
-    np.testing.assert_allclose(cap.pattern, fam.reference, rtol=0, atol=REF_ATOL)
-    with pytest.raises(CaptureError, match="does not dispatch through transformers' attention interface"):
-        capture_attention(fam.loaded, TEXT, with_scores=True)
-    with pytest.raises(CaptureError, match="does not dispatch through transformers' attention interface"):
-        capture_attention(fam.loaded, TEXT, store="qk")
-    with pytest.raises(CaptureError, match="scores are not available"):
-        cap.head_scores(0, 0)
+    scores = cap.scores
+    n = cap.n_tokens
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    for i, hidden in enumerate(_attention_inputs(model, attentions)):
+        q, k, expected = by_hand(attentions[i], config, hidden)
+        x = cap.inputs[cap.layers[i]]
+        np.testing.assert_allclose(x.q.numpy(), q, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(x.k.numpy(), k, rtol=1e-5, atol=1e-5)
+        assert np.array_equal(np.isfinite(scores[i]), np.broadcast_to(causal, scores[i].shape))
+        np.testing.assert_allclose(scores[i][:, causal], expected[:, causal], rtol=1e-5, atol=1e-5)
+    assert np.abs(expected).max() > 1  # scores large enough that the comparison is not all noise
+
+
+def test_a_mask_bias_that_changes_with_the_query_is_refused(family_of):
+    """Falcon-RW's mask carries ALiBi, one value per key; a mask bias that depends on the query as well cannot be
+    one key_bias, so the capture stops with a message instead of showing wrong scores."""
+    fam = family_of("falcon_alibi")
+    attentions = [block.self_attention for block in fam.loaded.model.transformer.h]
+
+    def tilt(module, args, kwargs):  # + 0.01 x the query's index wherever the mask lets a query see a key
+        mask = kwargs["attention_mask"]
+        rows = torch.arange(mask.shape[-2], dtype=mask.dtype, device=mask.device)[:, None]
+        kwargs["attention_mask"] = torch.where(mask > torch.finfo(mask.dtype).min / 2, mask + 0.01 * rows, mask)
+        return args, kwargs
+
+    hooks = [m.register_forward_pre_hook(tilt, with_kwargs=True) for m in attentions]
+    try:
+        for store in ("pattern", "qk"):
+            with pytest.raises(CaptureError, match="changes from query to query"):
+                capture_attention(fam.loaded, TEXT, store=store)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    np.testing.assert_allclose(capture_attention(fam.loaded, TEXT).pattern, fam.reference, rtol=0, atol=REF_ATOL)
+
+
+@pytest.mark.parametrize("name", REBUILT, ids=REBUILT)
+def test_rebuilt_families_record_no_inputs_beside_a_kv_cache(family_of, name):
+    """With a KV cache (generation) a layer's earlier keys are in the cache, out of a hook's sight: the rebuild
+    records nothing there rather than a q and k of the new token alone, and the pattern row is still recorded."""
+    from transformers import DynamicCache
+
+    from attnviz.capture import recording_forward
+
+    fam = family_of(name)
+    model = fam.loaded.model
+    ids = torch.tensor([fam.capture().token_ids], device=model.get_input_embeddings().weight.device)
+    with torch.inference_mode():
+        cache = model(input_ids=ids[:, :-1], use_cache=True, past_key_values=DynamicCache(config=model.config))
+        with recording_forward(model) as rec:
+            model(input_ids=ids[:, -1:], past_key_values=cache.past_key_values, use_cache=True)
+    assert rec.inputs == {} and sorted(rec.pattern) == [0, 1]
+    np.testing.assert_allclose(np.stack([rec.pattern[i][:, -1] for i in (0, 1)]), fam.reference[:, :, -1],
+                               rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["gpt_oss", "llama"])
@@ -253,11 +389,11 @@ def test_statistics_report_the_learned_sink_share_in_both_stores(family_of, name
         np.testing.assert_allclose(frame["learned_sink"], expected, atol=2e-6)
 
 
-ROPE = {"falcon", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt_neox", "gpt_oss", "olmo2",
-        "stablelm", "granite", "cohere", "gptj", "deepseek_v3"}
+ROPE = {"falcon", "falcon_mqa", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt_neox",
+        "gpt_oss", "olmo2", "stablelm", "granite", "cohere", "gptj", "deepseek_v3"}
 
 
-@pytest.mark.parametrize("name", FAMILIES, ids=FAMILIES)
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 def test_model_shape_is_what_the_layers_saw(family_of, name):
     """loaded.shape, read once from the config, against what the model itself did: one output_attentions map per
     layer, the q and k widths and head counts each layer was called with, causality from the reference maps
@@ -265,7 +401,7 @@ def test_model_shape_is_what_the_layers_saw(family_of, name):
     fam = family_of(name)
     shape = fam.loaded.shape
     reference = fam.reference
-    assert shape.family == name
+    assert shape.family == LAYOUTS.get(name, name)
     assert shape.layers == reference.shape[0]
     assert shape.heads == reference.shape[1] == 4
     assert shape.kv_heads == KV_HEADS[name]
@@ -283,7 +419,8 @@ def test_model_shape_is_what_the_layers_saw(family_of, name):
             assert shape.rope_base == pytest.approx(float(inv[1]) ** (-width / 2), rel=1e-4)
     if name == "bloom":
         assert shape.position == "alibi" and shape.max_positions is None
-    if name not in UNRECORDED:
-        cap = fam.capture("qk")
-        x = next(iter(cap.inputs.values()))
-        assert (x.q.shape[0], x.k.shape[0], x.q.shape[-1]) == (shape.heads, shape.kv_heads, shape.head_dim)
+    if name == "falcon_alibi":
+        assert shape.position == "alibi"
+    cap = fam.capture("qk")
+    x = next(iter(cap.inputs.values()))
+    assert (x.q.shape[0], x.k.shape[0], x.q.shape[-1]) == (shape.heads, shape.kv_heads, shape.head_dim)
