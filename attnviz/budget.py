@@ -84,18 +84,22 @@ class MemoryBudget:
 
     def acquire(self, nbytes: int, *, on_wait: Callable[[int, int], None] | None = None,
                 on_poll: Callable[[], None] | None = None, timeout: float | None = None, poll_seconds: float = 0.5,
-                what: str = "This work") -> int:
+                what: str = "This work", keep=None) -> int:
         """Holds `nbytes` of the budget until release(nbytes), waiting (first come, first served) until they fit.
-        Before waiting, results kept for later use (HeldCache) are dropped to make room. Returns the bytes held."""
+        Before waiting, results kept for later use (HeldCache) are dropped to make room, except the one under the
+        key `keep` (the model this work runs on: dropped, it would be loaded again beside the copy in use, or wait
+        for the very bytes this work holds). Returns the bytes held."""
         nbytes = max(0, int(nbytes))
+        pinned = sum(cache.held_by(keep) for cache in self._caches) if keep is not None else 0
         if nbytes >= COLLECT_BEFORE_BYTES:
             # The app turns off Streamlit's full collection after every run (.streamlit/config.toml: it held up
             # every view change): unreachable cycles are freed here instead, before a large allocation.
             gc.collect()
-        if nbytes > self.limit:
-            need, limit = two_sizes(nbytes, self.limit)
-            raise OverBudget(f"{what} needs about {need}, more than the {limit} this server gives all visitors' "
-                             "work at once: make it smaller.")
+        if nbytes + pinned > self.limit:
+            need, limit = two_sizes(nbytes + pinned, self.limit)
+            with_model = " with the model it runs on" if pinned else ""
+            raise OverBudget(f"{what} needs about {need}{with_model}, more than the {limit} this server gives all "
+                             "visitors' work at once: make it smaller.")
         with self._cond:
             ticket = next(self._tickets)
             self._queue.append(ticket)
@@ -107,7 +111,7 @@ class MemoryBudget:
                     if self._queue[0] == ticket and self.held - kept + nbytes <= self.limit:  # dropping can help
                         self._cond.release()  # a cache that drops a result calls release(), which takes the lock
                         try:
-                            freed = self.make_room()
+                            freed = self.make_room(keep)
                         finally:
                             self._cond.acquire()
                         if freed:
@@ -133,9 +137,10 @@ class MemoryBudget:
             self.held -= int(nbytes)
             self._cond.notify_all()
 
-    def make_room(self) -> bool:
-        """Drops the least recently used result of the cheapest cache that holds one; whether one was dropped."""
-        return any(cache.drop_oldest() for cache in sorted(self._caches, key=lambda c: c.priority))
+    def make_room(self, keep=None) -> bool:
+        """Drops the least recently used result (never `keep`'s) of the cheapest cache that holds one; whether one
+        was dropped."""
+        return any(cache.drop_oldest(keep) for cache in sorted(self._caches, key=lambda c: c.priority))
 
 
 class HeldCache:
@@ -188,8 +193,13 @@ class HeldCache:
 
         return self._once.get(key, admitted, on_wait=on_wait_other)
 
-    def drop_oldest(self) -> bool:
-        return self._once.pop_oldest()
+    def drop_oldest(self, keep=None) -> bool:
+        return self._once.pop_oldest(keep)
+
+    def held_by(self, key) -> int:
+        """The bytes the result kept under `key` holds (0 when none is kept)."""
+        with self._lock:
+            return self._held.get(key, 0)
 
     def _evicted(self, key, _value) -> None:
         with self._lock:

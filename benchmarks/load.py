@@ -43,6 +43,8 @@ MARKERS = ["giraffes", "volcanoes", "submarines", "cathedrals", "orchards", "gla
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHART = '[data-testid="stPlotlyChart"] .main-svg'
+ALERTS = """() => Array.from(document.querySelectorAll('[data-testid="stAlert"], [data-testid="stSpinner"]'))
+                .map(a => a.innerText).join(' | ')"""
 TICKS = """() => Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"] .xtick text'))
                 .map(t => t.textContent)"""
 
@@ -124,6 +126,43 @@ async def _idle(page, timeout_s: float) -> None:
         timeout=timeout_s * 1000)
 
 
+async def _visit(page, base: str, visitor: Visitor, long_text: str, timeout_s: float) -> None:
+    started = time.perf_counter()
+    if visitor.kind == "short":
+        query = urllib.parse.urlencode({"model": MODEL, "text": short_text(visitor.marker), "tab": "head"})
+        await page.goto(f"{base}/heads?{query}")
+        await _until_chart(page, started, visitor, timeout_s)
+        await _idle(page, timeout_s)
+        # each tick reads "position:token"; a marker word may span tokens ("cat", "hedrals")
+        labels = [re.sub(r"^\d+:", "", t) for t in await page.evaluate(TICKS)]
+        ticks = "".join(labels).replace("␣", "").replace(" ", "")
+        visitor.ticks = ticks
+        visitor.own_result = visitor.marker in ticks and not any(m in ticks for m in MARKERS
+                                                                 if m != visitor.marker)
+    elif visitor.kind == "long":
+        await page.goto(f"{base}/heads?{urllib.parse.urlencode({'model': MODEL})}")
+        await _idle(page, timeout_s)
+        box = page.locator('[data-testid="stTextArea"] textarea').first
+        await box.fill(long_text)
+        started = time.perf_counter()
+        await box.press("Control+Enter")
+        await page.wait_for_function(
+            "() => document.body.innerText.includes('8,192 tokens')", timeout=timeout_s * 1000)
+        await _idle(page, timeout_s)  # the default text's chart is on the page already: its own is drawn at idle
+        if await page.query_selector('[data-testid="stAlertContentError"]'):
+            visitor.refused = True  # told why with a message (a budget too small for it): an outcome, not a hang
+            return
+        await _until_chart(page, started, visitor, timeout_s)
+        visitor.own_result = True
+    else:
+        await page.goto(f"{base}/toy-lab")
+        await _idle(page, timeout_s)
+        started = time.perf_counter()
+        await page.get_by_role("button", name="Train", exact=True).click(timeout=timeout_s * 1000)
+        await _until_chart(page, started, visitor, timeout_s)
+        visitor.own_result = True
+
+
 async def run_visitor(browser, base: str, visitor: Visitor, long_text: str, timeout_s: float) -> None:
     context = await browser.new_context(viewport={"width": 1400, "height": 3000})
     page = await context.new_page()
@@ -137,43 +176,14 @@ async def run_visitor(browser, base: str, visitor: Visitor, long_text: str, time
     page.on("pageerror", lambda exc: visitor.console_errors.append(str(exc)[:200]))
     done = asyncio.Event()
     watcher = asyncio.create_task(_watch(page, visitor, done))
-    started = time.perf_counter()
-    try:
-        if visitor.kind == "short":
-            query = urllib.parse.urlencode({"model": MODEL, "text": short_text(visitor.marker), "tab": "head"})
-            await page.goto(f"{base}/heads?{query}")
-            await _until_chart(page, started, visitor, timeout_s)
-            await _idle(page, timeout_s)
-            # each tick reads "position:token"; a marker word may span tokens ("cat", "hedrals")
-            labels = [re.sub(r"^\d+:", "", t) for t in await page.evaluate(TICKS)]
-            ticks = "".join(labels).replace("␣", "").replace(" ", "")
-            visitor.ticks = ticks
-            visitor.own_result = visitor.marker in ticks and not any(m in ticks for m in MARKERS
-                                                                     if m != visitor.marker)
-        elif visitor.kind == "long":
-            await page.goto(f"{base}/heads?{urllib.parse.urlencode({'model': MODEL})}")
-            await _idle(page, timeout_s)
-            box = page.locator('[data-testid="stTextArea"] textarea').first
-            await box.fill(long_text)
-            started = time.perf_counter()
-            await box.press("Control+Enter")
-            await page.wait_for_function(
-                "() => document.body.innerText.includes('8,192 tokens')", timeout=timeout_s * 1000)
-            await _idle(page, timeout_s)  # the default text's chart is on the page already: its own is drawn at idle
-            if await page.query_selector('[data-testid="stAlertContentError"]'):
-                visitor.refused = True  # told why with a message (a budget too small for it): an outcome, not a hang
-                return
-            await _until_chart(page, started, visitor, timeout_s)
-            visitor.own_result = True
-        else:
-            await page.goto(f"{base}/toy-lab")
-            await _idle(page, timeout_s)
-            started = time.perf_counter()
-            await page.get_by_role("button", name="Train", exact=True).click(timeout=timeout_s * 1000)
-            await _until_chart(page, started, visitor, timeout_s)
-            visitor.own_result = True
+    try:  # the whole visit bounded at once: a visitor left waiting is reported, with what its page said
+        await asyncio.wait_for(_visit(page, base, visitor, long_text, timeout_s), timeout_s)
     except Exception as exc:  # a timeout or a page that broke: reported, the others go on
         visitor.timed_out = "Timeout" in type(exc).__name__
+        try:
+            visitor.last_seen = (await page.evaluate(ALERTS))[:300]
+        except Exception:  # the page is gone
+            pass
         visitor.exceptions.append(f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
         done.set()
@@ -206,6 +216,8 @@ def report(visitors: list[Visitor], peak: int | None, budget_bytes: int, seconds
         shown = "-" if v.first_chart_s is None else f"{v.first_chart_s:.1f}"
         own = ("timeout" if v.timed_out else "refused" if v.refused
                else {True: "yes", False: "NO", None: "-"}[v.own_result])
+        if getattr(v, "last_seen", ""):
+            print(f"  {v.name} last saw: {v.last_seen!r}")
         if v.own_result is False:
             print(f"  {v.name} saw the tokens {getattr(v, 'ticks', '')[:300]!r}")
         print(f"{v.name:<10} {own:>10} {shown:>14} {'yes' if v.told_waits else 'no':>7} {len(v.exceptions):>10} "

@@ -152,6 +152,53 @@ def test_kept_results_hold_their_bytes_until_dropped_and_captures_go_before_mode
     assert pool.held == 160
 
 
+def test_work_keeps_the_model_it_runs_on_and_is_refused_when_the_two_never_fit():
+    import torch
+
+    pool = budget.MemoryBudget(1000)
+    models_cache = budget.HeldCache(pool, max_items=2, priority=1)
+    captures = budget.HeldCache(pool, max_items=2, priority=0)
+    models_cache.get("other", lambda: torch.zeros(50), need=200)  # 200 kept, least recently used
+    models_cache.get("m", lambda: torch.zeros(100), need=400)  # 400 kept
+    # 500 more fits only by dropping a model: the other one goes, never the one this capture runs on
+    captures.get("c", lambda: np.zeros(10), need=500, keep="m")
+    assert models_cache.peek("m")[0] and not models_cache.peek("other")[0] and pool.held == 400 + 80
+    # 700 next to the 400 it runs on could never fit in 1000: refused at once (it would otherwise drop the model
+    # and wait, or load it again beside the copy in use), with the sum it needs
+    with pytest.raises(budget.OverBudget, match="with the model it runs on"):
+        captures.get("d", lambda: np.zeros(10), need=700, keep="m", timeout=1)
+    assert models_cache.peek("m")[0] and pool.held == 480
+    captures.get("e", lambda: np.zeros(10), need=700, timeout=1)  # no model to keep: dropping "m" makes room
+    assert not models_cache.peek("m")[0]
+
+
+def test_a_capture_that_fits_only_without_its_model_is_refused_not_left_waiting(monkeypatch):
+    import threading
+
+    from attnviz import ui
+
+    limit = models.load_bytes("toy-gpt2")  # the model's load just fits
+    monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(limit))
+    monkeypatch.setattr(ui, "_MODELS", None)  # the caches of a server started with that budget
+    monkeypatch.setattr(ui, "_CAPTURES", None)
+    kept = budget.held_bytes(ui._cached_model("toy-gpt2", ()))
+    assert 0 < kept < limit and budget.BUDGET.held == kept
+    need = limit - kept + 1_000  # fits the budget alone, never next to the model
+    outcome = []
+
+    def capture():
+        try:
+            ui._cached_capture("toy-gpt2", (), "too big with its model", None, False, need=need, timeout=30)
+        except budget.OverBudget as exc:
+            outcome.append(str(exc))
+
+    thread = threading.Thread(target=capture, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the capture waited for the bytes its own model holds"
+    assert len(outcome) == 1 and "with the model it runs on" in outcome[0]
+
+
 def test_background_builds_are_capped(monkeypatch):
     import threading
 

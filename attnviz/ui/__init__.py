@@ -310,8 +310,9 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
     if made is not None:
         return made
 
+    loaded = _cached_model(name, version)  # kept while this capture waits for room and runs (keep= below)
+
     def compute():
-        loaded = _cached_model(name, version)
         attend = summary = None
         if store == "qk":
             # each layer's attention output, statistics and grid tiles from one pass over its scores, during the
@@ -329,11 +330,11 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
         return capture
 
     if need is None:
-        loaded = _cached_model(name, version)
         n_layers = len(layers) if layers is not None else None
         need = capture_need(loaded, len(loaded.tokenizer(text).input_ids), n_layers, store)
     wait.setdefault("what", "This capture")
-    return _caches()[1].get((name, version, text, layers, with_scores, store), compute, need=need, **wait)
+    return _caches()[1].get((name, version, text, layers, with_scores, store), compute, need=need,
+                            keep=(name, version), **wait)
 
 
 def capture_need(loaded, n_tokens: int, n_layers: int | None, store: str) -> int:
