@@ -18,6 +18,7 @@ It reports, per visitor and in sum:
 
     python benchmarks/load.py                       # the machine's default budget
     python benchmarks/load.py --budget-mb 1000      # a small budget: refusals with messages, no crash
+    python benchmarks/load.py --tight               # just the model and the long capture: it queues, and is told
 """
 
 from __future__ import annotations
@@ -240,15 +241,37 @@ def report(visitors: list[Visitor], peak: int | None, budget_bytes: int, seconds
     print(f"wall time {seconds:.0f} s")
 
 
+def tight_budget_mb() -> int:
+    """MiB for the model as the server keeps it, the long visitor's capture estimate and 6 MiB: the toy-lab run
+    (its estimate, lab.training_bytes, is larger) must finish before the long capture is admitted."""
+    from attnviz import budget, ui
+    from attnviz.lab import LabConfig
+    from attnviz.lab.training import training_bytes
+    from attnviz.models import load_model
+    from benchmarks.longcontext import long_text
+
+    loaded = load_model(MODEL)
+    n = len(loaded.tokenizer(long_text(LONG_TOKENS, loaded.tokenizer)).input_ids)
+    need = budget.held_bytes(loaded) + ui.capture_need(loaded, n, None, "qk")
+    spare = 6 * 2**20
+    assert training_bytes(LabConfig()) > spare, "the toy-lab run would fit beside the long capture"
+    return -(-(need + spare) // 2**20)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=8651)
     parser.add_argument("--budget-mb", type=int, default=None, help="ATTNVIZ_MEMORY_BUDGET_MB for the server")
+    parser.add_argument("--tight", action="store_true",
+                        help="a budget that holds the model and the long capture with 6 MiB to spare, less than "
+                             "the toy-lab run's estimate: the long visitor must queue while that run trains")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each visitor may take")
     parser.add_argument("--server-log", type=Path, default=None, help="write the server's output to this file")
     args = parser.parse_args()
     from attnviz.budget import default_budget_bytes
 
+    if args.tight:
+        args.budget_mb = tight_budget_mb()
     if args.budget_mb:
         os.environ["ATTNVIZ_MEMORY_BUDGET_MB"] = str(args.budget_mb)
     budget_bytes = default_budget_bytes()
