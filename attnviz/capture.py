@@ -52,8 +52,9 @@ class AttentionCapture:
     causal:     True when a query never attends to later keys
     store:      "pattern" (dense weights kept) or "qk" (only what attention saw)
     pattern:    [layer, head, query, key] attention weights, in the pattern store (None in the qk store)
-    inputs:     {model layer: attnviz.attention.LayerInputs}, or None for a family whose q and k are not
-                available (Falcon, GPT-J: pattern store only)
+    inputs:     {model layer: attnviz.attention.LayerInputs}: what each layer's attention saw (every family: BLOOM,
+                Falcon and GPT-J have theirs rebuilt by hooks), or None when the capture was asked not to keep them
+                (keep_inputs=False)
     Read maps with head_pattern / head_scores / layer_rows, which work in both stores; `layer` is always the
     model's layer number.
     """
