@@ -18,8 +18,14 @@ and seconds on a busy one, so minutes to hours for a few thousand tokens and thr
 
 So the single pass equals the rolling cache up to float rounding (the tests check this token by token), and
 `positions="original"` gives the cheaper variant that keeps text positions for the sinks too. It is written for
-Llama-family models (SmolLM2), whose layers it calls one by one, with the family's own RoPE
-(transformers' apply_rotary_pos_emb). The sink metrics live in attnviz.sinks.
+Llama (SmolLM2) and Gemma 3, whose layers it calls one by one, with the family's own RoPE (transformers'
+apply_rotary_pos_emb; Gemma 3 has one per layer kind) and norms (Gemma 3's QK-norm and the norms around each block).
+
+Gemma 3's sliding-window layers read only the keys less than `sliding_window` (512) positions behind the query.
+A model that reads a cache takes the cache for its whole text, so such a layer keeps its rule inside the cache:
+it reads the cached keys less than 512 slots behind the query. A window key's slot distance is its text
+distance; a sink's is p_t - j. With full attention the rule is the model's own (text distance under 512).
+The sink metrics live in attnviz.sinks.
 
 Over 300 lines on purpose: the single pass and the literal rolling cache it is tested against stay in one file, so
 that they can be read side by side.
@@ -41,18 +47,29 @@ DEFAULT_SINKS = 4  # Xiao et al. 2024 keep four initial tokens
 DEFAULT_WINDOW = 256
 STREAMING_TEXT = Path(__file__).resolve().parent.parent / "data" / "declaration_and_lincoln.txt"
 
-def window_mask(n: int, window: int | None, n_sinks: int = 0) -> np.ndarray:
-    """[query, key] bool, True where query t may read key j: j <= t and (j > t - window or j < n_sinks).
+def window_mask(n: int, window: int | None, n_sinks: int = 0, *, layer_window: int | None = None,
+                positions: str = "cache") -> np.ndarray:
+    """[query, key] bool, True where query t may read key j: j <= t and (j > t - window or j < n_sinks), and on a
+    sliding-window layer (layer_window L) a distance inside the cache under L (see the module docstring).
 
     window counts the most recent tokens kept, the current one included; None keeps everything (full attention).
+    positions: where the sinks sit, as in streaming_token_losses.
     """
-    return _may_read(np.arange(n)[:, None], np.arange(n)[None, :], window, n_sinks)
+    t = np.arange(n)[:, None]
+    slot = cache_positions(n, window, n_sinks)[:, None] if positions == "cache" else t
+    return _may_read(t, np.arange(n)[None, :], window, n_sinks, layer_window, slot)
 
 
-def _may_read(t, j, window, n_sinks):
+def _may_read(t, j, window, n_sinks, layer_window=None, slot=None):
+    """window_mask's rule on broadcast query positions t, key positions j and query slots (numpy or torch)."""
     if window is None:
-        return j <= t
-    return (j <= t) & ((j > t - window) | (j < n_sinks))
+        seen = j <= t
+        distance = t - j
+    else:
+        seen = (j <= t) & ((j > t - window) | (j < n_sinks))
+        # a window key sits as far behind the query in the cache as in the text; a sink, slot - j
+        distance = t - j + (j <= t - window) * ((t if slot is None else slot) - t)
+    return seen if layer_window is None else seen & (distance < layer_window)
 
 
 def cache_positions(n: int, window: int | None, n_sinks: int = 0) -> np.ndarray:
@@ -68,8 +85,8 @@ def cache_positions(n: int, window: int | None, n_sinks: int = 0) -> np.ndarray:
 def streaming_token_losses(model, input_ids, *, window: int | None = None, n_sinks: int = 0,
                            positions: str = "cache", query_chunk: int = 256,
                            progress: Callable[[float], None] | None = None) -> np.ndarray:
-    """Per-token cross-entropy (nats) of a Llama-family causal LM that reads only the first n_sinks tokens and the
-    last `window` tokens, in one forward pass. Returns [n - 1]: entry i is the loss of token i + 1.
+    """Per-token cross-entropy (nats) of a Llama or Gemma 3 causal LM that reads only the first n_sinks tokens and
+    the last `window` tokens, in one forward pass. Returns [n - 1]: entry i is the loss of token i + 1.
 
     window=None is full attention (loss equal to the model's own labels= loss). positions="cache" scores sink keys
     as StreamingLLM does (query at its position inside the cache, see the module docstring); "original" keeps the
@@ -81,16 +98,19 @@ def streaming_token_losses(model, input_ids, *, window: int | None = None, n_sin
     ids = torch.as_tensor(input_ids).reshape(1, -1)
     n = ids.shape[1]
     n_sinks = 0 if window is None else int(n_sinks)
-    inner = _llama_inner(model)
-    h = inner.embed_tokens(ids)  # [1, n, d_model]
-    rope = inner.rotary_emb(h, torch.arange(n)[None])
-    rope_cache = None
-    if positions == "cache" and n_sinks > 0:
-        rope_cache = inner.rotary_emb(h, torch.as_tensor(cache_positions(n, window, n_sinks))[None])
-    chunks = None if window is None else _plan_chunks(n, window, n_sinks, query_chunk)
+    inner = _decoder(model)
+    h = inner.embed_tokens(ids)  # [1, n, d_model] (Gemma 3's embedding scales by sqrt(d_model) itself)
+    slots = torch.as_tensor(cache_positions(n, window, n_sinks)) if positions == "cache" and n_sinks > 0 else None
+    ropes, plans = {}, {}  # per layer kind: Gemma 3's sliding and full layers differ in RoPE base and reach
     for i, layer in enumerate(inner.layers):
-        h = h + _attention_block(layer, h, rope, rope_cache, chunks)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        kind, reach = _layer_type(layer), _layer_window(layer)
+        if kind not in ropes:
+            ropes[kind] = (_rope(inner, h, torch.arange(n)[None], kind),
+                           None if slots is None else _rope(inner, h, slots[None], kind))
+        if reach not in plans:
+            plans[reach] = (None if window is None and reach is None
+                            else _plan_chunks(n, window, n_sinks, query_chunk, reach, slots))
+        h = _layer_forward(layer, h, *ropes[kind], plans[reach])
         if progress is not None:
             progress((i + 1) / len(inner.layers))
     return _next_token_losses(model, inner.norm(h)[0], ids[0])
@@ -106,10 +126,10 @@ def rolling_cache_token_losses(model, input_ids, *, window: int, n_sinks: int = 
     """
     ids = torch.as_tensor(input_ids).reshape(-1)
     n = ids.shape[0]
-    inner = _llama_inner(model)
+    inner = _decoder(model)
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    d_head = inner.layers[0].self_attn.head_dim
     kept: list[int] = []  # text positions of the cached tokens, in cache order
     keys = [torch.empty(1, n_kv, 0, d_head) for _ in inner.layers]  # before RoPE
     values = [torch.empty(1, n_kv, 0, d_head) for _ in inner.layers]
@@ -120,21 +140,19 @@ def rolling_cache_token_losses(model, input_ids, *, window: int, n_sinks: int = 
         kept = [kept[i] for i in keep_idx.tolist()] + [t]
         h = inner.embed_tokens(ids[t].reshape(1, 1))  # [1, 1, d_model]
         slots = torch.arange(len(kept))[None]  # positions inside the cache
-        cos, sin = inner.rotary_emb(h, slots)
         for li, layer in enumerate(inner.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(1, 1, n_heads, d_head).transpose(1, 2)  # [1, head, 1, d_head]
-            k = attn.k_proj(x).view(1, 1, n_kv, d_head).transpose(1, 2)  # [1, kv_head, 1, d_head]
-            v = attn.v_proj(x).view(1, 1, n_kv, d_head).transpose(1, 2)
+            cos, sin = _rope(inner, h, slots, _layer_type(layer))
+            q, k, v = _qkv(attn, layer.input_layernorm(h))  # [1, head, 1, d_head], [1, kv_head, 1, d_head] x 2
             keys[li] = torch.cat([keys[li].index_select(2, keep_idx), k], dim=2)  # [1, kv_head, cache, d_head]
             values[li] = torch.cat([values[li].index_select(2, keep_idx), v], dim=2)
             q_rot = _rotate(q, cos[:, -1:], sin[:, -1:])
             k_rot = _rotate(keys[li], cos, sin)
             scores = q_rot @ _repeat_kv(k_rot, n_heads // n_kv).transpose(-1, -2) * attn.scaling  # [1, head, 1, cache]
+            if (reach := _layer_window(layer)) is not None:  # a sliding layer reads the slots under `reach` behind
+                scores = scores.masked_fill(slots[0] <= len(kept) - 1 - reach, float("-inf"))
             out = scores.softmax(dim=-1) @ _repeat_kv(values[li], n_heads // n_kv)  # [1, head, 1, d_head]
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(1, 1, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = _add_blocks(layer, h, out.transpose(1, 2).reshape(1, 1, -1))
         finals.append(inner.norm(h)[0, 0])
         if progress is not None:
             progress((t + 1) / n)
@@ -250,12 +268,58 @@ def streaming_experiment(model, input_ids, *, window: int, n_sinks: int = DEFAUL
                            perplexity={k: perplexity(v) for k, v in losses.items()}, seconds=seconds)
 
 
-def _llama_inner(model):
-    """The decoder stack of a transformers LlamaForCausalLM, whose layers these functions call one by one."""
+FAMILIES = ("llama", "gemma3_text")  # transformers' model_type of the causal LMs whose layers these functions run
+
+
+def _decoder(model):
+    """The decoder stack of a transformers LlamaForCausalLM or Gemma3ForCausalLM, whose layers these functions call
+    one by one."""
     inner = getattr(model, "model", None)
-    if getattr(model.config, "model_type", None) != "llama" or inner is None or not hasattr(model, "lm_head"):
-        raise ValueError("the eviction experiment needs a Llama causal LM (e.g. smollm2-135m)")
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in FAMILIES or inner is None or not hasattr(model, "lm_head"):
+        raise ValueError("the eviction experiment needs a Llama or Gemma 3 causal LM "
+                         "(e.g. smollm2-135m or gemma3-270m)")
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:  # Gemma 2's soft-cap; Gemma 3 has none
+        raise ValueError("the eviction experiment does not soft-cap attention scores")
     return inner
+
+
+def _layer_type(layer) -> str | None:
+    """Gemma 3's "sliding_attention" or "full_attention" (which RoPE the layer uses); None for Llama."""
+    return getattr(layer.self_attn, "layer_type", None)
+
+
+def _layer_window(layer) -> int | None:
+    """How many positions back a layer reads (Gemma 3's sliding layers: 512); None for full attention."""
+    return getattr(layer.self_attn, "sliding_window", None)
+
+
+def _rope(inner, h, positions, kind):
+    """The model's own cos, sin at positions [1, n]: [1, n, d_head] each. Gemma 3 keeps one RoPE per layer kind
+    (base 1e4 on sliding layers, 1e6 on full ones)."""
+    return inner.rotary_emb(h, positions) if kind is None else inner.rotary_emb(h, positions, kind)
+
+
+def _qkv(attn, x):
+    """One layer's q [b, head, n, d_head], k and v [b, kv_head, n, d_head] before RoPE, from its normed input x.
+    Gemma 3 normalises each head's q and k first (QK-norm), as its attention does."""
+    b, n, _ = x.shape
+    q, k, v = (proj(x).view(b, n, -1, attn.head_dim).transpose(1, 2)
+               for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q, k, v
+
+
+def _add_blocks(layer, h, attended):
+    """The residual stream after a layer, given its attention's heads concatenated [b, n, head * d_head]: Llama adds
+    the attention's and the MLP's outputs; Gemma 3 norms each output before adding it (its post-block norms)."""
+    out = layer.self_attn.o_proj(attended)
+    if hasattr(layer, "pre_feedforward_layernorm"):
+        h = h + layer.post_attention_layernorm(out)
+        return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+    h = h + out
+    return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
 def _rotate(x, cos, sin):
@@ -281,38 +345,41 @@ class _Chunk:
     bias: torch.Tensor  # [hi - lo, n_sink_cols + hi - start], 0 where the query may read the key, -inf elsewhere
 
 
-def _plan_chunks(n: int, window: int, n_sinks: int, query_chunk: int) -> list[_Chunk]:
+def _plan_chunks(n: int, window: int | None, n_sinks: int, query_chunk: int, layer_window: int | None = None,
+                 slots: torch.Tensor | None = None) -> list[_Chunk]:
+    """Chunks of queries with the keys they may read (_may_read); slots [n]: the queries' positions in the cache
+    (None: their text positions), which a sliding layer's reach of the sinks depends on."""
+    reach = min(w for w in (window, layer_window, n) if w is not None)
     chunks = []
     for lo in range(0, n, query_chunk):
         hi = min(n, lo + query_chunk)
         sinks = min(n_sinks, hi)
-        start = max(sinks, lo - window + 1)
+        start = max(sinks, lo - reach + 1)
         keys = torch.cat([torch.arange(sinks), torch.arange(start, hi)])
-        allowed = _may_read(torch.arange(lo, hi)[:, None], keys[None, :], window, n_sinks)
+        t = torch.arange(lo, hi)[:, None]
+        slot = None if slots is None else slots[lo:hi, None]
+        allowed = _may_read(t, keys[None, :], window, n_sinks, layer_window, slot)
         chunks.append(_Chunk(lo, hi, sinks, start, torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))))
     return chunks
 
 
-def _attention_block(layer, h, rope, rope_cache, chunks: list[_Chunk] | None):
-    """One layer's attention on the whole sequence. chunks=None: plain causal attention. Otherwise each chunk of
-    queries reads only its sinks and window span (so a small window costs O(n * window), not O(n^2)); when
-    rope_cache is given, the sink columns are scored with the queries rotated to their position inside the cache,
-    passed to SDPA as an additive per-head bias on zeroed sink keys (SDPA has no way to take two query versions).
+def _layer_forward(layer, h, rope, rope_cache, chunks: list[_Chunk] | None):
+    """One decoder layer on the whole sequence, h [1, n, d_model] -> the same. chunks=None: plain causal attention.
+    Otherwise each chunk of queries reads only its sinks and window span (so a small window costs O(n * window),
+    not O(n^2)); when rope_cache is given, the sink columns are scored with the queries rotated to their position
+    inside the cache, passed to SDPA as an additive per-head bias on zeroed sink keys (SDPA has no way to take two
+    query versions).
     """
     attn = layer.self_attn
     cfg = attn.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    d_head = attn.head_dim
     b, n, _ = h.shape
-    x = layer.input_layernorm(h)
-    q_raw = attn.q_proj(x).view(b, n, n_heads, d_head).transpose(1, 2)  # [1, head, n, d_head]
-    k = attn.k_proj(x).view(b, n, n_kv, d_head).transpose(1, 2)  # [1, kv_head, n, d_head]
-    v = attn.v_proj(x).view(b, n, n_kv, d_head).transpose(1, 2)
+    q_raw, k, v = _qkv(attn, layer.input_layernorm(h))  # [1, head, n, d_head], [1, kv_head, n, d_head] x 2
     q = _rotate(q_raw, *rope)
     k = _rotate(k, *rope)
     if chunks is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True)
-        return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return _add_blocks(layer, h, out.transpose(1, 2).reshape(b, n, -1))
     k = _repeat_kv(k, n_heads // n_kv)  # [1, head, n, d_head]
     v = _repeat_kv(v, n_heads // n_kv)
     q_sink = None if rope_cache is None else _rotate(q_raw, *rope_cache)
@@ -330,7 +397,7 @@ def _attention_block(layer, h, rope, rope_cache, chunks: list[_Chunk] | None):
             k_c[:, :, :s] = 0.0
         out[:, :, c.lo:c.hi] = F.scaled_dot_product_attention(q[:, :, c.lo:c.hi], k_c, v_c, attn_mask=bias,
                                                               scale=attn.scaling)
-    return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+    return _add_blocks(layer, h, out.transpose(1, 2).reshape(b, n, -1))
 
 
 def _next_token_losses(model, final_hidden, ids, chunk: int = 512) -> np.ndarray:
@@ -339,5 +406,7 @@ def _next_token_losses(model, final_hidden, ids, chunk: int = 512) -> np.ndarray
     for lo in range(0, ids.shape[0] - 1, chunk):
         hi = min(ids.shape[0] - 1, lo + chunk)
         logits = model.lm_head(final_hidden[lo:hi]).float()  # [chunk, vocab]
+        if cap := getattr(model.config, "final_logit_softcapping", None):  # Gemma's, None in Gemma 3
+            logits = torch.tanh(logits / cap) * cap
         out.append(F.cross_entropy(logits, ids[lo + 1:hi + 1], reduction="none"))
     return torch.cat(out).double().numpy()

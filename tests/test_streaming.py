@@ -85,6 +85,68 @@ def test_rolling_cache_without_eviction_is_full_attention(tiny_llama):
     np.testing.assert_allclose(rolling_cache_token_losses(tiny_llama, ids, window=12), theirs, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma3():
+    """Gemma 3's shape in small: sliding layers (window 6, RoPE base 10) around a full one (base 1000), 4 query heads
+    on 1 KV head, QK-norm and the norms around each block."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+    config = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8,
+                              sliding_window=6, layer_types=["sliding_attention", "full_attention",
+                                                             "sliding_attention"],
+                              max_position_embeddings=128, rope_parameters=rope, attn_implementation="eager")
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():  # QK-norm undoes any scaling of q_proj: sharpen through the norms' weights
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.fill_(2.0)
+            layer.self_attn.k_norm.weight.fill_(2.0)
+    return model
+
+
+def test_gemma3_full_attention_equals_the_models_own_loss(tiny_gemma3):
+    """Past the sliding window (30 tokens, window 6): the one pass's sliding rule, per-kind RoPE and norms against
+    transformers' own Gemma 3; the rolling cache without eviction likewise."""
+    ids = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(5))
+    theirs, _ = _hf_token_losses(tiny_gemma3, ids)
+    np.testing.assert_allclose(streaming_token_losses(tiny_gemma3, ids), theirs, atol=1e-5)
+    np.testing.assert_allclose(streaming_token_losses(tiny_gemma3, ids, query_chunk=4), theirs, atol=1e-5)
+    np.testing.assert_allclose(rolling_cache_token_losses(tiny_gemma3, ids, window=30), theirs, atol=1e-5)
+    assert tiny_gemma3.model.layers[0].self_attn.sliding_window == 6
+    # A StreamingLLM window holding the whole text evicts nothing: the sliding layers keep their own rule.
+    np.testing.assert_allclose(streaming_token_losses(tiny_gemma3, ids, window=30, n_sinks=2), theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("window, n_sinks", [(4, 0), (4, 2), (9, 2), (3, 4)])
+def test_gemma3_one_masked_pass_equals_the_rolling_cache(tiny_gemma3, window, n_sinks):
+    """Windows inside and beyond the sliding layers' 6: with 9 + 2 slots a sliding layer loses the sinks once the
+    query's slot is 6 or more past them, in both computations."""
+    ids = torch.randint(0, 64, (24,), generator=torch.Generator().manual_seed(6))
+    rolling = rolling_cache_token_losses(tiny_gemma3, ids, window=window, n_sinks=n_sinks)
+    for chunk in (5, 256):
+        one_pass = streaming_token_losses(tiny_gemma3, ids, window=window, n_sinks=n_sinks, query_chunk=chunk)
+        np.testing.assert_allclose(one_pass, rolling, atol=1e-5)
+
+
+def test_window_mask_on_a_sliding_layer_matches_the_definition():
+    """Loops over the rule in the module docstring: in the cache, a window key is t - j slots behind the query, a
+    sink p_t - j (p_t = min(t, s + w - 1)) or t - j with positions="original"; a sliding layer reads under L."""
+    n, w, s, layer = 14, 5, 2, 6
+    for positions in ("cache", "original"):
+        mask = window_mask(n, w, s, layer_window=layer, positions=positions)
+        for t in range(n):
+            slot = min(t, s + w - 1) if positions == "cache" else t
+            for j in range(n):
+                in_window = t - w < j <= t
+                behind = t - j if in_window else slot - j
+                assert mask[t, j] == ((in_window or j < s) and j <= t and behind < layer), (positions, t, j)
+    full = window_mask(n, None, layer_window=layer)
+    assert all(full[t, j] == (0 <= t - j < layer) for t in range(n) for j in range(n))
+
+
 def test_experiment_rejects_impossible_sizes(tiny_llama):
     with pytest.raises(ValueError):
         streaming_experiment(tiny_llama, torch.tensor([1]), window=4)
