@@ -150,8 +150,12 @@ async def _visit(page, base: str, visitor: Visitor, long_text: str, timeout_s: f
         await page.wait_for_function(
             "() => document.body.innerText.includes('8,192 tokens')", timeout=timeout_s * 1000)
         await _idle(page, timeout_s)  # the default text's chart is on the page already: its own is drawn at idle
-        if await page.query_selector('[data-testid="stAlertContentError"]'):
+        refusal = await page.query_selector('[data-testid="stAlertContentError"]')
+        if refusal:
             visitor.refused = True  # told why with a message (a budget too small for it): an outcome, not a hang
+            message = (await refusal.inner_text())[:200]
+            if message not in visitor.refusals:
+                visitor.refusals.append(message)
             return
         await _until_chart(page, started, visitor, timeout_s)
         visitor.own_result = True
