@@ -143,6 +143,9 @@ def _gguf_note(header: gguf.Header) -> str:
             "perplexities are those of the quantized weights, not of the original model.")
 
 
+_LOADING = threading.RLock()
+
+
 def load_model(name_or_path: str, *, device: str | None = None, progress: Progress | None = None,
                roots: Sequence[Path] | None = None) -> LoadedModel:
     """Loads a model by registry name, "lab/<folder>", local folder or cached hub id.
@@ -165,12 +168,17 @@ def load_model(name_or_path: str, *, device: str | None = None, progress: Progre
     device_map = "auto" if device == "auto" else None
     if name in _TOYS:
         loaded = _load_toy(name)
-    elif name in _BUNDLED:
-        loaded = _load_bundled(name, report, device_map)
-    elif name.startswith("lab/"):
-        loaded = _load_lab(name, device_map)
     else:
-        loaded = _load_user(name, report, device_map, roots)
+        # One load at a time in this process: transformers' from_pretrained swaps process-wide state while it
+        # builds a model (its weight-init and meta-device contexts) and its lazy imports are not thread-safe;
+        # two loads at once could leave every later load's weights on the meta device.
+        with _LOADING:
+            if name in _BUNDLED:
+                loaded = _load_bundled(name, report, device_map)
+            elif name.startswith("lab/"):
+                loaded = _load_lab(name, device_map)
+            else:
+                loaded = _load_user(name, report, device_map, roots)
     if getattr(loaded.model, "hf_device_map", None) is None:  # not spread by accelerate: one device
         try:
             loaded.model.to(_single_device(device))

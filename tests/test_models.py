@@ -254,6 +254,10 @@ def test_conversion_runs_once_when_many_threads_ask(tmp_path, monkeypatch):
     folders = [p for p in paths.converted_dir().iterdir() if p.is_dir()]
     assert [p.name for p in folders] == [gguf.folder_name(file)]
     assert (folders[0] / "config.json").exists() and any(folders[0].glob("*.safetensors"))
+    # transformers' loading swaps process-wide state: loads at once used to leave every later load on the meta
+    # device ("Cannot copy out of meta tensor")
+    again = load_model(str(file), device="cpu")
+    assert not any(p.is_meta for p in again.model.parameters())
 
 
 def test_device_choices(tmp_path):

@@ -232,14 +232,10 @@ def _cached_model(name: str, version: tuple, **wait):
 
     roots = model_roots()
 
-    def load():
-        with _LOAD_LOCK:  # one load at a time: transformers' lazy imports of a family's classes are not thread-safe
-            return load_model(name, roots=roots)
+    def load():  # models.load_model runs one load at a time (transformers' loading is not thread-safe)
+        return load_model(name, roots=roots)
 
     return _caches()[0].get((name, version), load, need=load_bytes(name, roots), what=f"Loading {name}", **wait)
-
-
-_LOAD_LOCK = threading.Lock()
 
 
 def get_model(name: str | None):
