@@ -260,6 +260,35 @@ def test_conversion_runs_once_when_many_threads_ask(tmp_path, monkeypatch):
     assert not any(p.is_meta for p in again.model.parameters())
 
 
+def test_loads_from_several_threads_run_one_at_a_time(tmp_path, monkeypatch):
+    """transformers' from_pretrained is not thread-safe (it swaps process-wide init and meta-device state), so
+    load_model lets one load in at a time; toys, built from a config, need no turn."""
+    import threading
+
+    inside, most = [0], [0]
+    real = models._load_user
+
+    def counting(*args):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.3)
+        try:
+            return real(*args)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(models, "_load_user", counting)
+    folder = tmp_path / "tiny"
+    load_model("toy-gpt2").model.save_pretrained(folder)
+    load_model("toy-gpt2").tokenizer.save_pretrained(folder)
+    threads = [threading.Thread(target=load_model, args=(str(folder),)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert most[0] == 1 and inside[0] == 0
+
+
 def test_device_choices(tmp_path):
     assert load_model("toy-gpt2", device="cpu").model.device.type == "cpu"
     if not torch.cuda.is_available():
