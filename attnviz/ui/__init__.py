@@ -126,7 +126,8 @@ def model_picker(key: str, *, default: str = "toy-gpt2", label: str = "Model", a
                           help="Toy models are instant; bundled real models load in about a second once converted.")
     if choice == CUSTOM_MODEL:
         custom = st.text_input("A transformers folder (safetensors weights), a .gguf file, or a hub id under this "
-                               "server's model folders (never downloaded)", key=f"{key}_custom", persist_state="session").strip()
+                               "server's model folders (never downloaded)", key=f"{key}_custom",
+                               persist_state="session").strip()
         if not model_roots():
             st.info("This server opens the listed models only. Its operator can allow folders of models with "
                     "ATTNVIZ_MODEL_ROOTS or model_roots in .streamlit/secrets.toml (see the README).")
@@ -167,9 +168,8 @@ def model_version(name: str | None) -> tuple:
     A toy-lab model ("lab/<folder>", replaced in place when the lab saves under a name already used), and a folder
     or hub snapshot under this server's model folders: the resolved folder, then (file name, inode, size,
     mtime_ns) of each file in it (a hub snapshot's folder names its commit); a GGUF file: its path, inode, size and
-    mtime_ns. Toy and bundled models, and names this
-    server does not open: () (built from a seed, or read from an installed package and converted once: their
-    weights cannot change while the server runs). A save replaces the lab folder with freshly written files, so
+    mtime_ns. Toy and bundled models, and names this server does not open: () (built from a seed, or read from an
+    installed package and converted once: their weights cannot change while the server runs). A save replaces the lab folder with freshly written files, so
     their inodes differ even when size and mtime (coarse on some file systems) do not. Costs one directory listing.
     """
     from attnviz.models import ModelError, is_registered, lab_folder, user_folder
