@@ -279,7 +279,8 @@ def shape_of(model, spec: ModelSpec):
     folder = lab_folder(spec.name) if spec.source == "lab" else local_folder(spec.name) if spec.source == "local" \
         else None
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return model_shape(config, causal=is_causal(model, attention_modules(model)[0]), folder=folder)
+    modules = attention_modules(model)
+    return model_shape(config, causal=is_causal(model, modules[0]), folder=folder, attention=modules)
 
 
 def toy_config(name: str):

@@ -15,12 +15,52 @@ class ShapeError(ValueError):
     """A configuration does not say one of the facts attnviz needs."""
 
 
+MASKS = ("full", "causal", "sliding", "chunked")
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What one layer's attention does, read from the config (and the layer's own module for its scaling).
+
+    mask: "full" (every key: an encoder), "causal", "sliding" (the last `window` keys, the query's own included,
+    as transformers' sliding_window_overlay defines it) or "chunked" (causal inside the query's chunk of `window`
+    positions, Llama 4's chunked_attention); rope_base: this layer's RoPE base (None without RoPE); rope_type: how
+    RoPE's frequencies are rescaled ("default", "linear", "yarn", "llama3", ...; None without RoPE); scaling: the
+    factor q.k is multiplied by before the softmax (None where the layer does not say it)."""
+
+    mask: str
+    window: int | None = None
+    rope_base: float | None = None
+    rope_type: str | None = None
+    scaling: float | None = None
+
+    @property
+    def local(self) -> bool:
+        """A layer that sees only nearby keys (sliding window or chunk)."""
+        return self.mask in ("sliding", "chunked")
+
+    @property
+    def kind(self) -> str:
+        """"local" or "global", the two groups the pages compare."""
+        return "local" if self.local else "global"
+
+    def describe(self) -> str:
+        """One phrase: "sliding window 512, RoPE base 1e+04"."""
+        reach = {"full": "full (bidirectional)", "causal": "causal", "sliding": f"sliding window {self.window}",
+                 "chunked": f"chunks of {self.window}"}[self.mask]
+        rope = "" if self.rope_base is None else f", RoPE base {self.rope_base:g}" + (
+            f" ({self.rope_type})" if self.rope_type not in (None, "default") else "")
+        return reach + rope
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """family: config.model_type; layers, heads, kv_heads (GQA/MQA: fewer than heads); head_dim: the width of q
     and k per head (MLA: nope + rope parts); d_model: the residual width; max_positions: the longest input the
     model takes (None: no learned limit, as ALiBi); causal: a decoder; position: "rope", "alibi", "learned",
-    "sinusoidal" or "other"; rope_base: RoPE's theta base where position == "rope"; vocab: vocabulary size."""
+    "sinusoidal" or "other"; rope_base: RoPE's theta base where position == "rope" (the global layers' base where
+    layers differ, as in Gemma 3); vocab: vocabulary size; layer_facts: each layer's LayerFacts (mask, window, RoPE
+    base and type, scaling)."""
 
     family: str
     layers: int
@@ -33,6 +73,16 @@ class ModelShape:
     position: str
     rope_base: float | None
     vocab: int
+    layer_facts: tuple[LayerFacts, ...] = ()
+
+    @property
+    def local_layers(self) -> list[int]:
+        """The layers that see only nearby keys (sliding window or chunk); empty for most models."""
+        return [i for i, facts in enumerate(self.layer_facts) if facts.local]
+
+    def layer_kind(self, layer: int) -> str:
+        """"local" or "global" (every layer is global in a model without sliding or chunked layers)."""
+        return self.layer_facts[layer].kind if self.layer_facts else "global"
 
     @property
     def kv_head_of(self) -> list[int]:
@@ -90,21 +140,66 @@ def position_limit(config) -> int:
     return int(value) if value else sys.maxsize
 
 
-def model_shape(config, *, causal: bool | None = None, folder=None) -> ModelShape:
+def model_shape(config, *, causal: bool | None = None, folder=None, attention=None) -> ModelShape:
     """The ModelShape of a transformers config. causal: whether the model is a decoder (when the caller knows it
-    from the model class); folder: the model's folder, where a toy-lab lab.json records its positional scheme."""
+    from the model class); folder: the model's folder, where a toy-lab lab.json records its positional scheme;
+    attention: the model's attention modules in layer order, whose own scaling each layer's facts report."""
     if causal is None:
         causal = not (getattr(config, "model_type", "") in ("bert", "roberta", "distilbert", "electra")
                       or getattr(config, "is_encoder_decoder", False))
     limit = position_limit(config)
     scheme = position_scheme(config, folder)
+    n_layers = int(_first(config, ("num_hidden_layers", "n_layer", "n_layers", "num_layers"), 0))
     return ModelShape(
-        family=str(getattr(config, "model_type", "unknown")), layers=int(_first(
-            config, ("num_hidden_layers", "n_layer", "n_layers", "num_layers"), 0)),
+        family=str(getattr(config, "model_type", "unknown")), layers=n_layers,
         heads=n_heads(config), kv_heads=n_kv_heads(config), head_dim=qk_head_dim(config),
         d_model=hidden_size(config), max_positions=None if limit == sys.maxsize else limit, causal=bool(causal),
         position=scheme, rope_base=rope_settings(config)[1] if scheme == "rope" else None,
-        vocab=int(getattr(config, "vocab_size", 0) or 0))
+        vocab=int(getattr(config, "vocab_size", 0) or 0),
+        layer_facts=layer_facts(config, n_layers, causal=bool(causal), rope=scheme == "rope", attention=attention))
+
+
+def layer_facts(config, n_layers: int, *, causal: bool, rope: bool, attention=None) -> tuple[LayerFacts, ...]:
+    """Each layer's LayerFacts. The mask follows config.layer_types where the config has them ("sliding_attention",
+    "chunked_attention", "full_attention"), else a config.sliding_window on every layer (Mistral, Phi-3,
+    Starcoder2 build their sliding mask whenever it is set), else causal (or full for an encoder). The RoPE base and
+    type follow the layer type where rope_parameters are given per type (Gemma 3)."""
+    types = getattr(config, "layer_types", None)
+    if not types or len(types) != n_layers:
+        types = ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"] * n_layers
+    facts = []
+    for i, kind in enumerate(types):
+        mask, window = ("full", None) if not causal else {
+            "sliding_attention": ("sliding", getattr(config, "sliding_window", None)),
+            "chunked_attention": ("chunked", getattr(config, "attention_chunk_size", None))}.get(kind, ("causal", None))
+        base, rope_type = _layer_rope(config, kind) if rope else (None, None)
+        module = attention[i] if attention is not None and i < len(attention) else None
+        facts.append(LayerFacts(mask=mask, window=None if window is None else int(window), rope_base=base,
+                                rope_type=rope_type, scaling=_module_scaling(module)))
+    return tuple(facts)
+
+
+def _layer_rope(config, kind: str) -> tuple[float, str]:
+    """(base, rope_type) of a layer of type `kind`: its own rope_parameters entry where the config gives one per
+    layer type, else the model's (GPT-J's rotary_dim without a base: 10,000)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get(kind), dict):
+        params = params[kind]
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"]), str(params.get("rope_type", "default"))
+    return float(_rope_theta(config) or 10000.0), "default"
+
+
+def _module_scaling(module) -> float | None:
+    """The factor an attention module multiplies q.k by: `scaling` (the interface families), BLOOM's and Falcon's
+    inv_norm_factor, GPT-J's 1 / scale_attn; None for a module that names none."""
+    if module is None:
+        return None
+    for name, invert in (("scaling", False), ("inv_norm_factor", False), ("scale_attn", True)):
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) or getattr(value, "numel", lambda: 0)() == 1:  # a number or a 1-element tensor
+            return 1.0 / float(value) if invert else float(value)
+    return None
 
 
 # ---------------------------------------------------------------- how position enters

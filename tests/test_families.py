@@ -177,6 +177,42 @@ def test_sliding_window_layers_have_an_explicit_mask(family_of, name, store):
             assert mask.kind == "causal"
 
 
+SCALED_Q = ("opt",)  # families that scale q in its projection and call attention with scaling 1
+
+
+@pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
+def test_layer_facts_are_what_each_layer_saw(family_of, name):
+    """loaded.shape.layer_facts, read from the config, against the mask transformers built for each layer (the
+    visible keys of every row, recorded by the capture), the scaling each layer's attention was called with, and
+    the RoPE base of the rotary table each layer type uses (Gemma 3: one table per layer type)."""
+    fam = family_of(name)
+    facts = fam.loaded.shape.layer_facts
+    cap = fam.capture("qk")
+    assert len(facts) == fam.loaded.shape.layers
+    n = cap.n_tokens
+    q, k = np.indices((n, n))
+    expected = {"full": np.ones((n, n), dtype=bool), "causal": k <= q}
+    for layer, x in cap.inputs.items():
+        fact = facts[layer]
+        assert (fact.mask == "sliding") == (layer in SLIDING.get(name, []))
+        rule = {**expected, "sliding": (k <= q) & (k > q - (fact.window or 0))}[fact.mask]
+        assert np.array_equal(x.mask.rows(0, n), rule)
+        if name in SCALED_Q:  # q arrives already multiplied by 1/sqrt(d): the attention call's own factor is 1
+            assert x.scaling == 1.0 and fact.scaling == pytest.approx(x.head_dim ** -0.5, rel=1e-6)
+        else:
+            assert fact.scaling == pytest.approx(x.scaling, rel=1e-6)
+        assert fact.kind == ("local" if fact.mask == "sliding" else "global")
+    rotary = [m for m in fam.loaded.model.modules() if hasattr(m, "layer_types") and hasattr(m, "rope_type")]
+    for table in rotary:  # per-layer-type tables: inv_freq[1] = base^(-2 / width)
+        for layer, kind in enumerate(fam.loaded.model.config.layer_types):
+            inv = getattr(table, f"{kind}_inv_freq").double()
+            assert facts[layer].rope_base == pytest.approx(float(inv[1]) ** (-inv.numel()), rel=1e-4)
+    if name in ROPE:
+        assert all(f.rope_base is not None for f in facts)
+    else:
+        assert all(f.rope_base is None and f.rope_type is None for f in facts)
+
+
 @pytest.mark.parametrize("name", CHECKED, ids=CHECKED)
 def test_kv_heads_and_store_size(family_of, name):
     """kv_head_of is the model's real sharing (GQA, MQA, Falcon's num_kv_heads), in both stores; inputs_bytes

@@ -345,6 +345,17 @@ def test_gemma3_capture_equals_transformers_eager_attention(gemma3):
     sliding, full = cap.pattern[0, :, -1], cap.pattern[1, :, -1]
     assert ((sliding > 0).sum(-1) == 512).all() and (sliding[:, :600 - 512] == 0).all()
     assert ((full > 0).sum(-1) == 600).all()
+    # its per-layer facts against what those two layers saw: the mask's reach, the scaling, the rotary table's base
+    facts = gemma3.shape.layer_facts
+    assert [f.mask for f in facts].count("sliding") == 15 and gemma3.shape.local_layers == [
+        i for i in range(18) if i not in (5, 11, 17)]
+    assert (facts[4].mask, facts[4].window, facts[5].mask) == ("sliding", int((sliding > 0).sum(-1)[0]), "causal")
+    rotary = reference.model.rotary_emb
+    for layer in (4, 5):
+        assert facts[layer].scaling == cap.inputs[layer].scaling == 256 ** -0.5  # query_pre_attn_scalar 256
+        inv = getattr(rotary, f"{reference.config.layer_types[layer]}_inv_freq").double()
+        assert facts[layer].rope_base == pytest.approx(float(inv[1]) ** (-inv.numel()), rel=1e-4)
+    assert (facts[4].rope_base, facts[5].rope_base) == (1e4, 1e6)
 
 
 @pytest.mark.slow
