@@ -285,8 +285,8 @@ if section == "Measured on models":
                 ui.chart(F.distance_profile(prof.per_layer, layers=list(capture.layers), distances=prof.distances,
                                             title=f"{capture.model_name}: attention against distance, {n_tok} tokens",
                                             theory=prof.theory, theory_name="ALiBi alone (theory)",
-                                            baseline=prof.baseline, baseline_name=prof.baseline_name,
-                                            relative_theory=prof.relative, relative_name="RoFormer bound"),
+                                            baselines=prof.baselines, relative=prof.relative, groups=prof.groups,
+                                            curve_groups=prof.curve_groups),
                          "Lines above the dotted one mean the layer prefers those distances more than " +
                          ("causal masking alone would" if causal else
                           "uniform attention over all the keys would; this model is bidirectional, so keys after the "

@@ -84,14 +84,18 @@ def uniform_causal_pattern(n: int) -> np.ndarray:
     return np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
 
 
-def uniform_causal_by_distance(n: int, *, exclude_keys: int = 0) -> np.ndarray:
-    """The content-free, position-free baseline: query i spreads 1/(i+1) over its i+1 keys. By distance r, the mean
-    over queries i >= r + exclude_keys of 1/(i+1), i.e. attention_by_distance(uniform_causal_pattern(n)[None],
-    exclude_keys=...) without the n x n pattern. Returns [n - exclude_keys]. Causal masking alone makes it fall."""
-    inv = 1.0 / np.arange(1, n + 1, dtype=np.float64)
-    tail_sums = np.cumsum(inv[::-1])[::-1]  # sum_{i >= r} 1/(i+1)
+def uniform_causal_by_distance(n: int, *, exclude_keys: int = 0, window: int | None = None) -> np.ndarray:
+    """The content-free, position-free baseline: query i spreads 1/(i+1) over its i+1 keys (1/min(i+1, w) over the
+    last w keys under a sliding window w). By distance r, the mean over queries i >= r + exclude_keys of that weight
+    (zero from r = w on), i.e. attention_by_distance of the uniform pattern without the n x n pattern.
+    Returns [n - exclude_keys]. The mask alone makes it fall."""
+    seen = np.arange(1, n + 1, dtype=np.float64)
+    if window is not None:
+        seen = np.minimum(seen, int(window))
+    tail_sums = np.cumsum((1.0 / seen)[::-1])[::-1]  # sum_{i >= r} 1/seen(i)
     first = np.arange(n - int(exclude_keys)) + int(exclude_keys)
-    return tail_sums[first] / (n - first)
+    means = tail_sums[first] / (n - first)
+    return means if window is None else np.where(np.arange(len(first)) < int(window), means, 0.0)
 
 
 def uniform_bidirectional_by_distance(n: int, *, exclude_keys: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -182,18 +186,21 @@ def _rows(capture, layer: int, start: int, stop: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class DistanceProfile:
-    """What the Positional page draws for one capture. distances [n_r]; per_layer [layer, n_r]; baseline [n_r]
-    (position-free attention: the mask alone) and its name; theory [n_r] (ALiBi alone, in weight units) or None;
-    relative [n_r] (the RoFormer bound over its value at 0, for the right axis) or None; theory_note: one phrase
-    on which curve applies and why; near [layer, head]: each head's weight within 8 tokens (excluding itself);
-    where: in words."""
+    """What the Positional page draws for one capture. distances [n_r]; per_layer [layer, n_r]; groups: each
+    captured layer's group name (its mask and RoPE base, as "sliding window 512, RoPE base 1e+04"; one group in most
+    models); baselines {name: [n_r]}: position-free attention, the mask alone, one per mask among the groups;
+    theory [n_r] (ALiBi alone, in weight units) or None; relative {name: [n_r]}: the RoFormer bound over its value
+    at 0 for each RoPE base among the groups (for the right axis), empty without RoPE; curve_groups: {baseline or
+    bound name: the group it belongs to}; theory_note: one phrase on which curves apply and why; near [layer, head]: each head's weight within 8 tokens (excluding itself); where:
+    in words."""
 
     distances: np.ndarray
     per_layer: np.ndarray
-    baseline: np.ndarray
-    baseline_name: str
+    groups: list[str]
+    baselines: dict[str, np.ndarray]
     theory: np.ndarray | None
-    relative: np.ndarray | None
+    relative: dict[str, np.ndarray]
+    curve_groups: dict[str, str]
     theory_note: str
     near: np.ndarray
     where: str
@@ -208,24 +215,24 @@ def measured_profile(capture, shape, *, exclude_keys: int = 0, progress=None) ->
     n = capture.n_tokens
     skip = int(exclude_keys)
     causal = bool(capture.causal)
+    facts = [_facts(shape, layer) for layer in capture.layers]
     every, kept = diagonal_sums(capture, skip, progress=progress)  # one pass: with and without the first keys
     if causal:
         per_layer = _means(kept, n, skip, signed=False, per_head=False)
         distances = np.arange(per_layer.shape[-1])
-        baseline = uniform_causal_by_distance(n, exclude_keys=skip)
-        baseline_name = "uniform causal (no position)"
+        baselines, owners = _mask_baselines(facts, n, skip)
         # the weight within 8 tokens back, excluding the token itself (with nothing left out)
         near = _means(every, n, 0, signed=False, per_head=True)[..., 1: min(9, n)].sum(-1)
         where = "within 8 tokens back"
     else:
         distances, per_layer = _means(kept, n, skip, signed=True, per_head=False)
-        baseline = uniform_bidirectional_by_distance(n, exclude_keys=skip)[1]
-        baseline_name = "uniform over all keys (no position)"
+        baselines = {"uniform over all keys (no position)": uniform_bidirectional_by_distance(n, exclude_keys=skip)[1]}
+        owners = {}
         per_head = _means(every, n, 0, signed=True, per_head=True)[1]
         close = (np.abs(distances) >= 1) & (np.abs(distances) <= 8)
         near = np.nan_to_num(per_head[..., close]).sum(-1)  # mean weight within 8 tokens either side
         where = "within 8 tokens either side"
-    theory = relative = None
+    theory, relative = None, {}
     scheme = shape.position
     if scheme == "alibi" and causal:
         theory = P.alibi_by_distance(shape.heads, n, exclude_keys=skip)
@@ -234,11 +241,9 @@ def measured_profile(capture, shape, *, exclude_keys: int = 0, progress=None) ->
         note = ("the ALiBi prediction drawn for causal models does not apply to this bidirectional one, so no theory "
                 "curve is drawn")
     elif scheme == "rope":
-        bound = P.rope_decay_bound(np.abs(distances), shape.head_dim, shape.rope_base)
-        relative = bound / P.rope_decay_bound(np.array([0.0]), shape.head_dim, shape.rope_base)[0]
-        note = (f"the dashed line (right axis) is the RoFormer bound for d_head = {shape.head_dim}, "
-                f"base = {shape.rope_base:g}, divided by its value at distance 0" +
-                ("" if causal else "; it depends on |distance| only"))
+        relative, note, bound_owners = _rope_bounds(facts, distances, shape.head_dim)
+        owners = {**owners, **bound_owners}
+        note += "" if causal else "; it depends on |distance| only"
     elif scheme in ("sinusoidal", "learned"):
         added = ("the sinusoidal encoding of Vaswani et al." if scheme == "sinusoidal" else
                  "a learned position table")
@@ -247,5 +252,50 @@ def measured_profile(capture, shape, *, exclude_keys: int = 0, progress=None) ->
                 "drawn, and the RoPE bound and ALiBi curves do not apply")
     else:
         note = "this model's positions are not RoPE or ALiBi, so no theory curve is drawn"
-    return DistanceProfile(distances=distances, per_layer=per_layer, baseline=baseline, baseline_name=baseline_name,
-                           theory=theory, relative=relative, theory_note=note, near=near, where=where)
+    return DistanceProfile(distances=distances, per_layer=per_layer, groups=[f.describe() for f in facts],
+                           baselines=baselines, theory=theory, relative=relative, curve_groups=owners,
+                           theory_note=note, near=near, where=where)
+
+
+def _facts(shape, layer: int):
+    """A layer's LayerFacts (a causal or full layer with the model's RoPE base where the shape has none)."""
+    from attnviz.shape import LayerFacts
+
+    if shape.layer_facts:
+        return shape.layer_facts[layer]
+    return LayerFacts(mask="causal" if shape.causal else "full", rope_base=shape.rope_base)
+
+
+def _mask_baselines(facts, n: int, skip: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The position-free baseline of each mask among the captured layers, causal or a sliding window w (chunked
+    layers get none: their reach depends on the query's place in its chunk), and the group each belongs to."""
+    curves, owners = {}, {}
+    for f in facts:
+        if f.mask not in ("sliding", "causal"):
+            continue
+        window = f.window if f.mask == "sliding" else None
+        name = f"uniform over the last {window} keys (no position)" if window else "uniform causal (no position)"
+        if name not in curves:
+            curves[name] = uniform_causal_by_distance(n, exclude_keys=skip, window=window)
+            owners[name] = f.describe()
+    return curves, owners
+
+
+def _rope_bounds(facts, distances, head_dim: int) -> tuple[dict[str, np.ndarray], str, dict[str, str]]:
+    """The RoFormer bound over its value at 0 for each RoPE base among the captured layers, the note, and the
+    group each bound belongs to."""
+    from attnviz import positional as P
+
+    bases = sorted({f.rope_base for f in facts})
+    curves, owners = {}, {}
+    for base in bases:
+        bound = P.rope_decay_bound(np.abs(distances), head_dim, base)
+        owners_of_base = [f.describe() for f in facts if f.rope_base == base]
+        kinds = sorted({f.reach for f in facts if f.rope_base == base})
+        label = f"RoFormer bound, base {base:g}" + (f" ({' / '.join(kinds)} layers)" if len(bases) > 1 else "")
+        curves[label] = bound / P.rope_decay_bound(np.array([0.0]), head_dim, base)[0]
+        owners[label] = owners_of_base[0]
+    which = ("one per RoPE base, each layer beside its own" if len(bases) > 1 else f"base = {bases[0]:g}")
+    lines = "the dashed lines (right axis) are" if len(bases) > 1 else "the dashed line (right axis) is"
+    return curves, (f"{lines} the RoFormer bound for d_head = {head_dim}, {which}, divided by its value at "
+                    "distance 0"), owners

@@ -44,13 +44,17 @@ class LayerFacts:
         """"local" or "global", the two groups the pages compare."""
         return "local" if self.local else "global"
 
+    @property
+    def reach(self) -> str:
+        """The mask in words: "causal", "sliding window 512", "chunks of 8192", "full (bidirectional)"."""
+        return {"full": "full (bidirectional)", "causal": "causal", "sliding": f"sliding window {self.window}",
+                "chunked": f"chunks of {self.window}"}[self.mask]
+
     def describe(self) -> str:
-        """One phrase: "sliding window 512, RoPE base 1e+04"."""
-        reach = {"full": "full (bidirectional)", "causal": "causal", "sliding": f"sliding window {self.window}",
-                 "chunked": f"chunks of {self.window}"}[self.mask]
+        """One phrase: "sliding window 512, RoPE base 10000"."""
         rope = "" if self.rope_base is None else f", RoPE base {self.rope_base:g}" + (
             f" ({self.rope_type})" if self.rope_type not in (None, "default") else "")
-        return reach + rope
+        return self.reach + rope
 
 
 @dataclass(frozen=True)

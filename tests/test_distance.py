@@ -75,6 +75,46 @@ def test_uniform_causal_baseline():
                                    D.attention_by_distance(pattern[None], exclude_keys=skip))
 
 
+def test_uniform_window_baseline():
+    """Under a sliding window w each query spreads 1/min(i+1, w) over its last keys: the loop's pattern, measured."""
+    n, w = 12, 4
+    pattern = np.array([[1 / min(i + 1, w) if i - w < j <= i else 0.0 for j in range(n)] for i in range(n)])
+    for skip in (0, 2):
+        np.testing.assert_allclose(D.uniform_causal_by_distance(n, exclude_keys=skip, window=w),
+                                   D.attention_by_distance(pattern[None], exclude_keys=skip), atol=1e-15)
+
+
+def test_measured_profile_draws_each_layer_kind_against_its_own_theory(tmp_path):
+    """A Gemma 3 with a sliding layer (window 8, RoPE base 1e4) and a full one (base 1e6): each layer is grouped by
+    its kind, each mask gets its own position-free baseline (the uniform pattern under transformers' mask, as the
+    capture recorded it) and each base its own RoFormer bound, from the config's per-type rope_parameters."""
+    from attnviz import positional as P
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from tests.families import build_family
+
+    loaded = load_model(str(build_family("gemma3_text", tmp_path)))
+    config = loaded.model.config
+    cap = capture_attention(loaded, "The cat sat on the mat and the dog too, by the door of the house.")
+    prof = D.measured_profile(cap, loaded.shape)
+    window, n = config.sliding_window, cap.n_tokens
+    assert config.layer_types == ["sliding_attention", "full_attention"] and n > 2 * window
+    assert prof.groups == [f"sliding window {window}, RoPE base 10000", "causal, RoPE base 1e+06"]
+    for layer, name in enumerate((f"uniform over the last {window} keys (no position)", "uniform causal (no position)")):
+        visible = cap.inputs[layer].mask.rows(0, n).astype(float)
+        uniform = visible / visible.sum(1, keepdims=True)
+        np.testing.assert_allclose(prof.baselines[name], D.attention_by_distance(uniform[None]), atol=1e-12)
+        assert prof.curve_groups[name] == prof.groups[layer]
+    assert len(prof.relative) == 2
+    for layer, kind in enumerate(config.layer_types):
+        base = config.rope_parameters[kind]["rope_theta"]
+        bound = P.rope_decay_bound(prof.distances, config.head_dim, base)
+        (name,) = [name for name in prof.relative if f"base {base:g} " in name]
+        np.testing.assert_allclose(prof.relative[name], bound / bound[0])
+        assert prof.curve_groups[name] == prof.groups[layer]
+    assert (prof.per_layer[0, window:] == 0).all() and (prof.per_layer[1, window:] > 0).all()
+
+
 @pytest.mark.parametrize("name,text", [
     ("toy-llama-gqa", "The cat sat on the mat. The cat sat on the mat. A dog ran past the gate."),
     ("toy-bloom-alibi", "Seven silver swans swam south; seven more swam north."),
@@ -115,7 +155,7 @@ def test_measured_profile_picks_the_theory_of_the_scheme():
     cap = capture_attention(bloom, text)
     prof = D.measured_profile(cap, bloom.shape)
     np.testing.assert_allclose(prof.theory, P.alibi_by_distance(bloom.model.config.n_head, cap.n_tokens))
-    assert prof.relative is None
+    assert prof.relative == {}
     per_head = D.attention_by_distance(cap.pattern, per_head=True)
     np.testing.assert_allclose(prof.near, per_head[..., 1:9].sum(-1), rtol=1e-6)
     llama = load_model("toy-llama-gqa")
@@ -124,7 +164,8 @@ def test_measured_profile_picks_the_theory_of_the_scheme():
     d = llama.model.config.hidden_size // llama.model.config.num_attention_heads
     base = llama.model.config.rope_parameters["rope_theta"]
     bound = P.rope_decay_bound(prof.distances, d, base)
-    np.testing.assert_allclose(prof.relative, bound / bound[0])
+    (relative,) = prof.relative.values()
+    np.testing.assert_allclose(relative, bound / bound[0])
     assert prof.theory is None and "RoFormer" in prof.theory_note
     np.testing.assert_allclose(prof.per_layer, D.attention_by_distance(cap.pattern, exclude_keys=1), rtol=1e-6)
     # the locality counts every key, whatever is left out of the curves
@@ -132,4 +173,4 @@ def test_measured_profile_picks_the_theory_of_the_scheme():
                                rtol=1e-6)
     gpt2 = load_model("toy-gpt2")
     prof = D.measured_profile(capture_attention(gpt2, text), gpt2.shape)
-    assert prof.theory is None and prof.relative is None and "not RoPE or ALiBi" in prof.theory_note
+    assert prof.theory is None and prof.relative == {} and "not RoPE or ALiBi" in prof.theory_note

@@ -121,48 +121,65 @@ def pattern_heatmap(pattern: np.ndarray, *, title: str) -> go.Figure:
                    hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>", height=380)
 
 
+# a colour ramp per group of layers (light to dark with depth) and the dark tone of its theory lines
+_RAMPS = (((59, 91, 219), (239, 51, 49)), ((12, 166, 120), (8, 80, 50)), ((247, 103, 7), (150, 50, 0)))
+_GROUP_LINE = ("#212529", "#087f5b", "#d9480f")
+
+
 def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str, theory=None,
-                     theory_name: str = "theory", baseline=None, baseline_name: str = "uniform causal (no position)",
-                     relative_theory=None, relative_name: str = "relative bound", log_y: bool = True,
+                     theory_name: str = "theory", baselines: Mapping[str, Sequence[float]] | None = None,
+                     relative: Mapping[str, Sequence[float]] | None = None, groups: Sequence[str] | None = None,
+                     curve_groups: Mapping[str, str] | None = None, log_y: bool = True,
                      distances=None) -> go.Figure:
     """Measured mean attention weight against distance, one line per layer, beside theory.
 
-    per_layer: [layer, n_distances]. theory / baseline: [n_distances] attention weights on the same axis.
-    relative_theory: [n_distances] unitless curve (the RoPE bound over its value at 0) on a second y axis.
+    per_layer: [layer, n_distances]. theory: [n_distances] attention weights on the same axis; baselines: {name:
+    [n_distances]} position-free weights (dotted). relative: {name: [n_distances]} unitless curves (the RoPE bound
+    over its value at 0) on a second y axis. groups: each layer's group (its mask and RoPE base): a group gets its
+    own colour ramp; curve_groups: {baseline or bound name: group}, drawn in that group's dark tone.
     distances: the x of each column, default 0, 1, ... (query − key, keys back); signed distances (negative: keys
     after the query, for a bidirectional model) get a line at 0 and an axis title that says so.
     """
     per_layer = np.asarray(per_layer, dtype=float)
     x = np.arange(per_layer.shape[1]) if distances is None else np.asarray(distances)
-    signed = bool((x < 0).any())
-    fig = make_subplots(specs=[[{"secondary_y": relative_theory is not None}]])
-    n = len(per_layer)
-    for i, (layer, y) in enumerate(zip(layers, per_layer)):
-        shade = i / max(n - 1, 1)
-        color = f"rgba({int(59 + 180 * shade)}, {int(91 - 40 * shade)}, {int(219 - 170 * shade)}, 0.75)"
-        fig.add_trace(go.Scatter(x=x, y=np.where(y > 0, y, np.nan), mode="lines", name=f"layer {layer}",
-                                 line=dict(color=color, width=1.3), legendgroup="layers",
-                                 showlegend=n <= 8 or i in (0, n - 1),
-                                 hovertemplate=f"layer {layer}<br>distance %{{x}}<br>mean weight %{{y:.4g}}"
-                                               "<extra></extra>"))
-    if baseline is not None:
-        fig.add_trace(go.Scatter(x=x, y=baseline, mode="lines", name=baseline_name,
-                                 line=dict(color="#495057", dash="dot", width=3.5)))
+    groups = list(groups) if groups is not None else [""] * len(per_layer)
+    names = list(dict.fromkeys(groups))
+    fig = make_subplots(specs=[[{"secondary_y": bool(relative)}]])
+    for g, group in enumerate(names):
+        members = [i for i, name in enumerate(groups) if name == group]
+        (r0, g0, b0), (r1, g1, b1) = _RAMPS[g % len(_RAMPS)]
+        for rank, i in enumerate(members):
+            t = rank / max(len(members) - 1, 1)
+            color = f"rgba({int(r0 + (r1 - r0) * t)}, {int(g0 + (g1 - g0) * t)}, {int(b0 + (b1 - b0) * t)}, 0.75)"
+            label = f"layer {layers[i]}" + (f" ({group})" if len(names) > 1 else "")
+            fig.add_trace(go.Scatter(x=x, y=np.where(per_layer[i] > 0, per_layer[i], np.nan), mode="lines",
+                                     name=label, line=dict(color=color, width=1.3), legendgroup=f"layers{g}",
+                                     showlegend=len(members) <= 8 or rank in (0, len(members) - 1),
+                                     hovertemplate=f"{label}<br>distance %{{x}}<br>mean weight %{{y:.4g}}"
+                                                   "<extra></extra>"))
+    def tone(curve: str, default: str) -> str:
+        group = (curve_groups or {}).get(curve)
+        return _GROUP_LINE[names.index(group) % len(_GROUP_LINE)] if len(names) > 1 and group in names else default
+
+    for name, curve in (baselines or {}).items():
+        fig.add_trace(go.Scatter(x=x, y=np.where(np.asarray(curve) > 0, curve, np.nan), mode="lines", name=name,
+                                 line=dict(color=tone(name, "#495057"), dash="dot", width=3.5)))
     if theory is not None:
         fig.add_trace(go.Scatter(x=x, y=theory, mode="lines", name=theory_name,
                                  line=dict(color="#212529", dash="dash", width=3)))
-    if relative_theory is not None:
-        fig.add_trace(go.Scatter(x=x, y=relative_theory, mode="lines", name=relative_name,
-                                 line=dict(color="#212529", dash="dash", width=3)), secondary_y=True)
-        fig.update_yaxes(title_text=f"{relative_name} (1 at distance 0)", secondary_y=True, range=[0, 1.05],
+    for name, curve in (relative or {}).items():
+        fig.add_trace(go.Scatter(x=x, y=curve, mode="lines", name=name,
+                                 line=dict(color=tone(name, "#212529"), dash="dash", width=3)), secondary_y=True)
+    if relative:
+        fig.update_yaxes(title_text="RoFormer bound (1 at distance 0)", secondary_y=True, range=[0, 1.05],
                          tickformat=".1f", dtick=0.2, showgrid=False)
     if log_y:
         _log_ticks(fig, secondary_y=False)
-    if signed:
+    if (x < 0).any():
         fig.add_vline(x=0, line=dict(color="#adb5bd", width=1))
     apply_layout(fig, title=title, height=480,
-                 x_title="query − key distance (tokens; < 0: key after the query, > 0: before it)" if signed else
-                 "query − key distance (tokens)")
+                 x_title="query − key distance (tokens; < 0: key after the query, > 0: before it)" if (x < 0).any()
+                 else "query − key distance (tokens)")
     fig.update_yaxes(title_text="mean attention weight (fraction of the row)", secondary_y=False)
     return _legend_below(fig)
 
