@@ -4,12 +4,13 @@ import streamlit as st
 from attnviz import budget, ui
 from attnviz.capture import CaptureError
 from attnviz.capture_io import MAX_EXPORT_BYTES, export_bytes
-from attnviz.corpus import compare_heads
+from attnviz.corpus import compare_heads, layer_means
 from attnviz.diagnostics import SCORES
+from attnviz.figures import compare as compare_figs
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
-from attnviz.stats import COLUMNS, ROLES, top_heads
+from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import links
 
@@ -67,6 +68,9 @@ n = capture.n_tokens
 st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads} heads captured"
            + (f"; query heads share {len(set(capture.kv_head_of))} key/value heads" if
               len(set(capture.kv_head_of)) < capture.n_heads else "") + ".")
+kinds = loaded.shape.kinds_summary()
+if kinds:
+    st.caption(f"Its layers attend two ways. {kinds}. A local layer's maps are zero beyond its window.")
 
 if "learned_sink" in stats.columns:
     share = stats["learned_sink"]
@@ -101,6 +105,9 @@ with c4:
                           help="Zero the attention on token 0 and renormalise each row (attnviz.sinks.without_sinks), "
                                "so the rest of the map is not swamped by the sink.")
 li = capture.layers.index(layer)
+if kinds:
+    facts = loaded.shape.layer_facts[layer]
+    st.caption(f"Layer {layer} is **{facts.kind}**: {facts.describe()}.")
 
 # The query token of Where a token looks follows a new model or text (its last token), or the one a link names.
 links.check_asked(cache.LINK, "heads_link_query", range(n))
@@ -258,7 +265,8 @@ def corpus_panel():
     model_b = None
     if st.toggle("Compare with a second model (or toy-lab checkpoint)", key="heads_corpus_compare",
                  persist_state="session"):
-        model_b = ui.model_picker("heads_model_b", default="toy-gpt2", label="Model B")
+        model_b = ui.model_picker("heads_model_b", default="gemma3-270m" if model == "smollm2-135m" else "toy-gpt2",
+                                  label="Model B")
         if model_b is None or ui.get_model(model_b) is None:
             return
     wanted = (model, version, source, window, max_windows, model_b)
@@ -277,10 +285,25 @@ def corpus_panel():
     if model_b is None:
         return
     table_b, summary_b = cache.corpus_of(model_b, ui.model_version(model_b), source, window, max_windows)
+    shape_b = ui.get_model(model_b).shape
+    ui.chart(compare_figs.distributions({model: table[column], model_b: table_b[column]},
+                                        title=f"{column} of every head: {model} against {model_b}",
+                                        y_title=f"{column} ({units})"),
+             "Each point is one head's mean over the windows (each model cuts the text with its own tokenizer); the "
+             "box spans the middle half of the heads, the line in it is the median. Models of any shape compare "
+             "here.")
+    means_a, means_b = layer_means(table, column), layer_means(table_b, column)
+    ui.chart(compare_figs.depth_curves({model: compare_figs.depth_curve(loaded.shape, means_a.index, means_a),
+                                        model_b: compare_figs.depth_curve(shape_b, means_b.index, means_b)},
+                                       title=f"{column}, mean over each layer's heads, against relative depth",
+                                       y_title=f"{column} ({units})"),
+             "Each point is one layer: 0 is the first layer and 1 the last, so models of different depths line up. "
+             "Triangles mark local (sliding-window) layers, circles global ones, in a model that has both.")
     try:
         diff = compare_heads(table, table_b, column)
-    except ValueError as exc:
-        st.warning(str(exc))
+    except ValueError:
+        st.caption(f"Head by head only for models of one shape: {model} has {loaded.shape.layers} x "
+                   f"{loaded.shape.heads} heads, {model_b} {shape_b.layers} x {shape_b.heads}.")
         return
     st.plotly_chart(figs.stat_grid(diff, "difference", title=f"{column}: {model} − {model_b} (B: {summary_b})",
                                    colorbar_title=f"A − B ({units})"), width="stretch")
@@ -306,6 +329,9 @@ def stats_panel():
     st.plotly_chart(figs.stat_grid(stats, column, title=f"{column} of every head", colorbar_title=f"{column} "
                                    f"({units})"), width="stretch")
     st.write("The same statistic for every head: a role shows up as a bright cell (definitions below).")
+    if kinds:
+        st.markdown("**By layer kind**: each statistic's mean over the heads of the local and of the global layers.")
+        st.dataframe(by_layer_kind(stats, loaded.shape), hide_index=True, width="stretch")
     st.dataframe(stats, hide_index=True, width="stretch")
     st.caption("Click a column header to sort. entropy: nats, averaged over query rows; sink_mass: attention on "
                "token 0 over queries 1 … n−1 (above); mean_distance: expected |query − key| in tokens; "
@@ -410,9 +436,13 @@ view["tab"] = next((slug for slug, tab in tabs.items() if tab.open), "grid")
 
 if tabs["grid"].open:
     with tabs["grid"], st.spinner("Drawing every head…"):
-        st.plotly_chart(cache.grid_of(*key, hide_sink, 0.5, figs.GRID_TILE, capture, pooled_grid), width="stretch")
+        marks = tuple(loaded.shape.layer_kind(x)[0].upper() for x in capture.layers) if kinds else None
+        st.plotly_chart(cache.grid_of(*key, hide_sink, 0.5, figs.GRID_TILE, capture, pooled_grid, marks),
+                        width="stretch")
         st.write("Each small map is one head (query down, key across, max-pooled to 48 px). A bright left column is "
                  "a sink; a bright diagonal is a self head; a stripe just below it is a previous-token head."
+                 + (" The layer axis marks local layers L and global ones G: a local layer's maps keep to a band "
+                    "along the diagonal as wide as its window." if marks else "")
                  + (" Grey blocks lie wholly above the diagonal: a causal query cannot see later keys."
                     if capture.causal else ""))
         if hide_sink:

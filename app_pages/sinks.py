@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import sinks, streaming, ui
+from attnviz.figures import compare as compare_figs
 from attnviz.figures import sinks as figs
 from attnviz.ui import sinks as sink_ui
 
@@ -154,35 +155,76 @@ def show_metric_over_texts(model: str, text: str | None) -> None:
     eps = c3.slider("Threshold ε", 0.05, 0.95, sinks.SINK_THRESHOLD, step=0.05, key="sinks_metric_eps",
                     persist_state="session")
     own = c4.checkbox("Add my text", value=True, key="sinks_metric_own", persist_state="session")
+    model_b = None
+    if st.toggle("Compare with a second model", key="sinks_metric_compare", persist_state="session"):
+        model_b = ui.model_picker("sinks_metric_model_b", label="Model B",
+                                  default="gemma3-270m" if model == "smollm2-135m" else "smollm2-135m")
     if not ui.started_by_button("Measure over the texts", "sinks_metric_run",
                                 "Press the button to capture every text: about a second per text on a quiet CPU for "
                                 "SmolLM2 (30 layers), a moment for the toy models. Results are kept: moving ε is "
                                 "instant."):
         return
-    loaded = ui.get_model(model)
-    if loaded is None:
-        return
-    texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=n_tokens, n_windows=n_windows)
-    if own and text:
-        texts.append(text)
-    elif own:
+    if own and not text:
         st.caption("Your text is left out: the top of the page says why.")
-    alpha = sink_ui.alpha_over_texts(model, tuple(texts))  # [text, layer, head]
-    if alpha is None:
+    measured = {name: _alpha_over_texts(name, n_windows, n_tokens, text if own else None)
+                for name in (model, model_b) if name is not None}
+    if any(alpha is None for alpha, _ in measured.values()):
         return
+    for name, (alpha, loaded) in measured.items():
+        _sink_rate_of(name, alpha, loaded.shape, eps)
+    if model_b is not None:
+        _sink_rates_compared(measured, eps)
+
+
+def _alpha_over_texts(name: str, n_windows: int, n_tokens: int, text: str | None):
+    """(alpha_0 [text, layer, head], the loaded model) over the shipped windows in the model's own tokens, plus
+    the text; (None, None) after a message."""
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None, None
+    texts = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=n_tokens, n_windows=n_windows)
+    alpha = sink_ui.alpha_over_texts(name, tuple(texts + ([text] if text else [])))
+    return (alpha, loaded) if alpha is not None else (None, None)
+
+
+def _sink_rate_of(model: str, alpha: np.ndarray, shape, eps: float) -> None:
+    """One model's Sink₀^ε: the metric (and per layer kind, where it has two), by layer, and against ε."""
     whole = sinks.sink_rate(alpha, eps)
-    st.metric(f"Sink₀^{eps:g} of {model}", f"{whole:.1%}",
-              help=f"{len(texts)} texts × {alpha.shape[1]} layers × {alpha.shape[2]} heads = {alpha.size:,} triples")
-    layers = list(range(alpha.shape[1]))
-    ui.chart(figs.sink_rate_bars(sinks.sink_rate_by_layer(alpha, eps), layers, eps=eps, whole=whole,
-                                 n_texts=len(texts)),
+    kinds = [shape.layer_kind(x) for x in range(alpha.shape[1])]
+    by_kind = sinks.sink_rate_by_kind(alpha, kinds, eps) if shape.kinds_summary() else {}
+    cols = st.columns(1 + len(by_kind))
+    cols[0].metric(f"Sink₀^{eps:g} of {model}", f"{whole:.1%}",
+                   help=f"{alpha.shape[0]} texts × {alpha.shape[1]} layers × {alpha.shape[2]} heads = "
+                        f"{alpha.size:,} triples")
+    for col, (kind, rate) in zip(cols[1:], by_kind.items()):
+        col.metric(f"on its {kind} layers ({kinds.count(kind)})", f"{rate:.1%}")
+    if by_kind:
+        st.caption(f"{model}'s layers attend two ways: {shape.kinds_summary()}.")
+    ui.chart(figs.sink_rate_bars(sinks.sink_rate_by_layer(alpha, eps), list(range(alpha.shape[1])), eps=eps,
+                                 whole=whole, n_texts=alpha.shape[0], model=model, kinds=kinds if by_kind else None),
              f"Each bar is one layer: the share of its (text, head) pairs with α₀ > {eps:g}. In SmolLM2 the first "
              "layers read content and from some depth on nearly every head is a sink on nearly every text: the "
              "sink is a habit of the model, not of one text. Random toy models have none.")
     grid = np.round(np.linspace(0.05, 0.95, 19), 2)
-    ui.chart(figs.sink_rate_curve(grid, sinks.sink_rate_curve(alpha, grid), eps=eps),
+    ui.chart(figs.sink_rate_curve(grid, sinks.sink_rate_curve(alpha, grid), eps=eps, model=model),
              "The same metric for every threshold: a model with real sinks keeps a high share far above 0.3, "
              "because its sink heads give the first token most of their attention, not just a third of it.")
+
+
+def _sink_rates_compared(measured: dict, eps: float) -> None:
+    """Two models of any shape: α₀ over every (text, layer, head) side by side, and Sink₀^ε by relative depth."""
+    st.subheader("The two models side by side")
+    ui.chart(compare_figs.distributions({name: alpha.ravel() for name, (alpha, _) in measured.items()},
+                                        title="α₀ of every (text, layer, head)", y_title="α₀ (share of attention)"),
+             "Each point is one head on one text: the mean attention its queries give the first token. A model "
+             "whose heads sit near 1 parks most attention there; the box spans the middle half.")
+    curves = {name: compare_figs.depth_curve(loaded.shape, range(alpha.shape[1]),
+                                             100 * sinks.sink_rate_by_layer(alpha, eps))
+              for name, (alpha, loaded) in measured.items()}
+    ui.chart(compare_figs.depth_curves(curves, title=f"Sink₀^{eps:g} by layer, against relative depth",
+                                       y_title="Sink₀^ε (% of the layer's (text, head) pairs)"),
+             "Each point is one layer at its place in the stack (0 the first, 1 the last), so a 30-layer and an "
+             "18-layer model line up. Triangles mark local (sliding-window) layers, circles global ones.")
 
 
 def show_massive_activations(model: str, text: str) -> None:

@@ -77,6 +77,12 @@ def compare_heads(a: pd.DataFrame, b: pd.DataFrame, column: str) -> pd.DataFrame
     return merged.sort_values(["layer", "head"]).reset_index(drop=True)
 
 
+def layer_means(table: pd.DataFrame, column: str) -> pd.Series:
+    """Each layer's mean of `column` over its heads (NaN heads left out), indexed by layer: the per-layer curve two
+    models of different shapes are compared on (against attnviz.shape.ModelShape.relative_depth)."""
+    return table.groupby("layer", sort=True)[column].mean()
+
+
 def window_summary(windows: list[list[int]]) -> str:
     """'8 windows of 256 tokens' (the last one shorter when it is)."""
     sizes = [len(w) for w in windows]

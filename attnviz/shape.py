@@ -88,6 +88,40 @@ class ModelShape:
         """"local" or "global" (every layer is global in a model without sliding or chunked layers)."""
         return self.layer_facts[layer].kind if self.layer_facts else "global"
 
+    def relative_depth(self, layers=None) -> list[float]:
+        """Each layer's place in the stack, layer / (layers - 1): 0 the first, 1 the last. Two models of different
+        depths (SmolLM2's 30 layers, Gemma 3's 18) are compared on this axis."""
+        layers = range(self.layers) if layers is None else layers
+        return [int(x) / max(self.layers - 1, 1) for x in layers]
+
+    def layer_groups(self) -> dict[tuple[str, str], list[int]]:
+        """{(kind, the facts in words): the layers}, in order of first layer; one entry when every layer is alike."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for layer, facts in enumerate(self.layer_facts):
+            groups.setdefault((facts.kind, facts.describe()), []).append(layer)
+        return groups
+
+    def kinds_summary(self) -> str:
+        """"Local layers 0–4, 6–10, 12–16 (sliding window 512, RoPE base 10000); global layers 5, 11, 17 (causal,
+        RoPE base 1e+06)", or "" when every layer attends alike."""
+        groups = self.layer_groups()
+        if len(groups) < 2:
+            return ""
+        text = "; ".join(f"{kind} layer{'s' if len(layers) > 1 else ''} {spans(layers)} ({facts})"
+                         for (kind, facts), layers in groups.items())
+        return text[0].upper() + text[1:]
+
+
+def spans(numbers: list[int]) -> str:
+    """[0, 1, 2, 4, 6, 7] -> "0–2, 4, 6–7"."""
+    runs: list[list[int]] = []
+    for x in numbers:
+        if runs and x == runs[-1][-1] + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
+
     @property
     def kv_head_of(self) -> list[int]:
         """For each query head, the key/value head it reads."""

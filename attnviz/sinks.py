@@ -168,6 +168,15 @@ def sink_rate_by_layer(alpha_k, eps: float = SINK_THRESHOLD) -> np.ndarray:
     return (a > eps).mean(axis=(0, 2))
 
 
+def sink_rate_by_kind(alpha_k, kinds, eps: float = SINK_THRESHOLD) -> dict[str, float]:
+    """Sink_k^eps over the layers of each kind: kinds[layer] is "local" or "global" (ModelShape.layer_kind), and
+    each kind's rate is the share of its (text, layer, head) triples with alpha_k > eps. alpha_k: [text, layer,
+    head]."""
+    a = np.asarray(alpha_k, dtype=np.float64)
+    kinds = np.asarray(kinds)
+    return {str(kind): sink_rate(a[:, kinds == kind], eps) for kind in dict.fromkeys(kinds.tolist())}
+
+
 def sink_rate_curve(alpha_k, eps_values) -> np.ndarray:
     """Sink_k^eps for each eps in eps_values: how the metric depends on the threshold. -> [len(eps_values)]."""
     a = np.asarray(alpha_k, dtype=np.float64).reshape(-1)

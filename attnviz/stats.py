@@ -376,6 +376,16 @@ def induction_targets(token_ids) -> list[list[int]]:
     return targets
 
 
+def by_layer_kind(stats: pd.DataFrame, shape) -> pd.DataFrame:
+    """Each statistic's mean over the heads of each layer kind (shape.layer_facts: local = sliding window or chunk,
+    global = the rest), one row per kind with its layer and head counts; one row when every layer is alike."""
+    kind = stats["layer"].map(shape.layer_kind).rename("kind")
+    columns = [c for c in (*COLUMNS, "learned_sink") if c in stats.columns]
+    means = stats[columns].groupby(kind, sort=False).mean()
+    counts = stats.groupby(kind, sort=False).agg(layers=("layer", "nunique"), heads=("head", "size"))
+    return counts.join(means).reset_index()
+
+
 def top_heads(stats: pd.DataFrame, role: str, k: int = 5) -> pd.DataFrame:
     """The k heads ranked best for a role of ROLES (NaN scores never rank)."""
     column, ascending, _ = ROLES[role]

@@ -341,6 +341,7 @@ def test_the_text_view_follows_the_query_and_shows_the_users_text_escaped():
 
 
 def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do():
+    from attnviz.corpus import corpus_stats, token_windows
     from attnviz.diagnostics import induction_test
     from attnviz.models import load_model
 
@@ -359,7 +360,22 @@ def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do(
     at.toggle(key="heads_corpus_compare").set_value(True).run()
     at.selectbox(key="heads_model_b").set_value("minilm-l6").run()
     at.button(key="heads_corpus_go").click().run()
-    assert not at.exception and any("heads do not match" in w.value for w in at.warning)
+    assert not at.exception and not at.warning
+    assert any("Head by head only for models of one shape" in c.value for c in at.caption)
+    # models of different shapes: every head's mean side by side, and each layer's mean against relative depth
+    figures = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)["data"]
+               for c in at.get("plotly_chart")}
+    column = at.selectbox(key="heads_corpus_stat").value
+    boxes = next(data for title, data in figures.items() if title.startswith(f"{column} of every head"))
+    depth = next(data for title, data in figures.items() if "against relative depth" in title)
+    for i, name in enumerate(("toy-llama-gqa", "minilm-l6")):
+        loaded = load_model(name)
+        table = corpus_stats(loaded, token_windows(loaded, "The cat sat on the mat.", 32))
+        np.testing.assert_allclose(sorted(boxes[i]["y"]), sorted(table[column].dropna()), rtol=1e-6)
+        layers = loaded.shape.layers
+        np.testing.assert_allclose(depth[i]["x"], [x / (layers - 1) for x in range(layers)])
+        np.testing.assert_allclose(depth[i]["y"], [np.nanmean(table[column][table["layer"] == x])
+                                                   for x in range(layers)], rtol=1e-6)
 
 
 def test_a_long_dense_map_is_drawn_max_pooled_with_an_exact_zoom_window(monkeypatch):

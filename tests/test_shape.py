@@ -19,3 +19,33 @@ def test_position_scheme_of_configs():
     assert S.position_scheme(LlamaConfig()) == "rope"
     assert S.position_scheme(GPT2Config()) == "other"
     assert S.position_scheme(BertConfig()) == "other"
+
+
+def test_layer_facts_of_configs_without_a_model():
+    """Chunked layers (Llama 4's layer_types), a sliding window on every layer (Mistral), per-type RoPE bases and a
+    YaRN rescaling, and the summary a page shows."""
+    from transformers import Gemma3TextConfig, MistralConfig, Qwen3Config
+
+    chunked = Qwen3Config(num_hidden_layers=3, layer_types=["chunked_attention", "chunked_attention",
+                                                            "full_attention"])
+    chunked.attention_chunk_size = 8192
+    facts = S.model_shape(chunked, causal=True).layer_facts
+    assert [(f.mask, f.window, f.kind) for f in facts] == [("chunked", 8192, "local")] * 2 + [("causal", None, "global")]
+    mistral = S.model_shape(MistralConfig(num_hidden_layers=2, sliding_window=7), causal=True)
+    assert [(f.mask, f.window) for f in mistral.layer_facts] == [("sliding", 7)] * 2
+    assert mistral.kinds_summary() == ""  # one kind: nothing to tell apart
+    gemma = S.model_shape(Gemma3TextConfig(num_hidden_layers=4, sliding_window=5, layer_types=[
+        "sliding_attention", "sliding_attention", "full_attention", "sliding_attention"], rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), causal=True)
+    assert [f.rope_base for f in gemma.layer_facts] == [1e4, 1e4, 1e6, 1e4]
+    assert gemma.layer_facts[2].rope_type == "linear" and gemma.local_layers == [0, 1, 3]
+    assert gemma.kinds_summary() == ("Local layers 0–1, 3 (sliding window 5, RoPE base 10000); global layer 2 "
+                                     "(causal, RoPE base 1e+06 (linear))")
+    assert gemma.relative_depth() == [0, 1 / 3, 2 / 3, 1]
+    encoder = S.model_shape(MistralConfig(num_hidden_layers=1, sliding_window=None), causal=False)
+    assert encoder.layer_facts[0].mask == "full" and encoder.layer_kind(0) == "global"
+
+
+def test_spans():
+    assert S.spans([0, 1, 2, 4, 6, 7]) == "0–2, 4, 6–7" and S.spans([5]) == "5" and S.spans([]) == ""

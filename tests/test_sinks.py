@@ -491,3 +491,11 @@ def test_page_reads_a_long_text_from_q_and_k():
     shown = " ".join(str(e.value) for e in at.caption)
     n_sink = int(sinks.sink_heads(alpha_rows).sum())
     assert f"{n_sink} of {alpha_rows.shape[0] * alpha_rows.shape[1]} heads are sink heads" in shown
+
+
+def test_sink_rate_by_kind_counts_each_kinds_triples():
+    alpha = np.zeros((2, 3, 2))  # [text, layer, head]
+    alpha[:, 0] = 0.9  # a local layer where every head is a sink
+    alpha[0, 1, 0] = 0.5  # one of the global layers' eight (text, layer, head) triples
+    rates = sinks.sink_rate_by_kind(alpha, ["local", "global", "global"], eps=0.3)
+    assert rates == {"local": 1.0, "global": 1 / 8}

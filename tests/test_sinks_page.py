@@ -4,6 +4,7 @@ no work started on a text past the limit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +87,34 @@ def test_a_long_text_past_the_dense_store_runs_every_section(short_shipped_text)
     windows = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=64, n_windows=8)
     alpha = sinks.alpha_over_texts(loaded, [*windows, text])
     assert metric.value == f"{sinks.sink_rate(alpha, sinks.SINK_THRESHOLD):.1%}"
+
+
+@pytest.mark.slow
+def test_two_models_of_different_shapes_compared(short_shipped_text):
+    """toy-llama-gqa against Gemma 3 270M (18 layers, 15 of them local): each model's Sink₀^0.3 over its own windows
+    of the shipped text, Gemma's per layer kind over the layers its config calls sliding and full, and the two
+    comparison charts."""
+    from attnviz.models import load_model
+
+    at = AppTest.from_file(PAGE, default_timeout=600)
+    at.session_state["sinks_model"] = "toy-llama-gqa"
+    at.session_state["sinks_text"] = "The cat sat on the mat."
+    at.session_state["sinks_metric_compare"] = True
+    at.session_state["sinks_metric_own"] = False
+    at.session_state["sinks_metric_model_b"] = "gemma3-270m"
+    at.run()
+    at.button(key="sinks_metric_run").click().run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    shown = {m.label: m.value for m in at.metric}
+    for name in ("toy-llama-gqa", "gemma3-270m"):
+        loaded = load_model(name)
+        windows = sinks.text_windows(streaming.shipped_text(), loaded.tokenizer, n_tokens=64, n_windows=8)
+        alpha = sinks.alpha_over_texts(loaded, windows)
+        assert shown[f"Sink₀^0.3 of {name}"] == f"{sinks.sink_rate(alpha, 0.3):.1%}"
+    types = loaded.model.config.layer_types
+    for kind, layer_type in (("local", "sliding_attention"), ("global", "full_attention")):
+        layers = [i for i, t in enumerate(types) if t == layer_type]
+        assert shown[f"on its {kind} layers ({len(layers)})"] == f"{(alpha[:, layers] > 0.3).mean():.1%}"
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert any("α₀ of every (text, layer, head)" in t for t in titles)
+    assert any("against relative depth" in t for t in titles)

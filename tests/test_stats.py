@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from attnviz.stats import COLUMNS, ROLES, head_stats, induction_targets, top_heads
+from attnviz.stats import COLUMNS, ROLES, by_layer_kind, head_stats, induction_targets, top_heads
 
 N = 6
 
@@ -177,3 +177,24 @@ def test_head_stats_takes_every_head_of_a_layer_at_once(monkeypatch):
     capture = SimpleNamespace(pattern=pattern, layers=[0, 1, 2], kv_head_of=[0, 0, 1, 1], token_ids=list(range(N)))
     assert len(module.head_stats(capture)) == 12
     assert shapes == [(4, N, N)] * 3
+
+
+def test_statistics_by_layer_kind_are_the_means_of_each_kinds_heads(tmp_path):
+    """A Gemma 3 with a sliding and a full layer: each kind's row is the plain mean of its heads' statistics, the
+    layers read from the config's layer_types."""
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from tests.families import build_family
+
+    loaded = load_model(str(build_family("gemma3_text", tmp_path)))
+    stats = head_stats(capture_attention(loaded, "The cat sat on the mat and the dog sat on the mat too."))
+    table = by_layer_kind(stats, loaded.shape).set_index("kind")
+    types = loaded.model.config.layer_types
+    for kind, layer_type in (("local", "sliding_attention"), ("global", "full_attention")):
+        layers = [i for i, t in enumerate(types) if t == layer_type]
+        rows = stats[stats["layer"].isin(layers)]
+        assert table.loc[kind, "layers"] == len(layers) and table.loc[kind, "heads"] == len(rows)
+        for column in COLUMNS:
+            np.testing.assert_allclose(table.loc[kind, column], rows[column].mean())
+    assert list(by_layer_kind(stats.assign(layer=0), SimpleNamespace(layer_kind=lambda _: "global"))["kind"]) == [
+        "global"]

@@ -90,24 +90,31 @@ def loss_curves(positions, losses: Mapping[str, Sequence[float]], *, window: int
 
 
 
-def sink_rate_bars(rate_by_layer, layers: Sequence[int], *, eps: float, whole: float, n_texts: int) -> go.Figure:
+def sink_rate_bars(rate_by_layer, layers: Sequence[int], *, eps: float, whole: float, n_texts: int,
+                   model: str | None = None, kinds: Sequence[str] | None = None) -> go.Figure:
     """rate_by_layer [layer]: Gu et al.'s Sink_0^eps of each layer (share of its (text, head) pairs with
-    alpha_0 > eps), as percentages, with the whole model's value as a dashed line."""
-    fig = go.Figure(go.Bar(x=list(layers), y=100 * np.asarray(rate_by_layer, dtype=float), marker_color=PALETTE[0],
-                           name="per layer",
-                           hovertemplate="layer %{x}<br>Sink = %{y:.1f}%<extra></extra>"))
+    alpha_0 > eps), as percentages, with the whole model's value as a dashed line. kinds: each layer's "local" or
+    "global" where the model has both, one colour each."""
+    rates = 100 * np.asarray(rate_by_layer, dtype=float)
+    groups = dict.fromkeys(kinds) if kinds else {None: None}
+    fig = go.Figure()
+    for i, kind in enumerate(groups):
+        keep = [j for j in range(len(rates)) if kinds is None or kinds[j] == kind]
+        fig.add_trace(go.Bar(x=[layers[j] for j in keep], y=rates[keep], marker_color=PALETTE[2 * i],
+                             name=f"{kind} layers" if kind else "per layer",
+                             hovertemplate="layer %{x}<br>Sink = %{y:.1f}%<extra></extra>"))
     fig.add_trace(go.Scatter(x=[min(layers) - 0.5, max(layers) + 0.5], y=[100 * whole] * 2, mode="lines",
                              name=f"whole model: {100 * whole:.1f}%", line=dict(color=PALETTE[1], dash="dash")))
     fig.update_yaxes(range=[0, 100])
-    return apply_layout(fig, title=f"Sink metric per layer over {n_texts} texts (α₀ > {eps:g})",
-                        x_title="layer (0 = nearest the input)",
+    return apply_layout(fig, title=(f"{model}: s" if model else "S") + f"ink metric per layer over {n_texts} texts "
+                        f"(α₀ > {eps:g})", x_title="layer (0 = nearest the input)",
                         y_title="Sink₀^ε (% of the layer's (text, head) pairs)", height=340)
 
 
-def sink_rate_curve(eps_values, rates, *, eps: float) -> go.Figure:
+def sink_rate_curve(eps_values, rates, *, eps: float, model: str | None = None) -> go.Figure:
     """Sink_0^eps of the whole model against the threshold eps, the chosen eps marked."""
     fig = line_chart(np.asarray(eps_values), {"whole model": 100 * np.asarray(rates, dtype=float)},
-                     title="How the sink metric depends on the threshold ε", x_title="threshold ε (share of attention)",
+                     title=(f"{model}: h" if model else "H") + "ow the sink metric depends on the threshold ε", x_title="threshold ε (share of attention)",
                      y_title="Sink₀^ε (% of (text, layer, head) triples)", height=340)
     fig.add_vline(x=eps, line=dict(color="#868e96", dash="dot"))
     fig.update_yaxes(range=[0, 100])

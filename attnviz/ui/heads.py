@@ -48,16 +48,18 @@ def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | No
 
 @st.cache_data(show_spinner=False, max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
 def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, hide_sink: bool, gamma: float,
-            tile: int, _capture, _pooled=None):
+            tile: int, _capture, _pooled=None, marks: tuple[str, ...] | None = None):
     """The grid of all heads, with the sink hidden layer by layer when asked. _pooled: the long capture's heads
-    already pooled by stats_of, {hide_sink: [layer, head, m, m]}."""
+    already pooled by stats_of, {hide_sink: [layer, head, m, m]}; marks: a letter beside each layer's number
+    (L local, G global), or None."""
+    names = [f"{x} {m}" for x, m in zip(_capture.layers, marks)] if marks else _capture.layers
     if _capture.pattern is None:  # long-text store: each layer pooled a block of rows at a time from q and k
         pooled = _pooled[hide_sink] if (_pooled is not None and tile == figs.GRID_TILE) else np.stack(
             [views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink) for layer in _capture.layers])
-        return figs.head_grid(pooled, _capture.layers, gamma=gamma, tile=tile, causal=_capture.causal,
+        return figs.head_grid(pooled, names, gamma=gamma, tile=tile, causal=_capture.causal,
                               n_tokens=_capture.n_tokens)
     layer_map = views.sink_hidden if hide_sink else None
-    return figs.head_grid(_capture.pattern, _capture.layers, gamma=gamma, tile=tile, layer_map=layer_map,
+    return figs.head_grid(_capture.pattern, names, gamma=gamma, tile=tile, layer_map=layer_map,
                           causal=_capture.causal)
 
 
