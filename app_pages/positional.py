@@ -243,7 +243,8 @@ if section == "Measured on models":
         "may see, what the mask alone gives: in a causal decoder it falls with distance, in a bidirectional encoder "
         "(**minilm-l6**, BERT) it is a flat 1/n. An encoder's queries also see the keys after them, so it is "
         "measured in both directions, against the signed distance (negative: the key comes after the query). "
-        "A toy-lab model (lab/…) is measured with the scheme it was trained with, "
+        "**gemma3-270m** has two kinds of layer: 15 see only the last 512 keys with RoPE base 10,000, 3 see every "
+        "key with base 1,000,000; each kind gets its own colours, baseline and bound. A toy-lab model (lab/…) is measured with the scheme it was trained with, "
         f"which the lab recorded beside its weights; unless it uses ALiBi it reads at most {LAB_POSITIONS} tokens, "
         "so give it a short text.")
     model_name = ui.model_picker("pos_meas_model", default="smollm2-135m", label="Model to measure")
@@ -287,8 +288,11 @@ if section == "Measured on models":
                                             theory=prof.theory, theory_name="ALiBi alone (theory)",
                                             baselines=prof.baselines, relative=prof.relative, groups=prof.groups,
                                             curve_groups=prof.curve_groups),
-                         "Lines above the dotted one mean the layer prefers those distances more than " +
-                         ("causal masking alone would" if causal else
+                         ("Lines above the dotted one mean the layer prefers those distances more than "
+                          if len(prof.baselines) == 1 else "A layer's line above the dotted line of its own colour "
+                          "(its mask alone: causal, or its sliding window) means it prefers those distances more "
+                          "than ") +
+                         ("its mask alone would" if causal else
                           "uniform attention over all the keys would; this model is bidirectional, so keys after the "
                           "query are measured too, at negative distances") +
                          f"; {prof.theory_note}. Far distances average few queries, so they are noisier" +

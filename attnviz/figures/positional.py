@@ -123,7 +123,7 @@ def pattern_heatmap(pattern: np.ndarray, *, title: str) -> go.Figure:
 
 # a colour ramp per group of layers (light to dark with depth) and the dark tone of its theory lines
 _RAMPS = (((59, 91, 219), (239, 51, 49)), ((12, 166, 120), (8, 80, 50)), ((247, 103, 7), (150, 50, 0)))
-_GROUP_LINE = ("#212529", "#087f5b", "#d9480f")
+_GROUP_LINE = ("#364fc7", "#087f5b", "#d9480f")
 
 
 def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str, theory=None,
