@@ -199,7 +199,7 @@ def _sink_rate_of(model: str, alpha: np.ndarray, shape, eps: float) -> None:
     for col, (kind, rate) in zip(cols[1:], by_kind.items()):
         col.metric(f"on its {kind} layers ({kinds.count(kind)})", f"{rate:.1%}")
     if by_kind:
-        st.caption(f"{model}'s layers attend two ways: {shape.kinds_summary()}.")
+        st.caption(f"{model}'s layers attend two ways. {shape.kinds_summary()}.")
     ui.chart(figs.sink_rate_bars(sinks.sink_rate_by_layer(alpha, eps), list(range(alpha.shape[1])), eps=eps,
                                  whole=whole, n_texts=alpha.shape[0], model=model, kinds=kinds if by_kind else None),
              f"Each bar is one layer: the share of its (text, head) pairs with α₀ > {eps:g}. In SmolLM2 the first "

@@ -44,10 +44,10 @@ from attnviz.models import load_model  # noqa: E402
 REFERENCE_WINDOWS, REFERENCE_TOKENS = 8, 64  # the texts the mean intervention averages over, as on the Sinks page
 
 
-def layer_kinds(config) -> list[str]:
-    """Each layer's attention, "sliding" (a window of config.sliding_window keys) or "full", from config.layer_types
-    (Gemma 3 270M: full on layers 5, 11 and 17)."""
-    return ["sliding" if kind == "sliding_attention" else "full" for kind in config.layer_types]
+def layer_kinds(shape) -> list[str]:
+    """Each layer's attention, "sliding" (a window of keys) or "full", from the model's per-layer facts
+    (attnviz.shape.LayerFacts; Gemma 3 270M: full on layers 5, 11 and 17)."""
+    return ["sliding" if facts.mask == "sliding" else "full" for facts in shape.layer_facts]
 
 
 def by_kind(values, kinds: list[str], kind: str) -> np.ndarray:
@@ -267,7 +267,7 @@ def main() -> None:
     start = time.perf_counter()
     loaded = load_model("gemma3-270m")
     config, tok, text = loaded.model.config, loaded.tokenizer, streaming.shipped_text()
-    kinds = layer_kinds(config)
+    kinds = layer_kinds(loaded.shape)
     print(f"gemma3-270m: {loaded.spec.description}")
     print(f"from its config: {len(kinds)} layers ("
           f"{kinds.count('sliding')} sliding-window {config.sliding_window}, full on "
