@@ -111,17 +111,6 @@ class ModelShape:
                          for (kind, facts), layers in groups.items())
         return text[0].upper() + text[1:]
 
-
-def spans(numbers: list[int]) -> str:
-    """[0, 1, 2, 4, 6, 7] -> "0–2, 4, 6–7"."""
-    runs: list[list[int]] = []
-    for x in numbers:
-        if runs and x == runs[-1][-1] + 1:
-            runs[-1].append(x)
-        else:
-            runs.append([x])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
-
     @property
     def kv_head_of(self) -> list[int]:
         """For each query head, the key/value head it reads."""
@@ -133,6 +122,17 @@ def spans(numbers: list[int]) -> str:
     def group_size(self) -> int:
         """Query heads per key/value head (1 for MHA, heads for MQA)."""
         return self.heads // self.kv_heads
+
+
+def spans(numbers: list[int]) -> str:
+    """[0, 1, 2, 4, 6, 7] -> "0–2, 4, 6–7"."""
+    runs: list[list[int]] = []
+    for x in numbers:
+        if runs and x == runs[-1][-1] + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
 
 
 def _first(config, keys, default=None):
