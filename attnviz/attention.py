@@ -79,8 +79,13 @@ def _as_tensor(x) -> torch.Tensor:
 class MaskRule:
     """Which keys each query may see, without an [n_query, n_key] array where a rule says it.
 
-    causal=True: query i sees key j <= i + (n_key - n_query) (causal_mask's alignment); causal=False: every key.
-    bits: an explicit mask instead (sliding windows, padding, anything the model built), as np.packbits of the
+    Queries are aligned to the last keys: query i sits at position i + (n_key - n_query).
+    causal=True: query i sees key j <= its position (causal_mask's alignment); causal=False: every key.
+    window=w (with causal): only the last w keys, the query's own included (position - w < j <= position), as
+    transformers' sliding_window_overlay defines it (Gemma 2/3, Mistral, gpt-oss).
+    chunk=c (with causal): only the keys of the query's own chunk of c positions (j // c == position // c), Llama
+    4's chunked attention.
+    bits: an explicit mask instead (padding, anything the model built that no rule names), as np.packbits of the
     [n_query, n_key] bool matrix along keys (1/8 byte per entry). True = may attend.
     """
 
@@ -88,40 +93,104 @@ class MaskRule:
     n_key: int
     causal: bool = False
     bits: np.ndarray | None = None
+    window: int | None = None
+    chunk: int | None = None
 
     @classmethod
     def from_bool(cls, visible) -> "MaskRule":
-        """The rule for a [n_query, n_key] bool matrix: causal or full when it is exactly that, else its bits."""
+        """The rule for a [n_query, n_key] bool matrix: the causal, full, sliding-window or chunked rule when it is
+        exactly that, else its bits."""
         visible = np.asarray(visible, dtype=bool)
         n_query, n_key = visible.shape
         if visible.all():
             return cls(n_query, n_key, causal=False)
-        if np.array_equal(visible, causal_mask(n_query, n_key)):
-            return cls(n_query, n_key, causal=True)
+        for rule in _named_rules(visible):
+            if np.array_equal(visible, rule.rows(0, n_query)):
+                return rule
         return cls(n_query, n_key, causal=False, bits=np.packbits(visible, axis=1))
 
     @property
     def kind(self) -> str:
-        return "explicit" if self.bits is not None else "causal" if self.causal else "full"
+        """"explicit", "sliding", "chunked", "causal" or "full"."""
+        if self.bits is not None:
+            return "explicit"
+        return "sliding" if self.window else "chunked" if self.chunk else "causal" if self.causal else "full"
 
-    def rows(self, start: int, stop: int, key_end: int | None = None) -> np.ndarray:
-        """[stop - start, key_end] bool: the visibility of keys 0 .. key_end - 1 for queries start .. stop - 1."""
+    def rows(self, start: int, stop: int, key_end: int | None = None, key_start: int = 0) -> np.ndarray:
+        """[stop - start, key_end - key_start] bool: the visibility of keys key_start .. key_end - 1 for queries
+        start .. stop - 1."""
         key_end = self.n_key if key_end is None else key_end
         if self.bits is not None:
-            return np.unpackbits(self.bits[start:stop], axis=1, count=self.n_key)[:, :key_end].astype(bool)
+            return np.unpackbits(self.bits[start:stop], axis=1, count=self.n_key)[:, key_start:key_end].astype(bool)
         if not self.causal:
-            return np.ones((stop - start, key_end), dtype=bool)
-        offset = self.n_key - self.n_query
-        return np.arange(key_end)[None, :] <= np.arange(start, stop)[:, None] + offset
+            return np.ones((stop - start, key_end - key_start), dtype=bool)
+        pos = np.arange(start, stop)[:, None] + (self.n_key - self.n_query)
+        keys = np.arange(key_start, key_end)[None, :]
+        visible = keys <= pos
+        if self.window:
+            visible &= keys > pos - self.window
+        if self.chunk:
+            visible &= keys // self.chunk == pos // self.chunk
+        return visible
 
     def key_end(self, start: int, stop: int) -> int:
         """One past the last key any of the queries start .. stop - 1 may see (keys after it are never needed)."""
-        if self.causal and self.bits is None:
-            return max(0, min(self.n_key, stop + self.n_key - self.n_query))
         if self.bits is not None:
             seen = np.nonzero(np.unpackbits(self.bits[start:stop], axis=1, count=self.n_key).any(0))[0]
             return int(seen[-1]) + 1 if len(seen) else 0
+        if self.causal:
+            return max(0, min(self.n_key, stop + self.n_key - self.n_query))
         return self.n_key
+
+    def key_start(self, start: int, stop: int) -> int:
+        """The first key any of the queries start .. stop - 1 may see: the key tiles left of it are never
+        computed (a sliding window's or a chunk's), so a windowed layer costs O(n w), not O(n²)."""
+        first = start + self.n_key - self.n_query  # the position of the block's first query
+        if self.bits is not None:
+            seen = np.nonzero(np.unpackbits(self.bits[start:stop], axis=1, count=self.n_key).any(0))[0]
+            return int(seen[0]) if len(seen) else 0
+        if self.window and self.causal:
+            return max(0, first - self.window + 1)
+        if self.chunk and self.causal:
+            return max(0, first // self.chunk * self.chunk)
+        return 0
+
+    def visible_keys(self) -> int:
+        """How many (query, key) pairs the rule lets through: the work of a pass that skips every hidden key."""
+        if self.bits is not None:
+            return int(sum(np.unpackbits(self.bits[a:a + 1024], axis=1, count=self.n_key).sum()
+                           for a in range(0, self.n_query, 1024)))
+        if not self.causal:
+            return self.n_query * self.n_key
+        pos = np.arange(self.n_query, dtype=np.int64) + (self.n_key - self.n_query)
+        seen = np.minimum(pos + 1, self.n_key)
+        if self.window:
+            seen = np.minimum(seen, self.window)
+        if self.chunk:
+            seen = np.minimum(seen, pos % self.chunk + 1)
+        return int(seen.sum())
+
+
+def _named_rules(visible: np.ndarray) -> list[MaskRule]:
+    """The causal, sliding-window and chunked rules a [n_query, n_key] bool mask could be (MaskRule.from_bool
+    keeps the one that equals it)."""
+    n_query, n_key = visible.shape
+    return _named_rules_from_rows(visible, np.arange(n_query), n_query, n_key)
+
+
+def _named_rules_from_rows(visible: np.ndarray, rows: np.ndarray, n_query: int, n_key: int) -> list[MaskRule]:
+    """The rules that some query rows of a mask (visible [len(rows), n_key], for query rows `rows` in increasing
+    order) suggest: causal; a sliding window as wide as the widest row; chunks as long as the first row that does
+    not see key 0 is far. The caller checks each against the mask."""
+    offset = n_key - n_query
+    candidates = [MaskRule(n_query, n_key, causal=True)]
+    widest = int(visible.sum(1).max()) if len(visible) else 0
+    if 0 < widest < n_key:
+        candidates.append(MaskRule(n_query, n_key, causal=True, window=widest))
+    later = np.nonzero(~visible[:, 0])[0]
+    if len(later) and int(rows[later[0]]) + offset > 0:
+        candidates.append(MaskRule(n_query, n_key, causal=True, chunk=int(rows[later[0]]) + offset))
+    return candidates
 
 
 @dataclass
@@ -165,7 +234,7 @@ class LayerInputs:
 
     def nbytes(self) -> int:
         extra = sum(x.numel() * x.element_size() for x in (self.key_bias, self.sink) if x is not None)
-        bits = 0 if self.mask.bits is None else self.mask.bits.nbytes
+        bits = 0 if self.mask.bits is None else self.mask.bits.nbytes  # the rules themselves take no memory
         return self.q.numel() * self.q.element_size() + self.k.numel() * self.k.element_size() + extra + bits
 
 
@@ -199,10 +268,10 @@ def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *
     if kind == "causal":  # only keys right of the block's first query can be hidden from some of its rows
         lo = max(k0, start + inputs.mask.n_key - inputs.mask.n_query + 1)
         if lo < key_end:
-            visible = torch.from_numpy(inputs.mask.rows(start, stop, key_end)[:, lo:])
+            visible = torch.from_numpy(inputs.mask.rows(start, stop, key_end, key_start=lo))
             scores[..., lo - k0:].masked_fill_(~visible, float("-inf"))
-    elif kind == "explicit":
-        scores.masked_fill_(~torch.from_numpy(inputs.mask.rows(start, stop, key_end)[:, k0:]), float("-inf"))
+    elif kind != "full":
+        scores.masked_fill_(~torch.from_numpy(inputs.mask.rows(start, stop, key_end, key_start=k0)), float("-inf"))
     return scores
 
 
@@ -254,9 +323,15 @@ def layer_pattern(inputs: LayerInputs, start: int = 0, stop: int | None = None, 
     learned sink in the denominator. Returns (weights [heads, rows, key_end], sink_weight [heads, rows] or None);
     each row of weights plus its sink weight sums to 1."""
     heads_list = list(range(inputs.n_heads)) if heads is None else list(heads)
-    scores = layer_scores(inputs, start, stop, heads=heads_list, key_end=key_end, dtype=dtype)
+    stop = inputs.n_query if stop is None else stop
+    key_end = inputs.mask.key_end(start, stop) if key_end is None else key_end
+    k0 = min(inputs.mask.key_start(start, stop), key_end)  # the key tiles left of a window are never computed
+    scores = layer_scores(inputs, start, stop, heads=heads_list, key_start=k0, key_end=key_end, dtype=dtype)
     sink = None if inputs.sink is None else inputs.sink[heads_list]
-    return softmax_with_sink(scores, sink)
+    weights, sink_weight = softmax_with_sink(scores, sink)
+    if k0:  # the keys no row of the block sees: weight 0
+        weights = torch.cat([weights.new_zeros(*weights.shape[:-1], k0), weights], dim=-1)
+    return weights, sink_weight
 
 
 def layer_output(inputs: LayerInputs, v: torch.Tensor, *, block: int = 256, dtype=torch.float32) -> torch.Tensor:
@@ -266,8 +341,11 @@ def layer_output(inputs: LayerInputs, v: torch.Tensor, *, block: int = 256, dtyp
     v_rep = v.to(dtype)[list(inputs.kv_head_of)]
     for a in range(0, inputs.n_query, block):
         b = min(a + block, inputs.n_query)
-        weights, _ = layer_pattern(inputs, a, b, dtype=dtype)
-        out[:, a:b] = torch.matmul(weights, v_rep[:, :weights.shape[-1]])
+        k1 = inputs.mask.key_end(a, b)
+        k0 = min(inputs.mask.key_start(a, b), k1)  # only the keys the block's rows may see
+        scores = layer_scores(inputs, a, b, key_start=k0, key_end=k1, dtype=dtype)
+        weights, _ = softmax_with_sink(scores, inputs.sink)
+        out[:, a:b] = torch.matmul(weights, v_rep[:, k0:k1])
     return out
 
 

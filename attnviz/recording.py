@@ -136,8 +136,53 @@ def _mask(*args, **kwargs):
     rec = _ACTIVE.get()
     if rec is not None and rec.store == "qk":
         kwargs.pop("dtype", None)
+        rule = None if args else named_rule(**kwargs)
+        if rule is not None and rule.kind in ("sliding", "chunked"):
+            return RuleMask(rule)  # a window or chunk by its rule: no N x N mask is built
         return sdpa_mask(*args, **kwargs)
     return eager_mask(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class RuleMask:
+    """The attention mask handed to the layers in a qk-store capture when named_rule names it: the MaskRule itself,
+    which the registered attention function reads (attnviz's core then skips the key tiles it hides)."""
+
+    rule: MaskRule
+
+    def eager(self, dtype, device) -> torch.Tensor:
+        """The additive [1, 1, query, key] float mask a family's eager function takes (for a layer no capture
+        records)."""
+        visible = torch.from_numpy(self.rule.rows(0, self.rule.n_query)).to(device)
+        return torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(
+            ~visible, torch.finfo(dtype).min)[None, None]
+
+
+PROBE_ROWS = 256  # named_rule checks every row up to here, and 64 rows spread over the rest
+
+
+def named_rule(*, batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+               mask_function=None, attention_mask=None, **_) -> MaskRule | None:
+    """The MaskRule (causal, sliding window, chunked) of the mask transformers would build from these arguments,
+    or None when no rule reproduces it: the mask function is evaluated on the first PROBE_ROWS query rows and on 64
+    rows spread over the rest, every key, and the rule is kept only where it equals them all. One text, no padding
+    and no cache only (batch 1, queries and keys from position 0)."""
+    if batch_size != 1 or q_offset or kv_offset or q_length != kv_length or mask_function is None:
+        return None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        return None
+    rows = torch.unique(torch.cat([torch.arange(min(q_length, PROBE_ROWS)),
+                                   torch.linspace(0, q_length - 1, 64).long()]))
+    keys = torch.arange(kv_length)
+    zero = torch.zeros((), dtype=torch.long)
+    try:
+        probed = mask_function(zero, zero, rows[:, None], keys[None, :]).expand(len(rows), kv_length).numpy()
+    except Exception:  # a mask function that does not broadcast: let transformers build the mask
+        return None
+    for rule in core._named_rules_from_rows(probed, rows.numpy(), q_length, kv_length):
+        if all(np.array_equal(rule.rows(int(r), int(r) + 1)[0], probed[i]) for i, r in enumerate(rows)):
+            return rule
+    return None
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -149,6 +194,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     rec = _ACTIVE.get()
     layer = None if rec is None else rec.layer_of.get(id(module))
     if layer is None or layer > rec.last:
+        if isinstance(attention_mask, RuleMask):
+            attention_mask = attention_mask.eager(query.dtype, query.device)
         return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     softcap = kwargs.get("softcap")
     sink = kwargs.get("s_aux")
@@ -181,7 +228,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         out = rec.attend(layer, rec.inputs[layer], value[0].detach().float().cpu())  # [head, query, d_v]
         out = out.to(device=query.device, dtype=query.dtype).unsqueeze(0).transpose(1, 2).contiguous()
         weights = None
-    elif softcap or sink is not None:  # SDPA has neither: attnviz's core computes the output, a block at a time
+    elif softcap or sink is not None or isinstance(attention_mask, RuleMask):
+        # SDPA has neither soft-cap nor sink, and would need the window as an N x N mask: attnviz's core computes
+        # the output a block at a time, skipping the key tiles the rule hides
         out = _core_output(module, query, key, value, attention_mask, scale, softcap, sink)
         weights = None
     else:
@@ -198,13 +247,14 @@ def _core_output(module, query, key, value, attention_mask, scale, softcap, sink
     the CPU (where the core's masks live) and handed back on the model's device."""
     device = query.device
     query, key, value = (x.detach().cpu() for x in (query, key, value))
-    attention_mask = None if attention_mask is None else attention_mask.cpu()
+    by_rule = isinstance(attention_mask, RuleMask)  # one text: the same rule for its one batch row
+    attention_mask = attention_mask.cpu() if attention_mask is not None and not by_rule else attention_mask
     sink = None if sink is None else sink.detach().cpu()
     outs = []
     causal = bool(getattr(module, "is_causal", True)) and query.shape[-2] > 1
     for b in range(query.shape[0]):
-        mask = _mask_rule(None if attention_mask is None else attention_mask[b:b + 1], query.shape[-2],
-                          key.shape[-2], causal)
+        mask = _mask_rule(attention_mask if by_rule or attention_mask is None else attention_mask[b:b + 1],
+                          query.shape[-2], key.shape[-2], causal)
         inputs = LayerInputs(q=query[b].float(), k=key[b].float(),
                              kv_head_of=tuple(core.kv_head_of(query.shape[1], key.shape[1])), scaling=scale,
                              mask=mask, softcap=float(softcap) if softcap else None,
@@ -218,6 +268,12 @@ def _mask_rule(attention_mask, n_query: int, n_key: int, causal_if_none: bool) -
     attend) or an additive float mask (the dtype's minimum where masked). Only batch row 0 is read."""
     if attention_mask is None:
         return MaskRule(n_query, n_key, causal=causal_if_none)
+    if isinstance(attention_mask, RuleMask):
+        rule = attention_mask.rule
+        if (rule.n_query, rule.n_key) != (n_query, n_key):
+            raise CaptureError(f"The mask rule is for {rule.n_query} x {rule.n_key}, the layer saw {n_query} x "
+                               f"{n_key}.")
+        return rule
     mask = attention_mask[0, 0] if attention_mask.dim() == 4 else attention_mask[0]
     mask = mask[-n_query:, :n_key] if mask.dim() == 2 else mask
     if mask.dtype == torch.bool:

@@ -185,7 +185,7 @@ def streamed_stats(inputs, token_ids=None, *, block: int = 128, key_block: int =
     """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs) the way the
     kernel page's FlashAttention kernel computes attention: tiles of `block` query rows x `key_block` keys, with a
     running row max m_i and running sum l_i, so no [n, n] array exists and each tile stays in the CPU's cache. Key
-    tiles wholly right of a causal block are never computed.
+    tiles wholly right of a causal block, or left of a sliding window's or a chunk's reach, are never computed.
 
     The online softmax (Milakov and Gimelshein 2018; Dao 2023, the kernel page): after a tile with row max m_t,
     m_new = max(m_i, m_t), alpha = exp(m_i - m_new), l_i <- alpha l_i + sum_tile exp(s - m_new). Every other sum
@@ -255,7 +255,8 @@ def streamed_stats(inputs, token_ids=None, *, block: int = 128, key_block: int =
         find = token_ids is not None and n_keys == n and bool(with_targets[a:b].any())
         bins_max = torch.full((n_heads, r, n_bins), neg_inf) if pool else None
         bin0_off_sink = torch.full((n_heads, r), neg_inf)  # largest raw score of the first key block, key 0 left out
-        for k0 in range(0, key_end, key_block):
+        # key tiles left of every key the block's rows may see (a sliding window's, a chunk's) are never computed
+        for k0 in range(min(inputs.mask.key_start(a, b), key_end), key_end, key_block):
             k1 = min(key_end, k0 + key_block)
             s = core.layer_scores(inputs, a, b, key_start=k0, key_end=k1)  # [head, rows, k1 - k0], -inf masked
             # raw scores of the single keys the statistics read, before s is shifted in place

@@ -159,7 +159,10 @@ def test_rows_and_learned_sink_sum_to_one(family_of, name):
 
 @pytest.mark.parametrize("name", list(SLIDING), ids=list(SLIDING))
 @pytest.mark.parametrize("store", ["pattern", "qk"])
-def test_sliding_window_layers_have_an_explicit_mask(family_of, name, store):
+def test_sliding_window_layers_are_named_by_their_rule(family_of, name, store):
+    """A sliding layer's mask is the window rule (no bits), in the pattern store read from the mask transformers
+    built and in the qk store named from its mask function without building one; its visibility is the window's
+    definition, and no weight falls outside it."""
     fam = family_of(name)
     cap = fam.capture(store)
     window = fam.loaded.model.config.sliding_window
@@ -168,7 +171,7 @@ def test_sliding_window_layers_have_an_explicit_mask(family_of, name, store):
     for layer in cap.layers:
         mask = cap.inputs[layer].mask
         if layer in SLIDING[name]:
-            assert mask.kind == "explicit"
+            assert (mask.kind, mask.window, mask.bits) == ("sliding", window, None)
             visible = mask.rows(0, n)
             q, k = np.indices((n, n))
             assert np.array_equal(visible, (k <= q) & (k > q - window))
