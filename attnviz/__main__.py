@@ -77,9 +77,10 @@ def app_script() -> Path | None:
 
 
 def _app(streamlit_args: list[str]) -> int:
-    """attnviz app: streamlit run app.py with the arguments given, in this Python."""
+    """attnviz app: becomes `streamlit run app.py` with the arguments given, in this Python (the same process, so
+    Ctrl-C and a service manager's signals reach streamlit)."""
     import importlib.util
-    import subprocess
+    import os
 
     script = app_script()
     if script is None:
@@ -90,7 +91,8 @@ def _app(streamlit_args: list[str]) -> int:
     if importlib.util.find_spec("streamlit") is None:
         print("error: the app needs streamlit and plotly: pip install -e '.[app]' in the checkout.", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, "-m", "streamlit", "run", str(script), *streamlit_args])
+    os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_args])
+    return 0  # not reached: execv does not return
 
 
 def _models() -> int:
