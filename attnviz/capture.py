@@ -15,6 +15,10 @@ attnviz.attention from the layer inputs (or read from the dense pattern).
 
 Threads: captures of one shared model from several sessions at once stay apart (see attnviz.recording).
 
+The front door for a notebook or a script is capture() (the module itself is callable, so attnviz.capture(model,
+text, ...) is capture(model, text, ...)): a model by name, folder or GGUF file, or a transformers model object that
+is lent back unchanged; from_attentions() makes a capture of any tool's output_attentions.
+
 Over 300 lines on purpose: AttentionCapture's map methods (both stores) and capture_attention's checks of every
 argument are the one public surface of capture.
 """
