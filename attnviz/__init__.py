@@ -2,27 +2,33 @@
 
 The library does every computation; the Streamlit pages only read widgets, call it and draw.
 Only attnviz.ui imports streamlit; attnviz.figures imports neither torch nor streamlit.
+
+From a notebook or a script:
+    import attnviz
+    cap = attnviz.capture("smollm2-135m", "The cat sat on the mat.")   # or (model, text, tokenizer=tokenizer)
+    cap.head_pattern(3, 0); cap.stats(); cap.save("cap.npz"); cap.to_attentions()
+    attnviz.from_attentions(outputs.attentions, tokens)                # any tool's output_attentions
+
+`import attnviz` itself imports nothing else (not torch, triton nor streamlit) and changes no environment variable:
+the names below are imported on first use. Triton's backend is chosen by attnviz.kernels, when it is imported.
 """
 
-import ctypes.util
-import os
+import importlib
 
 __version__ = "0.1.0"
 
-
-def _choose_triton_backend() -> None:
-    """Without a GPU driver, Triton's kernels must run under its interpreter.
-
-    TRITON_INTERPRET is read when a function is decorated with @triton.jit, and triton.language decorates its own
-    standard library when it is first imported, which torch and transformers may do long before attnviz.kernels is
-    imported. So the choice is made here, when attnviz is first imported, without importing torch. An explicit
-    setting is left alone; attnviz.kernels refines the choice with torch.cuda.is_available().
-    """
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    if os.path.exists("/proc/driver/nvidia/version") or ctypes.util.find_library("cuda"):
-        return
-    os.environ["TRITON_INTERPRET"] = "1"
+# name -> the module it lives in (attnviz.capture is itself callable: the front door)
+_EXPORTS = {"capture": "attnviz.capture", "AttentionCapture": "attnviz.capture", "CaptureError": "attnviz.capture",
+            "from_attentions": "attnviz.capture", "load_capture": "attnviz.capture_io"}
+__all__ = sorted(_EXPORTS)
 
 
-_choose_triton_backend()
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'attnviz' has no attribute {name!r}")
+    module = importlib.import_module(_EXPORTS[name])
+    return module if name == "capture" else getattr(module, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,6 +1,6 @@
-"""The command line: python -m attnviz capture --model NAME --text TEXT --out FILE; python -m attnviz stats --model
-NAME --text-file FILE --out stats.csv (every head's statistics at any length; with --window, averaged over windows
-of one or several files); python -m attnviz models."""
+"""The command line (the `attnviz` console script, or python -m attnviz): attnviz capture --model NAME --text TEXT
+--out FILE; attnviz stats --model NAME --text-file FILE --out stats.csv (every head's statistics at any length; with
+--window, averaged over windows of one or several files); attnviz models; attnviz app (the Streamlit app)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _model_and_text(command) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnviz", description="attnviz from the command line.")
+    parser = argparse.ArgumentParser(prog="attnviz", description="attnviz from the command line.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     cap = commands.add_parser("capture", help="Capture every head's attention on a text and write it to a file.")
@@ -46,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
 
     commands.add_parser("models", help="List the models attnviz knows by name.")
-    args = parser.parse_args(argv)
+    commands.add_parser("app", help="Start the Streamlit app (streamlit run app.py); any further arguments, "
+                              "such as --server.port 8502, go to streamlit.")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "app":
+        return _app(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from attnviz.capture import CaptureError
     from attnviz.models import ModelError
@@ -61,6 +67,32 @@ def main(argv: list[str] | None = None) -> int:
         detail = getattr(exc, "detail", None)  # on the command line the path and the library's words help
         print(f"error: {exc}" + (f" ({detail})" if detail else ""), file=sys.stderr)
         return 2
+
+
+def app_script() -> Path | None:
+    """The app's entry point, app.py, beside the attnviz package (a checkout of the repository, installed with
+    pip install -e .), or None when attnviz was installed without it."""
+    script = Path(__file__).resolve().parent.parent / "app.py"
+    return script if script.is_file() else None
+
+
+def _app(streamlit_args: list[str]) -> int:
+    """attnviz app: becomes `streamlit run app.py` with the arguments given, in this Python (the same process, so
+    Ctrl-C and a service manager's signals reach streamlit)."""
+    import importlib.util
+    import os
+
+    script = app_script()
+    if script is None:
+        print("error: attnviz app runs the Streamlit app of a checkout of the attnviz repository (its app.py and "
+              "app_pages/), and this attnviz was installed without one. Clone the repository and run "
+              "bash scripts/setup.sh there (it installs attnviz from the checkout).", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("streamlit") is None:
+        print("error: the app needs streamlit and plotly: pip install -e '.[app]' in the checkout.", file=sys.stderr)
+        return 2
+    os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_args])
+    return 0  # not reached: execv does not return
 
 
 def _models() -> int:

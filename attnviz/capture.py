@@ -15,12 +15,19 @@ attnviz.attention from the layer inputs (or read from the dense pattern).
 
 Threads: captures of one shared model from several sessions at once stay apart (see attnviz.recording).
 
+The front door for a notebook or a script is capture() (the module itself is callable, so attnviz.capture(model,
+text, ...) is capture(model, text, ...)): a model by name, folder or GGUF file, or a transformers model object that
+is lent back unchanged; from_attentions() makes a capture of any tool's output_attentions.
+
 Over 300 lines on purpose: AttentionCapture's map methods (both stores) and capture_attention's checks of every
 argument are the one public surface of capture.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,7 +39,7 @@ from attnviz import shape
 from attnviz.attention import LayerInputs
 from attnviz.recording import (  # noqa: F401  (re-exported: capture's public names)
     ATTN_IMPLEMENTATION, CaptureError, _records_inputs, _Recorder, _StopForward, _wanted_layers, attention_modules,
-    prepare_model, records_inputs, recording, recording_forward, uses_interface)
+    borrowed, prepare_model, records_inputs, recording, recording_forward, uses_interface)
 from attnviz.tokenizer import _BYTE_OF
 
 MAX_TOKENS = 2048  # the pattern store's default limit; the "qk" store goes to the model's own maximum
@@ -190,6 +197,25 @@ class AttentionCapture:
 
     def inputs_nbytes(self) -> int:
         return sum(x.nbytes() for x in (self.inputs or {}).values())
+
+    # -- for a notebook --
+    def stats(self):
+        """Every captured head's statistics as a pandas DataFrame, one row per (layer, head): attnviz.stats."""
+        from attnviz.stats import head_stats
+
+        return head_stats(self)
+
+    def save(self, path) -> None:
+        """Writes the capture to path, .npz or .safetensors (attnviz.capture_io; read back with load_capture)."""
+        from attnviz.capture_io import save_capture
+
+        save_capture(self, path)
+
+    def to_attentions(self) -> tuple[torch.Tensor, ...]:
+        """The captured layers' weights in the format of transformers' output_attentions (and bertviz's head_view
+        and model_view): a tuple with one [1, head, query, key] tensor per captured layer, in order. In the qk
+        store each layer's weights are computed from q and k here (4 bytes per weight)."""
+        return tuple(torch.from_numpy(np.ascontiguousarray(self.layer_rows(layer)))[None] for layer in self.layers)
 
 
 def _row_range(rows, n: int) -> tuple[int, int]:
@@ -364,3 +390,104 @@ def _input_device(model) -> torch.device:
         return model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
         return next(model.parameters()).device
+
+
+def from_attentions(attentions, tokens, *, token_ids=None, model_name: str = "attentions") -> AttentionCapture:
+    """A pattern-store capture of attention weights from any tool, in the format of transformers' output_attentions:
+    one [1, head, query, key] tensor or array per layer (layers numbered 0, 1, ... in that order).
+
+    tokens: one string per token. token_ids: the ids the model saw (the induction statistic compares them); by
+    default equal strings get equal ids. The format does not say which key/value head a head reads, so kv_head_of
+    is the identity; the capture is causal when every weight above the diagonal is 0."""
+    tokens = [str(t) for t in tokens]
+    weights = [_layer_weights(a, len(tokens)) for a in attentions]
+    if not weights:
+        raise CaptureError("No layers: give one [1, head, query, key] tensor per layer.")
+    if len({w.shape for w in weights}) != 1:
+        raise CaptureError(f"Every layer must have the same heads; got {sorted({w.shape[0] for w in weights})}.")
+    if token_ids is None:
+        first: dict[str, int] = {}
+        token_ids = [first.setdefault(t, len(first)) for t in tokens]
+    token_ids = [int(i) for i in token_ids]
+    if len(token_ids) != len(tokens):
+        raise CaptureError(f"{len(token_ids)} token ids for {len(tokens)} tokens.")
+    pattern = np.stack(weights)
+    return AttentionCapture(tokens=tokens, token_ids=token_ids, layers=list(range(len(weights))),
+                            kv_head_of=list(range(pattern.shape[1])), model_name=model_name,
+                            causal=not np.triu(pattern, 1).any(), store="pattern", pattern=pattern)
+
+
+def _layer_weights(weights, n: int) -> np.ndarray:
+    """One layer's [1, head, n, n] (or [head, n, n]) weights as a float32 [head, n, n] array."""
+    if isinstance(weights, torch.Tensor):
+        weights = weights.detach().float().cpu().numpy()
+    x = np.asarray(weights, dtype=np.float32)
+    if x.ndim == 4 and x.shape[0] == 1:
+        x = x[0]
+    if x.ndim != 3 or x.shape[1:] != (n, n):
+        raise CaptureError(f"Each layer's weights must be [1, head, query, key] with one query and one key per token "
+                           f"({n} tokens); got {list(np.shape(weights))}.")
+    return np.ascontiguousarray(x)
+
+
+def capture(model, text: str, *, tokenizer=None, layers=None, store: str = "auto") -> AttentionCapture:
+    """The front door, also called as attnviz.capture(model, text, ...): every head of `layers` (None: all,
+    negative counts from the end) on `text`.
+
+    model: a registry name (attnviz.models.available_models()), a folder, a .gguf file or a cached hub id, loaded
+    by attnviz.models.load_model; an attnviz LoadedModel; or a transformers model object, with its `tokenizer`. A
+    model object is lent, not changed: afterwards its attention implementation, its training flags and so its
+    outputs are what they were (recording.borrowed).
+    store: "pattern" (the dense weights), "qk" (only q and k, for any length) or "auto": the pattern while it fits
+    (MAX_TOKENS tokens, MAX_CAPTURE_BYTES), else "qk" where the family records q and k."""
+    from attnviz.models import LoadedModel, ModelSpec, load_model
+
+    if isinstance(model, (str, os.PathLike)):
+        if tokenizer is not None:
+            raise CaptureError("tokenizer= goes with a model object: a model given by name brings its own.")
+        return _capture_loaded(load_model(os.fspath(model)), text, layers, store)
+    if isinstance(model, LoadedModel):
+        return _capture_loaded(model, text, layers, store)
+    if not hasattr(model, "config") or not isinstance(model, torch.nn.Module):
+        raise CaptureError("model must be a model name, a folder, a .gguf file or a transformers model object.")
+    if tokenizer is None:
+        raise CaptureError("A model object needs its tokenizer: attnviz.capture(model, text, tokenizer=tokenizer).")
+    name = getattr(model.config, "name_or_path", "") or type(model).__name__
+    spec = ModelSpec(name, getattr(model.config, "model_type", ""), "object", True, None,
+                     "a model object handed to attnviz.capture")
+    with borrowed(model):
+        return _capture_loaded(LoadedModel(model=model, tokenizer=tokenizer, spec=spec), text, layers, store)
+
+
+def _capture_loaded(loaded, text: str, layers, store: str) -> AttentionCapture:
+    if store == "auto":
+        store = _auto_store(loaded, text, layers)
+    return capture_attention(loaded, text, layers=layers, store=store)
+
+
+def _auto_store(loaded, text: str, layers) -> str:
+    """The pattern store while [layer, head, n, n] fits MAX_CAPTURE_BYTES and MAX_TOKENS, else the qk store where
+    the family records q and k (attnviz.views.choose_store)."""
+    from attnviz.views import choose_store
+
+    if not isinstance(text, str) or not text.strip():
+        return "pattern"  # capture_attention says what is wrong with the text
+    model = loaded.model
+    n_layers = len(_wanted_layers(layers, len(attention_modules(model))))
+    n_tokens = len(loaded.tokenizer(text).input_ids)
+    store, _ = choose_store(n_layers, shape.n_heads(model.config), n_tokens, limit_bytes=MAX_CAPTURE_BYTES,
+                            can_stream=records_inputs(model), max_dense_tokens=MAX_TOKENS)
+    return store
+
+
+class _FrontDoor(types.ModuleType):
+    """This module, callable: attnviz.capture(model, text, ...) is attnviz.capture.capture(model, text, ...)."""
+
+    def __call__(self, model, text: str, *, tokenizer=None, layers=None, store: str = "auto") -> AttentionCapture:
+        return capture(model, text, tokenizer=tokenizer, layers=layers, store=store)
+
+    __call__.__doc__ = capture.__doc__
+
+
+# `attnviz.capture` names this module (every `from attnviz.capture import ...` needs it), and the front door too.
+sys.modules[__name__].__class__ = _FrontDoor

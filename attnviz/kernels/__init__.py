@@ -5,7 +5,12 @@ use (and the tile map drawn from them); traffic counts the bytes naive and tiled
 run here; timing checks and times every method; naive holds the plain versions and the float64 reference.
 
 Without CUDA the Triton kernel runs under the Triton interpreter. The interpreter is chosen when @triton.jit runs,
-so TRITON_INTERPRET is set here, before the kernel module is imported (an explicit setting is left alone).
+so TRITON_INTERPRET is set here, before the kernel module is imported (an explicit setting is left alone): importing
+attnviz.kernels is what makes that choice for the process; `import attnviz` alone changes nothing. triton.language
+decorates its own functions when it is first imported, which building any transformers model does (through
+torch._dynamo): imported that way before attnviz.kernels, the interpreted kernel cannot run, and
+triton_attention.UNAVAILABLE says so (flash_attention raises it, refusal returns it). Import attnviz.kernels first,
+or start Python with TRITON_INTERPRET=1.
 """
 
 import os
@@ -24,13 +29,13 @@ from .timing import (  # noqa: E402
     peak_memory_at, peak_memory_scan, time_call,
 )
 from .traffic import Traffic, break_even_head_dim, compare_traffic, naive_traffic, tiled_traffic  # noqa: E402
-from .triton_attention import INTERPRETED, KERNEL_DEVICE, KernelTrace, flash_attention  # noqa: E402
+from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE, KernelTrace, flash_attention  # noqa: E402
 
 __all__ = [
     "INTERPRETED", "ITEMSIZE", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelTrace", "MethodResult", "StageBounds",
-    "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TileStep", "Traffic", "break_even_head_dim", "compare_methods",
-    "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "keys_read", "make_inputs",
-    "naive_attention", "naive_traffic", "online_attention", "peak_bytes", "peak_cpu_bytes", "peak_memory_at",
-    "peak_memory_scan", "reference_attention", "refusal", "stage_bounds", "tile_map", "tile_steps", "tiled_steps",
-    "tiled_traffic", "time_call", "trace_difference", "two_pass_attention",
+    "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TileStep", "Traffic", "UNAVAILABLE", "break_even_head_dim",
+    "compare_methods", "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "keys_read",
+    "make_inputs", "naive_attention", "naive_traffic", "online_attention", "peak_bytes", "peak_cpu_bytes",
+    "peak_memory_at", "peak_memory_scan", "reference_attention", "refusal", "stage_bounds", "tile_map", "tile_steps",
+    "tiled_steps", "tiled_traffic", "time_call", "trace_difference", "two_pass_attention",
 ]

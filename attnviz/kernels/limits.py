@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .stages import stage_bounds
-from .triton_attention import INTERPRETED, NUM_STAGES
+from .triton_attention import INTERPRETED, NUM_STAGES, UNAVAILABLE
 
 # Under the interpreter a tile step costs ~8 ms of numpy plus ~14 ns per BLOCK_M * BLOCK_N * d_pad element
 # (measured on a busy 2-core machine: 16 x 16 x 16 tiles 8 ms a step, 128 x 128 x 128 tiles 37 ms a step).
@@ -63,6 +63,8 @@ def refusal(n, head_dim, *, block_m, block_n, causal, dtype, interpreted=INTERPR
 
     shared_memory_bytes: the GPU's per-block limit (None: shared_memory_limit()); checked only when compiled,
     as the interpreter has no shared memory."""
+    if interpreted and UNAVAILABLE:
+        return UNAVAILABLE
     if n < 1 or head_dim < 1:
         return "N and the head dim must be at least 1."
     if n > MAX_N:

@@ -9,8 +9,8 @@ blocks on the causal diagonal and the ragged last block follow, masked.
 
 Loads and stores are masked, so N need not be a multiple of the block sizes and the head dim is padded to a power
 of two. On a machine without CUDA this module must be imported with TRITON_INTERPRET=1 already set (the package
-__init__ does it); then the kernel runs under the Triton interpreter, on the CPU, with numpy. On a GPU the same
-kernel compiles.
+__init__ does it), and before triton.language was first imported without it (else UNAVAILABLE says why not); then
+the kernel runs under the Triton interpreter, on the CPU, with numpy. On a GPU the same kernel compiles.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,6 +164,14 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, TraceS, sm_scale,  #
 
 
 INTERPRETED = type(_attn_fwd).__name__ == "InterpretedFunction"
+# tl.max and tl.sum are triton.language's own @triton.jit functions, decorated when it was first imported: compiled
+# ones, if that was before TRITON_INTERPRET was set, which an interpreted kernel cannot call
+UNAVAILABLE = None if not INTERPRETED or type(tl.max).__name__ == "InterpretedFunction" else (
+    "The Triton kernel cannot run in this process: there is no GPU, so it needs the Triton interpreter, but "
+    "triton.language was imported before TRITON_INTERPRET=1 was set (building a transformers model imports it). "
+    "Import attnviz.kernels before anything else, or start Python with TRITON_INTERPRET=1.")
+if UNAVAILABLE:
+    warnings.warn(UNAVAILABLE, RuntimeWarning)
 KERNEL_DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda")
 # The interpreter patches triton.language while a kernel runs, so two threads (two app sessions) must take turns.
 _LAUNCH_LOCK = threading.Lock() if INTERPRETED else contextlib.nullcontext()
@@ -198,6 +207,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
     interpreter ignores them.
     Returns the output [batch, head, n_query, d] on q's device, and a KernelTrace as well when trace=True.
     """
+    if UNAVAILABLE:
+        raise RuntimeError(UNAVAILABLE)
     _check_inputs(q, k, v, block_m, block_n)
     home = q.device
     q, k, v = (x.to(KERNEL_DEVICE) for x in (q, k, v))
