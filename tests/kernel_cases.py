@@ -103,9 +103,9 @@ def gpu_inputs(n, d, dtype, *, n_key=None, batch=2, heads=3, seed=0):
     return tuple(x.to(dtype).cuda() for x in (q, k, v))
 
 
-def gpu_error(out, q, k, v, causal):
+def gpu_error(out, q, k, v, causal, window=None):
     assert out.is_cuda and out.dtype == q.dtype and out.shape == q.shape
-    return (out.double().cpu() - reference_attention(q, k, v, causal=causal)).abs().max().item()
+    return (out.double().cpu() - reference_attention(q, k, v, causal=causal, window=window)).abs().max().item()
 
 
 def keys_read_by_definition(n, block_m, block_n, causal):

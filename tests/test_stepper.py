@@ -110,8 +110,8 @@ def _assigned(fn) -> set[str]:
 
 def test_the_stepper_mirrors_the_kernels_two_functions_with_its_names():
     """The stepper's _attn_fwd_inner takes the state the kernel's takes, in its order, and keeps the kernel's
-    names (no l_new / acc_new); its _attn_fwd calls it twice, for the unmasked and the masked stage, as the kernel's
-    _attn_fwd does."""
+    names (no l_new / acc_new); its _attn_fwd calls it three times, for a sliding window's masked left edge, the
+    unmasked and the masked stage, as the kernel's _attn_fwd does."""
     kernel_inner, kernel_fwd = (getattr(f, "fn", f) for f in (ta._attn_fwd_inner, ta._attn_fwd))
     assert list(inspect.signature(stepper._attn_fwd_inner).parameters)[:4] == \
         list(inspect.signature(kernel_inner).parameters)[:4] == ["acc", "l_i", "m_i", "q"]
@@ -120,7 +120,7 @@ def test_the_stepper_mirrors_the_kernels_two_functions_with_its_names():
     assert not {"l_new", "acc_new"} & _assigned(stepper._attn_fwd_inner)
     for fwd in (kernel_fwd, stepper._attn_fwd):
         source = inspect.getsource(fwd)
-        assert source.count("_attn_fwd_inner(acc, l_i, m_i, q") == 2, fwd
+        assert source.count("_attn_fwd_inner(acc, l_i, m_i, q") == 3, fwd
 
 
 def test_each_query_block_runs_its_unmasked_stage_then_its_masked_stage():

@@ -216,16 +216,18 @@ from triton.compiler import ASTSource
 from attnviz.kernels import triton_attention as ta
 from attnviz.kernels.limits import shared_memory_estimate
 fn = ta._attn_fwd
-CONSTEXPRS = ("HEAD_DIM", "D_PAD", "BLOCK_M", "BLOCK_N", "CAUSAL", "TRACE", "PRECISION")
+CONSTEXPRS = ("HEAD_DIM", "D_PAD", "BLOCK_M", "BLOCK_N", "CAUSAL", "TRACE", "PRECISION", "HAS_WINDOW")
 # What Triton's launcher specialises for contiguous [b, h, n, d] tensors: an integer argument equal to 1 becomes a
 # constant, pointers and integers that are multiples of 16 are marked so; without it loads cannot be vectorised
 UNIT_STRIDES = {"stride_qk": 1, "stride_kk": 1, "stride_vk": 1, "stride_ok": 1}
 ALIGNED = [p for p in fn.arg_names if p in ("Q", "K", "V", "Out", "TraceM", "TraceL")
            or (p.startswith("stride") and p not in UNIT_STRIDES)]
-for dtype, d, block_m, block_n, causal, trace, precision in [
-        ("fp16", 64, 128, 64, True, False, "tf32"), ("fp16", 64, 128, 64, False, False, "tf32"),
-        ("fp32", 48, 64, 32, False, True, "ieee"), ("bf16", 128, 128, 64, True, False, "tf32")]:
-    values = dict(zip(CONSTEXPRS, (d, triton.next_power_of_2(d), block_m, block_n, causal, trace, precision)))
+for dtype, d, block_m, block_n, causal, trace, precision, window in [
+        ("fp16", 64, 128, 64, True, False, "tf32", False), ("fp16", 64, 128, 64, False, False, "tf32", False),
+        ("fp32", 48, 64, 32, False, True, "ieee", False), ("bf16", 128, 128, 64, True, False, "tf32", False),
+        ("fp16", 64, 128, 64, True, False, "tf32", True)]:
+    values = dict(zip(CONSTEXPRS, (d, triton.next_power_of_2(d), block_m, block_n, causal, trace, precision,
+                                   window)))
     values.update(UNIT_STRIDES)
     signature = {p: "*" + dtype if p in ("Q", "K", "V", "Out") else "*fp32" if p.startswith("Trace")
                  else "fp32" if p == "sm_scale" else "constexpr" if p in values else "i32" for p in fn.arg_names}
@@ -284,6 +286,19 @@ def test_gpu_unmasked_and_masked_stages_meet_at_every_diagonal_offset(dtype):
         q, k, v = gpu_inputs(n_query, 64, dtype, n_key=n_key, batch=1, heads=2, seed=n_key)
         error = gpu_error(flash_attention(q, k, v, causal=True, block_m=bm, block_n=bn), q, k, v, True)
         assert error < GPU_TOLERANCE[dtype], (n_key, error)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_gpu_sliding_window_matches_float64(dtype):
+    """The compiled kernel with a sliding window narrower than a block, wider than several, and wider than the
+    text, at ragged sizes and with more keys than queries."""
+    bm, bn = (128, 64) if dtype != torch.float32 else (64, 32)
+    for n, n_key, window in ((1000, 1000, 37), (1031, 1031, 300), (257, 400, 96), (100, 100, 512)):
+        q, k, v = gpu_inputs(n, 64, dtype, n_key=n_key, seed=window)
+        error = gpu_error(flash_attention(q, k, v, causal=True, window=window, block_m=bm, block_n=bn), q, k, v,
+                          True, window)
+        assert error < GPU_TOLERANCE[dtype], (n, n_key, window, error)
 
 
 @needs_gpu

@@ -25,12 +25,14 @@ DEFAULT_SHARED_MEMORY_BYTES = 227 * 1024
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def tile_steps(n_query, n_key, *, block_m, block_n, causal, batch_heads=1) -> int:
-    """How many (query block, key block) steps the kernel runs: key blocks right of the causal diagonal are skipped."""
+def tile_steps(n_query, n_key, *, block_m, block_n, causal, batch_heads=1, window=None) -> int:
+    """How many (query block, key block) steps the kernel runs: key blocks right of the causal diagonal, and left of
+    a sliding window, are skipped."""
     total = 0
     for q_block in range(-(-n_query // block_m)):
-        hi = stage_bounds(q_block, n_query=n_query, n_key=n_key, block_m=block_m, block_n=block_n, causal=causal).hi
-        total += -(-hi // block_n)
+        b = stage_bounds(q_block, n_query=n_query, n_key=n_key, block_m=block_m, block_n=block_n, causal=causal,
+                         window=window)
+        total += max(-(-b.hi // block_n) - b.lo // block_n, 0)
     return total * batch_heads
 
 

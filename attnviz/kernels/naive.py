@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from attnviz.attention import causal_mask, scaled_dot_product_attention
+from attnviz.attention import MaskRule, causal_mask, scaled_dot_product_attention
 
 
 def naive_attention(q, k, v, *, causal=False, scale=None):
@@ -30,10 +30,14 @@ def naive_attention(q, k, v, *, causal=False, scale=None):
     return pattern @ v
 
 
-def reference_attention(q, k, v, *, causal=False, scale=None):
-    """The float64 reference every kernel is checked against: attnviz.attention on float64 copies of the inputs."""
+def reference_attention(q, k, v, *, causal=False, scale=None, window=None):
+    """The float64 reference every kernel is checked against: attnviz.attention on float64 copies of the inputs,
+    under the causal mask, or a sliding window of `window` keys (the query's own included), when asked."""
     q, k, v = (torch.as_tensor(x).cpu().double() for x in (q, k, v))
     mask = torch.as_tensor(causal_mask(q.shape[-2], k.shape[-2])) if causal else None
+    if window is not None:  # query i at position p = i + n_key - n_query sees keys p - window < j <= p
+        mask = torch.as_tensor(MaskRule(q.shape[-2], k.shape[-2], causal=True, window=int(window)).rows(
+            0, q.shape[-2]))
     out, _ = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
     return out
 

@@ -27,7 +27,7 @@ class TileStep:
     """The state of one (query block, key block) step. Arrays are numpy; rows are the block's real queries
     (rows = q_stop - q_start), cols its real keys (cols = k_stop - k_start).
 
-    scores: [rows, cols]  s = q k^T * scale, -inf where the causal mask hides a key
+    scores: [rows, cols]  s = q k^T * scale, -inf where the causal mask (or a sliding window) hides a key
     p: [rows, cols]       exp(s - m_i), in the dtype the kernel multiplies with v
     m_prev, l_prev: [rows]  running max and running sum before the step; m_i, l_i: after it
     alpha: [rows]         exp(m_prev - m_i), the factor the old l and acc are rescaled by
@@ -87,7 +87,7 @@ class _Inner:
 
 
 def _attn_fwd_inner(acc, l_i, m_i, q, K, V, lo, hi, qk_scale, n_key, causal_offset, offs_m, *, block_n, masked,
-                    causal):
+                    causal, window=None):
     """Key blocks lo, lo + block_n, ... < hi, as the kernel's _attn_fwd_inner: yields an _Inner per block and
     returns (acc, l_i, m_i). K, V: [n_key, d] of one head; q: [rows, d]; offs_m: the rows' query positions."""
     for start_n in range(lo, hi, block_n):
@@ -101,6 +101,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K, V, lo, hi, qk_scale, n_key, causal_offs
             visible = cols[None, :] < n_key
             if causal:
                 visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            if window:  # a sliding window: only the last `window` keys, the query's own included
+                visible = visible & (cols[None, :] > offs_m[:, None] + causal_offset - window)
             qk = torch.where(visible, qk, float("-inf"))
             m_ij = torch.maximum(m_i, qk.amax(1))
             # a row that has seen no visible key yet keeps m = -inf; shifting by 0 then gives p = 0, not NaN
@@ -125,9 +127,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K, V, lo, hi, qk_scale, n_key, causal_offs
     return acc, l_i, m_i
 
 
-def _attn_fwd(Q, K, V, start_m, sm_scale, *, block_m, block_n, causal, dtype):
+def _attn_fwd(Q, K, V, start_m, sm_scale, *, block_m, block_n, causal, dtype, window=None):
     """One program of the kernel: query block start_m // block_m of one head. Q: [n_query, d], K, V: [n_key, d].
-    Yields the _Inner of every key block in stage 1 then stage 2, and returns O [rows, d] = acc / l_i."""
+    Yields the _Inner of every key block (the window's edge, stage 1, then stage 2), and returns O [rows, d] =
+    acc / l_i."""
     n_query, n_key = Q.shape[0], K.shape[0]
     causal_offset = n_key - n_query
     offs_m = torch.arange(start_m, min(start_m + block_m, n_query))
@@ -136,27 +139,31 @@ def _attn_fwd(Q, K, V, start_m, sm_scale, *, block_m, block_n, causal, dtype):
     l_i = torch.zeros(len(offs_m), dtype=dtype)
     acc = torch.zeros(len(offs_m), Q.shape[1], dtype=dtype)
     q = Q[offs_m].to(dtype)  # [rows, d]: it stays on chip for the whole loop
-    mid, hi = stage_bounds(start_m // block_m, n_query=n_query, n_key=n_key, block_m=block_m, block_n=block_n,
-                           causal=causal)
+    lo, left, mid, hi = stage_bounds(start_m // block_m, n_query=n_query, n_key=n_key, block_m=block_m,
+                                     block_n=block_n, causal=causal, window=window)
     common = (sm_scale, n_key, causal_offset, offs_m)
+    # the left edge of a sliding window, masked (key blocks left of lo are never loaded)
+    acc, l_i, m_i = yield from _attn_fwd_inner(acc, l_i, m_i, q, K, V, lo, left, *common, block_n=block_n,
+                                               masked=True, causal=causal, window=window)
     # Stage 1, no masks: key blocks every query of this block sees in full
-    acc, l_i, m_i = yield from _attn_fwd_inner(acc, l_i, m_i, q, K, V, 0, mid, *common, block_n=block_n,
+    acc, l_i, m_i = yield from _attn_fwd_inner(acc, l_i, m_i, q, K, V, left, mid, *common, block_n=block_n,
                                                masked=False, causal=causal)
     # Stage 2, masked: the blocks on the causal diagonal and the ragged last block of keys
     acc, l_i, m_i = yield from _attn_fwd_inner(acc, l_i, m_i, q, K, V, mid, hi, *common, block_n=block_n,
-                                               masked=True, causal=causal)
+                                               masked=True, causal=causal, window=window)
     # epilogue: O = acc / l; a row that saw no key at all (l = 0) gets 0, as attnviz.attention gives
     l_safe = torch.where(l_i == 0.0, 1.0, l_i)
     return acc / l_safe[:, None]
 
 
-def tiled_steps(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32) -> Iterator[TileStep]:
+def tiled_steps(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32, window=None) -> Iterator[TileStep]:
     """Yields a TileStep for every (batch, head, query block, key block) the kernel runs, in the kernel's order
     within a program (stage 1's key blocks left to right, then stage 2's), programs by batch, head, then query
     block. Each program's last step carries its output, so it is yielded once the program has returned.
 
     q: [batch, head, n_query, d], k and v: [batch, head, n_key, d] (torch or numpy). Computes in float32 (float64
-    for float64 input); p is rounded to v's dtype before p v, as the kernel does.
+    for float64 input); p is rounded to v's dtype before p v, as the kernel does. window (with causal): each query
+    sees only its last `window` keys, its own included; the key blocks left of every query's window are skipped.
     """
     q, k, v = (torch.as_tensor(x).cpu() for x in (q, k, v))
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -168,7 +175,7 @@ def tiled_steps(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32) ->
         for h in range(heads):
             for start_m in range(0, n_query, block_m):
                 program = _attn_fwd(q[b, h], k[b, h], v[b, h], start_m, scale, block_m=block_m, block_n=block_n,
-                                    causal=causal, dtype=dtype)
+                                    causal=causal, dtype=dtype, window=window)
                 held, first = None, True
                 while True:
                     try:
@@ -199,13 +206,13 @@ def _tile_step(inner: _Inner, index, b, h, start_m, block_m, block_n, n_query, d
     )
 
 
-def online_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32):
+def online_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32, window=None):
     """O assembled from tiled_steps' last step of every query block: the stepper as an attention function.
     Rows that see no key at all get 0. Returns [batch, head, n_query, d] in float32 (float64 for float64 input)."""
     q = torch.as_tensor(q)
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.zeros(q.shape, dtype=dtype)
-    for step in tiled_steps(q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n):
+    for step in tiled_steps(q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n, window=window):
         if step.last:
             out[step.batch, step.head, step.q_start:step.q_stop] = torch.from_numpy(step.out)
     return out

@@ -40,13 +40,15 @@ GPU_LAUNCH_CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 1
 def _attn_fwd_inner(acc, l_i, m_i, q,  #
                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
                     TraceM, TraceL, TraceS, trace_offset,  #
-                    lo, hi, qk_scale, N_Q, N_K, causal_offset,  #
+                    lo, hi, qk_scale, N_Q, N_K, causal_offset, WINDOW,  #
                     offs_m, offs_d,  #
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,  #
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr):
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr,  #
+                    HAS_WINDOW: tl.constexpr):
     """Key blocks lo, lo + BLOCK_N, ... < hi. MASKED=False is the fast path for blocks that lie wholly inside the
-    keys and wholly left of the causal diagonal, so no load and no score needs a mask (the tutorial's stage 1);
-    MASKED=True checks every key against N_K and the causal mask (the diagonal and the ragged last block)."""
+    keys, wholly left of the causal diagonal and wholly inside every row's window, so no load and no score needs a
+    mask (the tutorial's stage 1); MASKED=True checks every key against N_K, the causal mask and the sliding window
+    (the diagonal, the window's left edge and the ragged last block)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -65,6 +67,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
             visible = cols[None, :] < N_K
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            if HAS_WINDOW:  # only the last WINDOW keys, the query's own included
+                visible = visible & (cols[None, :] > offs_m[:, None] + causal_offset - WINDOW)
             qk = tl.where(visible, qk, float("-inf"))
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
             # a row that has seen no visible key yet keeps m = -inf; shifting by 0 then gives p = 0, not NaN
@@ -108,10 +112,10 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, TraceS, sm_scale,  #
               stride_kb, stride_kh, stride_kn, stride_kk,  #
               stride_vb, stride_vh, stride_vn, stride_vk,  #
               stride_ob, stride_oh, stride_om, stride_ok,  #
-              H, N_Q, N_K, causal_offset, N_K_BLOCKS,  #
+              H, N_Q, N_K, causal_offset, N_K_BLOCKS, WINDOW,  #
               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,  #
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-              CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr):
+              CAUSAL: tl.constexpr, TRACE: tl.constexpr, PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr):
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = off_bh // H
@@ -136,26 +140,43 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, TraceS, sm_scale,  #
     # query of this block (key j is visible to query i when j <= i + causal_offset). attnviz.kernels.stages'
     # stage_bounds computes the same mid and hi for the stepper and the tile map; a test holds it to the trace.
     full_blocks = N_K // BLOCK_N
+    lo = 0
+    left = 0
     if CAUSAL:
         full_blocks = tl.minimum(full_blocks, tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N)
         # key blocks wholly right of the diagonal are never loaded: no query of this block may see them
         hi = tl.maximum(tl.minimum(tl.minimum((start_m + 1) * BLOCK_M, N_Q) + causal_offset, N_K), 0)
+        if HAS_WINDOW:
+            # nor those wholly left of the first query's window; the blocks the window's edge cuts for some row
+            # (left of the first key the last query sees) run masked
+            lo = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_offset - WINDOW + 1, 0) // BLOCK_N * BLOCK_N,
+                            full_blocks * BLOCK_N)
+            edge = tl.maximum(tl.minimum((start_m + 1) * BLOCK_M, N_Q) - 1 + causal_offset - WINDOW + 1, 0)
+            left = tl.minimum(tl.maximum((edge + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), full_blocks * BLOCK_N)
     else:
         hi = N_K
     mid = full_blocks * BLOCK_N
+    # The window's left edge, masked: [lo, left)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
                                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
                                     TraceM, TraceL, TraceS, trace_offset,  #
-                                    0, mid, qk_scale, N_Q, N_K, causal_offset,  #
+                                    lo, left, qk_scale, N_Q, N_K, causal_offset, WINDOW,  #
                                     offs_m, offs_d,  #
-                                    BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, False, CAUSAL, TRACE, PRECISION)
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, True, CAUSAL, TRACE, PRECISION, HAS_WINDOW)
+    # Stage 1, no masks: [left, mid)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
+                                    K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
+                                    TraceM, TraceL, TraceS, trace_offset,  #
+                                    left, mid, qk_scale, N_Q, N_K, causal_offset, WINDOW,  #
+                                    offs_m, offs_d,  #
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, False, CAUSAL, TRACE, PRECISION, HAS_WINDOW)
     # Stage 2, masked: the blocks on the causal diagonal and the ragged last block of keys
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q,  #
                                     K, V, stride_kn, stride_kk, stride_vn, stride_vk,  #
                                     TraceM, TraceL, TraceS, trace_offset,  #
-                                    mid, hi, qk_scale, N_Q, N_K, causal_offset,  #
+                                    mid, hi, qk_scale, N_Q, N_K, causal_offset, WINDOW,  #
                                     offs_m, offs_d,  #
-                                    BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, True, CAUSAL, TRACE, PRECISION)
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, True, CAUSAL, TRACE, PRECISION, HAS_WINDOW)
     # epilogue: O = acc / l; a row that saw no key at all (l = 0) gets 0, as attnviz.attention gives
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
@@ -185,7 +206,8 @@ class KernelTrace:
     l_i: [batch, head, key_block, query]  running sum of exp(score - m_i)
     stage: [batch, head, key_block, query]  the stage that ran the step: 1 unmasked, 2 masked (TILE_FULL and
            TILE_MASKED of attnviz.kernels.stages)
-    NaN where the kernel never ran that (query block, key block) step (key blocks skipped by the causal mask).
+    NaN where the kernel never ran that (query block, key block) step (key blocks skipped by the causal mask or left
+    of a sliding window).
     """
 
     m_i: np.ndarray
@@ -196,11 +218,13 @@ class KernelTrace:
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32, trace=False, out=None,
-                    num_warps=None, num_stages=None):
+                    num_warps=None, num_stages=None, window=None):
     """softmax(q k^T * scale) v by the fused tiled kernel, never materialising the [n_query, n_key] matrix.
 
     q: [batch, head, n_query, d], k and v: [batch, head, n_key, d], float16 or float32 (bfloat16 on a GPU only);
     d from 1 to 128. causal: query i sees key j <= i + (n_key - n_query), as attnviz.attention.causal_mask.
+    window (with causal): a sliding window, each query sees only its last `window` keys, its own included (as
+    transformers' sliding_window_overlay); the key blocks left of every query's window are never loaded.
     scale=None means 1/sqrt(d). block_m, block_n: powers of two, 16 to 256.
     out: optional tensor [batch, head, n_query, d] on the kernel's device to write into (any strides).
     num_warps, num_stages: GPU launch settings (default 4 warps up to d = 64, else 8; NUM_STAGES stages); the
@@ -210,6 +234,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
     if UNAVAILABLE:
         raise RuntimeError(UNAVAILABLE)
     _check_inputs(q, k, v, block_m, block_n)
+    if window is not None and (not causal or int(window) < 1):
+        raise ValueError("a sliding window needs causal=True and at least 1 key")
     home = q.device
     q, k, v = (x.to(KERNEL_DEVICE) for x in (q, k, v))
     batch, heads, n_query, d = q.shape
@@ -232,10 +258,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
             _attn_fwd[grid](
                 q, k, v, out, trace_m, trace_l, trace_s, scale,  #
                 *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #
-                heads, n_query, n_key, n_key - n_query, n_k_blocks,  #
+                heads, n_query, n_key, n_key - n_query, n_k_blocks, int(window or 0),  #
                 HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),  #
                 BLOCK_M=block_m, BLOCK_N=block_n,  #
-                CAUSAL=bool(causal), TRACE=bool(trace),
+                CAUSAL=bool(causal), TRACE=bool(trace), HAS_WINDOW=bool(window),
                 # float32 in float32 out: without "ieee" a GPU rounds the products to TF32 (~1e-3 error)
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                 **({} if INTERPRETED else {"num_warps": num_warps or (4 if d <= 64 else 8),
