@@ -36,16 +36,22 @@ block_m = c3.select_slider("BLOCK_M (queries per tile)", [16, 32, 64, 128], 16, 
                            persist_state="session")
 block_n = c4.select_slider("BLOCK_N (keys per tile)", [16, 32, 64, 128], 16, key="kernel_block_n",
                            persist_state="session")
-c5, c6, c7 = st.columns(3)
+c5, c8, c6, c7 = st.columns(4)
 causal = c5.checkbox("Causal mask (query i sees keys ≤ i)", value=True, key="kernel_causal", persist_state="session")
+window = c8.select_slider("Sliding window (keys)", ["off", 8, 16, 32, 64, 128, 256, 512, 1024], "off",
+                          key="kernel_window", persist_state="session", disabled=not causal,
+                          help="With the causal mask: each query sees only its last W keys, its own included, as "
+                               "Gemma 3's local layers (W = 512) and Mistral do. Key blocks left of every query's "
+                               "window are never loaded.")
+window = None if window == "off" or not causal else int(window)
 dtype = c6.selectbox("dtype", ["float32", "float16", "bfloat16"], key="kernel_dtype", persist_state="session")
 seed = int(c7.number_input("Seed for Q, K, V", 0, 10_000, 0, key="kernel_seed", persist_state="session"))
 settings = (n, d, block_m, block_n, causal, dtype, seed)
 
-traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype)
+traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
 
 st.header("1. Step through the kernel")
-run = uk.kernel_run(*settings)  # None after the reason it cannot run here: every section below still draws
+run = uk.kernel_run(*settings, window)  # None after the reason it cannot run here: every section below still draws
 steps = None if run is None else run.steps
 if run is not None:
     st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
@@ -58,8 +64,9 @@ def traffic_counters(done_steps=None):
     so far, their FLOPs and bytes loaded; without a run, the tile steps the kernel would take."""
     m1, m2, m3, m4 = st.columns(4)
     if done_steps is None:
-        total = kn.tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal)
-        m1.metric("Tile steps it would run", f"{total:,}", help="Key blocks right of the causal diagonal are skipped.")
+        total = kn.tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window)
+        m1.metric("Tile steps it would run", f"{total:,}", help="Key blocks right of the causal diagonal, and left of "
+                  "a sliding window, are skipped.")
         m2.metric("Keys read by all query blocks (L)", f"{traffic.keys_read:,}",
                   help="Each query block reads every key block it visits, K and V alike.")
     else:
@@ -122,13 +129,16 @@ def step_view():
     else:
         index = 0
     step = steps[index]
-    fig = uk.step_figures(*settings, index)
+    fig = uk.step_figures(*settings, window, index)
     st.plotly_chart(fig["step"], width="stretch")
     st.caption("Left, the whole score matrix by tiles: orange is the tile this step computes; blue tiles are done, "
                "grey ones to do; yellow ones run masked: the causal diagonal cuts them, or they hold the ragged last "
                "keys. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which is where "
-               "causal attention saves half the work. Each query block runs its whole tiles first with no mask at "
-               "all (stage 1), then the yellow ones with masks (stage 2). Right, the scores q·k/√d of this tile "
+               "causal attention saves half the work." + (" Lilac tiles lie wholly left of every query's sliding "
+               f"window of {window} keys: never loaded either, so the work grows as N·W, not N²."
+               if window else "") + " Each query block runs its whole tiles first with no mask at "
+               "all (stage 1), then the yellow ones with masks (stage 2)" + (", after the yellow tiles the window's "
+               "edge cuts" if window else "") + ". Right, the scores q·k/√d of this tile "
                "only: the one piece of the N × N matrix that exists right now. Blank cells are hidden by the causal "
                "mask" + (" (a whole blank row is fine: its m_i keeps the previous value)." if step.partial else "."))
 
@@ -153,7 +163,7 @@ def step_view():
                        f"{run.kernel_error:.1e}.")
     else:
         st.caption("O = acc / l_i is taken after this block's last key tile.")
-    uk.prefetch_step(*settings, index + 1)
+    uk.prefetch_step(*settings, window, index + 1)
 
 
 if run is None:

@@ -167,3 +167,37 @@ def test_a_refused_size_says_why_and_every_other_section_is_still_drawn():
     assert any(i.value.startswith("Not measured at N = 4,096") for i in at.info)
     assert len(at.get("plotly_chart")) == 1  # the scan over N, which does not depend on this N
     st.cache_data.clear()
+
+
+def test_a_sliding_window_on_the_kernel_page():
+    """N = 96 with a window of 16 keys and 16 x 16 tiles: the step slider walks exactly the tiles the window and the
+    causal mask leave (kernels.tile_steps, against the mask block by block), the tile map shows the skipped ones in
+    their own state, and the kernel's output matches float64 under the window."""
+    import base64
+    import json
+
+    import numpy as np
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.attention import MaskRule
+    from attnviz.ui import PAGES
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=300)
+    at.session_state["kernel_n"] = 96
+    at.session_state["kernel_window"] = 16
+    at.run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    visible = MaskRule(96, 96, causal=True, window=16).rows(0, 96)
+    tiles = sum(visible[i:i + 16, j:j + 16].any() for i in range(0, 96, 16) for j in range(0, 96, 16))
+    assert at.slider(key="kernel_step").max + 1 == tiles == 11  # 6 diagonal tiles and the 5 the edge cuts
+    step = json.loads(at.get("plotly_chart")[0].proto.spec)
+    names = {trace.get("name") for trace in step["data"]}
+    assert "skipped (sliding window)" in names and "window edge (16 keys)" in names
+    z = step["data"][0]["z"]  # plotly's typed array: base64 of the float64 values
+    states = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
+        [int(x) for x in z["shape"].split(",")])
+    assert (states == 6).sum() == 36 - 6 - 5 - 15  # 36 tiles: 15 right of the diagonal, 10 left of the window
+    at.slider(key="kernel_step").set_value(tiles - 1).run()
+    assert any("Done." in s.value for s in at.success)

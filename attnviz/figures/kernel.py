@@ -11,17 +11,18 @@ from plotly.subplots import make_subplots
 from .common import DIVERGING_SCALE, PALETTE, apply_layout, label_margins, line_chart
 
 # Tile states, indexed by the values of tile_states(): what the map colours and its legend say.
-TILE_STATES = ("skipped (causal mask)", "to do", "to do, masked", "done", "done, masked", "current")
-TILE_COLOURS = ("#f8f9fa", "#ced4da", "#ffd43b", "#74c0fc", "#1c7ed6", "#e8590c")
-SKIPPED, FULL, MASKED = 0, 1, 2  # the tile_map codes of attnviz.kernels.stages (figures import no torch)
+TILE_STATES = ("skipped (causal mask)", "to do", "to do, masked", "done", "done, masked", "current",
+               "skipped (sliding window)")
+TILE_COLOURS = ("#f8f9fa", "#ced4da", "#ffd43b", "#74c0fc", "#1c7ed6", "#e8590c", "#d0bfff")
+SKIPPED, FULL, MASKED, WINDOW = 0, 1, 2, 3  # the tile_map codes of attnviz.kernels.stages (figures import no torch)
 
 
 def tile_states(codes, done: Sequence[tuple[int, int]], current: tuple[int, int] | None) -> np.ndarray:
-    """[n_query_blocks, n_key_blocks] indices into TILE_STATES from tile_map codes (0 skipped, 1 run without a
-    mask, 2 run masked: the causal diagonal or the ragged last key block), the (query block, key block) pairs
-    already done, and the current one."""
+    """[n_query_blocks, n_key_blocks] indices into TILE_STATES from tile_map codes (0 skipped by the causal mask,
+    1 run without a mask, 2 run masked: the causal diagonal, a window's edge or the ragged last key block, 3 skipped
+    left of a sliding window), the (query block, key block) pairs already done, and the current one."""
     codes = np.asarray(codes)
-    states = np.where(codes == SKIPPED, 0, np.where(codes == MASKED, 2, 1))
+    states = np.select([codes == SKIPPED, codes == WINDOW, codes == MASKED], [0, 6, 2], 1)
     for qb, kb in done:
         states[qb, kb] = 4 if codes[qb, kb] == MASKED else 3
     if current is not None:
@@ -30,7 +31,7 @@ def tile_states(codes, done: Sequence[tuple[int, int]], current: tuple[int, int]
 
 
 def step_figure(states, q_edges, k_edges, scores, q_start: int, k_start: int, *, causal: bool,
-                title: str) -> go.Figure:
+                title: str, window: int | None = None) -> go.Figure:
     """One step of the kernel in one figure (one chart to draw per step, not two): left, the [N_query, N_key] score
     matrix by tiles, states [n_query_blocks, n_key_blocks] (TILE_STATES indices) between the tiles' boundaries
     q_edges and k_edges (positions), its states in the legend; right, the current tile's scores [rows, cols]
@@ -61,6 +62,11 @@ def step_figure(states, q_edges, k_edges, scores, q_start: int, k_start: int, *,
         fig.add_trace(go.Scatter(x=[max(offset, 0), n_key], y=[max(-offset, 0), n_query], mode="lines",
                                  line=dict(color=PALETTE[7], dash="dot"), name="causal diagonal",
                                  hoverinfo="skip"), row=1, col=1)
+        if window:  # the window's left edge, key = query + offset - window + 1 (drawn to the chart's edge)
+            x0 = max(offset - window + 1, 0)
+            fig.add_trace(go.Scatter(x=[x0, n_key], y=[x0 - offset + window - 1, n_key - offset + window - 1],
+                                     mode="lines", line=dict(color="#7048e8", dash="dash"),
+                                     name=f"window edge ({window} keys)", hoverinfo="skip"), row=1, col=1)
     fig.add_trace(go.Heatmap(
         z=shown, x=[str(k_start + j) for j in range(cols)], y=[str(q_start + i) for i in range(rows)],
         colorscale=DIVERGING_SCALE, colorbar=dict(title=dict(text="score")), **_symmetric(shown),

@@ -60,7 +60,7 @@ def shared_memory_limit() -> int:
 
 
 def refusal(n, head_dim, *, block_m, block_n, causal, dtype, interpreted=INTERPRETED,
-            shared_memory_bytes=None) -> str | None:
+            shared_memory_bytes=None, window=None) -> str | None:
     """Why this size cannot be run here, or None when it can. The page shows the reason instead of running.
 
     shared_memory_bytes: the GPU's per-block limit (None: shared_memory_limit()); checked only when compiled,
@@ -84,7 +84,7 @@ def refusal(n, head_dim, *, block_m, block_n, causal, dtype, interpreted=INTERPR
             return (f"BLOCK_N = {block_n} with head dim {head_dim} in {dtype} needs about {need / 1024:,.0f} KiB of "
                     f"shared memory ({NUM_STAGES} pipeline stages of a K and a V tile{q_tile}), more than the "
                     f"{limit / 1024:,.0f} KiB this GPU gives one block: lower BLOCK_N, the head dim, or use float16.")
-    steps = tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal)
+    steps = tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window)
     if interpreted:
         seconds = interpreted_seconds(steps, head_dim, block_m=block_m, block_n=block_n)
         if seconds > MAX_INTERPRETED_SECONDS:

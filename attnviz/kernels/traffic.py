@@ -22,10 +22,10 @@ def naive_traffic(n_query, n_key, d, itemsize) -> dict:
             "written": n_query * d * itemsize + 2 * square}
 
 
-def tiled_traffic(n_query, n_key, d, itemsize, *, block_m, block_n, causal) -> dict:
+def tiled_traffic(n_query, n_key, d, itemsize, *, block_m, block_n, causal, window=None) -> dict:
     """Bytes the tiled kernel moves: read Q once and L rows of K and of V (L = stages.keys_read, the keys all query
     blocks load together), write O once. Keys "read", "written", "keys_read" (L)."""
-    keys = keys_read(n_query, n_key, block_m=block_m, block_n=block_n, causal=causal)
+    keys = keys_read(n_query, n_key, block_m=block_m, block_n=block_n, causal=causal, window=window)
     return {"read": (n_query + 2 * keys) * d * itemsize, "written": n_query * d * itemsize, "keys_read": keys}
 
 
@@ -55,12 +55,13 @@ class Traffic:
         return self.tiled < self.naive
 
 
-def compare_traffic(n, d, *, block_m, block_n, causal, dtype) -> Traffic:
+def compare_traffic(n, d, *, block_m, block_n, causal, dtype, window=None) -> Traffic:
     """Naive and tiled traffic of self-attention over n tokens (n_query = n_key = n), dtype "float32", "float16" or
-    "bfloat16" (limits.ITEMSIZE bytes a value)."""
+    "bfloat16" (limits.ITEMSIZE bytes a value); window: a sliding window, whose skipped key blocks the tiled kernel
+    never reads (naive still moves the whole N x N matrix)."""
     itemsize = ITEMSIZE[dtype]
     naive = naive_traffic(n, n, d, itemsize)
-    tiled = tiled_traffic(n, n, d, itemsize, block_m=block_m, block_n=block_n, causal=causal)
+    tiled = tiled_traffic(n, n, d, itemsize, block_m=block_m, block_n=block_n, causal=causal, window=window)
     return Traffic(naive=naive["read"] + naive["written"], naive_read=naive["read"], naive_written=naive["written"],
                    tiled=tiled["read"] + tiled["written"], keys_read=tiled["keys_read"],
                    break_even=break_even_head_dim(n, n, tiled["keys_read"]))

@@ -33,12 +33,13 @@ class KernelRun:
 
 # every TileStep keeps its tiles (up to 4096 steps of 128 x 128 scores): hold only the last two settings
 @st.cache_resource(max_entries=2, show_spinner=False)
-def _kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun:
+def _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
     q, k, v = kn.make_inputs(n, d, dtype=dtype, seed=seed)
-    steps = list(kn.tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n))
-    out, trace = kn.flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n, trace=True)
-    reference = kn.reference_attention(q, k, v, causal=causal)[0, 0].numpy()
-    codes = kn.tile_map(n, n, block_m=block_m, block_n=block_n, causal=causal)
+    steps = list(kn.tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n, window=window))
+    out, trace = kn.flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n, trace=True,
+                                    window=window)
+    reference = kn.reference_attention(q, k, v, causal=causal, window=window)[0, 0].numpy()
+    codes = kn.tile_map(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window)
     return KernelRun(steps, trace, codes, [min(i * block_m, n) for i in range(codes.shape[0] + 1)],
                      [min(j * block_n, n) for j in range(codes.shape[1] + 1)],
                      kernel_error=float(np.abs(out[0, 0].double().numpy() - reference).max()),
@@ -46,47 +47,47 @@ def _kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun:
                                 for s in steps if s.last})
 
 
-def kernel_run(n, d, block_m, block_n, causal, dtype, seed) -> KernelRun | None:
-    """The run for these settings, or None after an st.error saying why it cannot run (a size over the limits, or
-    blocks that need more shared memory than the GPU has)."""
-    reason = kn.refusal(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype)
+def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun | None:
+    """The run for these settings (window: a sliding window, with causal), or None after an st.error saying why it
+    cannot run (a size over the limits, or blocks that need more shared memory than the GPU has)."""
+    reason = kn.refusal(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
     if reason:
         st.error(f"Not run: {reason}")
         return None
     try:
         with st.spinner("Running the stepper and the Triton kernel…"):
-            return _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
+            return _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
     except ValueError as exc:  # the kernel's refusals, e.g. blocks that need more shared memory than the GPU has
         st.error(BLOCKS_TOO_BIG.format(exc))
         return None
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
-def step_figures(n, d, block_m, block_n, causal, dtype, seed, index) -> dict:
+def step_figures(n, d, block_m, block_n, causal, dtype, seed, window, index) -> dict:
     """The step view's figures for step `index` of a run: "step" (the tile map and this tile's scores), "state",
     "acc" (the accumulator before and after). Kept as objects (a plotly figure is only read when drawn), so moving
     back to a step costs no rebuild."""
-    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
+    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
     step = run.steps[index]
     done = [(s.q_block, s.k_block) for s in run.steps[:index]]
     states = figs.tile_states(run.codes, done, (step.q_block, step.k_block))
     rows = np.arange(step.q_start, step.q_stop)
     return {
         "step": figs.step_figure(states, run.q_edges, run.k_edges, step.scores, step.q_start, step.k_start,
-                                 causal=causal, title=f"Step {index}: query block {step.q_block}, key block "
+                                 causal=causal, window=window, title=f"Step {index}: query block {step.q_block}, key block "
                                                       f"{step.k_block}"),
         "state": figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha),
         "acc": figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start),
     }
 
 
-def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, index) -> None:
+def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) -> None:
     """Builds step `index`'s figures in the background (into step_figures' cache) while the browser draws the
     current step: the Step slider is mostly moved one step on, and then its figures are ready. Any session's
     prefetch fills the shared cache; a step already cached costs nothing."""
-    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed)
+    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
     if 0 <= index < len(run.steps):
-        build_in_background(step_figures, [(n, d, block_m, block_n, causal, dtype, seed, index)],
+        build_in_background(step_figures, [(n, d, block_m, block_n, causal, dtype, seed, window, index)],
                             "attnviz-kernel-prefetch")
 
 
