@@ -77,7 +77,7 @@ def _run_table(query: dict) -> AppTest:
     ({"r": "5-3"}, {}, "not a range of layers"),
     ({"r": "-1-3"}, {}, "not a range of layers"),
     ({"x": "abc"}, {"t_x": "abc"}, None),
-    ({"x": "y" * 60_000}, {"t_x": "y" * 50_000}, "60,000 characters, over the 50,000"),
+    ({"x": "y" * 180_000}, {"t_x": "y" * 170_000}, "180,000 characters, over the 170,000"),
     ({"n": ["3", "5"]}, {"t_n": 5}, "gives `n` 2 times"),
     ({"zz": "1", "Model": "x"}, {}, None),  # keys the page does not read: quietly ignored
 ])
@@ -176,12 +176,12 @@ def test_a_negative_head_is_clamped_with_a_warning_alike_on_both_pages():
 def test_a_text_over_the_limit_is_cut_with_a_warning_alike_on_both_pages():
     from attnviz import ui
 
-    text = "The cat sat on the mat. " * 2_500  # 60,000 characters
+    text = "The cat sat on the mat. " * 7_500  # 180,000 characters
     for name in PAGES:  # a model that waits for the visitor: the page reads the link and runs nothing on the text
         at = _page(name, {"text": text, "model": "no-such-model"}, view="Rollout")
         key = {"heads": "heads_text", "experiments": "exp_text"}[name]
         assert at.text_area(key=key).value == text[:ui.MAX_TEXT_CHARS]
-        assert any("`text` is 60,000 characters, over the 50,000" in w.value for w in at.warning)
+        assert any("`text` is 180,000 characters, over the 170,000" in w.value for w in at.warning)
 
 
 def test_a_query_token_past_the_text_is_clamped_with_a_warning():
