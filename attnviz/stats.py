@@ -180,10 +180,11 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
     return out
 
 
-def streamed_stats(inputs, token_ids=None, *, block: int = 128, key_block: int = 2048,
+def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_block: int = 2048,
                    pool: int | None = None, values: torch.Tensor | None = None) -> dict[str, np.ndarray]:
     """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs) the way the
-    kernel page's FlashAttention kernel computes attention: tiles of `block` query rows x `key_block` keys, with a
+    kernel page's FlashAttention kernel computes attention: tiles of `block` query rows (default 128, up to 512 under
+    a sliding window or chunk, whose rows read few keys) x `key_block` keys, with a
     running row max m_i and running sum l_i, so no [n, n] array exists and each tile stays in the CPU's cache. Key
     tiles wholly right of a causal block, or left of a sliding window's or a chunk's reach, are never computed.
 
@@ -211,6 +212,9 @@ def streamed_stats(inputs, token_ids=None, *, block: int = 128, key_block: int =
     from attnviz.pooling import MIN_REMAINING, pool_edges
 
     n, n_keys, n_heads = inputs.n_query, inputs.n_key, inputs.n_heads
+    if block is None:  # a window's rows read one tile of about block + window keys: larger blocks, fewer tiles
+        reach = inputs.mask.window or inputs.mask.chunk
+        block = min(max(128, reach or 0), 512, key_block // 2) if reach else 128
     sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}
     per_query = np.zeros((n_heads, n))
     if token_ids is not None:

@@ -1,15 +1,20 @@
-"""Every head of SmolLM2-135M at its full context (8,192 tokens) on this CPU, against the dense path.
+"""Every head of a real model at its full context on this CPU: Gemma 3 270M at 32,768 tokens, SmolLM2-135M at 8,192,
+against this machine's float32 matmul limit and against transformers' own SDPA forward pass.
 
-Each case runs in a fresh child process, so its peak resident memory (ru_maxrss) is its own; all cases run in this
-one invocation, so their ratios are measured under the same load.
+The run first measures the float32 matmul rate (GFLOP/s, all threads). Each case then runs in a fresh child
+process, so its peak resident memory (ru_maxrss) is its own, and reports its FLOP count (the forward pass's matmuls
+plus q.k and p.v over the keys each layer's mask rule lets through: a sliding layer's window, not N²), its seconds,
+and seconds / (FLOPs / rate), the multiple of the machine's limit. All cases run in one invocation, so their ratios
+are measured under the same load.
 
-  stats 8k       python -m attnviz stats's path: the qk store, each layer's statistics computed as soon as the
-                 forward pass records its q and k, which are then dropped
-  page 8k        the Heads page run by Streamlit's AppTest: its first view of an 8,192-token text (the qk
-                 capture, whose forward pass also computes every layer's statistics and grid tiles, then the One
-                 head tab: only the open tab runs), and reruns after a head change, a layer change, a zoom move and hiding the sink
-  dense vs qk    at the largest N whose dense [layer, head, N, N] pattern fits attnviz's 2 GiB limit: the dense
-                 pattern store plus head_stats, against the qk store plus streamed head_stats
+  stats           python -m attnviz stats's path: the qk store, each layer's statistics computed in its forward pass
+                  (the key tiles a sliding window hides are never computed), its q and k then dropped
+  sdpa            transformers' own forward pass of the base model with SDPA attention (no attention returned)
+  page            the Heads page run by Streamlit's AppTest: the first view of the text (the capture with every
+                  head's statistics and grid tiles, then the One head tab), and reruns after a head, layer, zoom and
+                  sink change
+  dense vs qk     SmolLM2 at the largest N whose dense [layer, head, N, N] pattern fits attnviz's 2 GiB limit: the
+                  dense pattern store plus head_stats, against the qk store plus streamed head_stats
 
     python benchmarks/longcontext.py
 """
@@ -25,7 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-MODEL = "smollm2-135m"
 TEXT = ROOT / "data" / "declaration_and_lincoln.txt"
 
 
@@ -37,96 +41,168 @@ def long_text(n_tokens: int, tokenizer) -> str:
     return tokenizer.decode(ids)
 
 
-def _child(case: str, n_tokens: int) -> dict:
+def matmul_rate(size: int = 2048, repeats: int = 7) -> float:
+    """This machine's float32 matmul rate in FLOP/s (the fastest of `repeats` [size, size] products, all threads)."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.matmul(a, b)
+    best = min(_timed(lambda: torch.matmul(a, b)) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def forward_flops(loaded, n: int) -> float:
+    """The matmul FLOPs of one forward pass over n tokens up to the last layer (no LM head): every linear layer of
+    the decoder stack (2 n · its weights), and q.k plus p.v over the (query, key) pairs each layer's mask rule lets
+    through (4 · head_dim · heads · pairs; attnviz.shape.LayerFacts gives the window)."""
+    import torch
+
+    from attnviz.attention import MaskRule
+
+    shape = loaded.shape
+    linear = sum(m.weight.numel() for name, m in loaded.model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and "lm_head" not in name)
+    pairs = sum(MaskRule(n, n, causal=True, window=f.window if f.mask == "sliding" else None).visible_keys()
+                for f in shape.layer_facts)
+    return 2.0 * n * linear + 4.0 * shape.head_dim * shape.heads * pairs
+
+
+def _child(case: str, model: str, n_tokens: int) -> dict:
     import torch
 
     from attnviz.capture import capture_attention
     from attnviz.models import load_model
-    from attnviz.stats import head_stats, stats_frame, streamed_stats
+    from attnviz.stats import head_stats, streaming_attend
 
-    loaded = load_model(MODEL)
+    loaded = load_model(model)
     text = long_text(n_tokens, loaded.tokenizer)
-    out = {"threads": torch.get_num_threads()}
+    ids = loaded.tokenizer(text).input_ids
+    out = {"threads": torch.get_num_threads(), "n_tokens": len(ids), "flops": forward_flops(loaded, len(ids))}
     started = time.perf_counter()
     if case == "stats":
-        ids = loaded.tokenizer(text).input_ids
-        per_layer = {}
-        cap = capture_attention(loaded, text, store="qk", keep_inputs=False,
-                                on_layer=lambda layer, x: per_layer.__setitem__(layer, streamed_stats(x, ids)))
-        stats_frame([per_layer[i] for i in cap.layers], cap.layers, cap.kv_head_of, cap.n_tokens)
+        attend, summary = streaming_attend(ids)
+        capture_attention(loaded, text, store="qk", keep_inputs=False, attend=attend)
+        assert len(summary) == loaded.shape.layers
+    elif case == "sdpa":
+        out.update(_sdpa_forward(model, ids))
     elif case == "page":
-        # the Heads page itself, run by Streamlit's AppTest (script time on the server, without the browser)
-        from streamlit.testing.v1 import AppTest
-
-        at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=1800)
-        at.run()
-        at.switch_page("app_pages/heads.py")
-        at.run()
-        at.session_state["heads_tab"] = "One head"  # only the open tab runs: the one with the zoom window
-        started = time.perf_counter()
-        at.text_area(key="heads_text").set_value(text).run()
-        out["first_view_s"] = time.perf_counter() - started
-        assert not at.exception, at.exception
-        reruns = []
-        for change in (lambda: at.selectbox(key="heads_head").set_value(4),
-                       lambda: at.selectbox(key="heads_layer").set_value(20),
-                       lambda: at.slider(key="heads_zoom_q").set_value(4000),
-                       lambda: at.toggle(key="heads_hide_sink").set_value(True)):
-            change()
-            t = time.perf_counter()
-            at.run()
-            reruns.append(time.perf_counter() - t)
-            assert not at.exception, at.exception
-        out["reruns_s"] = reruns
-        cap = type("C", (), {"n_tokens": n_tokens})
+        out.update(_page(text))
     elif case in ("dense", "qk"):
-        cap = capture_attention(loaded, text, store="pattern" if case == "dense" else "qk")
-        head_stats(cap)
+        head_stats(capture_attention(loaded, text, store="pattern" if case == "dense" else "qk"))
     else:
         raise SystemExit(f"unknown case {case}")
-    out["n_tokens"] = cap.n_tokens
-    out["seconds"] = time.perf_counter() - started
+    out["seconds"] = out.pop("first_view_s", None) or time.perf_counter() - started
     out["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
     return out
 
 
-def run(case: str, n_tokens: int) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", case, str(n_tokens)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=1800)
+def _sdpa_forward(model: str, ids: list[int]) -> dict:
+    """transformers' forward pass of the same weights (the converted folder attnviz loads) with SDPA attention and
+    no attention output, through the decoder stack only (as the statistics' pass; no LM head). Timed alone."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from attnviz import gguf, models
+
+    folder = gguf.converted_folder(models._bundled_gguf(model)[1])  # the folder attnviz itself loads
+    peer = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
+                                                attn_implementation="sdpa").eval()
+    started = time.perf_counter()
+    with torch.no_grad():
+        peer.model(input_ids=torch.tensor([ids]), use_cache=False)
+    return {"first_view_s": time.perf_counter() - started}
+
+
+def _page(text: str) -> dict:
+    """The Heads page itself, run by Streamlit's AppTest (script time on the server, without the browser)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=3600)
+    at.run()
+    at.switch_page("app_pages/heads.py")
+    at.run()
+    at.session_state["heads_tab"] = "One head"  # only the open tab runs: the one with the zoom window
+    started = time.perf_counter()
+    at.text_area(key="heads_text").set_value(text).run()
+    first = time.perf_counter() - started
+    assert not at.exception, at.exception
+    reruns = []
+    for change in (lambda: at.selectbox(key="heads_head").set_value(2),
+                   lambda: at.selectbox(key="heads_layer").set_value(5),
+                   lambda: at.slider(key="heads_zoom_q").set_value(4000),
+                   lambda: at.toggle(key="heads_hide_sink").set_value(True)):
+        change()
+        t = time.perf_counter()
+        at.run()
+        reruns.append(time.perf_counter() - t)
+        assert not at.exception, at.exception
+    return {"first_view_s": first, "reruns_s": reruns}
+
+
+def run(case: str, model: str, n_tokens: int) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", case, model, str(n_tokens)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=3600)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _row(label: str, r: dict, rate: float) -> str:
+    limit = r["flops"] / rate
+    return (f"{label:44} {r['n_tokens']:>7,} {r['flops'] / 1e12:>7.2f} {r['seconds']:>8.1f} {r['peak_gib']:>8.2f} "
+            f"{r['seconds'] / limit:>8.2f}x")
+
+
 def main() -> None:
     from attnviz.capture import MAX_CAPTURE_BYTES
 
-    layers, heads = 30, 9
-    dense_n = int((MAX_CAPTURE_BYTES / (layers * heads * 4)) ** 0.5) // 100 * 100
-    stats = run("stats", 8192)
-    page = run("page", 8192)
-    dense, qk = run("dense", dense_n), run("qk", dense_n)
-    print(f"SmolLM2-135M, every layer (30 x 9 heads), float32, {stats['threads']} torch threads")
-    print(f"{'case':48} {'tokens':>7} {'seconds':>8} {'peak GiB':>9}")
-    print(f"{'python -m attnviz stats (qk store, streamed)':48} {stats['n_tokens']:>7,} {stats['seconds']:>8.1f} "
-          f"{stats['peak_gib']:>9.2f}")
-    print(f"{'Heads page, first view (AppTest)':48} {page['n_tokens']:>7,} "
-          f"{page['first_view_s']:>8.1f} {page['peak_gib']:>9.2f}")
-    for label, seconds in zip(("head change", "layer change", "zoom move", "sink hidden"),
-                              page["reruns_s"]):
-        print(f"{'  rerun after a ' + label:48} {'':>7} {seconds:>8.2f}")
-    print(f"{'dense store + head_stats':48} {dense['n_tokens']:>7,} {dense['seconds']:>8.1f} {dense['peak_gib']:>9.2f}")
-    print(f"{'qk store + streamed head_stats':48} {qk['n_tokens']:>7,} {qk['seconds']:>8.1f} {qk['peak_gib']:>9.2f}")
-    print(f"at {dense['n_tokens']:,} tokens, the largest the dense store takes: qk/dense time "
-          f"{qk['seconds'] / dense['seconds']:.2f}x, peak memory {qk['peak_gib'] / dense['peak_gib']:.2f}x")
-    print(f"goal at {stats['n_tokens']:,} tokens: statistics under 60 s and 2 GiB: {stats['seconds']:.0f} s, "
-          f"{stats['peak_gib']:.2f} GiB ({'met' if stats['seconds'] < 60 and stats['peak_gib'] < 2 else 'NOT met'}); "
-          f"a rerun after a head, layer or zoom change under 1 s: {max(page['reruns_s'][:3]):.2f} s at most "
-          f"({'met' if max(page['reruns_s'][:3]) < 1 else 'NOT met'})")
+    rate = matmul_rate()
+    dense_n = int((MAX_CAPTURE_BYTES / (30 * 9 * 4)) ** 0.5) // 100 * 100
+    cases = {"gemma stats 32k": run("stats", "gemma3-270m", 32768), "gemma stats 16k": run("stats", "gemma3-270m", 16384),
+             "gemma sdpa 16k": run("sdpa", "gemma3-270m", 16384), "smol stats 8k": run("stats", "smollm2-135m", 8192),
+             "gemma page 32k": run("page", "gemma3-270m", 32768), "smol page 8k": run("page", "smollm2-135m", 8192),
+             "dense": run("dense", "smollm2-135m", dense_n), "qk": run("qk", "smollm2-135m", dense_n)}
+    c = cases
+    print(f"float32 matmul rate measured first: {rate / 1e9:.0f} GFLOP/s ({c['gemma stats 32k']['threads']} torch "
+          "threads); limit = FLOPs / that rate")
+    print(f"{'case':44} {'tokens':>7} {'TFLOP':>7} {'seconds':>8} {'peak GiB':>8} {'x limit':>9}")
+    for key, label in (("gemma stats 32k", "gemma3-270m: attnviz stats, every head"),
+                       ("gemma stats 16k", "gemma3-270m: attnviz stats, every head"),
+                       ("gemma sdpa 16k", "gemma3-270m: transformers SDPA forward"),
+                       ("smol stats 8k", "smollm2-135m: attnviz stats, every head"),
+                       ("gemma page 32k", "gemma3-270m: Heads page, first view"),
+                       ("smol page 8k", "smollm2-135m: Heads page, first view"),
+                       ("dense", "smollm2-135m: dense store + head_stats"),
+                       ("qk", "smollm2-135m: qk store + streamed head_stats")):
+        print(_row(label, c[key], rate))
+    for key in ("gemma page 32k", "smol page 8k"):
+        print(f"  {key}: reruns after a head, layer, zoom and sink change: "
+              + ", ".join(f"{x:.2f} s" for x in c[key]["reruns_s"]))
+    g32, g16, sd, smol = c["gemma stats 32k"], c["gemma stats 16k"], c["gemma sdpa 16k"], c["smol stats 8k"]
+    ratio = lambda r: r["seconds"] / (r["flops"] / rate)  # noqa: E731
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    print(f"goal gemma3-270m 32,768: peak under 2 GiB ({g32['peak_gib']:.2f}, {met(g32['peak_gib'] < 2)}), within 2x "
+          f"of the limit ({ratio(g32):.2f}x, {met(ratio(g32) <= 2)})")
+    print(f"goal gemma3-270m 16,384 against SDPA: time at most 0.5x ({g16['seconds'] / sd['seconds']:.2f}x, "
+          f"{met(g16['seconds'] <= 0.5 * sd['seconds'])}), peak at most 0.5x ({g16['peak_gib'] / sd['peak_gib']:.2f}x, "
+          f"{met(g16['peak_gib'] <= 0.5 * sd['peak_gib'])})")
+    print(f"goal smollm2-135m 8,192: within 1.5x of the limit ({ratio(smol):.2f}x, {met(ratio(smol) <= 1.5)})")
+    worst = max(c["gemma page 32k"]["reruns_s"][:3])
+    print(f"goal Heads page at 32,768: reruns after a head, layer or zoom change under 1 s ({worst:.2f} s at most, "
+          f"{met(worst < 1)})")
+    print(f"at {c['dense']['n_tokens']:,} tokens, the largest the dense store takes: qk/dense time "
+          f"{c['qk']['seconds'] / c['dense']['seconds']:.2f}x, peak memory "
+          f"{c['qk']['peak_gib'] / c['dense']['peak_gib']:.2f}x")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        print(json.dumps(_child(sys.argv[2], int(sys.argv[3]))))
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        print(json.dumps(_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
     else:
         main()
