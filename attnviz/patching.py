@@ -348,7 +348,7 @@ def _gradients(loaded, token_ids, pair: TokenPair, metric: str) -> tuple[float, 
     try:
         with _HOOKS.on(model), torch.inference_mode(False), torch.enable_grad():
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-            value = metric_values(logits[:, -1].float(), pair, metric)[0]
+            value = metric_values(logits[:, -1], pair, metric)[0]
             keys = list(patch.deltas)
             grads = torch.autograd.grad(value, [patch.deltas[k] for k in keys], allow_unused=True)
     finally:
