@@ -121,7 +121,7 @@ def ready_pair(loaded, name: str) -> TokenPair:
 @dataclass
 class _Patch:
     masks: dict = field(default_factory=dict)  # (kind, layer) -> ([rows, n, 1] bool: patch here, [1, n, d] clean)
-    record: dict | None = None                 # filled: (kind, layer) -> [n, d] float32 of row 0
+    record: dict | None = None                 # filled: (kind, layer) -> [n, d] of row 0, the model's dtype
     deltas: dict | None = None                 # filled: (kind, layer) -> zero [1, n, d] tensor that requires grad
 
 
@@ -134,7 +134,7 @@ def _edit(key: tuple[str, int], x: torch.Tensor) -> torch.Tensor | None:
     if plan is None:
         return None
     if plan.record is not None:
-        plan.record[key] = x[0].detach().float().cpu().clone()
+        plan.record[key] = x[0].detach().cpu().clone()
     out = None
     if key in plan.masks:
         mask, clean = plan.masks[key]
@@ -200,7 +200,7 @@ def _run(model, ids: torch.Tensor, knock: ko._Plan, patch: _Patch) -> torch.Tens
 
 
 def activations(loaded, token_ids) -> tuple[dict[tuple[str, int], torch.Tensor], torch.Tensor]:
-    """({(kind, layer): [n, d] float32} every site's activation in a plain run of token_ids, [n, vocab] logits)."""
+    """({(kind, layer): [n, d]} every site's activation in a plain run of token_ids, [n, vocab] logits)."""
     patch = _Patch(record={})
     logits = _run(loaded.model, ko._ids(token_ids), ko._Plan(), patch)
     return patch.record, logits[0]

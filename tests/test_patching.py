@@ -1,6 +1,7 @@
 import copy
 import dataclasses
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -159,3 +160,102 @@ def test_batches_above_layer_0_share_it_and_still_equal_the_hand_patched_copy(to
     for b, sites in enumerate(rows):
         ref = _hand_patched_logits(toy, pair, sites) if sites else _logits(toy.model, pair.corrupted_ids)
         np.testing.assert_allclose(out[b].double().numpy(), ref.numpy(), atol=2e-5, rtol=0)
+
+
+def _rms_norm_in_float64(self, x):
+    return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+
+def _float64(model):
+    """A float64 copy of the model that computes in float64 throughout (Llama's RMSNorm and eager softmax round to
+    float32 whatever their input; SDPA does not), so that finite differences are exact to about 1e-10."""
+    model = copy.deepcopy(model).double()
+    model.set_attn_implementation("sdpa")
+    for module in model.modules():
+        if type(module).__name__ == "LlamaRMSNorm":
+            module.forward = types.MethodType(_rms_norm_in_float64, module)
+    return model
+
+
+@pytest.mark.parametrize("metric", P.METRICS)
+def test_attribution_equals_finite_differences_along_clean_minus_corrupted(toy, metric):
+    loaded = dataclasses.replace(toy, model=_float64(toy.model))
+    pair = P.tokenize_pair(loaded, TOY_PAIR)
+    estimate = P.attribution_patching(loaded, pair, metric)
+    clean, corrupted = (_logits(loaded.model, ids) for ids in (pair.clean_ids, pair.corrupted_ids))
+
+    def value(z):
+        z = z[-1:]
+        return float(P.metric_values(z, pair, metric)[0])
+
+    scale = value(clean.float().double()) - value(corrupted.float().double())  # attnviz.lm's logits are float32
+    eps = 1e-4
+    for site in [("heads", 0, 1), ("heads", 1, 3), ("resid", 1, 26), ("attn", 0, 33), ("mlp", 1, 40), ("mlp", 0, 5)]:
+        up, down = (value(_hand_patched_logits(loaded, pair, [site], scale=s)) for s in (eps, -eps))
+        slope = (up - down) / (2 * eps) / scale
+        assert estimate[site[0]][site[1], site[2]] == pytest.approx(slope, rel=1e-5, abs=1e-8), site
+    assert np.abs(estimate["heads"]).max() > 1e-3 and np.isfinite(estimate["mlp"]).all()
+
+
+def test_comparison_correlates_and_ranks_the_largest_disagreements():
+    pair = P.TokenPair("x", (1, 2), (1, 3), 4, 5, ("a", "b"), ("a", "c"))
+    real = np.array([[1.0, 0.0, 0.5], [0.2, 0.9, 0.0]])
+    patched = P.PatchingResult("heads", "logit_diff", real * 2.0 - 1.0, 1.0, -1.0, pair)  # normalised = real
+    estimate = np.array([[0.9, 0.0, -0.5], [0.2, 0.1, 0.05]])
+    c = P.compare(patched, estimate, top=2)
+    d = real.ravel() - real.ravel().mean(), estimate.ravel() - estimate.ravel().mean()
+    assert c.pearson == pytest.approx(float(d[0] @ d[1] / np.sqrt((d[0] @ d[0]) * (d[1] @ d[1]))))
+    assert [(r, k) for r, k, _, _ in c.disagreements] == [(0, 2), (1, 1)]
+    assert c.disagreements[0][2:] == pytest.approx((0.5, -0.5))
+
+
+def test_ready_pairs_in_smollm2_have_equal_lengths_and_are_answered_differently(smollm2):
+    for name in P.READY_PAIRS:
+        pair = P.ready_pair(smollm2, name)
+        assert len(pair.clean_ids) == len(pair.corrupted_ids) == pair.n
+        assert smollm2.tokenizer.decode([pair.answer]) == P.READY_PAIRS[name].answer
+        clean, corrupted, _ = P.base_values(smollm2, pair)
+        logits = [_logits(smollm2.model, ids)[-1] for ids in (pair.clean_ids, pair.corrupted_ids)]
+        assert clean == pytest.approx(float(logits[0][pair.answer] - logits[0][pair.wrong]), abs=1e-4)
+        assert corrupted == pytest.approx(float(logits[1][pair.answer] - logits[1][pair.wrong]), abs=1e-4)
+        assert clean > 0 > corrupted, name  # SmolLM2 prefers each prompt's own answer
+
+
+def test_pairs_of_different_token_lengths_or_answers_are_refused_clearly():
+    loaded = load_model("toy-gpt2")  # bytes: "Eiffel Tower" is longer than "Colosseum"
+    with pytest.raises(ValueError, match="clean prompt is 35 tokens and the corrupted one 32"):
+        P.ready_pair(loaded, "factual")
+    with pytest.raises(ValueError, match="do not start with different tokens"):
+        P.ready_pair(loaded, "ioi")  # " Mary" and " John" both start with the byte " "
+    with pytest.raises(P.PatchingError, match="no difference to patch"):
+        P.activation_patching(loaded, P.tokenize_pair(loaded, P.PromptPair("same", "ab", "ab", "c", "d")))
+
+
+def test_hooks_are_removed_and_other_threads_run_the_plain_model():
+    loaded = load_model("toy-llama-gqa")
+    pair = P.tokenize_pair(loaded, TOY_PAIR)
+    plain = _logits(loaded.model, pair.corrupted_ids)
+    errors, done = [], threading.Event()
+
+    def patch():
+        try:
+            for _ in range(3):
+                P.activation_patching(loaded, pair, "resid", batch=8)
+                P.attribution_patching(loaded, pair)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=patch)
+    thread.start()
+    checks = 0
+    while not done.is_set():  # the model runs unpatched here while the other thread patches it
+        assert torch.equal(_logits(loaded.model, pair.corrupted_ids), plain)
+        checks += 1
+    thread.join()
+    assert checks > 0
+    assert not errors, errors
+    assert P._HOOKS.installed(loaded.model) == 0 and ko._HOOKS.installed(loaded.model) == 0
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+    assert torch.equal(_logits(loaded.model, pair.corrupted_ids), plain)
