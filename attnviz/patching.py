@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from attnviz import knockout as ko
+from attnviz import lm
 from attnviz.capture import attention_modules
 from attnviz.hooks import SharedHooks
 
@@ -94,6 +95,9 @@ class TokenPair:
 def tokenize_pair(loaded, pair: PromptPair) -> TokenPair:
     """The pair in the model's tokenizer. ValueError (PatchingError) when the prompts' token lengths differ, when
     the answers' first tokens are the same token, or for an encoder."""
+    if not lm.is_language_model(loaded.model):
+        raise PatchingError(f"{loaded.spec.name} is an encoder: it predicts no next token, so there is no answer to "
+                            "patch toward. Pick a decoder (toy-gpt2, smollm2-135m, ...).")
     tok = loaded.tokenizer
     clean, corrupted = list(tok(pair.clean).input_ids), list(tok(pair.corrupted).input_ids)
     if len(clean) != len(corrupted):
@@ -167,11 +171,13 @@ def _projection_input(layer, module, args):
     return None if new is None else (new, *args[1:])
 
 
-def mlp_module(block) -> torch.nn.Module:
-    """The block's MLP: its child named as in MLP_NAMES."""
+def mlp_module(block, required: bool = True) -> torch.nn.Module | None:
+    """The block's MLP: its child named as in MLP_NAMES. Without one: PatchingError, or None if not required."""
     for name in MLP_NAMES:
         if isinstance(getattr(block, name, None), torch.nn.Module):
             return getattr(block, name)
+    if not required:
+        return None
     raise PatchingError(f"{type(block).__name__} has no MLP attnviz recognises (one of {', '.join(MLP_NAMES)}).")
 
 
@@ -182,7 +188,9 @@ def _install(model) -> list:
         handles.append(attn.register_forward_hook(partial(_module_output, ("attn", layer))))
     for layer, block in enumerate(ko.blocks(model) or []):
         handles.append(block.register_forward_pre_hook(partial(_block_input, layer), with_kwargs=True))
-        handles.append(mlp_module(block).register_forward_hook(partial(_module_output, ("mlp", layer))))
+        mlp = mlp_module(block, required=False)
+        if mlp is not None:
+            handles.append(mlp.register_forward_hook(partial(_module_output, ("mlp", layer))))
     return handles
 
 
@@ -201,6 +209,7 @@ def _run(model, ids: torch.Tensor, knock: ko._Plan, patch: _Patch) -> torch.Tens
 
 def activations(loaded, token_ids) -> tuple[dict[tuple[str, int], torch.Tensor], torch.Tensor]:
     """({(kind, layer): [n, d]} every site's activation in a plain run of token_ids, [n, vocab] logits)."""
+    ko.head_width(loaded)  # KnockoutError, before any hook goes on, for a model without a known output projection
     patch = _Patch(record={})
     logits = _run(loaded.model, ko._ids(token_ids), ko._Plan(), patch)
     return patch.record, logits[0]
@@ -210,7 +219,7 @@ def activations(loaded, token_ids) -> tuple[dict[tuple[str, int], torch.Tensor],
 
 def check_sites(loaded, n: int, sites: Iterable[Site]) -> tuple[Site, ...]:
     """The sites as sorted (kind, layer, index) ints; PatchingError naming the first that does not exist."""
-    out = set()
+    out, blocks = set(), None
     for kind, layer, index in sites:
         if kind not in KINDS:
             raise PatchingError(f"Unknown site kind {kind!r}: use one of {', '.join(KINDS)}.")
@@ -220,6 +229,12 @@ def check_sites(loaded, n: int, sites: Iterable[Site]) -> tuple[Site, ...]:
             what = "head" if kind == "heads" else "position"
             raise PatchingError(f"({kind}, layer {layer}, {what} {index}) does not exist: {loaded.spec.name} has "
                                 f"layers 0 to {loaded.shape.layers - 1} and {what}s 0 to {top - 1}.")
+        if kind in ("resid", "mlp"):
+            blocks = blocks or ko.blocks(loaded.model)
+            if not blocks:
+                raise PatchingError(f"{loaded.spec.name} has no stack of blocks attnviz finds: patch heads instead.")
+            if kind == "mlp":
+                mlp_module(blocks[layer])
         out.add((kind, layer, index))
     return tuple(sorted(out, key=lambda s: (s[1], KINDS.index(s[0]), s[2])))
 

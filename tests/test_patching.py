@@ -259,3 +259,8 @@ def test_hooks_are_removed_and_other_threads_run_the_plain_model():
     assert P._HOOKS.installed(loaded.model) == 0 and ko._HOOKS.installed(loaded.model) == 0
     assert not any(p.requires_grad for p in loaded.model.parameters())
     assert torch.equal(_logits(loaded.model, pair.corrupted_ids), plain)
+
+
+def test_an_encoder_is_refused_with_a_reason(minilm):
+    with pytest.raises(P.PatchingError, match="encoder"):
+        P.tokenize_pair(minilm, TOY_PAIR)
