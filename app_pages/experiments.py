@@ -8,7 +8,7 @@ from attnviz.generation import MAX_NEW_TOKENS
 from attnviz.ui import experiments as cache
 from attnviz.ui import links
 
-VIEWS = ("Generation", "Knock-outs", "Rollout", "Norm-based attention")
+VIEWS = ("Generation", "Knock-outs", "Patching", "Rollout", "Norm-based attention")
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 DEFAULT_PROMPT = "Once upon a time"
 URL_TEXT_LIMIT = 1500
@@ -25,7 +25,14 @@ LINK = links.Link("exp_", {
     "head": links.Param("exp_head", "int", "head"),
     "query": links.Param("exp_query", "int", "token", within="text"),
     "step": links.Param("exp_step", "int", "generated token", within="generation"),
+    "pair": links.Param("exp_pair", "choice", choices={"ioi": "ioi", "factual": "factual", "yours": "yours"}),
+    "site": links.Param("exp_patch_kind", "choice", choices={k: k for k in ("heads", "resid", "attn", "mlp")}),
+    "metric": links.Param("exp_patch_metric", "choice", choices={"logit_diff": "logit_diff", "loss": "loss"}),
 })
+PAIR_NAMES = {"ioi": "Names (IOI): who gets the drink", "factual": "Facts: a landmark's city", "yours": "Your own pair"}
+SITE_NAMES = {"heads": "each head (layer x head)", "resid": "the residual stream (layer x position)",
+              "attn": "each layer's attention output (layer x position)", "mlp": "each MLP's output (layer x position)"}
+METRIC_NAMES = {"logit_diff": "logit difference, answer − wrong", "loss": "loss of the clean answer"}
 
 
 def choice_box(label, options, key, default=None):
@@ -165,6 +172,106 @@ def knockout_view(model, loaded, text):
     return {"mode": mode, "query": position}
 
 
+def patching_view(model, loaded):
+    """Activation patching beside its attribution estimate, and the clean prompt's direct logit attribution."""
+    from attnviz.patching import READY_PAIRS
+
+    c1, c2, c3 = st.columns(3)
+    which = c1.radio("Prompt pair", list(PAIR_NAMES), format_func=PAIR_NAMES.get, key="exp_pair",
+                     persist_state="session")
+    kind = c2.radio("Patch", list(SITE_NAMES), format_func=SITE_NAMES.get, key="exp_patch_kind",
+                    persist_state="session")
+    metric = c3.radio("Metric", list(METRIC_NAMES), format_func=METRIC_NAMES.get, key="exp_patch_metric",
+                      persist_state="session")
+    shown = {"pair": which, "site": kind, "metric": metric}
+    ready = READY_PAIRS.get(which, READY_PAIRS["ioi"])
+    if which == "yours":
+        a, b = st.columns(2)
+        clean = a.text_input("Clean prompt", ready.clean, key="exp_pair_clean", persist_state="session")
+        corrupted = b.text_input("Corrupted prompt (same number of tokens)", ready.corrupted,
+                                 key="exp_pair_corrupted", persist_state="session")
+        answer = a.text_input("Answer (one token)", ready.answer, key="exp_pair_answer", persist_state="session")
+        wrong = b.text_input("Wrong answer (one token)", ready.wrong, key="exp_pair_wrong", persist_state="session")
+        pair = cache.token_pair(model, clean, corrupted, answer, wrong)
+    else:
+        st.caption(f"Clean: “{ready.clean}” → {ready.answer!r}; corrupted: “{ready.corrupted}” → {ready.wrong!r}. "
+                   + ready.note)
+        pair = cache.token_pair(model, ready.clean, ready.corrupted, ready.answer, ready.wrong, label=which)
+    if pair is None:
+        return shown
+    attributed = cache.attribution_patching(model, pair, metric)
+    if attributed is None:
+        return shown
+    columns = [str(h) for h in range(loaded.shape.heads)] if kind == "heads" else pair.position_labels()
+    x_title = "head" if kind == "heads" else "position: clean / corrupted token"
+    ui.chart(figs.patching_grid(attributed[kind], columns, x_title=x_title,
+                                title=f"Attribution patching: {SITE_NAMES[kind]}, one forward and one backward pass"),
+             "A linear estimate (Nanda 2023; Syed et al.): each site's clean-minus-corrupted activation times the "
+             "metric's gradient at the corrupted run, as a share of the clean-minus-corrupted metric. 1 means "
+             "patching this site alone would restore the clean answer; red sites carry the difference.")
+    patched = _real_patching(model, loaded, pair, kind, metric)
+    if patched is not None:
+        _patching_result(patched, attributed[kind], columns, x_title, kind)
+    _logit_attribution(model, pair)
+    return shown
+
+
+def _real_patching(model, loaded, pair, kind, metric):
+    """The real patching of every site, on a button when it is more than a moment's work."""
+    n_sites = pair.n * loaded.shape.layers if kind != "heads" else loaded.shape.heads * loaded.shape.layers
+    work = n_sites * pair.n * loaded.shape.d_model * loaded.shape.layers
+    if work > 5e7 and not cache.patching_done(model, pair, kind, metric):
+        st.info(f"Real patching runs the corrupted prompt once per site ({n_sites:,} runs of {pair.n} tokens, "
+                f"{cache.KNOCKOUT_BATCH} at a time).")
+        if not st.button("Patch every site", key="exp_patch_run"):
+            return None
+    return cache.activation_patching(model, pair, kind, metric)
+
+
+def _patching_result(patched, estimate, columns, x_title, kind):
+    from attnviz.patching import compare
+
+    ui.chart(figs.patching_grid(patched.normalised, columns, x_title=x_title,
+                                title=f"Activation patching: {SITE_NAMES[kind]}, clean into corrupted"),
+             f"Each cell is a run of the corrupted prompt with one site taken from the clean run: 0 is the corrupted "
+             f"run's {patched.metric} ({patched.corrupted_value:+.3f}), 1 the clean run's "
+             f"({patched.clean_value:+.3f}). Checked against a hand-patched copy of the model in the tests.")
+    result = compare(patched, estimate)
+    rows = range(patched.values.shape[0])
+    labels = [f"L{r} {c}" for r in rows for c in columns]
+    ui.chart(figs.patching_against_attribution(patched.normalised, estimate, labels, pearson=result.pearson),
+             "Points on the dotted line are sites the linear estimate gets right; far from it, the model is not "
+             "linear between the two runs there (saturated attention, a norm).")
+    st.dataframe([{"site": f"L{r} {columns[c]}", "patched": round(real, 4), "estimate": round(est, 4)}
+                  for r, c, real, est in result.disagreements], hide_index=True)
+    st.caption("The sites where the estimate and real patching disagree most.")
+    st.download_button("Patching grids (.npz)", data=cache.npz_bytes(
+        patched=patched.normalised, attribution=estimate, clean_ids=np.array(patched.pair.clean_ids),
+        corrupted_ids=np.array(patched.pair.corrupted_ids)), file_name=f"patching-{kind}.npz", key="exp_dl_patch")
+
+
+def _logit_attribution(model, pair):
+    st.subheader("What each head writes toward the answer (direct logit attribution, clean prompt)")
+    parts = cache.logit_attribution(model, pair)
+    if parts is None:
+        return
+    ui.chart(figs.effect_grid(parts.heads, what="Direct logit attribution", unit="logits").update_layout(
+        title_text="Each head's output through the frozen final norm and the unembedding, onto answer − wrong"),
+        "Red heads push the answer over the wrong token at the last position, blue ones against it. The final "
+        "norm's scale is frozen at the clean run" + (f" (and {', '.join(parts.frozen)})" if parts.frozen else "")
+        + ", so every part is linear and the parts add up.")
+    layers = range(parts.heads.shape[0])
+    labels = ["embeddings"] + [x for i in layers for x in (f"L{i} heads", f"L{i} MLP")] + ["biases"]
+    values = [parts.embeddings] + [x for i in layers for x in (parts.heads[i].sum() + parts.attn_bias[i],
+                                                                parts.mlp[i])] + [parts.final_bias]
+    ui.chart(figs.logit_parts(labels, values, total=parts.logit_diff),
+             f"The sum of every part is {parts.total:+.4f}; the model's own logit difference is "
+             f"{parts.logit_diff:+.4f} (checked on every run).")
+    st.download_button("Logit attribution (.csv)", data="part,logits\n" + "\n".join(
+        f"{label},{value:.6g}" for label, value in parts.terms()), file_name="logit-attribution.csv",
+        mime="text/csv", key="exp_dl_dla")
+
+
 def rollout_view(model, text):
     capture, joint = cache.rollout(model, text)
     if capture is None:
@@ -219,29 +326,33 @@ def norms_view(model, loaded, text):
 
 st.title("Experiments")
 st.write("From picture to experiment: watch attention while the model writes, remove heads and measure what they "
-         "carried, follow attention through every layer (rollout), and weigh attention by what it moves "
-         "(norm-based attention).")
+         "carried, patch a clean run into a corrupted one to find which heads carry the difference and what each "
+         "writes toward the answer, follow attention through every layer (rollout), and weigh attention by what it "
+         "moves (norm-based attention).")
 links.read(LINK)
 left, right = st.columns([1, 2])
 with left:
     model = ui.model_picker("exp_model", default="toy-gpt2", allow_custom=True)
     view = st.radio("Experiment", VIEWS, key="exp_view", persist_state="session")
 with right:
-    text = ui.text_input("exp_text", DEFAULT_TEXT, height=80) if view != "Generation" else None
+    text = ui.text_input("exp_text", DEFAULT_TEXT, height=80) if view not in ("Generation", "Patching") else None
 if model is None or not links.model_confirmed(LINK, model):  # a link's folder or hub id loads once confirmed
     st.stop()
 loaded = ui.get_model(model)
 if loaded is None:
     st.stop()
 decoder = loaded.shape.causal
-if not decoder and view in ("Generation", "Knock-outs"):
-    st.warning(f"{model} is an encoder: it cannot generate and has no next-token loss to knock heads out of. "
+if not decoder and view in ("Generation", "Knock-outs", "Patching"):
+    st.warning(f"{model} is an encoder: it cannot generate and has no next-token loss to knock heads out of or "
+               "patch. "
                "Rollout and norm-based attention work for it; pick a decoder (toy-gpt2, smollm2-135m) for the rest.")
     shown = {}
 elif view == "Generation":
     shown = generation_view(model, loaded)
 elif view == "Knock-outs":
     shown = knockout_view(model, loaded, text)
+elif view == "Patching":
+    shown = patching_view(model, loaded)
 elif view == "Rollout":
     shown = rollout_view(model, text)
 else:

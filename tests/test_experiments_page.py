@@ -120,3 +120,50 @@ def test_a_stopped_generation_shows_what_it_made_until_run_again():
     at.button(key="exp_gen_again").click().run()
     assert not at.exception and not any("Stopped" in i.value for i in at.info)
     assert len(at.select_slider(key="exp_step").options) == 8  # generated in full this time
+
+
+@pytest.mark.slow
+def test_patching_view_on_smollm2_shows_the_librarys_grids_and_a_sum_that_adds_up():
+    """The factual pair on SmolLM2 by link: the attribution grid is attnviz.patching's, real patching runs on the
+    button and its grid is activation_patching's (which the library tests hold to a hand-patched copy), and the
+    logit attribution's parts add up to the model's own difference, as the page says."""
+    import base64
+    import json
+
+    import numpy as np
+
+    from attnviz import patching
+    from attnviz.logit_attribution import pair_attribution
+
+    at = _page(view="Patching", model="smollm2-135m", pair="factual", site="heads", metric="logit_diff")
+    assert not at.error, [e.value for e in at.error]
+    if any(b.key == "exp_patch_run" for b in at.button):  # a bigger pair waits for the button
+        at.button(key="exp_patch_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    loaded = load_model("smollm2-135m")
+    pair = patching.ready_pair(loaded, "factual")
+    charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec) for c in
+              at.get("plotly_chart")}
+
+    def grid(prefix):
+        z = next(spec for title, spec in charts.items() if title.startswith(prefix))["data"][0]["z"]
+        if isinstance(z, dict):  # plotly's typed array: base64 of the values
+            return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
+                [int(x) for x in z["shape"].split(",")])
+        return np.array(z, dtype=float)
+
+    np.testing.assert_allclose(grid("Attribution patching"), patching.attribution_patching(loaded, pair)["heads"],
+                               atol=1e-9)
+    np.testing.assert_allclose(grid("Activation patching"), patching.activation_patching(loaded, pair).normalised,
+                               atol=1e-9)
+    parts = pair_attribution(loaded, pair)
+    assert any(f"The sum of every part is {parts.total:+.4f}; the model's own logit difference is "
+               f"{parts.logit_diff:+.4f}" in c.value for c in at.caption)
+    assert at.query_params["pair"] in ("factual", ["factual"]) and len(at.get("download_button")) == 2
+
+
+def test_patching_view_says_what_to_change_for_a_pair_it_cannot_use():
+    at = _page(view="Patching", model="toy-gpt2")  # a byte tokenizer: " Mary" and " John" start with one byte
+    assert any("do not start with different tokens" in e.value for e in at.error)
+    at = _page(view="Patching", model="minilm-l6")
+    assert any("encoder" in w.value for w in at.warning)

@@ -10,7 +10,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, PALETTE, apply_layout, heatmap, line_chart
+from attnviz.figures.common import (
+    ATTENTION_SCALE, DIVERGING_SCALE, PALETTE, apply_layout, heatmap, label_margins, line_chart,
+)
 
 
 def _labels(tokens: Sequence[str]) -> list[str]:
@@ -123,3 +125,48 @@ def value_norm_bars(value_norms: np.ndarray, tokens: Sequence[str]) -> go.Figure
                            hovertemplate="%{x}<br>‖v·W_O‖ = %{y:.3f}<extra></extra>"))
     return apply_layout(fig, title="Length of each token's value vector through the head's output projection",
                         x_title="key (position: token)", y_title="‖v·W_O‖ (residual-stream units)", height=320)
+
+
+def patching_grid(values: np.ndarray, columns: Sequence[str], *, title: str, x_title: str,
+                  colorbar_title: str = "share of the clean run") -> go.Figure:
+    """values [layer, column]: each patched site's normalised metric (0 = the corrupted run, 1 = the clean run),
+    diverging around 0, columns the heads or the positions' tokens."""
+    values = np.asarray(values, dtype=float)
+    bound = max(1.0, float(np.nanmax(np.abs(values)))) if np.isfinite(values).any() else 1.0
+    fig = heatmap(values, x_labels=list(columns), y_labels=[f"L{layer}" for layer in range(values.shape[0])],
+                  colorscale=DIVERGING_SCALE, zmin=-bound, zmax=bound, colorbar_title=colorbar_title, title=title,
+                  x_title=x_title, y_title="layer (0 = nearest the input)",
+                  hovertemplate="%{y} %{x}<br>%{z:+.3f}<extra></extra>",
+                  height=max(300, 18 * values.shape[0] + 160))
+    return label_margins(fig, x_labels=list(columns), x_angle=45 if len(columns) > 12 else 0)
+
+
+def patching_against_attribution(real: np.ndarray, estimate: np.ndarray, labels: Sequence[str], *,
+                                 pearson: float) -> go.Figure:
+    """One point per site: real activation patching (x) against its attribution-patching estimate (y), with the
+    line where they agree."""
+    real, estimate = np.asarray(real, dtype=float).ravel(), np.asarray(estimate, dtype=float).ravel()
+    lo, hi = float(np.nanmin([real.min(), estimate.min()])), float(np.nanmax([real.max(), estimate.max()]))
+    fig = go.Figure(go.Scatter(x=real, y=estimate, mode="markers", text=list(labels), name="site",
+                               marker=dict(color=PALETTE[0], size=7, opacity=0.7),
+                               hovertemplate="%{text}<br>patched %{x:+.3f}<br>estimate %{y:+.3f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="estimate = patched",
+                             line=dict(color="#868e96", dash="dot")))
+    return apply_layout(fig, title=f"Attribution patching against real patching (Pearson r = {pearson:.3f})",
+                        x_title="real patching (share of the clean run)",
+                        y_title="attribution estimate (share of the clean run)", height=420)
+
+
+def logit_parts(labels: Sequence[str], values: Sequence[float], *, total: float) -> go.Figure:
+    """The parts of the logit difference that are not single heads (embeddings, every layer's MLP, all heads of a
+    layer, biases) as bars, with the model's own difference as a line."""
+    values = np.asarray(values, dtype=float)
+    colors = [PALETTE[3] if v < 0 else PALETTE[0] for v in values]
+    fig = go.Figure(go.Bar(x=list(labels), y=values, marker_color=colors,
+                           hovertemplate="%{x}<br>%{y:+.3f}<extra></extra>", name="part"))
+    fig.add_hline(y=total, line=dict(color=PALETTE[1], dash="dash"),
+                  annotation_text=f"model's logit difference {total:+.3f}", annotation_position="top left")
+    fig = apply_layout(fig, title="Direct logit attribution by layer: attention heads (summed) and MLP",
+                       x_title="part of the residual stream", y_title="logit difference it writes (logits)",
+                       height=420)
+    return label_margins(fig, x_labels=list(labels), x_angle=45)

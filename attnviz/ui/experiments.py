@@ -18,6 +18,7 @@ _GENERATIONS = ComputeOnce(max_items=16)
 _KNOCKOUTS = ComputeOnce(max_items=16)
 _NORMS = ComputeOnce(max_items=16)
 _ROLLOUTS = ComputeOnce(max_items=16)
+_PATCHING = ComputeOnce(max_items=16)
 
 KNOCKOUT_BATCH = 16  # head sets per forward pass (attnviz.knockout.knockout_effects' default)
 ROLLOUT_MAX_TOKENS = 512  # rollout keeps [layer, n, n] float64: 30 layers of 512 tokens are 63 MB
@@ -117,6 +118,72 @@ def rollout(name: str, text: str):
         return None, None
     key = (name, ui.model_version(name), text)
     return capture, _ROLLOUTS.get(key, lambda: capture_rollout(capture))
+
+
+def token_pair(name: str, clean: str, corrupted: str, answer: str, wrong: str, label: str = "yours"):
+    """The prompt pair in the model's tokens (attnviz.patching.TokenPair), or None after a message saying what to
+    change (lengths that differ, one answer token for both, an encoder)."""
+    from attnviz.patching import PatchingError, PromptPair, tokenize_pair
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    try:
+        return tokenize_pair(loaded, PromptPair(label, clean, corrupted, answer, wrong, ""))
+    except (PatchingError, ValueError) as exc:
+        st.error(str(exc))
+        return None
+
+
+def _patching_work(name: str, key: tuple, label: str, batch: int, pair, compute):
+    """compute(loaded, progress) once for every session (ComputeOnce), admitted by the memory budget as `batch`
+    copies of the pair in one forward pass; None after a message."""
+    from attnviz import budget
+    from attnviz.knockout import KnockoutError
+    from attnviz.logit_attribution import LogitAttributionError
+    from attnviz.patching import PatchingError
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    need = budget.forward_bytes(loaded.model.config, pair.n, batch=batch)
+
+    def run(progress):
+        with budget.BUDGET.admit(need, what=label):
+            return compute(loaded, progress)
+
+    return ui.computed_once(_PATCHING, (name, ui.model_version(name)) + key, label, run,
+                            errors=(PatchingError, KnockoutError, LogitAttributionError, budget.OverBudget))
+
+
+def activation_patching(name: str, pair, kind: str, metric: str):
+    """attnviz.patching.activation_patching of every site of `kind`, with progress, or None after a message."""
+    from attnviz.patching import activation_patching as patch
+
+    return _patching_work(name, ("patch", pair, kind, metric), f"Patching every {kind} site", KNOCKOUT_BATCH, pair,
+                          lambda loaded, progress: patch(loaded, pair, kind, metric, batch=KNOCKOUT_BATCH,
+                                                         progress=progress))
+
+
+def patching_done(name: str, pair, kind: str, metric: str) -> bool:
+    return (name, ui.model_version(name), "patch", pair, kind, metric) in _PATCHING
+
+
+def attribution_patching(name: str, pair, metric: str):
+    """attnviz.patching.attribution_patching (every kind's AtP grid from one backward pass), or None."""
+    from attnviz.patching import attribution_patching as atp
+
+    # a backward pass holds the forward pass's activations and their gradients: counted as 3 copies
+    return _patching_work(name, ("atp", pair, metric), "Attribution patching (one forward and one backward pass)",
+                          3, pair, lambda loaded, progress: atp(loaded, pair, metric))
+
+
+def logit_attribution(name: str, pair):
+    """attnviz.logit_attribution.pair_attribution of the clean prompt, or None after a message."""
+    from attnviz.logit_attribution import pair_attribution
+
+    return _patching_work(name, ("dla", pair), "Direct logit attribution", 1, pair,
+                          lambda loaded, progress: pair_attribution(loaded, pair))
 
 
 def npz_bytes(**arrays) -> bytes:
