@@ -34,11 +34,13 @@ TEXT = ROOT / "data" / "declaration_and_lincoln.txt"
 
 
 def long_text(n_tokens: int, tokenizer) -> str:
-    """The shipped text repeated until it is n_tokens long (cut at a token boundary)."""
+    """The shipped text repeated until it is n_tokens long as the model reads it (its start token included), cut at
+    a token boundary."""
     base = TEXT.read_text(encoding="utf-8")
     text = (base + "\n\n") * (1 + n_tokens * 6 // len(base))
-    ids = tokenizer(text).input_ids[:n_tokens]
-    return tokenizer.decode(ids)
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    extra = len(tokenizer("x").input_ids) - len(tokenizer("x", add_special_tokens=False).input_ids)
+    return tokenizer.decode(ids[:n_tokens - extra])
 
 
 def matmul_rate(size: int = 2048, repeats: int = 7) -> float:
