@@ -221,10 +221,14 @@ def _real_patching(model, loaded, pair, kind, metric):
     n_sites = pair.n * loaded.shape.layers if kind != "heads" else loaded.shape.heads * loaded.shape.layers
     work = n_sites * pair.n * loaded.shape.d_model * loaded.shape.layers
     if work > 5e7 and not cache.patching_done(model, pair, kind, metric):
-        st.info(f"Real patching runs the corrupted prompt once per site ({n_sites:,} runs of {pair.n} tokens, "
-                f"{cache.KNOCKOUT_BATCH} at a time).")
-        if not st.button("Patch every site", key="exp_patch_run"):
+        slot = st.empty()  # the offer goes once the button is pressed
+        with slot.container():
+            st.info(f"Real patching runs the corrupted prompt once per site ({n_sites:,} runs of {pair.n} tokens, "
+                    f"{cache.KNOCKOUT_BATCH} at a time).")
+            pressed = st.button("Patch every site", key="exp_patch_run")
+        if not pressed:
             return None
+        slot.empty()
     return cache.activation_patching(model, pair, kind, metric)
 
 
