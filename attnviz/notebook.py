@@ -4,7 +4,12 @@ Each view is a View: its _repr_html_ is self-contained, so it draws in JupyterLa
 no network. plotly's JavaScript is inlined once per output (plotly.offline.get_plotlyjs(); its bundle sets
 window.Plotly itself and calls neither define nor require, so classic Jupyter's require.js does not take it over),
 and nothing is loaded from a CDN. View.to_html(path) writes the same view as a standalone page;
-AttentionCapture.to_html(path) writes all four views on one page.
+AttentionCapture.to_html(path) (page_view) writes all four views on one page.
+
+    grid_view(cap)                    the grid of all heads                 cap.show()
+    head_view(cap, layer, head)       one head (overview + zoom when long)  cap.head_view(layer, head)
+    token_view(cap, query)            where one query looks, head by head   cap.token_view(query)
+    text_view(cap, layer, head, q)    the text shaded by that head's row    cap.text_view(layer, head, q)
 
 Long texts are drawn as the Heads page draws them: above FULL_MAP_MAX_TOKENS tokens, or in the long-text ("qk")
 store, one head is a max-pooled overview (attnviz.views.pooled_heads, or figures.heads.max_pool of the dense map)
@@ -23,9 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from attnviz import views
-from attnviz.figures import heads as figs
-from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
+
+try:  # the figures draw with plotly and pillow, which the library alone does not install
+    from attnviz.figures import heads as figs
+    from attnviz.figures import text as text_figs
+except ImportError as exc:
+    raise ImportError(f"attnviz's notebook views need plotly and pillow ({exc}): pip install 'attnviz[app]'") from exc
 
 OVERVIEW = 512  # pixels per side of a long head's overview, as on the Heads page
 FULL_MAP_MAX_TOKENS = 1024  # above this one head is an overview plus a zoom window, as on the Heads page

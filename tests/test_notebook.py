@@ -183,7 +183,7 @@ def test_each_view_is_self_contained_html_with_plotly_inlined_once(caps, tmp_pat
     bundle = get_plotlyjs()
     # plotly's bundle sets window.Plotly itself and never calls define or require (require.js in classic Jupyter
     # would take over an AMD module); its one "require(" is inside a shader's comment
-    assert "define.amd" not in bundle and "window.Plotly = Plotly" in bundle
+    assert "define.amd" not in bundle and "window.Plotly = Plotly" in bundle and "</script" not in bundle
     assert [bundle[m.start() - 40:m.start()].split("//")[-1].strip() for m in re.finditer(r"require\(", bundle)] \
         == ["#pragma glslify: beckmann ="]
     for name, view in _views(caps[0]["qk"]).items():
@@ -202,6 +202,31 @@ def test_each_view_is_self_contained_html_with_plotly_inlined_once(caps, tmp_pat
     assert written.startswith("<!DOCTYPE html>") and '<meta charset="utf-8">' in written
     assert written.count(bundle) == 1 and written.count("Plotly.newPlot(") == 3  # grid, head, token; text is HTML
     assert 'title="45: ' in written  # the shaded text, to the last token
+
+
+def test_a_token_that_is_markup_stays_text():
+    """Tokens are the user's text: one that reads like markup or a closing script tag ends no script and opens no
+    element."""
+    tokens = ["<bos>", "</script><script>alert(1)</script>", "<!--<script>", "<b>x</b>"]
+    w = np.tril(np.ones((4, 4)))
+    w /= w.sum(-1, keepdims=True)
+    cap = attnviz.from_attentions([np.stack([w, w])[None]], tokens)
+    for view in (cap.show(), cap.head_view(0, 1), cap.token_view(), cap.text_view(0, 1), notebook.page_view(cap)):
+        fragment = view.html()
+        assert fragment.count("</script>") == len(view.figures) + bool(view.figures)
+        outside = re.sub(r"<script[^>]*>.*?</script>", "", fragment, flags=re.S)
+        assert "alert(1)" not in outside and "<b>x" not in outside and "<!--" not in outside
+
+
+def test_the_notebook_views_import_neither_streamlit_nor_the_app():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnviz.notebook; "
+            "print(sorted(m for m in sys.modules if m.startswith(('streamlit', 'attnviz.ui'))))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_views_refuse_what_was_not_captured(caps):
