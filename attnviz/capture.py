@@ -217,6 +217,38 @@ class AttentionCapture:
         store each layer's weights are computed from q and k here (4 bytes per weight)."""
         return tuple(torch.from_numpy(np.ascontiguousarray(self.layer_rows(layer)))[None] for layer in self.layers)
 
+    # -- notebook views (attnviz.notebook): each draws in a notebook with no network; see its options there --
+    def show(self, *, hide_sink: bool = False, gamma: float = 0.5):
+        """The grid of all captured heads, as a View a notebook draws (attnviz.notebook.grid_view)."""
+        from attnviz import notebook
+
+        return notebook.grid_view(self, hide_sink=hide_sink, gamma=gamma)
+
+    def head_view(self, layer: int | None = None, head: int = 0, **options):
+        """One head's map; a long text's max-pooled overview and an exact zoom window (notebook.head_view)."""
+        from attnviz import notebook
+
+        return notebook.head_view(self, layer, head, **options)
+
+    def token_view(self, query: int | None = None, **options):
+        """Where one query token looks, one row per head (attnviz.notebook.token_view)."""
+        from attnviz import notebook
+
+        return notebook.token_view(self, query, **options)
+
+    def text_view(self, layer: int | None = None, head: int = 0, query: int | None = None, **options):
+        """The text shaded by the weight one query of one head gives each token (attnviz.notebook.text_view)."""
+        from attnviz import notebook
+
+        return notebook.text_view(self, layer, head, query, **options)
+
+    def to_html(self, path, layer: int | None = None, head: int = 0, query: int | None = None, **options):
+        """Writes the four views on one standalone page that needs no network; returns its path
+        (attnviz.notebook.page_view)."""
+        from attnviz import notebook
+
+        return notebook.page_view(self, layer, head, query, **options).to_html(path)
+
 
 def _row_range(rows, n: int) -> tuple[int, int]:
     if rows is None:
