@@ -36,8 +36,7 @@ try:  # the figures draw with plotly and pillow, which the library alone does no
 except ImportError as exc:
     raise ImportError(f"attnviz's notebook views need plotly and pillow ({exc}): pip install 'attnviz[app]'") from exc
 
-OVERVIEW = 512  # pixels per side of a long head's overview, as on the Heads page
-FULL_MAP_MAX_TOKENS = 1024  # above this one head is an overview plus a zoom window, as on the Heads page
+OVERVIEW, FULL_MAP_MAX_TOKENS = views.OVERVIEW, views.FULL_MAP_MAX_TOKENS  # as on the Heads page
 ZOOM_SIZE = 64  # tokens per side of the zoom window, the Heads page's default
 
 

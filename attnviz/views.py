@@ -18,6 +18,13 @@ import numpy as np
 from attnviz import attention as core
 from attnviz.pooling import MIN_REMAINING, pool_edges  # noqa: F401  (the edges of every pooled view)
 
+OVERVIEW = 512  # pixels per side of a long head's overview (the Heads page and the notebook views)
+# Above this many tokens one head is drawn as the max-pooled overview and a zoom window in both stores: a full-size
+# PNG of a dense map is as many pixels as weights (1,800 tokens: a 1 MB chart redrawn on every layer or head change),
+# shown in about 700 screen pixels, where the browser's own downsampling can drop a one-token stripe that max-pooling
+# keeps; the zoom window reads the weights token by token.
+FULL_MAP_MAX_TOKENS = 1024
+
 
 def choose_store(n_layers: int, n_heads: int, n_tokens: int, *, limit_bytes: int, itemsize: int = 4,
                  can_stream: bool = True, max_dense_tokens: int | None = None) -> tuple[str, str]:

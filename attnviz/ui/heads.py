@@ -22,13 +22,7 @@ from attnviz.figures import text as text_figs
 from attnviz.once import ComputeOnce
 from attnviz.stats import head_stats
 from attnviz.ui import links
-
-OVERVIEW = 512  # pixels per side of a long head's overview
-# Above this many tokens the One head tab draws the max-pooled overview and a zoom window in both stores: a full-size
-# PNG of a dense map is as many pixels as weights (1,800 tokens: a 1 MB chart redrawn on every layer or head change),
-# shown in about 700 screen pixels, where the browser's own downsampling can drop a one-token stripe that max-pooling
-# keeps; the zoom window reads the weights token by token.
-FULL_MAP_MAX_TOKENS = 1024
+from attnviz.views import FULL_MAP_MAX_TOKENS, OVERVIEW  # noqa: F401  (shared with the notebook views)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
