@@ -15,7 +15,7 @@ The reference implementation of the paper divides each position's flows by their
 
 The max-flow is networkx's (a maintained implementation). Its algorithms are exact on integer capacities only, so
 each capacity is rounded to a multiple of 1 / SCALE; a flow is then off by at most (edges in its minimum cut) / (2
-SCALE), below 1e-9 for any text attention_flow accepts.
+SCALE), below 1e-8 for any text attention_flow accepts by default.
 """
 
 from __future__ import annotations
@@ -24,15 +24,20 @@ from collections.abc import Iterable
 
 import networkx as nx
 import numpy as np
-from networkx.algorithms.flow import build_residual_network, preflow_push
+from networkx.algorithms.flow import boykov_kolmogorov, build_residual_network
 
 from attnviz.rollout import layer_matrix
 
 SCALE = 2**40  # capacities are rounded to multiples of 1 / SCALE (networkx's max-flow is exact on integers)
-# The longest text attention_flow takes by default: one max-flow per (layer, input token) in pure Python, on graphs
-# of layers x tokens nodes and about layers x tokens^2 / 2 edges. Measured on 2 CPU cores, SmolLM2-135M's 30 layers
-# (TODO timings) -- over it the page would wait longer than an interactive view should.
+# The longest text whose flows through SmolLM2-135M's last layer (of 30; what the page shows beside rollout) are
+# computed by default. Each input token is one max-flow, in pure Python, on a graph of up to layers x tokens nodes
+# and about layers x tokens^2 / 2 edges. Measured with boykov_kolmogorov on 2 CPU cores under a load of about 3.3
+# (other jobs): 16 tokens 0.3 s, 32 tokens 2.7 s, 64 tokens 17 s; 32 keeps the view interactive. The time grows about
+# as tokens^3 and linearly with the depth of each layer asked for (all 30 layers of SmolLM2: 8 tokens 0.6 s, 12
+# tokens 1.5 s, 16 tokens 3.6 s; Gemma 3 270M's 18 at 16 tokens 1.2 s, its last at 37 tokens 2.2 s), so other
+# layers get the length that costs as much as the last layer at 32 tokens: token_limit.
 MAX_FLOW_TOKENS = 32
+FLOW_WORK = 30 * MAX_FLOW_TOKENS**3  # sum over the layers asked for of (layer + 1) x tokens^3, at the limit
 
 
 class FlowError(ValueError):
@@ -81,29 +86,51 @@ def layer_graph(caps: np.ndarray, query: int, top: int) -> nx.DiGraph:
 
 
 def attention_flow(attentions, query: int = -1, *, residual: float = 0.5, layers: Iterable[int] | None = None,
-                   max_tokens: int | None = MAX_FLOW_TOKENS, flow_func=preflow_push) -> np.ndarray:
+                   limit: bool = True, flow_func=boykov_kolmogorov) -> np.ndarray:
     """[layer, n] float64: flow[l, j] is the maximum flow from input token j to position `query` after layer l
     (0-based, as rollout's R_l), in the layer graph of the module docstring. Rows of layers not in `layers` (None:
     every layer) are NaN. Tokens that have no path to the query (in a causal model, those after it) get 0.
 
     attentions: an AttentionCapture (every layer from 0) or [layer, n, n] head-averaged weights (capacities()).
-    max_tokens: FlowError for a longer text (None: no limit, for scripts that can wait).
-    flow_func: a networkx max-flow function taking residual= (preflow_push, edmonds_karp, ...)."""
+    limit: FlowError for a text longer than token_limit(the layers asked for); False: no limit, for scripts that
+    can wait.
+    flow_func: a networkx max-flow function taking residual= (boykov_kolmogorov, preflow_push, ...)."""
     caps = capacities(attentions, residual)
     n_layers, n = caps.shape[0], caps.shape[-1]
-    if max_tokens is not None and n > max_tokens:
+    wanted = _wanted(n_layers, layers)
+    if limit and n > token_limit(wanted):
         raise FlowError(f"The text is {n} tokens long; attention flow runs one max-flow per layer and token and "
-                        f"stays interactive up to {max_tokens} tokens. Shorten the text (rollout has no limit).")
+                        f"stays interactive up to {token_limit(wanted)} tokens for the layers asked for. Shorten "
+                        "the text or pick fewer, earlier layers (rollout has no limit).")
     if not -n <= int(query) < n:
         raise FlowError(f"Query position {query} is outside the text (positions 0 to {n - 1}).")
-    query = int(query) % n
-    wanted = range(n_layers) if layers is None else sorted({int(x) for x in layers})
     out = np.full((n_layers, n), np.nan)
+    for layer in wanted:
+        out[layer] = _flows_to(caps, int(query) % n, layer + 1, flow_func)
+    return out
+
+
+def token_limit(layers: Iterable[int]) -> int:
+    """The longest text attention_flow takes (with limit=True) for the rows of these layers (0-based): the largest n
+    with sum(layer + 1) x n^3 <= FLOW_WORK. MAX_FLOW_TOKENS for SmolLM2's last layer; 12 for all its 30 layers; 68
+    for both layers of a 2-layer toy."""
+    depth = sum(int(layer) + 1 for layer in layers)
+    n = int(round((FLOW_WORK / max(1, depth)) ** (1 / 3)))
+    while (n + 1) ** 3 * depth <= FLOW_WORK:
+        n += 1
+    while n > 1 and n**3 * depth > FLOW_WORK:
+        n -= 1
+    return n
+
+
+def _wanted(n_layers: int, layers: Iterable[int] | None) -> list[int]:
+    wanted = list(range(n_layers)) if layers is None else sorted({int(x) for x in layers})
     for layer in wanted:
         if not 0 <= layer < n_layers:
             raise FlowError(f"Layer {layer} does not exist: the attentions have layers 0 to {n_layers - 1}.")
-        out[layer] = _flows_to(caps, query, layer + 1, flow_func)
-    return out
+    if not wanted:
+        raise FlowError("No layers asked for.")
+    return wanted
 
 
 def _flows_to(caps: np.ndarray, query: int, top: int, flow_func) -> np.ndarray:

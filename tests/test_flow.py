@@ -113,8 +113,13 @@ def test_only_some_layers_and_refusals():
     attentions = np.array([A1, A2])
     flow = F.attention_flow(attentions, query=-1, residual=0.0, layers=[1])
     assert np.isnan(flow[0]).all() and flow[1] == pytest.approx([0.9, 0.4, 0.3], abs=1e-9)
-    with pytest.raises(F.FlowError, match="stays interactive up to 2 tokens"):
-        F.attention_flow(attentions, max_tokens=2)
+    # the limit: sum over the layers asked for of (layer + 1) x tokens^3 <= 30 x 32^3 (SmolLM2's last layer at 32)
+    assert [F.token_limit(range(30)), F.token_limit([29]), F.token_limit([0, 1])] == [12, 32, 68]
+    assert 465 * 12**3 <= F.FLOW_WORK < 465 * 13**3 and 3 * 68**3 <= F.FLOW_WORK < 3 * 69**3
+    uniform = np.tril(np.ones((13, 13))) / np.arange(1, 14)[:, None]
+    with pytest.raises(F.FlowError, match="stays interactive up to 12 tokens"):
+        F.attention_flow(np.stack([uniform] * 30))
+    assert F.attention_flow(np.stack([uniform] * 30), layers=[2])[2].sum() > 0  # one early layer: accepted
     with pytest.raises(F.FlowError, match="outside the text"):
         F.attention_flow(attentions, query=3)
     with pytest.raises(F.FlowError, match="Layer 2 does not exist"):
