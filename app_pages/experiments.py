@@ -8,7 +8,7 @@ from attnviz.generation import MAX_NEW_TOKENS
 from attnviz.ui import experiments as cache
 from attnviz.ui import links
 
-VIEWS = ("Generation", "Knock-outs", "Patching", "Rollout", "Norm-based attention")
+VIEWS = ("Generation", "Knock-outs", "Patching", "Rollout", "QK attribution", "Norm-based attention")
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 DEFAULT_PROMPT = "Once upon a time"
 URL_TEXT_LIMIT = 1500
@@ -24,6 +24,7 @@ LINK = links.Link("exp_", {
     "layer": links.Param("exp_layer", "int", "layer"),
     "head": links.Param("exp_head", "int", "head"),
     "query": links.Param("exp_query", "int", "token", within="text"),
+    "key": links.Param("exp_key", "int", "token", within="text"),
     "step": links.Param("exp_step", "int", "generated token", within="generation"),
     "pair": links.Param("exp_pair", "choice", choices={"ioi": "ioi", "factual": "factual", "yours": "yours"}),
     "site": links.Param("exp_patch_kind", "choice", choices={k: k for k in ("heads", "resid", "attn", "mlp")}),
@@ -301,7 +302,84 @@ def rollout_view(model, text):
     st.download_button("Rollout after every layer (.npz)", data=lambda: cache.npz_bytes(
         rollout=joint, tokens=np.array(capture.tokens)), file_name=f"{model.replace('/', '_')}-rollout.npz",
         mime="application/octet-stream", key="exp_dl_ro")
+    flow_panel(model, text, capture, joint, query, layer)
     return {"query": query, "layer": layer}
+
+
+def flow_panel(model, text, capture, joint, query, layer):
+    """Attention flow (the same paper's max-flow) beside rollout, where it stays interactive."""
+    from attnviz.flow import normalised, token_limit
+
+    st.subheader("Attention flow (max-flow through the same graph)")
+    limit = token_limit([layer])
+    if capture.n_tokens > limit:
+        st.caption(f"Attention flow solves one max-flow per token over (layers x tokens²) edges, in pure Python "
+                   f"(networkx), about tokens³ x depth: through layer {layer} it stays under about 3 s up to {limit} "
+                   f"tokens (32 through SmolLM2's last layer). This text has {capture.n_tokens}: shorten it, or pick "
+                   "an earlier layer.")
+        return
+    flows = cache.flow(model, text, capture, query, layer)
+    if flows is None:
+        return
+    ui.chart(figs.bars_by_token({f"rollout through layer {layer}": joint[layer, query],
+                                 "attention flow (each row's share)": normalised(flows[None])[0]},
+                                capture.tokens, title=f"Query {query}: rollout beside attention flow",
+                                y_title="share of the query's input (unitless)"),
+             "Rollout multiplies the (residual-mixed) attention matrices, so mass piles onto the first tokens; flow "
+             "asks how much can get from each input token to the query if every weight is a pipe's capacity, so "
+             "tokens reachable by many paths keep their share (Abnar & Zuidema 2020). Flow uses networkx's "
+             "maximum flow, checked against graphs solved by hand in the tests.")
+    st.download_button("Flow (.csv)", data="position,token,flow,rollout\n" + "\n".join(
+        f"{j},{capture.tokens[j]!r},{f:.6g},{r:.6g}" for j, (f, r) in enumerate(zip(flows, joint[layer, query]))),
+        file_name="attention-flow.csv", mime="text/csv", key="exp_dl_flow")
+
+
+def qk_view(model, loaded, text):
+    """One head's score of one key split into the residual-stream parts that made the query and the key."""
+    from attnviz.capture import readable_tokens
+
+    ids = loaded.tokenizer(text).input_ids if text.strip() else []
+    if len(ids) < 2:
+        st.warning("The text needs at least two tokens: a query and a key.")
+        return {}
+    tokens = readable_tokens(loaded.tokenizer, ids)
+    c1, c2, c3, c4 = st.columns(4)
+    with c1:
+        layer = choice_box("Layer", list(range(loaded.shape.layers)), "exp_layer", loaded.shape.layers // 2)
+    with c2:
+        head = choice_box("Head", list(range(loaded.shape.heads)), "exp_head", 0)
+    with c3:
+        query = choice_box("Query token", list(range(len(ids))), "exp_query", len(ids) - 1)
+    with c4:
+        key = choice_box("Key token", list(range(query + 1)), "exp_key", 0)
+    parts = cache.qk_attribution(model, text, layer, head, query, key)
+    if parts is None:
+        return {"layer": layer, "head": head, "query": query, "key": key}
+    m1, m2 = st.columns(2)
+    m1.metric(f"Score of key {key} ({tokens[key]}) at query {query} ({tokens[query]})", f"{parts.score:+.4f}")
+    m2.metric("Sum of every term", f"{parts.total:+.4f}", help="Checked equal to the score on every run.")
+    ui.chart(figs.score_parts(parts.q_labels, parts.q_side(), title="Query side: what made the query",
+                              x_title="share of the score (score units)"),
+             "Each bar is one part of the residual stream at the query (the embedding, an earlier head, an MLP, a "
+             "bias) dotted with the whole key: the parts' sum is the score. The norms' scales (and a QK-norm's) are "
+             "frozen at this run, so q is linear in the parts.")
+    ui.chart(figs.score_parts(parts.k_labels, parts.k_side(), title="Key side: what made the key",
+                              x_title="share of the score (score units)"),
+             "The same split on the key's side: the whole query dotted with each part that made the key.")
+    st.dataframe([{"query part": a, "key part": b, "term": round(v, 5)} for a, b, v in parts.top(10)],
+                 hide_index=True)
+    st.caption(f"The ten largest (query part, key part) terms of the {parts.terms.size:,} that sum to the score "
+               "(Kamath et al. 2025).")
+    if parts.by_frequency is not None:
+        planes = [str(i) for i in range(len(parts.by_frequency))]
+        ui.chart(figs.score_parts(planes, parts.by_frequency, title="The score by RoPE plane",
+                                  x_title="share of the score (score units)", top=16),
+                 "RoPE rotates q and k in d/2 planes, plane i at frequency base^(-2i/d): low planes turn fast and "
+                 "carry position, high ones barely turn and carry content. The planes' shares sum to the score.")
+    st.download_button("Terms (.npz)", data=cache.npz_bytes(terms=parts.terms, q_labels=np.array(parts.q_labels),
+                                                            k_labels=np.array(parts.k_labels)),
+                       file_name="qk-attribution.npz", key="exp_dl_qk")
+    return {"layer": layer, "head": head, "query": query, "key": key}
 
 
 def norms_view(model, loaded, text):
@@ -331,8 +409,9 @@ def norms_view(model, loaded, text):
 st.title("Experiments")
 st.write("From picture to experiment: watch attention while the model writes, remove heads and measure what they "
          "carried, patch a clean run into a corrupted one to find which heads carry the difference and what each "
-         "writes toward the answer, follow attention through every layer (rollout), and weigh attention by what it "
-         "moves (norm-based attention).")
+         "writes toward the answer, follow attention through every layer (rollout and attention flow), split a "
+         "head's score into the parts of the residual stream that made it (QK attribution), and weigh attention by "
+         "what it moves (norm-based attention).")
 links.read(LINK)
 left, right = st.columns([1, 2])
 with left:
@@ -346,9 +425,9 @@ loaded = ui.get_model(model)
 if loaded is None:
     st.stop()
 decoder = loaded.shape.causal
-if not decoder and view in ("Generation", "Knock-outs", "Patching"):
+if not decoder and view in ("Generation", "Knock-outs", "Patching", "QK attribution"):
     st.warning(f"{model} is an encoder: it cannot generate and has no next-token loss to knock heads out of or "
-               "patch. "
+               "patch, and QK attribution here splits decoders' scores. "
                "Rollout and norm-based attention work for it; pick a decoder (toy-gpt2, smollm2-135m) for the rest.")
     shown = {}
 elif view == "Generation":
@@ -359,6 +438,8 @@ elif view == "Patching":
     shown = patching_view(model, loaded)
 elif view == "Rollout":
     shown = rollout_view(model, text)
+elif view == "QK attribution":
+    shown = qk_view(model, loaded, text)
 else:
     shown = norms_view(model, loaded, text)
 

@@ -30,6 +30,18 @@ def _charts(at) -> int:
     return len(at.get("plotly_chart"))
 
 
+def _values(data):
+    """A plotly array from a chart's JSON: a list, or a typed array (base64 of the values and their shape)."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(data, dict):
+        values = np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"])
+        return values.reshape([int(x) for x in data["shape"].split(",")]) if "shape" in data else values
+    return np.array(data, dtype=float)
+
+
 @pytest.mark.parametrize("view", ["Generation", "Knock-outs", "Rollout", "Norm-based attention"])
 def test_every_view_draws_on_a_toy_model(view):
     at = _page(view=view, model="toy-llama-gqa")
@@ -60,7 +72,7 @@ def test_an_encoder_is_told_it_cannot_generate_or_knock_out_but_gets_rollout():
     at.radio(key="exp_view").set_value("Knock-outs").run()
     assert any("encoder" in w.value for w in at.warning)
     at.radio(key="exp_view").set_value("Rollout").run()
-    assert not at.exception and _charts(at) == 2
+    assert not at.exception and _charts(at) == 3  # rollout beside the raw layer, every query's rollout, and flow
     assert at.selectbox(key="exp_layer").value == 5  # through the last of MiniLM's 6 layers by default
 
 
@@ -127,7 +139,6 @@ def test_patching_view_on_smollm2_shows_the_librarys_grids_and_a_sum_that_adds_u
     """The factual pair on SmolLM2 by link: the attribution grid is attnviz.patching's, real patching runs on the
     button and its grid is activation_patching's (which the library tests hold to a hand-patched copy), and the
     logit attribution's parts add up to the model's own difference, as the page says."""
-    import base64
     import json
 
     import numpy as np
@@ -146,11 +157,7 @@ def test_patching_view_on_smollm2_shows_the_librarys_grids_and_a_sum_that_adds_u
               at.get("plotly_chart")}
 
     def grid(prefix):
-        z = next(spec for title, spec in charts.items() if title.startswith(prefix))["data"][0]["z"]
-        if isinstance(z, dict):  # plotly's typed array: base64 of the values
-            return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
-                [int(x) for x in z["shape"].split(",")])
-        return np.array(z, dtype=float)
+        return _values(next(spec for title, spec in charts.items() if title.startswith(prefix))["data"][0]["z"])
 
     np.testing.assert_allclose(grid("Attribution patching"), patching.attribution_patching(loaded, pair)["heads"],
                                atol=1e-9)
@@ -167,3 +174,38 @@ def test_patching_view_says_what_to_change_for_a_pair_it_cannot_use():
     assert any("do not start with different tokens" in e.value for e in at.error)
     at = _page(view="Patching", model="minilm-l6")
     assert any("encoder" in w.value for w in at.warning)
+
+
+@pytest.mark.slow
+def test_qk_attribution_view_shows_the_score_and_its_parts_sum():
+    """SmolLM2, layer 15 head 2, the last query and key 0: the score on screen is attnviz.qk_attribution's, which
+    the library tests hold to the captured score and to float64; the sum of the terms shown equals it."""
+    from attnviz.qk_attribution import qk_attribution
+
+    text = "The cat sat on the mat. The cat sat on the mat."
+    at = _page(view="QK attribution", model="smollm2-135m", text=text, layer="15", head="2", key="0")
+    assert not at.error, [e.value for e in at.error]
+    parts = qk_attribution(load_model("smollm2-135m"), text, 15, 2, -1, 0)
+    shown = [m.value for m in at.metric]
+    assert shown == [f"{parts.score:+.4f}", f"{parts.total:+.4f}"] and shown[0] == shown[1]
+    assert _charts(at) == 3 and at.query_params["key"] in ("0", ["0"])
+
+
+def test_attention_flow_beside_rollout_on_a_short_text():
+    """toy-llama-gqa on 12 tokens: the flow bars are attnviz.flow's (held to hand-solved graphs in its tests), each
+    row's share, next to the rollout row."""
+    import json
+
+    import numpy as np
+
+    from attnviz.capture import capture_attention
+    from attnviz.flow import attention_flow, normalised
+
+    text = "one two three"
+    at = _page(view="Rollout", model="toy-llama-gqa", text=text)
+    assert not at.error, [e.value for e in at.error]
+    spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if "attention flow" in json.loads(c.proto.spec)["layout"]["title"]["text"])
+    cap = capture_attention(load_model("toy-llama-gqa"), text)
+    want = normalised(attention_flow(cap, cap.n_tokens - 1))[cap.layers[-1]]
+    np.testing.assert_allclose(_values(spec["data"][1]["y"]), want, atol=1e-9)

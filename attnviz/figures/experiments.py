@@ -170,3 +170,26 @@ def logit_parts(labels: Sequence[str], values: Sequence[float], *, total: float)
                        x_title="part of the residual stream", y_title="logit difference it writes (logits)",
                        height=420)
     return label_margins(fig, x_labels=list(labels), x_angle=45)
+
+
+def bars_by_token(rows: dict[str, np.ndarray], tokens: Sequence[str], *, title: str, y_title: str) -> go.Figure:
+    """Grouped bars, one group per key token: each named row's value for that token (rollout beside flow)."""
+    x = _labels(tokens[:len(next(iter(rows.values())))])
+    fig = go.Figure([go.Bar(x=x, y=np.asarray(row, dtype=float), name=name, marker_color=PALETTE[i % len(PALETTE)],
+                            hovertemplate="%{x}<br>" + name + " %{y:.3f}<extra></extra>")
+                     for i, (name, row) in enumerate(rows.items())])
+    fig.update_layout(barmode="group")
+    fig = apply_layout(fig, title=title, x_title="key (position: token)", y_title=y_title, height=400)
+    return label_margins(fig, x_labels=x, x_angle=45 if len(x) > 12 else 0)
+
+
+def score_parts(labels: Sequence[str], values: np.ndarray, *, title: str, x_title: str, top: int = 24) -> go.Figure:
+    """The `top` largest parts by |value| as horizontal bars, largest at the top (score units)."""
+    values = np.asarray(values, dtype=float)
+    order = np.argsort(-np.abs(values), kind="stable")[:top][::-1]
+    fig = go.Figure(go.Bar(x=values[order], y=[labels[i] for i in order], orientation="h",
+                           marker_color=[PALETTE[3] if values[i] < 0 else PALETTE[0] for i in order],
+                           hovertemplate="%{y}<br>%{x:+.4f}<extra></extra>"))
+    fig = apply_layout(fig, title=title, x_title=x_title, y_title="part of the residual stream",
+                       height=max(320, 22 * len(order) + 120))
+    return label_margins(fig, y_labels=[labels[i] for i in order])

@@ -19,6 +19,8 @@ _KNOCKOUTS = ComputeOnce(max_items=16)
 _NORMS = ComputeOnce(max_items=16)
 _ROLLOUTS = ComputeOnce(max_items=16)
 _PATCHING = ComputeOnce(max_items=16)
+_FLOWS = ComputeOnce(max_items=16)
+_QK = ComputeOnce(max_items=32)
 
 KNOCKOUT_BATCH = 16  # head sets per forward pass (attnviz.knockout.knockout_effects' default)
 ROLLOUT_MAX_TOKENS = 512  # rollout keeps [layer, n, n] float64: 30 layers of 512 tokens are 63 MB
@@ -184,6 +186,36 @@ def logit_attribution(name: str, pair):
 
     return _patching_work(name, ("dla", pair), "Direct logit attribution", 1, pair,
                           lambda loaded, progress: pair_attribution(loaded, pair))
+
+
+def flow(name: str, text: str, capture, query: int, layer: int):
+    """attnviz.flow.attention_flow of the query through `layer` ([n] float64), or None after a message."""
+    from attnviz.flow import FlowError, attention_flow
+
+    key = (name, ui.model_version(name), text, int(query), int(layer))
+    try:
+        with st.spinner("Solving one max-flow per token…"):
+            return _FLOWS.get(key, lambda: attention_flow(capture, int(query), layers=[int(layer)])[int(layer)])
+    except FlowError as exc:
+        st.error(str(exc))
+        return None
+
+
+def qk_attribution(name: str, text: str, layer: int, head: int, query: int, key: int):
+    """attnviz.qk_attribution.qk_attribution of one head's score, or None after a message."""
+    from attnviz.knockout import KnockoutError
+    from attnviz.qk_attribution import QKAttributionError, qk_attribution as attribute
+
+    loaded = ui.get_model(name)
+    if loaded is None:
+        return None
+    cache_key = (name, ui.model_version(name), text, int(layer), int(head), int(query), int(key))
+    try:
+        with st.spinner("Splitting the score (two forward passes)…"):
+            return _QK.get(cache_key, lambda: attribute(loaded, text, int(layer), int(head), int(query), int(key)))
+    except (QKAttributionError, KnockoutError, ValueError) as exc:
+        st.error(str(exc))
+        return None
 
 
 def npz_bytes(**arrays) -> bytes:
