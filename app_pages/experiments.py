@@ -372,8 +372,9 @@ def qk_view(model, loaded, text):
                "(Kamath et al. 2025).")
     if parts.by_frequency is not None:
         planes = [str(i) for i in range(len(parts.by_frequency))]
-        ui.chart(figs.score_parts(planes, parts.by_frequency, title="The score by RoPE plane",
-                                  x_title="share of the score (score units)", top=16),
+        ui.chart(figs.score_parts(planes, parts.by_frequency, title="The score by RoPE plane (the 16 largest)",
+                                  x_title="share of the score (score units)", top=16,
+                                  y_title="RoPE plane i (frequency base^(-2i/d))"),
                  "RoPE rotates q and k in d/2 planes, plane i at frequency base^(-2i/d): low planes turn fast and "
                  "carry position, high ones barely turn and carry content. The planes' shares sum to the score.")
     st.download_button("Terms (.npz)", data=cache.npz_bytes(terms=parts.terms, q_labels=np.array(parts.q_labels),

@@ -183,13 +183,13 @@ def bars_by_token(rows: dict[str, np.ndarray], tokens: Sequence[str], *, title: 
     return label_margins(fig, x_labels=x, x_angle=45 if len(x) > 12 else 0)
 
 
-def score_parts(labels: Sequence[str], values: np.ndarray, *, title: str, x_title: str, top: int = 24) -> go.Figure:
+def score_parts(labels: Sequence[str], values: np.ndarray, *, title: str, x_title: str, top: int = 24,
+                y_title: str = "part of the residual stream") -> go.Figure:
     """The `top` largest parts by |value| as horizontal bars, largest at the top (score units)."""
     values = np.asarray(values, dtype=float)
     order = np.argsort(-np.abs(values), kind="stable")[:top][::-1]
     fig = go.Figure(go.Bar(x=values[order], y=[labels[i] for i in order], orientation="h",
                            marker_color=[PALETTE[3] if values[i] < 0 else PALETTE[0] for i in order],
                            hovertemplate="%{y}<br>%{x:+.4f}<extra></extra>"))
-    fig = apply_layout(fig, title=title, x_title=x_title, y_title="part of the residual stream",
-                       height=max(320, 22 * len(order) + 120))
+    fig = apply_layout(fig, title=title, x_title=x_title, y_title=y_title, height=max(320, 22 * len(order) + 120))
     return label_margins(fig, y_labels=[labels[i] for i in order])
