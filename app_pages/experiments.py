@@ -29,6 +29,10 @@ LINK = links.Link("exp_", {
     "pair": links.Param("exp_pair", "choice", choices={"ioi": "ioi", "factual": "factual", "yours": "yours"}),
     "site": links.Param("exp_patch_kind", "choice", choices={k: k for k in ("heads", "resid", "attn", "mlp")}),
     "metric": links.Param("exp_patch_metric", "choice", choices={"logit_diff": "logit_diff", "loss": "loss"}),
+    "clean": links.Param("exp_pair_clean", "text", "clean prompt"),
+    "corrupted": links.Param("exp_pair_corrupted", "text", "corrupted prompt"),
+    "answer": links.Param("exp_pair_answer", "text", "answer"),
+    "wrong": links.Param("exp_pair_wrong", "text", "wrong answer"),
 })
 PAIR_NAMES = {"ioi": "Names (IOI): who gets the drink", "factual": "Facts: a landmark's city", "yours": "Your own pair"}
 SITE_NAMES = {"heads": "each head (layer x head)", "resid": "the residual stream (layer x position)",
@@ -188,12 +192,16 @@ def patching_view(model, loaded):
     ready = READY_PAIRS.get(which, READY_PAIRS["ioi"])
     if which == "yours":
         a, b = st.columns(2)
-        clean = a.text_input("Clean prompt", ready.clean, key="exp_pair_clean", persist_state="session")
-        corrupted = b.text_input("Corrupted prompt (same number of tokens)", ready.corrupted,
-                                 key="exp_pair_corrupted", persist_state="session")
-        answer = a.text_input("Answer (one token)", ready.answer, key="exp_pair_answer", persist_state="session")
-        wrong = b.text_input("Wrong answer (one token)", ready.wrong, key="exp_pair_wrong", persist_state="session")
-        pair = cache.token_pair(model, clean, corrupted, answer, wrong)
+        fields = (("clean", a, "Clean prompt", ready.clean),
+                  ("corrupted", b, "Corrupted prompt (same number of tokens)", ready.corrupted),
+                  ("answer", a, "Answer (one token)", ready.answer), ("wrong", b, "Wrong answer (one token)", ready.wrong))
+        typed = {}
+        for name, column, label, default in fields:
+            st.session_state.setdefault(f"exp_pair_{name}", default)  # a link may have set it already
+            typed[name] = column.text_input(label, key=f"exp_pair_{name}", persist_state="session")
+        pair = cache.token_pair(model, typed["clean"], typed["corrupted"], typed["answer"], typed["wrong"])
+        if all(len(v) <= URL_TEXT_LIMIT for v in typed.values()):
+            shown.update(typed)
     else:
         st.caption(f"Clean: “{ready.clean}” → {ready.answer!r}; corrupted: “{ready.corrupted}” → {ready.wrong!r}. "
                    + ready.note)

@@ -209,3 +209,12 @@ def test_attention_flow_beside_rollout_on_a_short_text():
     cap = capture_attention(load_model("toy-llama-gqa"), text)
     want = normalised(attention_flow(cap, cap.n_tokens - 1))[cap.layers[-1]]
     np.testing.assert_allclose(_values(spec["data"][1]["y"]), want, atol=1e-9)
+
+
+def test_your_own_pair_is_read_from_the_link_and_refused_with_a_reason():
+    """A link carries your own pair; prompts of different token lengths get tokenize_pair's message, no traceback."""
+    at = _page(view="Patching", model="smollm2-135m", pair="yours", clean="The cat sat on the mat and",
+               corrupted="A dog", answer=" slept", wrong=" ran")
+    assert at.text_input(key="exp_pair_corrupted").value == "A dog"
+    assert any("token" in e.value and "length" in e.value.lower() for e in at.error), [e.value for e in at.error]
+    assert at.query_params["corrupted"] in ("A dog", ["A dog"])
