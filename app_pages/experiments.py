@@ -194,7 +194,8 @@ def patching_view(model, loaded):
         a, b = st.columns(2)
         fields = (("clean", a, "Clean prompt", ready.clean),
                   ("corrupted", b, "Corrupted prompt (same number of tokens)", ready.corrupted),
-                  ("answer", a, "Answer (one token)", ready.answer), ("wrong", b, "Wrong answer (one token)", ready.wrong))
+                  ("answer", a, "Answer (one token)", ready.answer),
+                  ("wrong", b, "Wrong answer (one token)", ready.wrong))
         typed = {}
         for name, column, label, default in fields:
             st.session_state.setdefault(f"exp_pair_{name}", default)  # a link may have set it already

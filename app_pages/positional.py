@@ -102,7 +102,8 @@ if section == "RoPE":
     # the paper's layout: pair i is features (2i, 2i+1)
     left, right = st.columns(2)
     with left:
-        ui.chart(F.rope_pair_rotation(q[2 * pair: 2 * pair + 2], k[2 * pair: 2 * pair + 2], theta[pair], m_pos, n_pos_k),
+        plane = slice(2 * pair, 2 * pair + 2)
+        ui.chart(F.rope_pair_rotation(q[plane], k[plane], theta[pair], m_pos, n_pos_k),
               f"Pair {pair} turns by θ_{pair} = {theta[pair]:.3g} rad per position; the angle between R_m q and "
               f"R_n k changes only when n − m does.")
     with right:
@@ -244,7 +245,8 @@ if section == "Measured on models":
         "(**minilm-l6**, BERT) it is a flat 1/n. An encoder's queries also see the keys after them, so it is "
         "measured in both directions, against the signed distance (negative: the key comes after the query). "
         "**gemma3-270m** has two kinds of layer: 15 see only the last 512 keys with RoPE base 10,000, 3 see every "
-        "key with base 1,000,000; each kind gets its own colours, baseline and bound. A toy-lab model (lab/…) is measured with the scheme it was trained with, "
+        "key with base 1,000,000; each kind gets its own colours, baseline and bound. A toy-lab model (lab/…) is "
+        "measured with the scheme it was trained with, "
         f"which the lab recorded beside its weights; unless it uses ALiBi it reads at most {LAB_POSITIONS} tokens, "
         "so give it a short text.")
     model_name = ui.model_picker("pos_meas_model", default="smollm2-135m", label="Model to measure")

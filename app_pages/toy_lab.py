@@ -14,9 +14,9 @@ st.markdown(
     "Train a 2-layer transformer on a task with a known answer, here on the server's CPU, and watch its heads "
     "specialise. On the **induction** task every row is a random string of letters, the same string again, then "
     "random letters (`<bos> d a f c h d a f c h g b …`): the repeat is predictable only by finding where the "
-    "current letter appeared before and copying the letter after it. Two heads working together do exactly that: a **previous-token head** "
-    "(each position looks one back) and an **induction head** (looks at the token after the earlier copy of the "
-    "current one). Once trained, the model opens on every other page like any model.")
+    "current letter appeared before and copying the letter after it. Two heads working together do exactly that: "
+    "a **previous-token head** (each position looks one back) and an **induction head** (looks at the token "
+    "after the earlier copy of the current one). Once trained, the model opens on every other page like any model.")
 
 st.subheader("Set up a run")
 c1, c2, c3, c4 = st.columns(4)

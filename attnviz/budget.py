@@ -61,8 +61,8 @@ class MemoryBudget:
     with budget.admit(nbytes, on_wait=...): the block runs once `nbytes` fit beside the work already admitted;
     waiting works are served in the order they asked. on_wait(held_bytes, queue_position) is called once, before
     waiting, when the work cannot start at once; on_poll() every poll_seconds while it waits after that (a
-    Streamlit page touches an element there, which lets Streamlit stop a run whose visitor left). Raises OverBudget when nbytes exceeds the whole limit, and
-    TimeoutError when timeout (seconds) passes first.
+    Streamlit page touches an element there, which lets Streamlit stop a run whose visitor left). Raises OverBudget when
+    nbytes exceeds the whole limit, and TimeoutError when timeout (seconds) passes first.
     """
 
     def __init__(self, limit_bytes: int):

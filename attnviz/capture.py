@@ -385,7 +385,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
         values={i: recorder.values[i] for i in wanted} if with_values else None,
     )
     if with_scores:
-        capture.scores  # noqa: B018  (built now, so that it is exported with the capture)
+        capture.scores
     return capture
 
 

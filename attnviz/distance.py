@@ -191,7 +191,8 @@ class DistanceProfile:
     models); baselines {name: [n_r]}: position-free attention, the mask alone, one per mask among the groups;
     theory [n_r] (ALiBi alone, in weight units) or None; relative {name: [n_r]}: the RoFormer bound over its value
     at 0 for each RoPE base among the groups (for the right axis), empty without RoPE; curve_groups: {baseline or
-    bound name: the group it belongs to}; theory_note: one phrase on which curves apply and why; near [layer, head]: each head's weight within 8 tokens (excluding itself); where:
+    bound name: the group it belongs to}; theory_note: one phrase on which curves apply and why; near [layer, head]:
+    each head's weight within 8 tokens (excluding itself); where:
     in words."""
 
     distances: np.ndarray

@@ -8,8 +8,8 @@ at the sink token and the model breaks; set them to their mean and it does not.
 - top_activations: the top-k absolute values of each layer's output and which token and dimension hold them.
 - edited: a context in which one layer's output is changed at one token, in some dimensions (to zero, or to
   their mean over other texts: mean_at), for every forward pass this thread runs; other threads running the
-  same shared model are not touched. intervention() measures what that does to the per-token loss (attnviz.lm) and to each layer's sink
-  mass (attnviz.stats.sink_mass on attnviz.capture's patterns).
+  same shared model are not touched. intervention() measures what that does to the per-token loss (attnviz.lm) and to
+  each layer's sink mass (attnviz.stats.sink_mass on attnviz.capture's patterns).
 """
 
 from __future__ import annotations

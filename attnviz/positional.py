@@ -103,8 +103,8 @@ def interleaved_to_half_permutation(d_head: int) -> np.ndarray:
 
     The paper rotates adjacent pairs (x_2i, x_2i+1); transformers' rotate_half rotates (x_i, x_(i + d/2)).
     Reordering the features of q and k by p (what transformers' GGUF loader does to the rows of llama.cpp's W_q and
-    W_k, head by head) turns one convention into the other: apply_rope(x[..., p]) == apply_rope(x, interleaved=True)[..., p].
-    The inverse permutation is np.argsort(p).
+    W_k, head by head) turns one convention into the other: apply_rope(x[..., p]) == apply_rope(x,
+    interleaved=True)[..., p]. The inverse permutation is np.argsort(p).
     """
     d_head = _check_even(d_head, "d_head")
     return np.concatenate([np.arange(0, d_head, 2), np.arange(1, d_head, 2)])

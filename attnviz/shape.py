@@ -235,7 +235,7 @@ def _module_scaling(module) -> float | None:
         return None
     for name, invert in (("scaling", False), ("inv_norm_factor", False), ("scale_attn", True)):
         value = getattr(module, name, None)
-        if isinstance(value, (int, float)) or getattr(value, "numel", lambda: 0)() == 1:  # a number or a 1-element tensor
+        if isinstance(value, (int, float)) or getattr(value, "numel", lambda: 0)() == 1:  # a number or 1-element tensor
             return 1.0 / float(value) if invert else float(value)
     return None
 

@@ -60,7 +60,7 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     """
     pattern = getattr(capture, "pattern", None)
     targets = induction_targets(capture.token_ids) if pattern is not None else None
-    n_layers, n_heads, n = len(capture.layers), len(capture.kv_head_of), len(capture.token_ids)
+    n_layers, n = len(capture.layers), len(capture.token_ids)
     summary = getattr(capture, "summary", None) or {}
     # a model with learned sink logits (gpt-oss): each row's weights sum to 1 minus its sink's share
     sinks = getattr(capture, "learned_sink", None) if pattern is not None else None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnviz import attention as core
-from attnviz.pooling import MIN_REMAINING, pool_edges  # noqa: F401  (the edges of every pooled view)
+from attnviz.pooling import MIN_REMAINING, pool_edges
 
 OVERVIEW = 512  # pixels per side of a long head's overview (the Heads page and the notebook views)
 # Above this many tokens one head is drawn as the max-pooled overview and a zoom window in both stores: a full-size

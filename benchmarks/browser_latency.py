@@ -3,8 +3,9 @@
 Starts Streamlit on 127.0.0.1 (port 8641, or --port), opens each page in Chromium driven by playwright, lets its
 first run finish (captures and caches warm), then makes each change below and times it: from the moment the
 widget is changed until the server has answered, the app reports its script has stopped running, no skeleton is
-left, every chart in view is drawn, and that has held for three polls 50 ms apart (the idle rule of tests/test_browser.py, polled finer; the
-three quiet polls are not counted). Every change is made REPEAT times (back and forth) and the median printed.
+left, every chart in view is drawn, and that has held for three polls 50 ms apart (the idle rule of
+tests/test_browser.py, polled finer; the three quiet polls are not counted). Every change is made REPEAT times (back and
+forth) and the median printed.
 
 Two clocks: "driver" starts before playwright makes the change (so it includes the automation itself: opening a
 selectbox, typing, clicking an option), "input" starts at the browser's own timestamp of the input event that

@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz.capture import capture_attention  # noqa: E402
-from attnviz.figures.heads import head_detail  # noqa: E402
-from attnviz.models import load_model  # noqa: E402
+from attnviz.capture import capture_attention
+from attnviz.figures.heads import head_detail
+from attnviz.models import load_model
 
 PARAGRAPH = ("Attention lets every token look back at the tokens before it and take a weighted mix of what it finds. "
              "Some heads look at the previous token, some copy what followed an earlier copy of the current token, "

@@ -38,8 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import diagnostics, massive, sinks, streaming  # noqa: E402
-from attnviz.models import load_model  # noqa: E402
+from attnviz import diagnostics, massive, sinks, streaming
+from attnviz.models import load_model
 
 REFERENCE_WINDOWS, REFERENCE_TOKENS = 8, 64  # the texts the mean intervention averages over, as on the Sinks page
 

@@ -28,14 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from attnviz.kernels import (  # noqa: E402
+from attnviz.kernels import (
     INTERPRETED, forward_flops, device_peak_tflops, flash_attention, make_inputs, naive_attention, peak_cpu_bytes,
     tile_steps, time_call, two_pass_attention,
 )
-from attnviz.kernels.limits import shared_memory_estimate, shared_memory_limit  # noqa: E402
-from attnviz.kernels.triton_attention import GPU_LAUNCH_CONFIGS  # noqa: E402
+from attnviz.kernels.limits import shared_memory_estimate, shared_memory_limit
+from attnviz.kernels.triton_attention import GPU_LAUNCH_CONFIGS
 
 sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -204,7 +204,7 @@ def gpu_benchmark(args):
                                  max_error=error))
                 if (n, d, dtype) == (GOAL_N, GOAL_D, GOAL_DTYPE):
                     goal[causal] = (naive_ms / triton_ms, flash_ms / triton_ms, tflops["triton"], share)
-                del q, k, v, out
+                q = k = v = out = None  # free the GPU memory before the next size
                 torch.cuda.empty_cache()
     for causal, (speedup, ratio, tflops, share) in goal.items():
         verdict = "met" if speedup >= 5 and ratio >= 0.8 else "NOT met"

@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import knockout as ko  # noqa: E402
-from attnviz import lm  # noqa: E402
-from attnviz.models import load_model  # noqa: E402
+from attnviz import knockout as ko
+from attnviz import lm
+from attnviz.models import load_model
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Attention lets each token look at the tokens before it, and "
         "a head that matters changes the loss when it is removed. The quick brown fox jumps over the lazy dog. "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import lab  # noqa: E402
+from attnviz import lab
 
 THRESHOLD = 0.5
 

@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import knockout as ko  # noqa: E402
-from attnviz import logit_attribution as dla  # noqa: E402
-from attnviz import patching as P  # noqa: E402
-from attnviz.models import load_model  # noqa: E402
+from attnviz import knockout as ko
+from attnviz import logit_attribution as dla
+from attnviz import patching as P
+from attnviz.models import load_model
 
 IOI_16 = P.PromptPair("ioi-16", "Then, when Mary and John went to the store, John gave a drink to",
                       "Then, when Mary and John went to the store, Mary gave a drink to", " Mary", " John")

@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz.distance import attention_by_distance  # noqa: E402
-from attnviz.positional import alibi_by_distance, alibi_pattern  # noqa: E402
+from attnviz.distance import attention_by_distance
+from attnviz.positional import alibi_by_distance, alibi_pattern
 
 HEADS, N, REPEATS = 16, 1500, 5
 

@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import streaming  # noqa: E402
-from attnviz.models import load_model  # noqa: E402
+from attnviz import streaming
+from attnviz.models import load_model
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import softmax as sm  # noqa: E402
+from attnviz import softmax as sm
 
 ROWS = 256
 

@@ -179,7 +179,7 @@ def test_threads_share_one_model_without_mixing(smollm2):
         try:
             barrier.wait()
             results[i] = capture_attention(smollm2, texts[i % len(texts)], layers=[0, 4, 8])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(texts) * 2)]

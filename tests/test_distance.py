@@ -100,7 +100,8 @@ def test_measured_profile_draws_each_layer_kind_against_its_own_theory(tmp_path)
     window, n = config.sliding_window, cap.n_tokens
     assert config.layer_types == ["sliding_attention", "full_attention"] and n > 2 * window
     assert prof.groups == [f"sliding window {window}, RoPE base 10000", "causal, RoPE base 1e+06"]
-    for layer, name in enumerate((f"uniform over the last {window} keys (no position)", "uniform causal (no position)")):
+    names = (f"uniform over the last {window} keys (no position)", "uniform causal (no position)")
+    for layer, name in enumerate(names):
         visible = cap.inputs[layer].mask.rows(0, n).astype(float)
         uniform = visible / visible.sum(1, keepdims=True)
         np.testing.assert_allclose(prof.baselines[name], D.attention_by_distance(uniform[None]), atol=1e-12)

@@ -19,7 +19,7 @@ from gguf.quants import dequantize
 from attnviz import gguf, models, paths, ui
 from attnviz.capture import capture_attention
 from attnviz.models import NOT_AVAILABLE, ModelError, load_model
-from tests.gguf_files import F16, F32, Q8_0, gguf_name, write_llama
+from tests.gguf_files import F16, Q8_0, gguf_name, write_llama
 
 TEXT = "The cat sat on the mat."
 

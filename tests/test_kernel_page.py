@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 from tests.kernel_cases import keys_read_by_definition, needs_gpu

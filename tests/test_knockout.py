@@ -137,7 +137,7 @@ def test_concurrent_knockouts_on_one_model_stay_independent():
             for _ in range(5):
                 got[h] = ko.knocked_logits(loaded, ids, [((1, h),)])[0]
                 assert torch.equal(got[h], expected[h])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(h,)) for h in range(4)]

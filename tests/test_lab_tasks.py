@@ -84,12 +84,17 @@ def _loop_scores(a: np.ndarray, L: int):
 def test_scores_match_their_definitions_on_ideal_and_random_patterns():
     L = 6
     n = 2 * L + 1
-    previous = np.zeros((n, n)); previous[0, 0] = 1; previous[np.arange(1, n), np.arange(n - 1)] = 1
-    induction = np.zeros((n, n)); induction[:L + 1, 0] = 1
+    previous = np.zeros((n, n))
+    previous[0, 0] = 1
+    previous[np.arange(1, n), np.arange(n - 1)] = 1
+    induction = np.zeros((n, n))
+    induction[:L + 1, 0] = 1
     induction[np.arange(L + 1, n), np.arange(L + 1, n) - L + 1] = 1
-    sink = np.zeros((n, n)); sink[:, 0] = 1
+    sink = np.zeros((n, n))
+    sink[:, 0] = 1
     rng = np.random.default_rng(0)
-    random = np.tril(rng.random((n, n))); random /= random.sum(-1, keepdims=True)
+    random = np.tril(rng.random((n, n)))
+    random /= random.sum(-1, keepdims=True)
     for a in (previous, induction, sink, random):
         got = (lab.previous_token_score(a), lab.induction_score(a, L), lab.sink_score(a))
         np.testing.assert_allclose(got, _loop_scores(a, L), rtol=0, atol=1e-12)

@@ -242,7 +242,7 @@ def test_hooks_are_removed_and_other_threads_run_the_plain_model():
             for _ in range(3):
                 P.activation_patching(loaded, pair, "resid", batch=8)
                 P.attribution_patching(loaded, pair)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
         finally:
             done.set()

@@ -30,7 +30,8 @@ def test_layer_facts_of_configs_without_a_model():
                                                             "full_attention"])
     chunked.attention_chunk_size = 8192
     facts = S.model_shape(chunked, causal=True).layer_facts
-    assert [(f.mask, f.window, f.kind) for f in facts] == [("chunked", 8192, "local")] * 2 + [("causal", None, "global")]
+    want = [("chunked", 8192, "local")] * 2 + [("causal", None, "global")]
+    assert [(f.mask, f.window, f.kind) for f in facts] == want
     mistral = S.model_shape(MistralConfig(num_hidden_layers=2, sliding_window=7), causal=True)
     assert [(f.mask, f.window) for f in mistral.layer_facts] == [("sliding", 7)] * 2
     assert mistral.kinds_summary() == ""  # one kind: nothing to tell apart

@@ -17,7 +17,7 @@ from attnviz.kernels import (
 )
 from attnviz.kernels import stepper
 from attnviz.kernels import triton_attention as ta
-from tests.kernel_cases import ALL_CASES, TOLERANCE, case_id, gpu_inputs, inputs, needs_gpu, run_case
+from tests.kernel_cases import ALL_CASES, TOLERANCE, case_id, gpu_error, gpu_inputs, inputs, needs_gpu, run_case
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=case_id)

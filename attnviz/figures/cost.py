@@ -161,7 +161,8 @@ def param_share_figure(counts: Mapping[str, Mapping[str, int]],
         share = [100.0 * counts[m][part] / counts[m]["total"] for m in models]
         raw = [counts[m][part] for m in models]
         fig.add_trace(go.Bar(x=models, y=share, name=part.replace("_", " "), marker_color=PALETTE[i % len(PALETTE)],
-                             customdata=raw, hovertemplate="%{x}: %{y:.1f}% (%{customdata:,})<extra>" + part + "</extra>"))
+                             customdata=raw,
+                             hovertemplate="%{x}: %{y:.1f}% (%{customdata:,})<extra>" + part + "</extra>"))
     fig.update_layout(barmode="stack")
     return apply_layout(fig, title="Where the parameters are", x_title="model", y_title="share of parameters (%)",
                         height=400)

@@ -114,7 +114,8 @@ def sink_rate_bars(rate_by_layer, layers: Sequence[int], *, eps: float, whole: f
 def sink_rate_curve(eps_values, rates, *, eps: float, model: str | None = None) -> go.Figure:
     """Sink_0^eps of the whole model against the threshold eps, the chosen eps marked."""
     fig = line_chart(np.asarray(eps_values), {"whole model": 100 * np.asarray(rates, dtype=float)},
-                     title=(f"{model}: h" if model else "H") + "ow the sink metric depends on the threshold ε", x_title="threshold ε (share of attention)",
+                     title=(f"{model}: h" if model else "H") + "ow the sink metric depends on the threshold ε",
+                     x_title="threshold ε (share of attention)",
                      y_title="Sink₀^ε (% of (text, layer, head) triples)", height=340)
     fig.add_vline(x=eps, line=dict(color="#868e96", dash="dot"))
     fig.update_yaxes(range=[0, 100])

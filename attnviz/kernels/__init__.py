@@ -20,22 +20,23 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from .naive import naive_attention, reference_attention, two_pass_attention  # noqa: E402
-from .stages import (  # noqa: E402
+from .naive import naive_attention, reference_attention, two_pass_attention
+from .stages import (
     TILE_FULL, TILE_MASKED, TILE_SKIPPED, TILE_WINDOW, StageBounds, keys_read, stage_bounds, tile_map,
 )
-from .stepper import TileStep, online_attention, tiled_steps, trace_difference  # noqa: E402
-from .limits import ITEMSIZE, MAX_INTERPRETED_STEPS, refusal, tile_steps  # noqa: E402
-from .timing import (  # noqa: E402
+from .stepper import TileStep, online_attention, tiled_steps, trace_difference
+from .limits import ITEMSIZE, MAX_INTERPRETED_STEPS, refusal, tile_steps
+from .timing import (
     MethodResult, compare_methods, device_peak_tflops, forward_flops, make_inputs, peak_bytes, peak_cpu_bytes,
     peak_memory_at, peak_memory_scan, time_call,
 )
-from .traffic import Traffic, break_even_head_dim, compare_traffic, naive_traffic, tiled_traffic  # noqa: E402
-from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE, KernelTrace, flash_attention  # noqa: E402
+from .traffic import Traffic, break_even_head_dim, compare_traffic, naive_traffic, tiled_traffic
+from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE, KernelTrace, flash_attention
 
 __all__ = [
     "INTERPRETED", "ITEMSIZE", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelTrace", "MethodResult", "StageBounds",
-    "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TILE_WINDOW", "TileStep", "Traffic", "UNAVAILABLE", "break_even_head_dim",
+    "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TILE_WINDOW", "TileStep", "Traffic", "UNAVAILABLE",
+    "break_even_head_dim",
     "compare_methods", "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "keys_read",
     "make_inputs", "naive_attention", "naive_traffic", "online_attention", "peak_bytes", "peak_cpu_bytes",
     "peak_memory_at", "peak_memory_scan", "reference_attention", "refusal", "stage_bounds", "tile_map", "tile_steps",

@@ -92,7 +92,8 @@ class LabConfig:
     def default_name(self) -> str:
         """A folder name that identifies the run: same config, same name (a digest of every field ends it)."""
         fields = asdict(self)
-        for name, default in (("attention", "standard"), ("text_len", 64), ("weight_decay", 0.01)):  # so older runs keep their names
+        # so older runs keep their names
+        for name, default in (("attention", "standard"), ("text_len", 64), ("weight_decay", 0.01)):
             if fields[name] == default:
                 del fields[name]
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]

@@ -169,8 +169,9 @@ def model_version(name: str | None) -> tuple:
     or hub snapshot under this server's model folders: the resolved folder, then (file name, inode, size,
     mtime_ns) of each file in it (a hub snapshot's folder names its commit); a GGUF file: its path, inode, size and
     mtime_ns. Toy and bundled models, and names this server does not open: () (built from a seed, or read from an
-    installed package and converted once: their weights cannot change while the server runs). A save replaces the lab folder with freshly written files, so
-    their inodes differ even when size and mtime (coarse on some file systems) do not. Costs one directory listing.
+    installed package and converted once: their weights cannot change while the server runs). A save replaces the lab
+    folder with freshly written files, so their inodes differ even when size and mtime (coarse on some file systems) do
+    not. Costs one directory listing.
     """
     from attnviz.models import ModelError, is_registered, lab_folder, user_folder
 

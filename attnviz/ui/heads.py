@@ -22,7 +22,7 @@ from attnviz.figures import text as text_figs
 from attnviz.once import ComputeOnce
 from attnviz.stats import head_stats
 from attnviz.ui import links
-from attnviz.views import FULL_MAP_MAX_TOKENS, OVERVIEW  # noqa: F401  (shared with the notebook views)
+from attnviz.views import FULL_MAP_MAX_TOKENS, OVERVIEW
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

@@ -74,8 +74,8 @@ def step_figures(n, d, block_m, block_n, causal, dtype, seed, window, index) -> 
     rows = np.arange(step.q_start, step.q_stop)
     return {
         "step": figs.step_figure(states, run.q_edges, run.k_edges, step.scores, step.q_start, step.k_start,
-                                 causal=causal, window=window, title=f"Step {index}: query block {step.q_block}, key block "
-                                                      f"{step.k_block}"),
+                                 causal=causal, window=window,
+                                 title=f"Step {index}: query block {step.q_block}, key block {step.k_block}"),
         "state": figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha),
         "acc": figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start),
     }
