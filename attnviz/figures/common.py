@@ -86,6 +86,13 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     return fig
 
 
+def legend_below(fig: go.Figure, *, y: float = -0.22, bottom: int = 100) -> go.Figure:
+    """The legend under the x-axis title, left-aligned, with a bottom margin to hold it: above the plot, in a narrow
+    column, it runs over the chart's title however many entries it has."""
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=y, xanchor="left", x=0.0), margin=dict(b=bottom))
+    return fig
+
+
 def grid_layout(rows: int, cols: int, titles: Sequence[str] = (), *, horizontal_spacing: float = 0.1,
                 vertical_spacing: float = 0.2) -> dict:
     """The layout of plotly's make_subplots(rows, cols, subplot_titles=titles) as a plain dict: the axes of panel

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, line_chart
+from attnviz.figures.common import ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, legend_below, line_chart
 
 GIB = 2 ** 30
 
@@ -90,13 +90,6 @@ def head_sharing_figure(n_heads: int, layouts: Mapping[str, Sequence[int]]) -> g
     return fig.update_layout(margin=dict(t=80))  # the figure's title and the panels' two-line titles
 
 
-def _legend_below(fig: go.Figure) -> go.Figure:
-    """The legend under the x-axis title: above the plot, in a narrow window, it runs over the chart's title."""
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
-                      margin=dict(b=110))
-    return fig
-
-
 def kv_cache_figure(seq_lens, curves: Mapping[str, Sequence[float]], *, batch: int, bytes_per_value: float,
                     budget_gib: float | None = None) -> go.Figure:
     """KV-cache size (GiB) against context length, one line per model; log-log. curves hold bytes."""
@@ -109,7 +102,7 @@ def kv_cache_figure(seq_lens, curves: Mapping[str, Sequence[float]], *, batch: i
         fig.add_trace(go.Scatter(x=[x.min(), x.max()], y=[budget_gib, budget_gib], mode="lines",
                                  name=f"{budget_gib:g} GiB budget", line=dict(color="#868e96", dash="dot"),
                                  hovertemplate=f"{budget_gib:g} GiB<extra></extra>"))
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.2, bottom=110)
 
 
 def flops_figure(seq_lens, projections, attention, *, crossover: float, d_model: int, causal: bool) -> go.Figure:
@@ -122,7 +115,7 @@ def flops_figure(seq_lens, projections, attention, *, crossover: float, d_model:
     fig.update_traces(hovertemplate="N = %{x:,}: %{y:.3g} FLOPs")
     fig.add_vline(x=crossover, line=dict(color="#c2255c", dash="dash"),
                   annotation_text=f"crossover N = {crossover:,.0f}", annotation_position="top left")
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.2, bottom=110)
 
 
 def variant_maps_figure(patterns: Mapping[str, np.ndarray], heads: Sequence[int], kv_heads: Mapping[str, Sequence[int]]

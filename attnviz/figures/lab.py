@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import (ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap, label_margins,
-                                   unique_labels)
+from attnviz.figures.common import (
+    ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap, label_margins, legend_below, unique_labels,
+)
 
 SCORE_TITLES = {"previous_token": "previous-token score", "induction": "induction score", "sink": "sink score"}
 
@@ -136,14 +137,9 @@ def variant_loss_curves(losses: dict[str, Sequence[float]], *, total_steps: int 
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
     fig.update_yaxes(rangemode="tozero")
-    return _legend_below(apply_layout(fig, title=f"Training loss of each variant (mean of the last {window} steps)",
-                                      x_title="training step", y_title="cross-entropy (nats)", height=400))
-
-
-def _legend_below(fig: go.Figure) -> go.Figure:
-    """The legend under the plot, clear of the title however many entries it has."""
-    fig.update_layout(margin=dict(b=110), legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0.0))
-    return fig
+    return legend_below(apply_layout(fig, title=f"Training loss of each variant (mean of the last {window} steps)",
+                                      x_title="training step", y_title="cross-entropy (nats)", height=400),
+                        y=-0.22, bottom=110)
 
 
 def variant_sink_curves(steps: dict[str, Sequence[int]], rates: dict[str, Sequence[float]], *, eps: float,
@@ -160,8 +156,9 @@ def variant_sink_curves(steps: dict[str, Sequence[int]], rates: dict[str, Sequen
     fig.update_yaxes(range=[0, 100])
     if total_steps:
         fig.update_xaxes(range=[0, total_steps])
-    return _legend_below(apply_layout(fig, title=f"Sink metric over training (α₀ > {eps:g})", x_title="training step",
-                                      y_title="Sink₀^ε (% of (text, layer, head) triples)", height=400))
+    return legend_below(apply_layout(fig, title=f"Sink metric over training (α₀ > {eps:g})", x_title="training step",
+                                      y_title="Sink₀^ε (% of (text, layer, head) triples)", height=400),
+                        y=-0.22, bottom=110)
 
 
 def variant_maps(tokens: Sequence[str], maps: Mapping[str, np.ndarray], on_tokens: Mapping[str, float], *,

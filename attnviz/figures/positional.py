@@ -9,14 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, line_chart
-
-
-def _legend_below(fig: go.Figure) -> go.Figure:
-    """Legends go under the plot here: these charts sit in narrow columns, where a legend on top hides the title."""
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0.0),
-                      margin=dict(b=90))
-    return fig
+from attnviz.figures.common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, legend_below, line_chart
 
 
 def _log_ticks(fig: go.Figure, **kwargs) -> go.Figure:
@@ -77,7 +70,7 @@ def rope_pair_rotation(q_pair, k_pair, theta: float, m: float, n: float) -> go.F
     fig.update_yaxes(range=[-lim, lim], zeroline=True, scaleanchor="x", scaleratio=1)
     apply_layout(fig, title="One feature pair rotated by position", x_title="first coordinate (unitless)",
                  y_title="second coordinate (unitless)", height=460)
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.22, bottom=90)
 
 
 def decay_bound_chart(distances, curves: Mapping[str, Sequence[float]], *, log_x: bool = False) -> go.Figure:
@@ -86,7 +79,7 @@ def decay_bound_chart(distances, curves: Mapping[str, Sequence[float]], *, log_x
     fig = line_chart(distances, curves, title="RoFormer §3.4.3 relative upper bound against distance",
                      x_title="relative distance (tokens)", y_title="relative upper bound (unitless)", log_x=log_x,
                      dashed=names[1:], height=420)
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.22, bottom=90)
 
 
 def slopes_bar(slopes: np.ndarray, n_geometric: int | None = None) -> go.Figure:
@@ -103,7 +96,7 @@ def slopes_bar(slopes: np.ndarray, n_geometric: int | None = None) -> go.Figure:
     _log_ticks(fig)
     apply_layout(fig, title=f"ALiBi slopes for {len(slopes)} heads", x_title="head index",
                  y_title="slope m (score per token, log scale)", height=380)
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.22, bottom=90)
 
 
 def bias_heatmap(bias: np.ndarray, *, title: str) -> go.Figure:
@@ -181,7 +174,7 @@ def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str
                  x_title="query − key distance (tokens; < 0: key after the query, > 0: before it)" if (x < 0).any()
                  else "query − key distance (tokens)")
     fig.update_yaxes(title_text="mean attention weight (fraction of the row)", secondary_y=False)
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.22, bottom=90)
 
 
 def scheme_lines(distances, curves: Mapping[str, Sequence[float]], *, title: str, y_title: str,
@@ -191,4 +184,4 @@ def scheme_lines(distances, curves: Mapping[str, Sequence[float]], *, title: str
                      height=420)
     if log_y:
         _log_ticks(fig)
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.22, bottom=90)

@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attnviz.figures.common import (ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap, label_margins,
-                                    unique_labels)
+from attnviz.figures.common import (
+    ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap, label_margins, legend_below, unique_labels,
+)
 
 VARIANT_COLORS = {"scaled": PALETTE[0], "unscaled": PALETTE[1]}
 REAL_COLORS = {"own scale": PALETTE[0], "unscaled": PALETTE[1], "temperature": PALETTE[2]}
@@ -187,7 +188,7 @@ def head_row(patterns: Mapping[str, np.ndarray], tokens: Sequence[str], *, title
     fig.update_layout(barmode="group")
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(tokens))), ticktext=[str(t) for t in tokens])
     apply_layout(fig, title=title, x_title="key token", y_title="attention weight (0 to 1)", height=height)
-    return _legend_below(fig, y=-0.45, bottom=150)
+    return legend_below(fig, y=-0.45, bottom=150)
 
 
 def scale_sweep_chart(sweep: pd.DataFrame, *, own_factor: float, temperature_factor: float | None = None,
@@ -206,7 +207,7 @@ def scale_sweep_chart(sweep: pd.DataFrame, *, own_factor: float, temperature_fac
     fig.update_xaxes(type="log")
     apply_layout(fig, title=title, x_title="factor multiplying raw q·k (log scale)",
                  y_title="weight, share or norm (0 to 1)", height=height)
-    return _legend_below(fig)
+    return legend_below(fig, y=-0.3, bottom=100)
 
 
 def _log_vline_parts(x: float, text: str, color: str, side: str, y: float = 1.0, axis: str = "") -> tuple[dict, dict]:
@@ -225,13 +226,6 @@ def _log_vline(fig: go.Figure, x: float, text: str, color: str, side: str, y: fl
     shape, note = _log_vline_parts(x, text, color, side, y=y, axis=axis)
     fig.add_shape(shape)
     fig.add_annotation(note)
-
-
-def _legend_below(fig: go.Figure, y: float = -0.3, bottom: int = 100) -> go.Figure:
-    """Legend under the x-axis title, so it never covers a title in a narrow column."""
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=y, xanchor="left", x=0.0),
-                      margin=dict(b=bottom))
-    return fig
 
 
 def head_share_grid(share, layers: Sequence[int], *, title: str, height: int = 420) -> go.Figure:
