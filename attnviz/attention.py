@@ -175,10 +175,10 @@ def _named_rules(visible: np.ndarray) -> list[MaskRule]:
     """The causal, sliding-window and chunked rules a [n_query, n_key] bool mask could be (MaskRule.from_bool
     keeps the one that equals it)."""
     n_query, n_key = visible.shape
-    return _named_rules_from_rows(visible, np.arange(n_query), n_query, n_key)
+    return named_rules_from_rows(visible, np.arange(n_query), n_query, n_key)
 
 
-def _named_rules_from_rows(visible: np.ndarray, rows: np.ndarray, n_query: int, n_key: int) -> list[MaskRule]:
+def named_rules_from_rows(visible: np.ndarray, rows: np.ndarray, n_query: int, n_key: int) -> list[MaskRule]:
     """The rules that some query rows of a mask (visible [len(rows), n_key], for query rows `rows` in increasing
     order) suggest: causal; a sliding window as wide as the widest row; chunks as long as the first row that does
     not see key 0 is far. The caller checks each against the mask."""

@@ -206,7 +206,7 @@ def named_rule(*, batch_size: int, q_length: int, kv_length: int, q_offset: int 
         probed = mask_function(zero, zero, rows[:, None], keys[None, :]).expand(len(rows), kv_length).numpy()
     except Exception:  # a mask function that does not broadcast: let transformers build the mask
         return None
-    for rule in core._named_rules_from_rows(probed, rows.numpy(), q_length, kv_length):
+    for rule in core.named_rules_from_rows(probed, rows.numpy(), q_length, kv_length):
         if all(np.array_equal(rule.rows(int(r), int(r) + 1)[0], probed[i]) for i, r in enumerate(rows)):
             return rule
     return None

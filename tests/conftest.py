@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 # Chooses Triton's backend (the interpreter without a GPU) before any test builds a transformers model, which imports
@@ -53,3 +55,22 @@ def attention_of():
         return torch.stack([a[0] for a in out.attentions]).double().numpy()
 
     return attention
+
+
+# Debian's chromium, driven by playwright (never `playwright install`), for the browser and notebook tests
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium, one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("chromium is not installed: run `bash scripts/setup.sh --dev` (installs it with apt-get)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -9,7 +9,6 @@ for Streamlit exception blocks and browser console errors. A screenshot of every
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,8 +23,6 @@ from attnviz.ui import PAGES
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = Path(os.environ.get("ATTNVIZ_SCREENSHOTS", ROOT / "docs" / "screenshots"))
 PAGE_TIMEOUT_S = 240
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 pytestmark = pytest.mark.browser
 
@@ -68,19 +65,6 @@ def server():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("chromium is not installed: run `bash scripts/setup.sh --dev` (installs it with apt-get)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _wait_until_done(page, timeout_s: float) -> None:

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -27,8 +26,6 @@ from attnviz.figures import heads as figs
 from attnviz.tokenizer import byte_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TEXT = "The quick brown fox jumps over the lazy dog; the lazy dog sleeps."  # 65 bytes: 66 tokens with <bos>
 N = 66
 ATOL = 1e-5  # the capture runs the model in float32, the reference in float64
@@ -243,19 +240,6 @@ def test_views_refuse_what_was_not_captured(caps):
 
 
 # -- in a browser, offline --
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("chromium is not installed: run `bash scripts/setup.sh --dev` (installs it with apt-get)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 def _offline_page(browser):
     """A page whose every request other than file: and data: is aborted and listed, and its console errors."""
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
