@@ -3,8 +3,8 @@ import streamlit as st
 
 from attnviz import ui
 from attnviz.figures import experiments as figs
-from attnviz.capture import readable_tokens
 from attnviz.generation import MAX_NEW_TOKENS
+from attnviz.tokenizer import readable_tokens
 from attnviz.ui import experiments as cache
 from attnviz.ui import links
 
@@ -345,8 +345,6 @@ def flow_panel(model, text, capture, joint, query, layer):
 
 def qk_view(model, loaded, text):
     """One head's score of one key split into the residual-stream parts that made the query and the key."""
-    from attnviz.capture import readable_tokens
-
     ids = loaded.tokenizer(text).input_ids if text.strip() else []
     if len(ids) < 2:
         st.warning("The text needs at least two tokens: a query and a key.")

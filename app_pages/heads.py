@@ -3,7 +3,7 @@ import streamlit as st
 
 from attnviz import budget, ui
 from attnviz.capture import CaptureError
-from attnviz.capture_io import MAX_EXPORT_BYTES, export_bytes
+from attnviz.capture.files import MAX_EXPORT_BYTES, export_bytes
 from attnviz.corpus import compare_heads, layer_means
 from attnviz.diagnostics import SCORES
 from attnviz.figures import compare as compare_figs

@@ -161,18 +161,12 @@ def _stats(args) -> int:
     if store == "qk":
         # each layer's attention output and statistics come from one pass over its scores during the forward
         # pass (attnviz.stats.streaming_attend); its q and k are then dropped: memory holds one layer's inputs
-        from attnviz.stats import streaming_attend, streamed_stats
+        from attnviz.stats import streaming_attend
 
         ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0].tolist()
-        attend, summary = streaming_attend(ids)
-
-        def on_layer(layer, x):  # a family read by hooks (BLOOM) has no attend call: its statistics come here
-            if layer not in summary:
-                summary[layer] = streamed_stats(x, ids)
-
-        capture = capture_attention(loaded, text, layers=layers, store="qk", keep_inputs=False, attend=attend,
-                                    on_layer=on_layer, progress=report("forward pass and statistics"))
-        capture.summary = summary
+        during = streaming_attend(ids, keep_inputs=False)
+        capture = capture_attention(loaded, text, layers=layers, store="qk", during=during,
+                                    progress=report("forward pass and statistics"))
     else:
         capture = capture_attention(loaded, text, layers=layers, store=store, progress=report("forward pass"))
     frame = head_stats(capture, progress=report("statistics") if store != "qk" else None)
@@ -216,7 +210,7 @@ def _capture(args) -> int:
     import numpy as np
 
     from attnviz.capture import CaptureError, capture_attention
-    from attnviz.capture_io import save_capture
+    from attnviz.capture.files import save_capture
     from attnviz.models import load_model
 
     if args.out.suffix.lower() not in (".npz", ".safetensors"):

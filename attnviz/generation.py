@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from attnviz import lm
-from attnviz.capture import MAX_TOKENS, readable_tokens, recording_forward
+from attnviz.capture import MAX_TOKENS, recording_forward
+from attnviz.tokenizer import readable_tokens
 
 MAX_NEW_TOKENS = 64
 TOP_K = 5

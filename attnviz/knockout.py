@@ -31,14 +31,17 @@ import torch
 
 from attnviz import lm
 from attnviz.capture import attention_modules
-from attnviz.hooks import SharedHooks, decoder_layers
+from attnviz.capture import SharedHooks, decoder_layers
 from attnviz.projection import KnockoutError, head_width, output_projection, projection_weight  # noqa: F401
 
 MODES = ("zero", "mean")
 
 
 @dataclass
-class _Plan:
+class Plan:
+    """What one batched forward pass does to the heads' outputs (a ContextVar holds it while forward_with runs; the
+    projection hooks read it): knock-outs per layer and row, mean-ablation means to fill, a shared prefix."""
+
     keep: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [batch, 1, in] 1 = keep, 0 = knocked
     add: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> [batch, 1, in] what replaces them
     means: dict[int, torch.Tensor] | None = None                  # filled: layer -> [in] mean over positions, row 0
@@ -46,7 +49,7 @@ class _Plan:
     rows: int = 1
 
 
-_PLAN: ContextVar[_Plan | None] = ContextVar("attnviz_knockout", default=None)
+_PLAN: ContextVar[Plan | None] = ContextVar("attnviz_knockout", default=None)
 _PREFIX_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -76,7 +79,7 @@ def _before_block(layer: int, module, args, kwargs):
 
 
 def blocks(model) -> list[torch.nn.Module] | None:
-    """The transformer block of each layer (attnviz.hooks.decoder_layers), or None when the model has no such
+    """The transformer block of each layer (attnviz.capture.decoder_layers), or None when the model has no such
     list."""
     try:
         return decoder_layers(model)
@@ -96,7 +99,7 @@ def _install(model) -> list:
 _HOOKS = SharedHooks(_install)  # the projection (and block) hooks, shared by concurrent users
 
 
-def _forward(model, ids: torch.Tensor, plan: _Plan) -> torch.Tensor:
+def forward_with(model, ids: torch.Tensor, plan: Plan) -> torch.Tensor:
     """[rows, n, vocab] float32 logits of ids [1, n] under `plan` (rows = plan.rows)."""
     if plan.expand_at is None:
         ids = ids.expand(plan.rows, -1)
@@ -111,7 +114,7 @@ def _forward(model, ids: torch.Tensor, plan: _Plan) -> torch.Tensor:
     return logits
 
 
-def _prefix_ok(model, ids: torch.Tensor) -> bool:
+def prefix_ok(model, ids: torch.Tensor) -> bool:
     """Whether running the untouched first layers once and copying them to every row gives the plain forward pass
     (once per model; families whose blocks take per-row inputs, as BLOOM's ALiBi, do not)."""
     ok = _PREFIX_OK.get(model)
@@ -120,8 +123,8 @@ def _prefix_ok(model, ids: torch.Tensor) -> bool:
         ok = False
         if n_blocks > 1:
             try:
-                plain = _forward(model, ids, _Plan())
-                shared = _forward(model, ids, _Plan(expand_at=n_blocks - 1, rows=2))
+                plain = forward_with(model, ids, Plan())
+                shared = forward_with(model, ids, Plan(expand_at=n_blocks - 1, rows=2))
                 ok = bool(torch.allclose(shared, plain.expand_as(shared), atol=1e-4, rtol=1e-4))
             except Exception:
                 ok = False
@@ -149,8 +152,8 @@ def check_heads(loaded, heads: Iterable[tuple[int, int]]) -> Heads:
 
 def head_means(loaded, token_ids) -> dict[int, torch.Tensor]:
     """{layer: [head * d_v]} each layer's projection input averaged over the text's positions, in a clean run."""
-    plan = _Plan(means={})
-    _forward(loaded.model, _ids(token_ids), plan)
+    plan = Plan(means={})
+    forward_with(loaded.model, as_ids(token_ids), plan)
     return plan.means
 
 
@@ -165,12 +168,12 @@ def knocked_logits(loaded, token_ids, rows: Sequence[Iterable[tuple[int, int]]],
     rows = [check_heads(loaded, r) for r in rows]
     if not rows:
         raise KnockoutError("No knock-outs asked for.")
-    ids = _ids(token_ids)
+    ids = as_ids(token_ids)
     if mode == "mean" and means is None:
         means = head_means(loaded, ids)
     d_v = head_width(loaded)
     width = d_v * loaded.shape.heads
-    plan = _Plan(rows=len(rows))
+    plan = Plan(rows=len(rows))
     for layer in sorted({layer for r in rows for layer, _ in r}):
         keep = torch.ones(len(rows), 1, width)
         for b, r in enumerate(rows):
@@ -179,9 +182,9 @@ def knocked_logits(loaded, token_ids, rows: Sequence[Iterable[tuple[int, int]]],
         plan.keep[layer] = keep
         plan.add[layer] = (1 - keep) * means[layer] if mode == "mean" else torch.zeros_like(keep)
     first = min((min(layer for layer, _ in r) for r in rows if r), default=None)
-    if share_prefix and len(rows) > 1 and first and _prefix_ok(loaded.model, ids):
+    if share_prefix and len(rows) > 1 and first and prefix_ok(loaded.model, ids):
         plan.expand_at = first
-    return _forward(loaded.model, ids, plan)
+    return forward_with(loaded.model, ids, plan)
 
 
 @dataclass
@@ -221,7 +224,8 @@ class KnockoutResult:
         return out
 
 
-def _ids(token_ids) -> torch.Tensor:
+def as_ids(token_ids) -> torch.Tensor:
+    """Token ids as the [1, n] long tensor a forward pass takes."""
     return torch.as_tensor(token_ids).long().reshape(1, -1)
 
 
@@ -251,7 +255,7 @@ def knockout_effects(loaded, token_ids, rows: Sequence[Iterable[tuple[int, int]]
     rows = [check_heads(loaded, r) for r in rows]
     if not rows:
         raise KnockoutError("No heads chosen: pick at least one head to knock out.")
-    ids = _ids(token_ids)
+    ids = as_ids(token_ids)
     means = head_means(loaded, ids) if mode == "mean" else None
     base = lm.next_token_logits(loaded.model, ids, attention_mask=torch.ones_like(ids))[0]
 

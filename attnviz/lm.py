@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnviz.hooks import SharedHooks, decoder_layers
+from attnviz.capture import SharedHooks, decoder_layers
 
 
 class NotALanguageModel(ValueError):
@@ -272,10 +272,10 @@ def _fused_attention(model) -> Iterator[None]:
     """The forward passes of this thread in the block run fused attention: attnviz's registered attention function
     with a recorder of the long-text store that wants no layer runs SDPA (or attnviz's blocked core for soft-capped
     and sink families) and records nothing. The model is shared: its attention setting is not changed."""
-    from attnviz.recording import _Recorder, attention_modules, recording
+    from attnviz.capture import Recorder, attention_modules, recording
 
     modules = attention_modules(model)
-    recorder = _Recorder(wanted=set(), last=len(modules), dtype=np.dtype(np.float32), store="qk",
+    recorder = Recorder(wanted=set(), last=len(modules), dtype=np.dtype(np.float32), store="qk",
                          layer_of={id(m): i for i, m in enumerate(modules)}, stop=False)
     with recording(model, recorder):
         yield

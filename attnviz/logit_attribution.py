@@ -131,7 +131,7 @@ def answer_direction(model, answer: int, wrong: int) -> tuple[torch.Tensor, floa
     return u * factor, b * factor
 
 
-def _layer_parts(loaded, layer: int, record: dict, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+def layer_parts(loaded, layer: int, record: dict, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
     """(heads [head, d], projection bias [d], MLP [d]) that layer `layer` adds to the residual stream at position p,
     float64, through its frozen post-norms where the block has them (their names are returned)."""
     model, heads = loaded.model, loaded.shape.heads
@@ -164,7 +164,7 @@ def direct_logit_attribution(loaded, token_ids, answer: int, wrong: int, positio
     p = int(position) % len(ids)
     record, logits = patching.activations(loaded, ids)
     u, unembed_bias = answer_direction(loaded.model, int(answer), int(wrong))
-    layers = [_layer_parts(loaded, layer, record, p) for layer in range(loaded.shape.layers)]
+    layers = [layer_parts(loaded, layer, record, p) for layer in range(loaded.shape.layers)]
     embeddings = record[("resid", 0)][p].double()
     residual = embeddings + sum(h.sum(0) + b + m for h, b, m, _ in layers)
     norm = freeze(final_norm(loaded.model), residual)

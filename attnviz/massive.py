@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from attnviz.hooks import SharedHooks, decoder_layers
+from attnviz.capture import SharedHooks, decoder_layers
 
 MODES = ("zero", "mean")
 

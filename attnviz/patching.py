@@ -35,7 +35,7 @@ import torch
 from attnviz import knockout as ko
 from attnviz import lm
 from attnviz.capture import attention_modules
-from attnviz.hooks import SharedHooks
+from attnviz.capture import SharedHooks
 
 KINDS = ("heads", "resid", "attn", "mlp")
 METRICS = ("logit_diff", "loss")
@@ -197,12 +197,12 @@ def _install(model) -> list:
 _HOOKS = SharedHooks(_install)
 
 
-def _run(model, ids: torch.Tensor, knock: ko._Plan, patch: _Patch) -> torch.Tensor:
+def _run(model, ids: torch.Tensor, knock: ko.Plan, patch: _Patch) -> torch.Tensor:
     """[rows, n, vocab] float32 logits of ids [1, n] under the knock-out plan (head patches) and the patch plan."""
     token = _PATCH.set(patch)
     try:
         with _HOOKS.on(model):
-            return ko._forward(model, ids, knock)
+            return ko.forward_with(model, ids, knock)
     finally:
         _PATCH.reset(token)
 
@@ -211,7 +211,7 @@ def activations(loaded, token_ids) -> tuple[dict[tuple[str, int], torch.Tensor],
     """({(kind, layer): [n, d]} every site's activation in a plain run of token_ids, [n, vocab] logits)."""
     ko.head_width(loaded)  # KnockoutError, before any hook goes on, for a model without a known output projection
     patch = _Patch(record={})
-    logits = _run(loaded.model, ko._ids(token_ids), ko._Plan(), patch)
+    logits = _run(loaded.model, ko.as_ids(token_ids), ko.Plan(), patch)
     return patch.record, logits[0]
 
 
@@ -239,9 +239,9 @@ def check_sites(loaded, n: int, sites: Iterable[Site]) -> tuple[Site, ...]:
     return tuple(sorted(out, key=lambda s: (s[1], KINDS.index(s[0]), s[2])))
 
 
-def _plans(loaded, n: int, rows: list[tuple[Site, ...]], clean: dict) -> tuple[ko._Plan, _Patch]:
+def _plans(loaded, n: int, rows: list[tuple[Site, ...]], clean: dict) -> tuple[ko.Plan, _Patch]:
     """The knock-out plan that puts the clean head columns in, and the patch plan for the other sites."""
-    knock, patch = ko._Plan(rows=len(rows)), _Patch()
+    knock, patch = ko.Plan(rows=len(rows)), _Patch()
     d_v = ko.head_width(loaded)
     for kind, layer in sorted({(s[0], s[1]) for r in rows for s in r}):
         if kind == "heads":
@@ -268,10 +268,10 @@ def patched_logits(loaded, pair: TokenPair, rows: Sequence[Iterable[Site]], *, c
         raise PatchingError("No patches asked for.")
     if clean is None:
         clean, _ = activations(loaded, pair.clean_ids)
-    ids = ko._ids(pair.corrupted_ids)
+    ids = ko.as_ids(pair.corrupted_ids)
     knock, patch = _plans(loaded, pair.n, rows, clean)
     first = min((r[0][1] for r in rows if r), default=None)  # rows are sorted by layer
-    if share_prefix and len(rows) > 1 and first and ko._prefix_ok(loaded.model, ids):
+    if share_prefix and len(rows) > 1 and first and ko.prefix_ok(loaded.model, ids):
         knock.expand_at = first
     return _run(loaded.model, ids, knock, patch)
 
@@ -357,7 +357,7 @@ def _gradients(loaded, token_ids, pair: TokenPair, metric: str) -> tuple[float, 
     """(metric, {site key: [n, d] activation}, {site key: [n, d] d metric / d activation}) of one forward and one
     backward pass of token_ids; float64 gradients."""
     model = loaded.model
-    ids = ko._ids(token_ids).to(model.get_input_embeddings().weight.device)
+    ids = ko.as_ids(token_ids).to(model.get_input_embeddings().weight.device)
     patch = _Patch(record={}, deltas={})
     token = _PATCH.set(patch)
     try:

@@ -31,8 +31,8 @@ import torch
 from attnviz import knockout as ko
 from attnviz import patching
 from attnviz.capture import attention_modules, capture_attention
-from attnviz.hooks import SharedHooks
-from attnviz.logit_attribution import _layer_parts, freeze
+from attnviz.capture import SharedHooks
+from attnviz.logit_attribution import layer_parts, freeze
 
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "input_norm")
 
@@ -135,7 +135,7 @@ def residual_parts(loaded, record: dict, layer: int, p: int) -> tuple[list[str],
                                  "cannot be split.")
     labels, rows, frozen = ["embeddings"], [record[("resid", 0)][p].double()], set()
     for earlier in range(layer):
-        heads, bias, mlp, names = _layer_parts(loaded, earlier, record, p)
+        heads, bias, mlp, names = layer_parts(loaded, earlier, record, p)
         labels += [f"L{earlier}H{h}" for h in range(heads.shape[0])] + [f"L{earlier} attn bias", f"L{earlier} MLP"]
         rows += [*heads, bias, mlp]
         frozen.update(names)

@@ -84,15 +84,17 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
                 pooled_nosink_out.append(result["_pooled_nosink"])
         if progress is not None:
             progress(li + 1, n_layers)
-    # a capture read from a file of some heads keeps the model's head numbers (attnviz.capture_io.head_numbers)
-    heads = getattr(capture, "_saved", {}).get("heads")
-    return stats_frame(per_layer, capture.layers, capture.kv_head_of, n, heads=heads)
+    # a capture read from a file of some heads keeps the model's head numbers
+    return stats_frame(per_layer, capture.layers, capture.kv_head_of, n, heads=getattr(capture, "head_numbers", None))
 
 
-def streaming_attend(token_ids, *, pool: int | None = None):
-    """(attend, summary) for capture_attention(store="qk", attend=attend): each wanted layer's attention output
-    and its streamed_stats (and pooled heads) from one pass over its scores, stored in summary[layer]; set
-    capture.summary = summary afterwards and head_stats reads it instead of computing again."""
+def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = True):
+    """A capture.DuringForward for capture_attention(store="qk", during=...): each wanted layer's attention output
+    and its streamed_stats (and pooled heads) from one pass over its scores, in its .summary[layer], which the
+    capture keeps as capture.summary and head_stats reads instead of computing again. A family whose attention is
+    rebuilt by hooks (BLOOM) makes no attend call: its statistics are computed when its inputs are recorded."""
+    from attnviz.capture import DuringForward
+
     summary: dict[int, dict] = {}
 
     def attend(layer, inputs, values):
@@ -100,7 +102,11 @@ def streaming_attend(token_ids, *, pool: int | None = None):
         summary[layer] = result
         return result.pop("_output")
 
-    return attend, summary
+    def on_layer(layer, inputs):
+        if layer not in summary:
+            summary[layer] = streamed_stats(inputs, token_ids, pool=pool)
+
+    return DuringForward(attend=attend, on_layer=on_layer, keep_inputs=keep_inputs, summary=summary)
 
 
 def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_tokens: int,

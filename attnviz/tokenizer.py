@@ -1,7 +1,8 @@
 """A byte-level tokenizer built in code, for the toy models and the toy lab: no download, any text.
 
 Token id b (0..255) is the byte b; id 256 is <bos>, prepended to every sequence so causal models have a first token
-that is not part of the text (the usual home of an attention sink).
+that is not part of the text (the usual home of an attention sink). Also readable_tokens: any tokenizer's tokens,
+one readable string each (GPT-2's byte-to-character table reads byte-level pieces).
 """
 
 from __future__ import annotations
@@ -53,3 +54,18 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_OF = {ch: b for b, ch in _bytes_to_unicode().items()}
+
+
+def readable_tokens(tokenizer, token_ids: list[int]) -> list[str]:
+    """Each token decoded on its own, with whitespace made visible. A piece of a multi-byte character (which
+    decodes alone to U+FFFD) is shown by its bytes, as <0xC3>, when its vocabulary string is byte-level (GPT-2's
+    byte-to-character table), else by that vocabulary string."""
+    out = []
+    for tid in token_ids:
+        text = tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if "\ufffd" in text or text == "":
+            piece = str(tokenizer.convert_ids_to_tokens(tid))
+            raw = [_BYTE_OF.get(ch) for ch in piece]
+            text = "".join(f"<0x{b:02X}>" for b in raw) if None not in raw else piece
+        out.append(text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍"))
+    return out

@@ -89,9 +89,9 @@ def _child(case: str, model: str, n_tokens: int) -> dict:
     out = {"threads": torch.get_num_threads(), "n_tokens": len(ids), "flops": forward_flops(loaded, len(ids))}
     started = time.perf_counter()
     if case == "stats":
-        attend, summary = streaming_attend(ids)
-        capture_attention(loaded, text, store="qk", keep_inputs=False, attend=attend)
-        assert len(summary) == loaded.shape.layers
+        during = streaming_attend(ids, keep_inputs=False)
+        capture_attention(loaded, text, store="qk", during=during)
+        assert len(during.summary) == loaded.shape.layers
     elif case == "sdpa":
         out.update(_sdpa_forward(model, ids))
     elif case == "page":

@@ -229,7 +229,7 @@ def test_bad_input_messages(toys, text, kwargs, message):
 
 
 def test_memory_limit_message(toys, monkeypatch):
-    monkeypatch.setattr("attnviz.capture.MAX_CAPTURE_BYTES", 1000)
+    monkeypatch.setattr("attnviz.capture.run.MAX_CAPTURE_BYTES", 1000)
     with pytest.raises(CaptureError, match="GiB"):
         capture_attention(toys["toy-gpt2"], TEXT)
 
@@ -249,7 +249,7 @@ def test_model_without_attention_weights_is_a_clear_error():
 
 
 def test_readable_tokens_show_whitespace_and_split_characters(toys):
-    from attnviz.capture import readable_tokens
+    from attnviz.tokenizer import readable_tokens
 
     tok = toys["toy-gpt2"].tokenizer
     tokens = readable_tokens(tok, tok("a b\nï\t").input_ids)

@@ -1,4 +1,4 @@
-"""attnviz.capture_io: capture files streamed a block of rows at a time, read back by numpy and safetensors' own
+"""attnviz.capture.files: capture files streamed a block of rows at a time, read back by numpy and safetensors' own
 readers, and round trips that keep the model's layer and head numbers."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from attnviz import capture_io
+from attnviz.capture import files as capture_io
 from attnviz.capture import CaptureError, capture_attention
-from attnviz.capture_io import (capture_to_bytes, export_bytes, export_to_temporary_file, head_numbers, load_capture,
+from attnviz.capture.files import (capture_to_bytes, export_bytes, export_to_temporary_file, load_capture,
                                 save_capture, write_capture)
 from attnviz.models import load_model
 from attnviz.stats import head_stats
@@ -58,7 +58,7 @@ def test_a_partial_export_keeps_the_models_head_numbers(caps, tmp_path, suffix):
     with open(path, "wb") as fh:
         write_capture(dense, fh, suffix[1:], layers=[1], heads=[3, 1])
     back = load_capture(path)
-    assert back.layers == [1] and head_numbers(back) == [1, 3]  # sorted, the model's numbers, not 0 and 1
+    assert back.layers == [1] and back.head_numbers == [1, 3]  # sorted, the model's numbers, not 0 and 1
     np.testing.assert_array_equal(back.pattern[0], dense.pattern[1, [1, 3]])
     assert back.kv_head_of == [dense.kv_head_of[1], dense.kv_head_of[3]]
     table = head_stats(back)
@@ -68,8 +68,8 @@ def test_a_partial_export_keeps_the_models_head_numbers(caps, tmp_path, suffix):
                                atol=1e-6)
     # written again from the file, the numbers hold; a whole capture has no renumbering to keep
     again = load_capture(_rewrite(back, tmp_path / f"again{suffix}"))
-    assert head_numbers(again) == [1, 3]
-    assert head_numbers(load_capture(_rewrite(dense, tmp_path / f"all{suffix}"))) == [0, 1, 2, 3]
+    assert again.head_numbers == [1, 3]
+    assert load_capture(_rewrite(dense, tmp_path / f"all{suffix}")).head_numbers == [0, 1, 2, 3]
 
 
 def _rewrite(cap, path):

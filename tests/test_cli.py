@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnviz.__main__ import main
-from attnviz.capture_io import load_capture
+from attnviz.capture.files import load_capture
 from attnviz.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -412,9 +412,7 @@ def test_statistics_report_the_learned_sink_share_in_both_stores(family_of, name
     fam = family_of(name)
     dense = fam.capture("pattern")
     qk = fam.capture("qk")
-    attend, summary = streaming_attend(dense.token_ids, pool=8)
-    fused = capture_attention(fam.loaded, TEXT, store="qk", attend=attend)
-    fused.summary = summary
+    fused = capture_attention(fam.loaded, TEXT, store="qk", during=streaming_attend(dense.token_ids, pool=8))
     frames = [head_stats(dense), head_stats(qk), head_stats(fused)]
     if name == "llama":
         assert all("learned_sink" not in f.columns for f in frames)

@@ -243,7 +243,7 @@ def test_a_long_text_turns_the_boost_on_and_the_user_can_turn_it_off():
 
 def test_a_text_too_long_for_the_dense_pattern_uses_the_qk_store_and_every_tab_runs(monkeypatch):
     """Over the dense budget the page keeps q and k only, says so, and draws every view from them."""
-    from attnviz import capture as cap
+    from attnviz.capture import run as cap
 
     monkeypatch.setattr(cap, "MAX_CAPTURE_BYTES", 20_000)  # 2 layers x 4 heads x 50^2 x 4 B = 80 kB: over
     text = "The cat sat on the mat. " * 2

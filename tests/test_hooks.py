@@ -1,11 +1,12 @@
-"""attnviz.hooks: hooks shared by concurrent users of one model, installed by the first and removed by the last."""
+"""attnviz.capture.hooks: hooks shared by concurrent users of one model, installed by the first and removed by the
+last."""
 
 import threading
 
 import pytest
 import torch
 
-from attnviz.hooks import SharedHooks, decoder_layers
+from attnviz.capture import SharedHooks, decoder_layers
 from attnviz.models import load_model
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import attnviz
-from attnviz.capture_io import load_capture
+from attnviz.capture.files import load_capture
 from attnviz.stats import COLUMNS
 from attnviz.tokenizer import byte_tokenizer
 
@@ -210,13 +210,13 @@ def test_model_object_is_put_back_when_the_capture_fails_and_refused_without_its
 def test_store_auto_takes_the_qk_store_when_the_pattern_does_not_fit(monkeypatch):
     model, reference = _tiny("llama")
     n = len(byte_tokenizer()(TEXT).input_ids)
-    monkeypatch.setattr("attnviz.capture.MAX_CAPTURE_BYTES", 3 * 4 * n * n * 4 - 1)  # one float32 weight short
+    monkeypatch.setattr("attnviz.capture.run.MAX_CAPTURE_BYTES", 3 * 4 * n * n * 4 - 1)  # one float32 weight short
     cap = attnviz.capture(model, TEXT, tokenizer=byte_tokenizer())
     assert cap.store == "qk" and cap.pattern is None
     expected = _output_attentions(reference, cap)
     got = np.stack([a[0].numpy() for a in cap.to_attentions()])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)  # computed from q and k, as above
-    monkeypatch.setattr("attnviz.capture.MAX_CAPTURE_BYTES", 3 * 4 * n * n * 4)  # exactly fits
+    monkeypatch.setattr("attnviz.capture.run.MAX_CAPTURE_BYTES", 3 * 4 * n * n * 4)  # exactly fits
     assert attnviz.capture(model, TEXT, tokenizer=byte_tokenizer()).store == "pattern"
 
 

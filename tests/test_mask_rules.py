@@ -17,7 +17,7 @@ from transformers import masking_utils as mu
 from attnviz import attention as core
 from attnviz import stats as S
 from attnviz.attention import LayerInputs, MaskRule
-from attnviz.recording import named_rule
+from attnviz.capture import named_rule
 
 N = 300  # longer than the probed rows, so rows past them are checked by the full comparison below
 
@@ -127,12 +127,10 @@ def test_no_n_squared_allocation_at_8192_tokens(tmp_path):
         torch.manual_seed(0)
         loaded = load_model({str(folder)!r})
         ids = torch.randint(3, 250, (8192,)).tolist()
-        attend, _ = streaming_attend(ids[:600])
-        capture_attention(loaded, "", token_ids=ids[:600], store="qk", attend=attend)  # warm up
+        capture_attention(loaded, "", token_ids=ids[:600], store="qk", during=streaming_attend(ids[:600]))  # warm up
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        attend, summary = streaming_attend(ids)
-        cap = capture_attention(loaded, "", token_ids=ids, store="qk", attend=attend)
-        assert len(summary) == 2
+        cap = capture_attention(loaded, "", token_ids=ids, store="qk", during=streaming_attend(ids))
+        assert len(cap.summary) == 2
         grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
         print(cap.inputs[0].mask.kind, cap.inputs[1].mask.kind, grown // 1024)
     """)

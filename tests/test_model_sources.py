@@ -181,7 +181,7 @@ def test_a_capture_that_fits_only_without_its_model_is_refused_not_left_waiting(
     monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(limit))
     monkeypatch.setattr(ui, "_MODELS", None)  # the caches of a server started with that budget
     monkeypatch.setattr(ui, "_CAPTURES", None)
-    kept = budget.held_bytes(ui._cached_model("toy-gpt2", ()))
+    kept = budget.held_bytes(ui.cached_model("toy-gpt2", ()))
     assert 0 < kept < limit and budget.BUDGET.held == kept
     need = limit - kept + 1_000  # fits the budget alone, never next to the model
     outcome = []

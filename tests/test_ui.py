@@ -78,7 +78,7 @@ def test_an_export_is_admitted_by_the_memory_budget_while_it_is_written(monkeypa
 
     from attnviz import budget
     from attnviz.capture import capture_attention
-    from attnviz.capture_io import export_bytes, load_capture
+    from attnviz.capture.files import export_bytes, load_capture
     from attnviz.models import load_model
     from attnviz.ui.heads import export_file
 

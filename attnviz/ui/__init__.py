@@ -225,7 +225,7 @@ def _caches():
 _CACHES_LOCK = threading.Lock()
 
 
-def _cached_model(name: str, version: tuple, **wait):
+def cached_model(name: str, version: tuple, **wait):
     """The LoadedModel of `name` (at `version`: model_version), loaded once for every session under the memory
     budget: its weights' estimated bytes are admitted before loading, so a load that can never fit is refused and
     one that must wait for other work waits (**wait: budget.MemoryBudget.acquire's messages)."""
@@ -266,7 +266,7 @@ def _get_model(name: str, version: tuple):
 
     try:
         with st.spinner(f"Loading {name}…{note}"):
-            return _cached_model(name, version, on_wait=on_wait, on_poll=lambda: None)
+            return cached_model(name, version, on_wait=on_wait, on_poll=lambda: None)
     except (ModelError, budget.OverBudget) as exc:
         show_error(exc)
         return None
@@ -307,24 +307,19 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
     if made is not None:
         return made
 
-    loaded = _cached_model(name, version)  # kept while this capture waits for room and runs (keep= below)
+    loaded = cached_model(name, version)  # kept while this capture waits for room and runs (keep= below)
 
     def compute():
-        attend = summary = None
+        during = None
         if store == "qk":
             # each layer's attention output, statistics and grid tiles from one pass over its scores, during the
             # forward pass (attnviz.stats.streaming_attend): the Heads page's first view costs no second pass
             from attnviz.figures.heads import GRID_TILE
             from attnviz.stats import streaming_attend
 
-            attend, summary = streaming_attend(loaded.tokenizer(text).input_ids, pool=GRID_TILE)
-        capture = capture_attention(loaded, text, layers=layers, with_scores=with_scores, store=store,
-                                    progress=progress, attend=attend)
-        capture.summary = summary
-        for array in (capture.pattern, capture._scores):
-            if array is not None:
-                array.flags.writeable = False  # shared by every session: nobody may change it in place
-        return capture
+            during = streaming_attend(loaded.tokenizer(text).input_ids, pool=GRID_TILE)
+        return capture_attention(loaded, text, layers=layers, with_scores=with_scores, store=store,
+                                 progress=progress, during=during)
 
     if need is None:
         n_layers = len(layers) if layers is not None else None
@@ -356,23 +351,15 @@ def _made_capture(name, version, text, layers, with_scores, store):
 
 
 def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
-    """(store, why, n_tokens) for a capture of `text` through `name`: the dense "pattern" store while the
-    [layer, head, n, n] array fits capture.MAX_CAPTURE_BYTES, else "qk" (q and k only), where the family allows it."""
-    from attnviz import capture as cap
-    from attnviz.views import choose_store
+    """(store, why, n_tokens) for a capture of `text` through `name`: capture.choose_store, with the dense store
+    held within half of what the server gives all visitors' work."""
+    from attnviz import budget
+    from attnviz.capture import attention_modules, choose_store
 
     loaded = get_model(name)
-    model = loaded.model
     n_tokens = int(loaded.tokenizer(text, return_tensors="pt").input_ids.shape[1])
-    modules = cap.attention_modules(model)
-    n_layers = len(modules) if layers is None else len(set(layers))
-    can_stream = cap.records_inputs(model)
-    from attnviz import budget
-
-    # the dense store within its own limit and within half of what the server gives all visitors' work
-    limit = min(cap.MAX_CAPTURE_BYTES, budget.BUDGET.limit // 2)
-    store, why = choose_store(n_layers, loaded.shape.heads, n_tokens, limit_bytes=limit,
-                              can_stream=can_stream, max_dense_tokens=cap.MAX_TOKENS)
+    n_layers = len(attention_modules(loaded.model)) if layers is None else len(set(layers))
+    store, why = choose_store(loaded, n_tokens, n_layers, limit_bytes=budget.BUDGET.limit // 2)
     return store, why, n_tokens
 
 

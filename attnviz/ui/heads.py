@@ -304,11 +304,11 @@ def open_tab(labels: list[str]) -> list:
 
 def export_file(capture, fmt: str, export: dict, dtype):
     """The file a download button hands the browser, made when the button is pressed: the capture (the layers and
-    heads in `export`) streamed by capture_io.write_capture into a temporary file a block of rows at a time, and
-    returned open for reading. Streamlit reads it once: the pattern is never built in memory besides that. Its
+    heads in `export`) streamed by attnviz.capture.files.write_capture into a temporary file a block of rows at a
+    time, and returned open for reading. Streamlit reads it once: the pattern is never built in memory besides that. Its
     bytes are admitted by the memory budget while it is written (the page refuses one larger than the budget)."""
     from attnviz import budget
-    from attnviz.capture_io import export_bytes, export_to_temporary_file
+    from attnviz.capture.files import export_bytes, export_to_temporary_file
 
     with budget.BUDGET.admit(export_bytes(capture, **export, dtype=dtype), what="This export"):
         return export_to_temporary_file(capture, fmt, **export, dtype=dtype)
@@ -370,7 +370,7 @@ def prediction_table(tokenizer, tokens: list[str], result):
     top-k next tokens with their probabilities (each distinct id decoded once)."""
     import pandas as pd
 
-    from attnviz.capture import readable_tokens
+    from attnviz.tokenizer import readable_tokens
 
     top = result.top
     distinct = np.unique(top.ids)
@@ -394,7 +394,7 @@ def induction_test_of(model: str, version: tuple, length: int, seed: int):
     from attnviz import ui
     from attnviz.diagnostics import induction_test
 
-    test = induction_test(ui._cached_model(model, version), length, seed=seed)
+    test = induction_test(ui.cached_model(model, version), length, seed=seed)
     test.capture.pattern.flags.writeable = False
     return test
 
@@ -406,7 +406,7 @@ def corpus_of(model: str, version: tuple, source: str, window: int, max_windows:
     from attnviz import ui
     from attnviz.corpus import corpus_stats, token_windows, window_summary
 
-    loaded = ui._cached_model(model, version)
+    loaded = ui.cached_model(model, version)
     windows = token_windows(loaded, source, window, max_windows=max_windows)
     bar = st.progress(0.0, text=f"{model}: statistics of {len(windows)} windows…")
     table = corpus_stats(loaded, windows, progress=lambda done, total: bar.progress(

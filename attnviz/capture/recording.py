@@ -1,6 +1,7 @@
 """How attnviz sees inside a model's attention while it runs: the function registered in transformers' attention
 interface (and its mask function), the hooks of the families that do not dispatch through it, and the per-thread
-recorder they report to. attnviz.capture builds AttentionCapture on top of this.
+recorder they report to. attnviz.capture.run builds an AttentionCapture on top of this; attnviz.capture.loading
+makes a model use the registered function.
 
 Families whose attention modules dispatch through transformers' attention interface (every family that imports
 ALL_ATTENTION_FUNCTIONS: Llama, Mistral, Qwen, Gemma, GPT-2, GPT-NeoX, OPT, BERT, gpt-oss, ...) are loaded with
@@ -10,7 +11,7 @@ layer, the query and key vectors the function received (after RoPE, before the G
 soft-cap, sink logits and mask that went with them, as an attnviz.attention.LayerInputs. Families that do not
 dispatch through the interface (BLOOM, Falcon, GPT-J) keep eager attention and forward hooks: their pattern is the
 module's returned weights, and their q, k (after RoPE) and ALiBi bias are rebuilt from the module's own
-projections and the family's own functions (_REBUILT).
+projections and the family's own functions (REBUILT).
 
 Threads. A cached model is shared by every Streamlit session, so two captures may run on it at the same moment.
 Nothing global holds per-capture state: the registered function and the hooks look up the recorder of the current
@@ -37,111 +38,17 @@ import torch
 
 from attnviz import attention as core
 from attnviz.attention import LayerInputs, MaskRule
-from attnviz.hooks import SharedHooks
+from attnviz.capture.hooks import SharedHooks
+from attnviz.capture.modules import CaptureError, attention_modules, uses_interface
 
 ATTN_IMPLEMENTATION = "attnviz"
-
-
-class CaptureError(ValueError):
-    """A capture cannot be done; the message says why and what to do."""
-
-
-def attention_modules(model) -> list[torch.nn.Module]:
-    """The self-attention module of each layer, in layer order: the modules output_attentions reads.
-
-    Uses the model's own `_can_record_outputs["attentions"]` when it declares one (GPT-2, Llama, BERT in
-    transformers 5), else the innermost modules whose class name ends in "Attention" (BLOOM).
-    """
-    target = None
-    for module in model.modules():
-        target = (getattr(type(module), "_can_record_outputs", None) or {}).get("attentions")
-        if target is not None:
-            break
-    found = []
-    for name, module in model.named_modules():
-        if target is None:
-            ok = type(module).__name__.endswith("Attention") and "cross" not in name.lower() and not any(
-                type(c).__name__.endswith("Attention") for c in module.children())
-        elif isinstance(target, type):
-            ok = isinstance(module, target)
-        else:
-            ok = isinstance(module, target.target_class) and (
-                target.layer_name is None or name.endswith(target.layer_name))
-        if ok:
-            found.append(module)
-    if not found:
-        raise CaptureError(f"No attention modules found in {type(model).__name__}: attnviz cannot read its "
-                           "attention weights.")
-    return found
-
-
-
-def uses_interface(module) -> bool:
-    """Whether this attention module's family dispatches through transformers' attention interface."""
-    return hasattr(sys.modules[type(module).__module__], "ALL_ATTENTION_FUNCTIONS")
-
-
-def prepare_model(model) -> None:
-    """Makes a freshly loaded model capturable: families that dispatch through the attention interface get
-    attn_implementation="attnviz" (the family's eager attention, plus recording); the others keep eager."""
-    _register()
-    modules = attention_modules(model)
-    implementation = ATTN_IMPLEMENTATION if uses_interface(modules[0]) else "eager"
-    for config in _configs(model):
-        config._attn_implementation = implementation
-
-
-def _configs(model) -> list:
-    """Every config of the model that carries an attention implementation, each parent before its sub-configs (the
-    order in which setting them one by one leaves each with its own value)."""
-    found: dict[int, object] = {}
-
-    def add(config) -> None:
-        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
-            return
-        found[id(config)] = config
-        for sub in ("text_config", "vision_config", *getattr(config, "sub_configs", {})):
-            add(getattr(config, sub, None))
-
-    add(model.config)
-    for module in model.modules():
-        add(getattr(module, "config", None))
-    return list(found.values())
-
-
-@contextlib.contextmanager
-def borrowed(model) -> Iterator[None]:
-    """A model someone else holds, made capturable for the block only (prepare_model) and in eval mode; afterwards
-    every config's attention implementation and every module's training flag are what they were."""
-    implementations = [(config, config._attn_implementation) for config in _configs(model)]
-    training = [(module, module.training) for module in model.modules()]
-    try:
-        prepare_model(model)
-        model.eval()
-        yield
-    finally:
-        for config, implementation in implementations:
-            config._attn_implementation = implementation
-        for module, mode in training:
-            module.training = mode
-
-
-def records_inputs(model) -> bool:
-    """Whether a capture of this model records q and k (scores, the long-text store): families that dispatch
-    through the attention interface, and those whose q and k are rebuilt by hooks (BLOOM, Falcon, GPT-J)."""
-    return _records_inputs(model, attention_modules(model)[0])
-
-
-def _records_inputs(model, module) -> bool:
-    return (getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION and uses_interface(module)) \
-        or type(module).__name__ in _REBUILT
 
 
 _REGISTERED = False
 _REGISTER_LOCK = threading.Lock()
 
 
-def _register() -> None:
+def register() -> None:
     global _REGISTERED
     with _REGISTER_LOCK:
         if _REGISTERED:
@@ -313,7 +220,7 @@ def _mask_rule(attention_mask, n_query: int, n_key: int, causal_if_none: bool) -
 
 
 @dataclass
-class _Recorder:
+class Recorder:
     wanted: set[int]
     last: int
     dtype: np.dtype
@@ -346,7 +253,7 @@ class _Recorder:
             if self.progress is not None:
                 self.progress(self.done, len(self.wanted))
         if self.stop and layer == self.last:
-            raise _StopForward
+            raise StopForward
 
     def clear(self) -> None:
         """Forgets what was recorded, for the next forward pass under the same recorder."""
@@ -357,11 +264,11 @@ class _Recorder:
         self.done = 0
 
 
-class _StopForward(Exception):
+class StopForward(Exception):
     """Raised after the last wanted layer: the rest of the forward pass is not needed."""
 
 
-_ACTIVE: ContextVar[_Recorder | None] = ContextVar("attnviz_capture", default=None)
+_ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_capture", default=None)
 
 
 def _install_recording_hooks(model) -> list:
@@ -376,7 +283,7 @@ _HOOKS = SharedHooks(_install_recording_hooks)
 
 
 @contextlib.contextmanager
-def recording(model, recorder: _Recorder) -> Iterator[_Recorder]:
+def recording(model, recorder: Recorder) -> Iterator[Recorder]:
     """Records for this thread while the block runs: through the registered attention function, or through hooks
     on every attention module for the families that do not dispatch through the interface."""
     modules = attention_modules(model)
@@ -391,14 +298,14 @@ def recording(model, recorder: _Recorder) -> Iterator[_Recorder]:
 
 
 @contextlib.contextmanager
-def recording_forward(model, layers=None) -> Iterator[_Recorder]:
+def recording_forward(model, layers=None) -> Iterator[Recorder]:
     """Records, for this thread, the attention weights of batch row 0 in every wanted layer (None: all) of each
     forward pass the block runs, without stopping it: recorder.pattern[layer] is [head, query, key] float32 after
     each pass (recorder.clear() between passes). The caller runs the whole model, a KV cache included
     (attnviz.generation reads each new token's row this way)."""
     modules = attention_modules(model)
-    wanted = _wanted_layers(layers, len(modules))
-    recorder = _Recorder(wanted=set(wanted), last=len(modules), dtype=np.dtype(np.float32), store="pattern",
+    wanted = wanted_layers(layers, len(modules))
+    recorder = Recorder(wanted=set(wanted), last=len(modules), dtype=np.dtype(np.float32), store="pattern",
                          layer_of={id(m): i for i, m in enumerate(modules)}, stop=False)
     with recording(model, recorder):
         yield recorder
@@ -408,7 +315,7 @@ def _before(layer: int, module, args, kwargs):
     rec = _ACTIVE.get()
     if rec is None or layer not in rec.wanted:
         return None
-    rebuild = _REBUILT.get(type(module).__name__)
+    rebuild = REBUILT.get(type(module).__name__)
     if rebuild is not None:
         inputs = rebuild(module, args, kwargs)
         if inputs is not None:
@@ -525,10 +432,10 @@ def _kept(x: torch.Tensor) -> torch.Tensor:
     return x.detach().float().cpu().clone()
 
 
-_REBUILT = {"BloomAttention": _bloom_inputs, "FalconAttention": _falcon_inputs, "GPTJAttention": _gptj_inputs}
+REBUILT = {"BloomAttention": _bloom_inputs, "FalconAttention": _falcon_inputs, "GPTJAttention": _gptj_inputs}
 
 
-def _wanted_layers(layers, n_layers: int) -> list[int]:
+def wanted_layers(layers, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
     if isinstance(layers, (int, np.integer)):

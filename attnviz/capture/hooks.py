@@ -1,4 +1,4 @@
-"""Forward hooks that every session shares on one cached model, and the model's stack of layers.
+"""Forward hooks that every session shares on one cached model.
 
 A cached model is shared by every browser session. Capture, head knock-outs and the massive-activation edit all
 need hooks on it while they run, and each reads what to do from a ContextVar of its own thread, so that two sessions
@@ -52,19 +52,3 @@ class SharedHooks:
         with self._lock:
             entry = self._entries.get(model)
             return 0 if entry is None else len(entry[1])
-
-
-def decoder_layers(model) -> list[torch.nn.Module]:
-    """The model's stack of decoder (or encoder) layers, in order: the longest nn.ModuleList whose every entry holds
-    an attention module (Llama's model.layers, GPT-2's transformer.h, BERT's encoder.layer, ...)."""
-    from attnviz.recording import attention_modules
-
-    attention = {id(m) for m in attention_modules(model)}
-    best: list = []
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best) and all(
-                any(id(sub) in attention for sub in layer.modules()) for layer in module):
-            best = list(module)
-    if not best:
-        raise ValueError(f"{type(model).__name__}: no stack of decoder layers found")
-    return best

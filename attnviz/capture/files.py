@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.capture import AttentionCapture, CaptureError
+from attnviz.capture.modules import CaptureError
+from attnviz.capture.store import AttentionCapture
 
 MAX_EXPORT_BYTES = 2 * 1024**3  # the largest pattern an export writes
 ROWS_PER_BLOCK = 256  # query rows of one head computed (long-text store) and written at a time
@@ -30,12 +31,6 @@ def export_bytes(capture: AttentionCapture, *, layers=None, heads=None, dtype=np
     n_layers = capture.n_layers if layers is None else len(set(layers))
     n_heads = capture.n_heads if heads is None else len(set(heads))
     return n_layers * n_heads * capture.n_tokens ** 2 * np.dtype(dtype).itemsize
-
-
-def head_numbers(capture: AttentionCapture) -> list[int]:
-    """The model's number of each head in the capture: 0 .. n_heads - 1, or the heads a partial export wrote (a
-    capture read back by load_capture from a file of some heads keeps their numbers)."""
-    return list(capture._saved.get("heads", range(capture.n_heads)))
 
 
 def _plan(capture: AttentionCapture, layers, heads, dtype):
@@ -53,7 +48,7 @@ def _plan(capture: AttentionCapture, layers, heads, dtype):
         raise CaptureError(f"{len(layers)} layers x {len(heads)} heads x {capture.n_tokens:,}² weights would be "
                            f"{need / 2**30:.1f} GiB (limit {MAX_EXPORT_BYTES / 2**30:.0f} GiB): export fewer "
                            "layers or heads, or float16.")
-    numbers = head_numbers(capture)
+    numbers = capture.head_numbers
     small = {"token_ids": np.asarray(capture.token_ids, dtype=np.int64),
              "layers": np.asarray(layers, dtype=np.int64),
              "heads": np.asarray([numbers[h] for h in heads], dtype=np.int64),
@@ -76,7 +71,7 @@ def _pattern_blocks(capture: AttentionCapture, layers, heads, dtype):
 def _score_blocks(capture: AttentionCapture, layers, heads):
     for layer in layers:
         for h in heads:
-            yield np.ascontiguousarray(capture._scores[capture.index_of(layer), h])
+            yield np.ascontiguousarray(capture.computed_scores[capture.index_of(layer), h])
 
 
 def write_capture(capture: AttentionCapture, out, fmt: str = "npz", *, layers=None, heads=None,
@@ -95,8 +90,8 @@ def write_capture(capture: AttentionCapture, out, fmt: str = "npz", *, layers=No
     layers, heads, dtype, small, meta = _plan(capture, layers, heads, dtype)
     n = capture.n_tokens
     big = {"pattern": ((len(layers), len(heads), n, n), dtype, lambda: _pattern_blocks(capture, layers, heads, dtype))}
-    if capture._scores is not None:  # computed because they were asked for (with_scores, --scores)
-        scores_dtype = capture._scores.dtype
+    if capture.computed_scores is not None:  # computed because they were asked for (with_scores, --scores)
+        scores_dtype = capture.computed_scores.dtype
         big["scores"] = ((len(layers), len(heads), n, n), scores_dtype, lambda: _score_blocks(capture, layers, heads))
     if fmt == "npz":
         _write_npz(out, big, small, meta)
@@ -185,7 +180,7 @@ def export_to_temporary_file(capture: AttentionCapture, fmt: str, *, layers=None
 
 def load_capture(path) -> AttentionCapture:
     """Reads a file written by write_capture (either format) back into an AttentionCapture. A file of some heads
-    keeps the model's head numbers (head_numbers); its pattern's head axis follows them in order."""
+    keeps the model's head numbers (AttentionCapture.head_numbers); its pattern's head axis follows them in order."""
     path = Path(path)
     if path.suffix.lower() == ".npz":
         with np.load(path, allow_pickle=False) as data:
@@ -205,4 +200,4 @@ def load_capture(path) -> AttentionCapture:
     return AttentionCapture(tokens=list(meta["tokens"]), token_ids=arrays["token_ids"].tolist(),
                             pattern=arrays["pattern"], layers=arrays["layers"].tolist(),
                             kv_head_of=arrays["kv_head_of"].tolist(), model_name=meta["model_name"],
-                            causal=bool(meta["causal"]), _scores=arrays.get("scores"), _saved=saved)
+                            causal=bool(meta["causal"]), computed_scores=arrays.get("scores"), file_facts=saved)

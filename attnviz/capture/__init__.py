@@ -1,0 +1,100 @@
+"""Capture: what every attention layer of a transformers model saw while it ran (q, k after RoPE, the mask rule,
+scaling, soft-cap, ALiBi bias, learned sinks, values), and every head's pattern and scores computed from it exactly.
+
+The package, from the bottom up (no module imports one above it):
+  modules    where a model's attention lives: its attention modules, its stack of layers, causal or not
+  hooks      forward hooks shared by every session on one cached model
+  recording  the function registered in transformers' attention interface, the hooks of the other families, the
+             per-thread recorder they report to, mask rules named without building an N x N mask
+  loading    making a model capturable (attn_implementation="attnviz"), lending a model object and putting it back
+  store      AttentionCapture (both stores, one API) and from_attentions
+  run        capture_attention: the checks, the forward pass under a recorder, the capture assembled once
+  files      capture files (npz / safetensors), written and read a block of rows at a time
+
+The front door for a notebook or a script is capture() below; the package itself is callable, so
+attnviz.capture(model, text, ...) is capture(model, text, ...): a model by name, folder or GGUF file, or a
+transformers model object that is lent back unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import torch
+
+from attnviz.capture.files import load_capture, save_capture
+from attnviz.capture.hooks import SharedHooks
+from attnviz.capture.loading import borrowed, prepare_model, records_inputs
+from attnviz.capture.modules import (CaptureError, attention_modules, decoder_layers, input_device, is_causal,
+                                     uses_interface)
+from attnviz.capture.recording import (ATTN_IMPLEMENTATION, Recorder, named_rule, recording, recording_forward,
+                                       wanted_layers)
+from attnviz.capture.run import (MAX_CAPTURE_BYTES, MAX_TOKENS, STORES, DuringForward, capture_attention, choose_store,
+                                 inputs_bytes, pattern_bytes)
+from attnviz.capture.store import AttentionCapture, from_attentions
+
+__all__ = ["ATTN_IMPLEMENTATION", "MAX_CAPTURE_BYTES", "MAX_TOKENS", "STORES", "AttentionCapture", "CaptureError",
+           "DuringForward", "Recorder", "SharedHooks", "attention_modules", "borrowed", "capture", "capture_attention",
+           "choose_store",
+           "decoder_layers", "from_attentions", "input_device", "inputs_bytes", "is_causal", "load_capture",
+           "named_rule", "pattern_bytes", "prepare_model", "records_inputs", "recording", "recording_forward",
+           "save_capture", "uses_interface", "wanted_layers"]
+
+
+def capture(model, text: str, *, tokenizer=None, layers=None, store: str = "auto") -> AttentionCapture:
+    """The front door, also called as attnviz.capture(model, text, ...): every head of `layers` (None: all,
+    negative counts from the end) on `text`.
+
+    model: a registry name (attnviz.models.available_models()), a folder, a .gguf file or a cached hub id, loaded
+    by attnviz.models.load_model; an attnviz LoadedModel; or a transformers model object, with its `tokenizer`. A
+    model object is lent, not changed: afterwards its attention implementation, its training flags and so its
+    outputs are what they were (attnviz.capture.loading.borrowed).
+    store: "pattern" (the dense weights), "qk" (only q and k, for any length) or "auto": the pattern while it fits
+    (MAX_TOKENS tokens, MAX_CAPTURE_BYTES), else "qk" where the family records q and k (choose_store). The limits
+    live in attnviz.capture.run (patch them there)."""
+    from attnviz.models import LoadedModel, ModelSpec, load_model
+
+    if isinstance(model, (str, os.PathLike)):
+        if tokenizer is not None:
+            raise CaptureError("tokenizer= goes with a model object: a model given by name brings its own.")
+        return _capture_loaded(load_model(os.fspath(model)), text, layers, store)
+    if isinstance(model, LoadedModel):
+        return _capture_loaded(model, text, layers, store)
+    if not hasattr(model, "config") or not isinstance(model, torch.nn.Module):
+        raise CaptureError("model must be a model name, a folder, a .gguf file or a transformers model object.")
+    if tokenizer is None:
+        raise CaptureError("A model object needs its tokenizer: attnviz.capture(model, text, tokenizer=tokenizer).")
+    name = getattr(model.config, "name_or_path", "") or type(model).__name__
+    spec = ModelSpec(name, getattr(model.config, "model_type", ""), "object", True, None,
+                     "a model object handed to attnviz.capture")
+    with borrowed(model):
+        return _capture_loaded(LoadedModel(model=model, tokenizer=tokenizer, spec=spec), text, layers, store)
+
+
+def _capture_loaded(loaded, text: str, layers, store: str) -> AttentionCapture:
+    if store == "auto":
+        store = _auto_store(loaded, text, layers)
+    return capture_attention(loaded, text, layers=layers, store=store)
+
+
+def _auto_store(loaded, text: str, layers) -> str:
+    """The store run.choose_store picks for this text and these layers."""
+    if not isinstance(text, str) or not text.strip():
+        return "pattern"  # capture_attention says what is wrong with the text
+    n_layers = len(wanted_layers(layers, len(attention_modules(loaded.model))))
+    return choose_store(loaded, len(loaded.tokenizer(text).input_ids), n_layers)[0]
+
+
+class _FrontDoor(types.ModuleType):
+    """This module, callable: attnviz.capture(model, text, ...) is attnviz.capture.capture(model, text, ...)."""
+
+    def __call__(self, model, text: str, *, tokenizer=None, layers=None, store: str = "auto") -> AttentionCapture:
+        return capture(model, text, tokenizer=tokenizer, layers=layers, store=store)
+
+    __call__.__doc__ = capture.__doc__
+
+
+# `attnviz.capture` names this package (every `from attnviz.capture import ...` needs it), and the front door too.
+sys.modules[__name__].__class__ = _FrontDoor

@@ -1,0 +1,203 @@
+"""capture_attention: runs a loaded model on a text under a recorder (attnviz.capture.recording) and turns what
+each wanted layer saw into an AttentionCapture, after checking every argument against what the model and memory
+allow.
+
+In the qk store the forward pass runs torch's fused scaled_dot_product_attention, or attnviz.attention.layer_output
+a block of rows at a time for soft-capped, sink and sliding-window layers (which SDPA cannot compute without an
+N x N mask), or the caller's own attention (DuringForward.attend), which computes statistics on the way.
+
+Threads: captures of one shared model from several sessions at once stay apart (see attnviz.capture.recording).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnviz import attention as core
+from attnviz import shape
+from attnviz.attention import LayerInputs
+from attnviz.capture.loading import records_inputs
+from attnviz.capture.modules import CaptureError, attention_modules, input_device, is_causal, uses_interface
+from attnviz.capture.recording import Recorder, StopForward, recording, wanted_layers
+from attnviz.capture.store import AttentionCapture
+from attnviz.tokenizer import readable_tokens
+
+MAX_TOKENS = 2048  # the pattern store's default limit; the "qk" store goes to the model's own maximum
+MAX_CAPTURE_BYTES = 2 * 1024**3  # the captured arrays must fit comfortably in memory
+STORES = ("pattern", "qk")
+
+
+@dataclass
+class DuringForward:
+    """Work a caller does inside a qk-store capture's forward pass, layer by layer (attnviz.stats.streaming_attend
+    makes one that computes every head's statistics there).
+
+    attend(layer, inputs, v [kv_head, n, d_v]) returns the wanted layer's attention output [head, n, d_v] in place
+    of SDPA's (families of the attention interface), so a caller that computes the weights block by block anyway
+    computes the scores once for both. on_layer(layer, inputs) is called as soon as a wanted layer's inputs are
+    recorded (every family that records them). keep_inputs=False drops each layer's q and k after that: memory
+    O(one layer), and the capture has no maps, only tokens. summary: what they computed, {layer: result}; it
+    becomes capture.summary."""
+
+    attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
+    on_layer: Callable[[int, LayerInputs], None] | None = None
+    keep_inputs: bool = True
+    summary: dict | None = None
+
+
+def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern", dtype=np.float32,
+                      with_scores: bool = False, with_values: bool = False, max_tokens: int | None = None,
+                      token_ids=None, progress: Callable[[int, int], None] | None = None,
+                      during: DuringForward | None = None) -> AttentionCapture:
+    """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
+
+    layers: None for all, or an iterable of layer indices (negative counts from the end).
+    store: "pattern" (dense [layer, head, query, key]) or "qk" (only q, k and the rules; no N x N array).
+    dtype: np.float32 (exact) or np.float16 (half the memory) for the dense pattern.
+    with_scores: require the pre-softmax scores (capture.scores / head_scores), computed now; refused for the
+    families whose q and k are not recorded.
+    with_values: also keep each wanted layer's value vectors (capture.values; families of the attention interface).
+    max_tokens: the longest text accepted (default: MAX_TOKENS for the pattern store, the model's own maximum
+    position for the qk store).
+    token_ids: run on these token ids instead of tokenizing `text` (ids no text tokenizes into, such as the
+    repeated random sequence of the induction test); `text` is then only a label and may be empty.
+    progress: called as progress(layers_done, layers_wanted) while the forward pass runs.
+    during: work done inside the forward pass (qk store; DuringForward).
+    """
+    during = DuringForward() if during is None else during
+    ids, attention_mask = _encoded(loaded, text, token_ids)
+    modules = attention_modules(loaded.model)
+    wanted = wanted_layers(layers, len(modules))
+    dtype = np.dtype(dtype)
+    recorded = records_inputs(loaded.model, modules[0])
+    _check_request(loaded, modules[0], store, dtype, recorded, with_scores, with_values, during)
+    _check_size(loaded, len(wanted), int(ids.shape[1]), store, dtype.itemsize + (4 if with_scores else 0), max_tokens)
+    recorder = Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, store=store,
+                        layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress,
+                        on_layer=during.on_layer, keep_inputs=during.keep_inputs, attend=during.attend,
+                        with_values=with_values)
+    _forward(loaded, recorder, ids, attention_mask)
+    capture = _assembled(loaded, modules[0], wanted, recorder, ids[0].tolist(), recorded, during.summary)
+    if with_scores:
+        capture.scores  # computed now, while the caller waits for the capture anyway
+    return capture
+
+
+def _check_request(loaded, module, store: str, dtype, recorded: bool, with_scores: bool, with_values: bool,
+                   during: DuringForward) -> None:
+    """Refuses what this model or this store cannot do, with a message that says what to do instead."""
+    name = loaded.spec.name
+    if store not in STORES:
+        raise CaptureError(f"Unknown store {store!r}: use 'pattern' or 'qk'.")
+    if getattr(loaded.model.config, "is_encoder_decoder", False):
+        raise CaptureError(f"{name} is an encoder-decoder model; attnviz captures decoder-only and encoder-only "
+                           "models.")
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise CaptureError(f"Patterns are stored as float32 or float16, not {dtype}.")
+    if with_values and not (uses_interface(module) and recorded):
+        raise CaptureError(f"{name} ({type(module).__name__}) does not dispatch through transformers' attention "
+                           "interface, so attnviz cannot record its value vectors.")
+    if (with_scores or store == "qk") and not recorded:
+        raise CaptureError(f"{name} ({type(module).__name__}) does not dispatch through transformers' attention "
+                           "interface, so attnviz cannot record its query and key vectors: its scores and the "
+                           "long-text store are not available. Capture the pattern only.")
+    if not during.keep_inputs and (store != "qk" or with_scores):
+        raise CaptureError("keep_inputs=False goes with store='qk' and without scores.")
+    if during.attend is not None and store != "qk":
+        raise CaptureError("attend= goes with store='qk'.")
+
+
+def _encoded(loaded, text: str, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, n] input ids and attention mask: token_ids as given, else the text tokenized."""
+    if token_ids is not None:
+        ids = torch.as_tensor([int(t) for t in token_ids], dtype=torch.long).reshape(1, -1)
+        attention_mask = torch.ones_like(ids)
+    elif not isinstance(text, str) or not text.strip():
+        raise CaptureError("The text is empty: type some text to run the model on.")
+    else:
+        encoded = loaded.tokenizer(text, return_tensors="pt")
+        ids, attention_mask = encoded.input_ids, encoded.attention_mask
+    if ids.shape[1] == 0:
+        raise CaptureError(f"{loaded.spec.name}'s tokenizer turned the text into no tokens; try another text or "
+                           "check the model folder's tokenizer files.")
+    return ids, attention_mask
+
+
+def _check_size(loaded, n_layers: int, n: int, store: str, itemsize: int, max_tokens: int | None) -> None:
+    """Refuses a text longer than the model's positions (or max_tokens), and a dense pattern over
+    MAX_CAPTURE_BYTES, saying how many layers would fit."""
+    position_limit = shape.position_limit(loaded.model.config)
+    limit = min(position_limit, (MAX_TOKENS if store == "pattern" else position_limit) if max_tokens is None
+                else max_tokens)
+    if n > limit:
+        raise CaptureError(f"The text is {n:,} tokens long; the limit for {loaded.spec.name} here is {limit:,} "
+                           "tokens. Shorten the text.")
+    n_heads = shape.n_heads(loaded.model.config)
+    need = pattern_bytes(n_layers, n_heads, n, itemsize)
+    if store == "pattern" and need > MAX_CAPTURE_BYTES:
+        fit = max(0, MAX_CAPTURE_BYTES // max(1, pattern_bytes(1, n_heads, n, itemsize)))
+        raise CaptureError(f"Capturing {n_layers} layers x {n_heads} heads x {n:,}² weights needs "
+                           f"{need / 2**30:.1f} GiB (limit {MAX_CAPTURE_BYTES / 2**30:.0f} GiB); {fit} layers "
+                           "would fit. Pick fewer layers or a shorter text, or use the long-text store "
+                           "(store='qk'), which never builds the N x N arrays.")
+
+
+def _forward(loaded, recorder: Recorder, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """The base model's forward pass under the recorder, stopped after the last wanted layer; a model that fails
+    on this text gives a message, not a traceback."""
+    model = loaded.model
+    runner = getattr(model, "base_model", model)
+    device = input_device(model)
+    with recording(model, recorder), torch.inference_mode():
+        try:
+            runner(input_ids=ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
+        except StopForward:
+            pass
+        except CaptureError:
+            raise
+        except Exception as exc:  # a user's model that cannot run this text: a message, not a traceback
+            raise CaptureError(f"{loaded.spec.name} failed on this text: {type(exc).__name__}: {exc}") from exc
+
+
+def _assembled(loaded, module, wanted: list[int], recorder: Recorder, ids: list[int], recorded: bool,
+               summary: dict | None) -> AttentionCapture:
+    """The AttentionCapture of what the recorder kept, once every wanted layer reported."""
+    store, config = recorder.store, loaded.model.config
+    got = recorder.pattern if store == "pattern" else recorder.seen
+    missing = [i for i in wanted if i not in got]
+    if missing:
+        raise CaptureError(f"{loaded.spec.name} did not return attention weights for layers {missing}.")
+    return AttentionCapture(
+        tokens=readable_tokens(loaded.tokenizer, ids), token_ids=ids, layers=list(wanted),
+        # the sharing attention itself used where q and k were recorded; else the config's
+        kv_head_of=list(recorder.kv_head_of) if recorded else core.kv_head_of(shape.n_heads(config),
+                                                                              shape.n_kv_heads(config)),
+        model_name=loaded.spec.name, causal=is_causal(loaded.model, module), store=store,
+        pattern=np.stack([recorder.pattern[i] for i in wanted]) if store == "pattern" else None,
+        inputs={i: recorder.inputs[i] for i in wanted} if recorded and recorder.keep_inputs else None,
+        values={i: recorder.values[i] for i in wanted} if recorder.with_values else None,
+        summary=summary)
+
+
+def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None) -> tuple[str, str]:
+    """(store, why): the pattern store while [layer, head, n, n] fits MAX_CAPTURE_BYTES (and limit_bytes) and
+    MAX_TOKENS, else the qk store where the family records q and k (attnviz.views.choose_store says why)."""
+    from attnviz import views
+
+    limit = MAX_CAPTURE_BYTES if limit_bytes is None else min(MAX_CAPTURE_BYTES, limit_bytes)
+    return views.choose_store(n_layers, shape.n_heads(loaded.model.config), n_tokens, limit_bytes=limit,
+                              can_stream=records_inputs(loaded.model), max_dense_tokens=MAX_TOKENS)
+
+
+def pattern_bytes(n_layers: int, n_heads: int, n_tokens: int, itemsize: int = 4) -> int:
+    """Bytes of a dense [layer, head, query, key] pattern."""
+    return n_layers * n_heads * n_tokens * n_tokens * itemsize
+
+
+def inputs_bytes(config, n_layers: int, n_tokens: int) -> int:
+    """Bytes the qk store holds for n_layers layers of n_tokens: float32 q [head, n, d] and k [kv_head, n, d]."""
+    return n_layers * n_tokens * shape.qk_head_dim(config) * (shape.n_heads(config) + shape.n_kv_heads(config)) * 4

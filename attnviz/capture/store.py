@@ -1,0 +1,289 @@
+"""AttentionCapture: every captured head of one forward pass over one text, and its patterns and scores computed
+exactly from what each layer saw; from_attentions() makes one of any tool's output_attentions.
+
+Two stores, one API:
+- store="pattern": the dense pattern [layer, head, query, key], from the model's own eager weights (equal to
+  output_attentions bit for bit), plus the layer inputs.
+- store="qk": only the layer inputs, O(N d) per layer; no N x N array is ever built for the whole model.
+In both, capture.head_pattern(layer, head, rows) and capture.head_scores(...) return exact values, computed by
+attnviz.attention from the layer inputs (or read from the dense pattern). A capture is shared by every session that
+asks for it: its arrays are read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from attnviz import attention as core
+from attnviz.attention import LayerInputs
+from attnviz.capture.modules import CaptureError
+
+@dataclass
+class AttentionCapture:
+    """Every captured head of one forward pass over one text.
+
+    tokens:     list[str], one readable string per token (spaces shown as ␣, newlines as ↵, tabs as ⇥)
+    token_ids:  list[int], the ids the model saw
+    layers:     list[int], the model layer of each captured layer, in order
+    kv_head_of: list[int], for each query head, the key/value head it reads (GQA/MQA; identity for MHA)
+    model_name: the registry name or path of the model
+    causal:     True when a query never attends to later keys
+    store:      "pattern" (dense weights kept) or "qk" (only what attention saw)
+    pattern:    [layer, head, query, key] attention weights, in the pattern store (None in the qk store)
+    inputs:     {model layer: attnviz.attention.LayerInputs}: what each layer's attention saw (every family: BLOOM,
+                Falcon and GPT-J have theirs rebuilt by hooks), or None when the capture was asked not to keep them
+                (keep_inputs=False)
+    Read maps with head_pattern / head_scores / layer_rows, which work in both stores; `layer` is always the
+    model's layer number.
+    """
+
+    tokens: list[str]
+    token_ids: list[int]
+    layers: list[int]
+    kv_head_of: list[int]
+    model_name: str
+    causal: bool
+    store: str = "pattern"
+    pattern: np.ndarray | None = None
+    inputs: dict[int, LayerInputs] | None = None
+    # {model layer: [kv_head, key, d_v] float32 value vectors}, with capture_attention(with_values=True)
+    values: dict[int, torch.Tensor] | None = None
+    # the logits [layer, head, query, key], once computed (the scores property) or read from a file
+    computed_scores: np.ndarray | None = field(default=None, repr=False)
+    # scaling, head_dim and the model's head numbers ("heads") of a capture read from a file that kept no inputs
+    file_facts: dict = field(default_factory=dict, repr=False)
+    # {layer: attnviz.stats.streamed_stats result}, when the statistics were computed during the forward pass
+    summary: dict | None = field(default=None, repr=False)
+    _sink: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        for array in (self.pattern, self.computed_scores):
+            if array is not None:
+                array.flags.writeable = False  # shared by every session that asks for it: nobody changes it
+
+    # -- shape --
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.kv_head_of)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def head_dim(self) -> int | None:
+        return self.file_facts.get("head_dim") if not self.inputs else next(iter(self.inputs.values())).head_dim
+
+    @property
+    def scaling(self) -> float | None:
+        """The factor q.k is multiplied by, when every captured layer uses the same one (else None)."""
+        if not self.inputs:
+            return self.file_facts.get("scaling")
+        values = {x.scaling for x in self.inputs.values()}
+        return values.pop() if len(values) == 1 else None
+
+    @property
+    def has_scores(self) -> bool:
+        return bool(self.inputs)
+
+    def index_of(self, layer: int) -> int:
+        """The position of model layer `layer` among the captured layers."""
+        try:
+            return self.layers.index(int(layer))
+        except ValueError:
+            raise CaptureError(f"Layer {layer} was not captured (captured: {self.layers}).") from None
+
+    def _inputs(self, layer: int) -> LayerInputs:
+        if not self.inputs or int(layer) not in self.inputs:
+            raise CaptureError(f"{self.model_name}: the query and key vectors of layer {layer} were not recorded "
+                               "(this family's attention does not go through transformers' attention interface), "
+                               "so its scores are not available. Its pattern is.")
+        return self.inputs[int(layer)]
+
+    # -- maps --
+    def layer_rows(self, layer: int, start: int = 0, stop: int | None = None, *, heads=None) -> np.ndarray:
+        """Attention weights of every head (or `heads`) of `layer` for queries start .. stop - 1: [head, rows, key],
+        float32 (the dense store's dtype in the pattern store)."""
+        stop = self.n_tokens if stop is None else stop
+        if self.pattern is not None:
+            block = self.pattern[self.index_of(layer), :, start:stop]
+            return block if heads is None else block[list(heads)]
+        weights, _ = core.layer_pattern(self._inputs(layer), start, stop, heads=heads, key_end=self.n_tokens)
+        return weights.numpy()
+
+    def head_pattern(self, layer: int, head: int, rows=None) -> np.ndarray:
+        """One head's weights [rows, key] (rows: None for all queries, a slice, or (start, stop))."""
+        start, stop = _row_range(rows, self.n_tokens)
+        return self.layer_rows(layer, start, stop, heads=[head])[0]
+
+    def head_scores(self, layer: int, head: int, rows=None) -> np.ndarray:
+        """One head's softmax logits [rows, key], float32: q.k * scaling, soft-capped, plus bias, -inf masked."""
+        start, stop = _row_range(rows, self.n_tokens)
+        return core.layer_scores(self._inputs(layer), start, stop, heads=[head], key_end=self.n_tokens)[0].numpy()
+
+    def head_sink(self, layer: int, head: int) -> np.ndarray | None:
+        """The weight each query gives the head's learned sink logit [query], or None without sinks."""
+        sinks = self.learned_sink
+        return None if sinks is None else sinks[self.index_of(layer), head]
+
+    @property
+    def scores(self) -> np.ndarray | None:
+        """Every captured head's logits [layer, head, query, key] float32 (-inf where masked), or None when q and
+        k were not recorded. Built on first use; needs 4 bytes per weight."""
+        if self.computed_scores is None and self.inputs:
+            scores = np.stack([core.layer_scores(self.inputs[layer], key_end=self.n_tokens).numpy()
+                               for layer in self.layers])
+            scores.flags.writeable = False
+            self.computed_scores = scores
+        return self.computed_scores
+
+    @property
+    def learned_sink(self) -> np.ndarray | None:
+        """[layer, head, query]: the weight each query gives the model's learned sink logit (gpt-oss), or None for
+        a model without one. Each row of the pattern plus its learned_sink sums to 1."""
+        if not self.inputs or all(x.sink is None for x in self.inputs.values()):
+            return None
+        if self._sink is None:
+            out = np.zeros((self.n_layers, self.n_heads, self.n_tokens), dtype=np.float32)
+            for i, layer in enumerate(self.layers):
+                x = self.inputs[layer]
+                if x.sink is None:
+                    continue
+                for a in range(0, self.n_tokens, 256):
+                    b = min(self.n_tokens, a + 256)
+                    _, sink = core.layer_pattern(x, a, b)
+                    out[i, :, a:b] = sink.numpy()
+            self._sink = out
+        return self._sink
+
+    def select(self, layers) -> "AttentionCapture":
+        """The same capture restricted to some of its layers (model layer numbers), sharing its arrays: narrowing
+        the layers needs no new forward pass."""
+        layers = sorted({int(i) for i in layers})
+        index = [self.index_of(i) for i in layers]
+        return AttentionCapture(
+            tokens=self.tokens, token_ids=self.token_ids, layers=layers, kv_head_of=self.kv_head_of,
+            model_name=self.model_name, causal=self.causal, store=self.store,
+            pattern=None if self.pattern is None else self.pattern[index],
+            inputs=None if self.inputs is None else {i: self.inputs[i] for i in layers},
+            values=None if self.values is None else {i: self.values[i] for i in layers},
+            computed_scores=None if self.computed_scores is None else self.computed_scores[index],
+            file_facts=dict(self.file_facts),
+            summary=None if self.summary is None else {i: self.summary[i] for i in layers},
+            _sink=None if self._sink is None else self._sink[index])
+
+    @property
+    def head_numbers(self) -> list[int]:
+        """The model's number of each captured head (a capture read from a file of some heads keeps them)."""
+        return list(self.file_facts.get("heads", range(self.n_heads)))
+
+    def inputs_nbytes(self) -> int:
+        return sum(x.nbytes() for x in (self.inputs or {}).values())
+
+    # -- for a notebook --
+    def stats(self):
+        """Every captured head's statistics as a pandas DataFrame, one row per (layer, head): attnviz.stats."""
+        from attnviz.stats import head_stats
+
+        return head_stats(self)
+
+    def save(self, path) -> None:
+        """Writes the capture to path, .npz or .safetensors (attnviz.capture.files; read back with load_capture)."""
+        from attnviz.capture.files import save_capture
+
+        save_capture(self, path)
+
+    def to_attentions(self) -> tuple[torch.Tensor, ...]:
+        """The captured layers' weights in the format of transformers' output_attentions (and bertviz's head_view
+        and model_view): a tuple with one [1, head, query, key] tensor per captured layer, in order. In the qk
+        store each layer's weights are computed from q and k here (4 bytes per weight)."""
+        return tuple(torch.from_numpy(np.ascontiguousarray(self.layer_rows(layer)))[None] for layer in self.layers)
+
+    # -- notebook views (attnviz.notebook): each draws in a notebook with no network; see its options there --
+    def show(self, *, hide_sink: bool = False, gamma: float = 0.5):
+        """The grid of all captured heads, as a View a notebook draws (attnviz.notebook.grid_view)."""
+        from attnviz import notebook
+
+        return notebook.grid_view(self, hide_sink=hide_sink, gamma=gamma)
+
+    def head_view(self, layer: int | None = None, head: int = 0, **options):
+        """One head's map; a long text's max-pooled overview and an exact zoom window (notebook.head_view)."""
+        from attnviz import notebook
+
+        return notebook.head_view(self, layer, head, **options)
+
+    def token_view(self, query: int | None = None, **options):
+        """Where one query token looks, one row per head (attnviz.notebook.token_view)."""
+        from attnviz import notebook
+
+        return notebook.token_view(self, query, **options)
+
+    def text_view(self, layer: int | None = None, head: int = 0, query: int | None = None, **options):
+        """The text shaded by the weight one query of one head gives each token (attnviz.notebook.text_view)."""
+        from attnviz import notebook
+
+        return notebook.text_view(self, layer, head, query, **options)
+
+    def to_html(self, path, layer: int | None = None, head: int = 0, query: int | None = None, **options):
+        """Writes the four views on one standalone page that needs no network; returns its path
+        (attnviz.notebook.page_view)."""
+        from attnviz import notebook
+
+        return notebook.page_view(self, layer, head, query, **options).to_html(path)
+
+
+def _row_range(rows, n: int) -> tuple[int, int]:
+    if rows is None:
+        return 0, n
+    if isinstance(rows, slice):
+        start, stop, step = rows.indices(n)
+        if step != 1:
+            raise CaptureError("Rows must be a contiguous range.")
+        return start, stop
+    start, stop = rows
+    return max(0, int(start)), min(n, int(stop))
+
+
+def from_attentions(attentions, tokens, *, token_ids=None, model_name: str = "attentions") -> AttentionCapture:
+    """A pattern-store capture of attention weights from any tool, in the format of transformers' output_attentions:
+    one [1, head, query, key] tensor or array per layer (layers numbered 0, 1, ... in that order).
+
+    tokens: one string per token. token_ids: the ids the model saw (the induction statistic compares them); by
+    default equal strings get equal ids. The format does not say which key/value head a head reads, so kv_head_of
+    is the identity; the capture is causal when every weight above the diagonal is 0."""
+    tokens = [str(t) for t in tokens]
+    weights = [_layer_weights(a, len(tokens)) for a in attentions]
+    if not weights:
+        raise CaptureError("No layers: give one [1, head, query, key] tensor per layer.")
+    if len({w.shape for w in weights}) != 1:
+        raise CaptureError(f"Every layer must have the same heads; got {sorted({w.shape[0] for w in weights})}.")
+    if token_ids is None:
+        first: dict[str, int] = {}
+        token_ids = [first.setdefault(t, len(first)) for t in tokens]
+    token_ids = [int(i) for i in token_ids]
+    if len(token_ids) != len(tokens):
+        raise CaptureError(f"{len(token_ids)} token ids for {len(tokens)} tokens.")
+    pattern = np.stack(weights)
+    return AttentionCapture(tokens=tokens, token_ids=token_ids, layers=list(range(len(weights))),
+                            kv_head_of=list(range(pattern.shape[1])), model_name=model_name,
+                            causal=not np.triu(pattern, 1).any(), store="pattern", pattern=pattern)
+
+
+def _layer_weights(weights, n: int) -> np.ndarray:
+    """One layer's [1, head, n, n] (or [head, n, n]) weights as a float32 [head, n, n] array."""
+    if isinstance(weights, torch.Tensor):
+        weights = weights.detach().float().cpu().numpy()
+    x = np.asarray(weights, dtype=np.float32)
+    if x.ndim == 4 and x.shape[0] == 1:
+        x = x[0]
+    if x.ndim != 3 or x.shape[1:] != (n, n):
+        raise CaptureError(f"Each layer's weights must be [1, head, query, key] with one query and one key per token "
+                           f"({n} tokens); got {list(np.shape(weights))}.")
+    return np.ascontiguousarray(x)

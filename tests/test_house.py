@@ -1,0 +1,107 @@
+"""The house rules ARCHITECTURE.md states, read from the source itself: no import cycle between attnviz's modules, no
+module reading another's private names, streamlit imported only in attnviz.ui."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "attnviz"
+
+
+def _modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        name = ".".join(("attnviz", *path.relative_to(ROOT).with_suffix("").parts))
+        found[name.removesuffix(".__init__")] = ast.parse(path.read_text(encoding="utf-8"))
+    return found
+
+
+MODULES = _modules()
+
+
+def _top_level_imports(name: str, tree: ast.Module) -> set[str]:
+    """The attnviz modules a module imports when it is itself imported (its top-level statements)."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnviz"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                out.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in MODULES)
+    return out - {name}
+
+
+def _cycle() -> list[str] | None:
+    graph = {name: _top_level_imports(name, tree) for name, tree in MODULES.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt]
+            if not state.get(nxt):
+                found = visit(nxt, path + [node])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for name in sorted(graph):
+        if not state.get(name):
+            found = visit(name, [])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycle() is None, " -> ".join(_cycle())
+
+
+def test_a_cycle_is_found_when_there_is_one():
+    """The cycle finder itself, on a made-up pair of modules that import each other."""
+    saved = dict(MODULES)
+    try:
+        MODULES["attnviz.fake_a"] = ast.parse("from attnviz.fake_b import x")
+        MODULES["attnviz.fake_b"] = ast.parse("from attnviz.fake_a import y")
+        assert set(_cycle()) == {"attnviz.fake_a", "attnviz.fake_b"}
+    finally:
+        MODULES.clear()
+        MODULES.update(saved)
+
+
+def _private_reads(tree: ast.Module) -> list[str]:
+    """`from attnviz.x import _name` and `alias._name` where alias names an imported attnviz module."""
+    aliases, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnviz"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{node.module}.{alias.name}")
+                if f"{node.module}.{alias.name}" in MODULES:
+                    aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname or a.name for a in node.names if a.name in MODULES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_names():
+    reads = {name: _private_reads(tree) for name, tree in MODULES.items()}
+    assert {name: r for name, r in reads.items() if r} == {}
+    assert _private_reads(ast.parse("from attnviz import knockout as ko\nko._forward(1)")) == ["ko._forward"]
+
+
+def test_only_attnviz_ui_imports_streamlit():
+    importers = []
+    for name, tree in MODULES.items():
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "streamlit" or n.startswith("streamlit.") for n in names):
+                importers.append(name)
+    assert importers and all(n == "attnviz.ui" or n.startswith("attnviz.ui.") for n in importers), importers
