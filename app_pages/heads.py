@@ -102,7 +102,7 @@ with c3:
     gamma = 0.5 if boost else 1.0
 with c4:
     hide_sink = st.toggle("Hide the sink", key="heads_hide_sink", persist_state="session",
-                          help="Zero the attention on token 0 and renormalise each row (attnviz.sinks.without_sinks), "
+                          help="Zero the attention on token 0 and renormalise each row (attnviz.views.sink_hidden), "
                                "so the rest of the map is not swamped by the sink.")
 li = capture.layers.index(layer)
 if kinds:
