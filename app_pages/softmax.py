@@ -242,8 +242,8 @@ request = (model_name, text)
 if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
     st.session_state["softmax_request"] = request
 if len(text) > MAX_CHARS:
-    st.error(f"The text is {len(text):,} characters; this section captures every head's scores for up to "
-             f"{MAX_CHARS:,}. Shorten it.")
+    st.error(f"The text is {len(text):,} characters; this section computes every head's scores (from the "
+             f"captured q and k) for up to {MAX_CHARS:,}. Shorten it.")
 elif not text.strip():
     st.warning("Type some text to run the model on.")
 elif st.session_state.get("softmax_request") != request:

@@ -1,11 +1,12 @@
 """The toy lab: train a small real-architecture transformer on a synthetic task or on text, and watch its heads
 (previous-token, induction, sinks) form. One module per idea:
 
-- attnviz.lab.tasks: the tasks, the probes and the head scores measured on them;
+- attnviz.lab.tasks: the tasks, and the probes the head scores are measured on;
 - attnviz.lab.config: LabConfig, everything that determines a run;
 - attnviz.lab.variants: the model each config builds (a transformers architecture per positional scheme, and
   four attention variants on one gpt-oss skeleton: softmax, off-by-one, learned sink, head-wise gate);
-- attnviz.lab.training: the loss, checkpoints and LabRun (trains in a background thread, polled by snapshot());
+- attnviz.lab.training: the loss, the head scores (attnviz.stats' and attnviz.diagnostics' definitions),
+  checkpoints and LabRun (trains in a background thread, polled by snapshot());
 - attnviz.lab.comparison: VariantComparison, the attention variants trained side by side, and their maps;
 - attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>,
   its owner, and the limits on what visitors keep.

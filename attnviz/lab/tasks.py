@@ -1,4 +1,4 @@
-"""The toy lab's tasks, probes and head scores: what a run trains on and how its heads are measured.
+"""The toy lab's tasks and probes: what a run trains on and what its heads are measured on.
 
 Tasks over the first n lowercase letters (8 by default) of the byte-level tokenizer (token id = byte value,
 <bos> = 256 first), so a trained model reads text a person can type ("dafchedafche"):
