@@ -28,7 +28,7 @@ st.title("Heads")
 st.write("Run a model on your text, record what every attention head saw (its queries, keys and mask), and find "
          "the interesting ones: sinks (everything looks at the first token), previous-token heads (a stripe just "
          "below the diagonal), induction heads (on repeated text, a stripe one step after the earlier copy).")
-cache.from_link(TABS)
+links.read(cache.LINK.with_choices("tab", TABS))
 
 left, right = st.columns([1, 2])
 with left:
@@ -102,7 +102,7 @@ with c3:
     gamma = 0.5 if boost else 1.0
 with c4:
     hide_sink = st.toggle("Hide the sink", key="heads_hide_sink", persist_state="session",
-                          help="Zero the attention on token 0 and renormalise each row (attnviz.sinks.without_sinks), "
+                          help="Zero the attention on token 0 and renormalise each row (attnviz.views.sink_hidden), "
                                "so the rest of the map is not swamped by the sink.")
 li = capture.layers.index(layer)
 if kinds:
@@ -172,7 +172,7 @@ def token_panel():
                "spread-out row still shows; hover a token for its position and exact weight, pick another query "
                "above." + (" Later tokens are faint: a causal query cannot see them." if capture.causal else ""))
     if str(query) != st.query_params.get("query"):  # a rerun of this panel alone keeps the link up to date
-        cache.write_link({**st.query_params.to_dict(), "query": str(query)})
+        links.write(cache.LINK, {**st.query_params.to_dict(), "query": str(query)})
 
 
 def predictions_panel():
@@ -488,7 +488,7 @@ for name, panel in (("token", token_panel), ("predict", predictions_panel), ("in
             panel()
 
 # The view goes into the link last. The whole link is compared, text included: a text too long for the link must
-# also take an older text= out of it, or the next rerun would read that older text back as a new link (from_link)
+# also take an older text= out of it, or the next rerun would read that older text back as a new link (links.read)
 # over the user's own.
 view["query"] = str(st.session_state["heads_query"])
-cache.write_link(view)
+links.write(cache.LINK, view)

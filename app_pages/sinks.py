@@ -4,9 +4,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import sinks, streaming, ui
+from attnviz import sinks, streaming, ui, views
 from attnviz.figures import compare as compare_figs
 from attnviz.figures import sinks as figs
+from attnviz.pooling import MIN_REMAINING
 from attnviz.ui import sinks as sink_ui
 
 DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
@@ -127,12 +128,13 @@ def one_head_view(capture, alpha: np.ndarray, hidden) -> None:
     with c3:
         hide = st.toggle("Hide the sinks", key="sinks_hide", persist_state="session",
                          help=f"Zero the attention on the sink keys (positions {', '.join(map(str, hidden))}) and "
-                              "renormalise each row (attnviz.sinks.without_sinks), so the rest of the pattern shows.")
+                              "renormalise each row (attnviz.views.sink_hidden), so the rest of the pattern "
+                              f"shows; a row left with under {MIN_REMAINING:.0%} of its weight is drawn as 0.")
     li = capture.layers.index(layer)
     shown = min(capture.n_tokens, MAX_MAP_TOKENS)
     p = np.array(capture.head_pattern(layer, head, rows=(0, shown)), dtype=float)  # [shown, n]: whole rows
     if hide:
-        p = sinks.without_sinks(p, sink_keys=hidden)
+        p = np.nan_to_num(views.sink_hidden(p, hidden))  # NaN (a blank row) drawn as 0: head_map has no grey
     ui.chart(figs.head_map(p[:shown, :shown], capture.tokens[:shown],
                         title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
                         + (f" (keys {', '.join(map(str, hidden))} hidden, rows renormalised)" if hide else "")),

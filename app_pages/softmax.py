@@ -28,9 +28,9 @@ def logit_formula(factor: str, bias: bool, softcap) -> str:
 
 @st.fragment
 def show_real_model(cap, text: str) -> None:
-    """The real-model section, once a capture with scores [layer, head, query, key] and its layer inputs is at
-    hand. Every map rescales the head's raw q·k (from the captured q and k), never the scores: an additive bias
-    (BLOOM's ALiBi) is added as the model adds it, unscaled."""
+    """The real-model section, once a capture with its layers' inputs (q, k, scaling, bias, soft-cap) is at hand.
+    Every map rescales the head's raw q·k (from the captured q and k): an additive bias (BLOOM's ALiBi) is added
+    as the model adds it, unscaled."""
     layers = list(cap.layers)
     scaling, head_dim = float(cap.scaling), int(cap.head_dim)
     tokens = [str(t) for t in cap.tokens]
@@ -232,34 +232,31 @@ st.markdown(
     "the scaling, with the bias left as it is; a temperature $T$ divides the whole score."
 )
 
-capture_ready = hasattr(ui, "get_capture") and hasattr(ui, "model_picker")
-if not capture_ready:
-    st.info("Model capture is not available in this build, so this section cannot run yet.")
+r1, r2 = st.columns([1, 2])
+with r1:
+    model_name = ui.model_picker(key="softmax_model", default="smollm2-135m")
+# no max_chars: a browser silently refuses a paste over it; the length is checked below, with the limit
+text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", persist_state="session",
+                     help=f"Up to {MAX_CHARS:,} characters.")
+request = (model_name, text)
+if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
+    st.session_state["softmax_request"] = request
+if len(text) > MAX_CHARS:
+    st.error(f"The text is {len(text):,} characters; this section computes every head's scores (from the "
+             f"captured q and k) for up to {MAX_CHARS:,}. Shorten it.")
+elif not text.strip():
+    st.warning("Type some text to run the model on.")
+elif st.session_state.get("softmax_request") != request:
+    st.caption("Press the button to run the model on the text. The first load of smollm2-135m converts its "
+               "GGUF file once (about 20 s); later runs are cached.")
 else:
-    r1, r2 = st.columns([1, 2])
-    with r1:
-        model_name = ui.model_picker(key="softmax_model", default="smollm2-135m")
-    # no max_chars: a browser silently refuses a paste over it; the length is checked below, with the limit
-    text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", persist_state="session",
-                         help=f"Up to {MAX_CHARS:,} characters.")
-    request = (model_name, text)
-    if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
-        st.session_state["softmax_request"] = request
-    if len(text) > MAX_CHARS:
-        st.error(f"The text is {len(text):,} characters; this section captures every head's scores for up to "
-                 f"{MAX_CHARS:,}. Shorten it.")
-    elif not text.strip():
-        st.warning("Type some text to run the model on.")
-    elif st.session_state.get("softmax_request") != request:
-        st.caption("Press the button to run the model on the text. The first load of smollm2-135m converts its "
-                   "GGUF file once (about 20 s); later runs are cached.")
-    else:
-        cap = ui.get_capture(model_name, text, layers=None, with_scores=True)  # shows its own error on failure
-        if cap is not None and (getattr(cap, "scores", None) is None or not getattr(cap, "inputs", None)):
-            st.warning(f"{model_name} does not expose its pre-softmax scores; pick another model.")
-        elif cap is not None and cap.scaling is None:
-            st.warning(f"The layers of {model_name} scale q·k by different factors; this section needs one.")
-        elif cap is not None and len(cap.tokens) > MAX_TOKENS:
-            st.warning(f"The text has {len(cap.tokens)} tokens; shorten it to at most {MAX_TOKENS}.")
-        elif cap is not None:
-            show_real_model(cap, text)
+    cap = ui.get_capture(model_name, text, layers=None)  # shows its own error on failure
+    if cap is not None and not cap.inputs:
+        st.warning(f"attnviz does not record the q and k of {model_name}'s attention, which every map here is "
+                   "computed from; pick another model.")
+    elif cap is not None and cap.scaling is None:
+        st.warning(f"The layers of {model_name} scale q·k by different factors; this section needs one.")
+    elif cap is not None and len(cap.tokens) > MAX_TOKENS:
+        st.warning(f"The text has {len(cap.tokens)} tokens; shorten it to at most {MAX_TOKENS}.")
+    elif cap is not None:
+        show_real_model(cap, text)

@@ -4,6 +4,7 @@ import streamlit as st
 
 from attnviz import cost, cost_tables, ui
 from attnviz import variants as var
+from attnviz.attention import kv_head_of
 from attnviz.figures import cost as figs
 from attnviz.ui import variants as uv
 
@@ -33,7 +34,7 @@ if st.session_state.get("variants_kv") not in divisors:
     st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
 n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv",
                         persist_state="session")
-layouts = {name: cost.kv_head_of(n_heads, k) for name, k in var.variant_kv_heads(n_heads, n_kv).items()}
+layouts = {name: kv_head_of(n_heads, k) for name, k in var.variant_kv_heads(n_heads, n_kv).items()}
 st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
 q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
 group = n_heads // n_kv
@@ -162,7 +163,7 @@ def toy_layer(n_heads: int, n_kv: int) -> None:
         st.warning("Pick at least one head to show.")
     else:
         st.plotly_chart(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
-                                                 {n: cost.kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
+                                                 {n: kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
                         width="stretch", key="variants_maps")
         diffs = var.differences_from(results, "MHA")
         cols = st.columns(len(diffs))

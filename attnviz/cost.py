@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -60,17 +61,6 @@ def crossover_seq_len(*, d_model: int, causal: bool = False, kv_dim: int | None 
     """
     kv = d_model if kv_dim is None else kv_dim
     return float(d_model + kv) * (2.0 if causal else 1.0)
-
-
-def kv_head_of(n_heads: int, n_kv_heads: int) -> list[int]:
-    """For each query head, the KV head it reads: query heads are split into n_kv_heads consecutive groups
-    (Ainslie et al. 2023, GQA; as transformers' repeat_kv). MHA: n_kv_heads = n_heads; MQA: n_kv_heads = 1.
-    attnviz.attention.kv_head_of's rule, which capture and the core use, with n_kv_heads required here."""
-    from attnviz.attention import kv_head_of as core_kv_head_of
-
-    if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
-        raise ValueError(f"{n_heads} query heads cannot be split evenly over {n_kv_heads} KV heads")
-    return core_kv_head_of(n_heads, n_kv_heads)
 
 
 @dataclass(frozen=True)
@@ -159,69 +149,48 @@ def param_counts(arch: Architecture) -> dict[str, int]:
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 
 
-class _ConfigValues:
-    """Attribute access to config.json-style values, with the aliases transformers gives GPT-2's and BLOOM's names."""
-
-    _ALIASES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
-
-    def __init__(self, values: Mapping):
-        self._values = dict(values)
-
-    def __getattr__(self, name: str):
-        values = self.__dict__["_values"]
-        if name in values:
-            return values[name]
-        if self._ALIASES.get(name) in values:
-            return values[self._ALIASES[name]]
-        raise AttributeError(name)
-
-
 def arch_from_config(config, name: str | None = None) -> Architecture:
     """Reads an Architecture off a transformers PretrainedConfig, or off config.json values in a dict
     (bert, gpt2, bloom and Llama-like decoders).
 
-    Llama-like (llama, mistral, qwen2, or any config with rms_norm_eps and intermediate_size): RMSNorm, gated MLP,
-    RoPE, biases as the config says. Raises ValueError for a model type it does not know how to count.
+    Layers, heads, KV heads, head dim, width, vocabulary and context are the config's ModelShape
+    (attnviz.shape.model_shape, which knows each family's spelling); the rest (MLP width, biases, norms, position
+    tables) is read here per family. Llama-like (llama, mistral, qwen2, or any config with rms_norm_eps and
+    intermediate_size): RMSNorm, gated MLP, RoPE, biases as the config says. Raises ValueError for a model type it
+    does not know how to count.
     """
+    from attnviz.shape import model_shape
+
     if isinstance(config, Mapping):
-        config = _ConfigValues(config)
+        config = SimpleNamespace(**config)
     mt = getattr(config, "model_type", "")
     name = name or getattr(config, "name_or_path", "") or mt
-    d = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    layers = int(config.num_hidden_layers)
-    tied = bool(getattr(config, "tie_word_embeddings", True))
+    shape = model_shape(config)
+    d = shape.d_model
+    common = dict(name=name, layers=shape.layers, d_model=d, heads=shape.heads, kv_heads=shape.kv_heads,
+                  head_dim=shape.head_dim, vocab=shape.vocab, context=shape.max_positions or 0,
+                  tied_embeddings=bool(getattr(config, "tie_word_embeddings", True)))
     if mt == "bert":
         if getattr(config, "position_embedding_type", "absolute") != "absolute":
             raise ValueError("only BERT with absolute position embeddings is counted")
         return Architecture(
-            name=name, family="bert", layers=layers, d_model=d, heads=heads, kv_heads=heads, head_dim=d // heads,
-            d_ff=int(config.intermediate_size), vocab=int(config.vocab_size),
-            positions=int(config.max_position_embeddings), token_types=int(config.type_vocab_size),
-            qkv_bias=True, out_bias=True, mlp_bias=True, norm="layernorm", embedding_norm=True, final_norm=False,
-            lm_head=False, tied_embeddings=tied, pooler=True, context=int(config.max_position_embeddings))
+            family="bert", d_ff=int(config.intermediate_size), positions=int(config.max_position_embeddings),
+            token_types=int(config.type_vocab_size), qkv_bias=True, out_bias=True, mlp_bias=True, norm="layernorm",
+            embedding_norm=True, final_norm=False, lm_head=False, pooler=True, **common)
     if mt == "gpt2":
         return Architecture(
-            name=name, family="gpt2", layers=layers, d_model=d, heads=heads, kv_heads=heads, head_dim=d // heads,
-            d_ff=int(config.n_inner or 4 * d), vocab=int(config.vocab_size), positions=int(config.n_positions),
-            qkv_bias=True, out_bias=True, mlp_bias=True, norm="layernorm", final_norm=True,
-            lm_head=True, tied_embeddings=tied, context=int(config.n_positions))
+            family="gpt2", d_ff=int(config.n_inner or 4 * d), positions=int(config.n_positions), qkv_bias=True,
+            out_bias=True, mlp_bias=True, norm="layernorm", final_norm=True, lm_head=True, **common)
     if mt == "bloom":
         return Architecture(
-            name=name, family="bloom", layers=layers, d_model=d, heads=heads, kv_heads=heads, head_dim=d // heads,
-            d_ff=4 * d, vocab=int(config.vocab_size), qkv_bias=True, out_bias=True, mlp_bias=True,
-            norm="layernorm", embedding_norm=True, final_norm=True, lm_head=True, tied_embeddings=tied)
+            family="bloom", d_ff=4 * d, qkv_bias=True, out_bias=True, mlp_bias=True, norm="layernorm",
+            embedding_norm=True, final_norm=True, lm_head=True, **common)
     if mt in LLAMA_LIKE or (hasattr(config, "intermediate_size") and hasattr(config, "rms_norm_eps")):
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or d // heads)
-        qkv_bias = bool(getattr(config, "attention_bias", False) or mt in ("qwen2",))
-        out_bias = bool(getattr(config, "attention_bias", False))
+        bias = bool(getattr(config, "attention_bias", False))
         return Architecture(
-            name=name, family=mt, layers=layers, d_model=d, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-            d_ff=int(config.intermediate_size), vocab=int(config.vocab_size), gated_mlp=True,
-            qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            norm="rmsnorm", final_norm=True, lm_head=True, tied_embeddings=tied,
-            context=int(getattr(config, "max_position_embeddings", 0) or 0))
+            family=mt, d_ff=int(config.intermediate_size), gated_mlp=True, qkv_bias=bias or mt == "qwen2",
+            out_bias=bias, mlp_bias=bool(getattr(config, "mlp_bias", False)), norm="rmsnorm", final_norm=True,
+            lm_head=True, **common)
     raise ValueError(f"don't know how to count parameters of model type {mt!r}")
 
 

@@ -10,6 +10,9 @@ earlier occurrence of its own token, at p + i. Per head, averaged over the L que
 - duplicate_token  the weight on p + i, the earlier occurrence itself (duplicate-token heads, Wang et al. 2022)
 - previous_token   the weight on q - 1 (previous-token heads, the induction circuit's first half)
 
+prefix_matching is attnviz.stats' induction statistic (stats.induction_score) with the targets the layout gives
+(repeat_targets), previous_token stats' previous-token score on the second copy's rows: on this sequence they equal
+the induction and prev_token columns of the Heads page's statistics restricted to those queries.
 Random tokens carry no meaning and no n-gram statistics, so a high prefix_matching score comes from the repeat alone.
 For a language model, the loss on the second copy against the first shows that the model uses the repeat at all:
 in-context learning of the sequence, the behaviour induction heads implement.
@@ -53,16 +56,33 @@ def repeated_random_tokens(tokenizer, vocab_size: int, length: int, *, seed: int
     return prefix + r + r + suffix, len(prefix)
 
 
+def repeat_targets(length: int, start: int) -> list[list[int]]:
+    """The induction targets of a sequence whose tokens start .. start + L - 1 repeat at start + L ..
+    start + 2L - 1, from the layout alone: query start + L + i -> [start + i + 1], every other query none. On such
+    a sequence with L >= 2 distinct tokens (neither the prefix nor anything else repeating) these are exactly
+    attnviz.stats.induction_targets of its token ids (for L = 1 the target is the query itself, which
+    induction_targets leaves out); given by position, they ignore any other repeat (the toy lab's filler letters
+    after the second copy)."""
+    return [[]] * (start + length) + [[start + i + 1] for i in range(length)]
+
+
 def repeated_token_scores(pattern: np.ndarray, length: int, start: int) -> dict[str, np.ndarray]:
     """pattern [..., query, key] of a sequence whose tokens start .. start + L - 1 repeat at start + L ..
     start + 2L - 1 -> {score: [...]} float64 (see the module docstring), each a mean over the L queries of the
-    second copy."""
+    second copy: prefix_matching is attnviz.stats.induction_score on repeat_targets, previous_token is
+    attnviz.stats.previous_token_score of the second copy's rows (and the key before each), duplicate_token the
+    weight on the earlier copy itself."""
+    from attnviz.stats import induction_score, previous_token_score
+
     p = np.asarray(pattern)
-    i = np.arange(length)
-    q = start + length + i
-    return {"prefix_matching": p[..., q, start + i + 1].astype(np.float64).mean(-1),
-            "duplicate_token": p[..., q, start + i].astype(np.float64).mean(-1),
-            "previous_token": p[..., q, q - 1].astype(np.float64).mean(-1)}
+    end = start + 2 * length
+    if p.shape[-2] < end:
+        raise ValueError(f"the pattern covers {p.shape[-2]} tokens; a repeat of length {length} from position "
+                         f"{start} needs {end}")
+    q = start + length + np.arange(length)
+    return {"prefix_matching": induction_score(p, repeat_targets(length, start)),
+            "duplicate_token": p[..., q, q - length].astype(np.float64).mean(-1),
+            "previous_token": previous_token_score(p[..., end - length - 1:end, end - length - 1:end])}
 
 
 def capture_token_ids(loaded, token_ids, **kwargs) -> AttentionCapture:

@@ -2,7 +2,13 @@
 
 The app shares models, captures and experiments between every browser session. Streamlit's st.cache_data would
 record and replay the progress a computation reports while it runs; this cache lets the computation report its
-progress to the session that started it while the others wait for the same result."""
+progress to the session that started it while the others wait for the same result.
+
+Every shared ComputeOnce of the app is a module-level constant of the attnviz/ui module that uses it, made when
+the module is imported (`_RESULTS = ComputeOnce(max_items=32)`): one per process, shared by every session; a module
+Streamlit reloads after its file changed starts with an empty one, so no result of the old code is served, and a
+test resets one by monkeypatching the module's name with a new ComputeOnce. (attnviz.budget.HeldCache, which
+registers with the memory budget when made, is made on first use instead: ui._caches.)"""
 
 from __future__ import annotations
 

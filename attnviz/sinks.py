@@ -7,7 +7,8 @@ over the queries that can see it, of the attention they give it,
 
 a head is a sink head on a text when alpha_0 exceeds eps (0.3 in the paper), and the sink metric
 Sink_k^eps is the share of (text, layer, head) triples with alpha_k > eps, over a sample of texts (64-token
-texts in the paper). StreamingLLM's eviction experiment lives in attnviz.streaming.
+texts in the paper). StreamingLLM's eviction experiment lives in attnviz.streaming; a map drawn with its sinks
+hidden, in attnviz.views.sink_hidden.
 """
 
 from __future__ import annotations
@@ -17,34 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 SINK_THRESHOLD = 0.3  # Gu et al. 2025, the epsilon of their sink metric
 SINK_HEAD_SHARE = 0.05  # a sink key is above the threshold in at least this share of the heads
 MIN_SEEN_SHARE = 0.25  # keys seen by fewer than this share of the queries are not judged (causal models)
-
-def without_sinks(pattern, sink_keys=(0,)):
-    """The pattern with the given key columns zeroed and every row renormalised to sum to 1.
-
-    pattern: [..., query, key] (numpy or torch; the same kind comes back). sink_keys: key positions to hide
-    (negative indices count from the end). A row whose remaining mass is 0 (a query that saw only the hidden
-    keys) stays all zero rather than NaN. Shows the rest of a map whose colour scale the sink would swamp.
-    """
-    as_numpy = not isinstance(pattern, torch.Tensor)
-    p = torch.tensor(np.asarray(pattern)) if as_numpy else pattern  # a copy: cached patterns are read-only
-    if not p.is_floating_point():
-        p = p.to(torch.float64)
-    n_key = p.shape[-1]
-    keep = torch.ones(n_key, dtype=torch.bool)
-    for k in sink_keys:
-        k = int(k)
-        if -n_key <= k < n_key:
-            keep[k] = False
-    kept = p * keep.to(p.dtype)
-    total = kept.sum(dim=-1, keepdim=True)
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    out = torch.where(total > 0, kept / safe, torch.zeros_like(kept))
-    return out.numpy() if as_numpy else out
 
 
 def sink_scores(pattern, *, causal: bool = True) -> np.ndarray:

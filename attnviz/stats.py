@@ -127,7 +127,8 @@ def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_to
 
 def previous_token_score(pattern) -> np.ndarray:
     """prev_token: mean over queries q >= 1 of A[q, q - 1]. pattern [..., query, key] -> [...] float64 (NaN for
-    one token). The one definition: pattern_stats, the streamed statistics and the toy lab use it."""
+    one token). The one definition: pattern_stats, the toy lab's head scores and the induction test (on the second
+    copy's rows, attnviz.diagnostics) use it; the streamed statistics accumulate the same sum."""
     a = np.asarray(pattern)
     if a.shape[-2] < 2:
         return np.full(a.shape[:-2], np.nan)
@@ -173,16 +174,7 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
         "prev_token": previous_token_score(p),
         "self": diagonal.mean(-1),
     }
-    pairs = [(q, t) for q in range(n) for t in (targets[q] if targets else [])]
-    if pairs:
-        rows, cols = np.asarray(pairs).T
-        mass = np.asarray(p[:, rows, cols], dtype=np.float64)  # [head, pair]
-        per_query = np.zeros((n_heads, n))
-        np.add.at(per_query.T, rows, mass.T)  # sum over each query's targets
-        queries = np.unique(rows)
-        out["induction"] = per_query[:, queries].mean(-1)
-    else:
-        out["induction"] = np.full(n_heads, np.nan)
+    out["induction"] = induction_score(p, targets or [])
     return out
 
 
@@ -377,7 +369,8 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
 
 
 def induction_targets(token_ids) -> list[list[int]]:
-    """For each query q, the distinct positions j + 1 < q with token_ids[j] == token_ids[q], j < q."""
+    """For each query q, its induction targets in any text: the distinct positions j + 1 < q with
+    token_ids[j] == token_ids[q], j < q (the token after each earlier copy of q's own token)."""
     seen: dict[int, list[int]] = {}
     targets = []
     for q, tok in enumerate(token_ids):
@@ -385,6 +378,24 @@ def induction_targets(token_ids) -> list[list[int]]:
         targets.append(sorted({j + 1 for j in earlier if j + 1 < q}))
         earlier.append(q)
     return targets
+
+
+def induction_score(pattern, targets) -> np.ndarray:
+    """induction: the mean, over the queries q that have targets, of sum_{t in targets[q]} A[q, t], the attention
+    on the token after each earlier copy of q's own token (Olsson et al. 2022). The one definition: targets[q] lists
+    query q's targets, from repeated tokens in any text (induction_targets: pattern_stats and the streamed pass) or
+    from a repeat whose layout is known (attnviz.diagnostics.repeat_targets: the induction test and the toy lab).
+    pattern [..., query, key] -> [...] float64, NaN when no query has a target."""
+    a = np.asarray(pattern)
+    pairs = [(q, t) for q, keys in enumerate(targets) for t in keys]
+    if not pairs:
+        return np.full(a.shape[:-2], np.nan)
+    rows, cols = np.asarray(pairs).T
+    queries, which = np.unique(rows, return_inverse=True)
+    mass = np.asarray(a[..., rows, cols], dtype=np.float64)  # [..., pair]
+    per_query = np.zeros(mass.shape[:-1] + (len(queries),))
+    np.add.at(np.moveaxis(per_query, -1, 0), which, np.moveaxis(mass, -1, 0))  # sum over each query's targets
+    return per_query.mean(-1)
 
 
 def by_layer_kind(stats: pd.DataFrame, shape) -> pd.DataFrame:

@@ -14,8 +14,7 @@ import math
 
 import numpy as np
 
-from attnviz.attention import causal_mask, scaled_dot_product_attention
-from attnviz.cost import kv_head_of
+from attnviz.attention import causal_mask, kv_head_of, scaled_dot_product_attention
 
 
 def toy_weights(d_model: int, n_heads: int, *, seed: int = 0) -> dict[str, np.ndarray]:
@@ -37,8 +36,8 @@ def pool_kv_heads(w: np.ndarray, n_heads: int, n_kv_heads: int) -> np.ndarray:
     of query heads (Ainslie et al. 2023, §2.1). Returns [d_model, n_kv_heads * d_head]."""
     d_in, d_out = w.shape
     d_head = d_out // n_heads
+    kv_head_of(n_heads, n_kv_heads)  # ValueError unless the KV heads split the query heads evenly
     groups = w.reshape(d_in, n_kv_heads, n_heads // n_kv_heads, d_head)  # [d, kv_head, head in group, d_head]
-    kv_head_of(n_heads, n_kv_heads)  # validates the split
     return groups.mean(axis=2).reshape(d_in, n_kv_heads * d_head)
 
 

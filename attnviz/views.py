@@ -65,15 +65,24 @@ def blank_rows(p: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return out
 
 
-def sink_hidden(p: np.ndarray) -> np.ndarray:
-    """p [..., query, key] (a copy comes back: captures are shared and read-only) without the first-token sink:
-    column 0 zeroed and each row rescaled by the weight it keeps off token 0, as attnviz.sinks.without_sinks does,
-    and the rows that keep under MIN_REMAINING set to NaN: a few millionths rescaled to full brightness would draw a
-    pattern that is not there. float64 in -> float64 out, else float32."""
-    kept = mass_off_sink(p)  # [..., query]
+def sink_hidden(p: np.ndarray, keys=(0,)) -> np.ndarray:
+    """p [..., query, key] (a copy comes back: captures are shared and read-only) with its sink keys hidden: the
+    one rule the Heads and Sinks pages (and the notebook views) draw with. The columns of `keys` (token 0 by
+    default; negative indices count from the end, keys outside the map are ignored) are zeroed, each row is
+    rescaled by the weight it keeps on the other keys, and a row that keeps under MIN_REMAINING is set to NaN
+    (drawn blank): a few millionths rescaled to full brightness would draw a pattern that is not there, and a row
+    that keeps nothing (query 0 of a causal model) has no pattern to draw. float64 in -> float64 out, else
+    float32."""
+    p = np.asarray(p)
+    n_key = p.shape[-1]
+    cols = sorted({int(k) % n_key for k in keys if -n_key <= int(k) < n_key})
+    if cols == [0]:
+        kept = mass_off_sink(p)  # [..., query]
+    else:
+        kept = p.sum(-1, dtype=np.float64) - p[..., cols].sum(-1, dtype=np.float64)
     ok = kept >= MIN_REMAINING
     out = blank_rows(p, ok)
-    out[..., 0] = np.where(ok, 0.0, np.nan)
+    out[..., cols] = np.where(ok, 0.0, np.nan)[..., None]
     out /= np.where(ok, kept, 1.0)[..., None].astype(out.dtype)
     return out
 

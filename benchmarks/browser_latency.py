@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -40,8 +39,6 @@ sys.path.insert(0, str(ROOT))
 MODEL = "smollm2-135m"
 N_TOKENS = 1_800
 POLL_S = 0.05
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def long_text(n_tokens: int) -> str:
@@ -240,22 +237,10 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-         "--server.port", str(args.port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],  # a file saved during the run must not reload modules under it
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
-                    break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise SystemExit("Streamlit did not start")
-                time.sleep(0.3)
+    from tests.servers import CHROMIUM_ARGS, streamlit_server  # the browser tests' server and Chromium flags
+
+    # --server.fileWatcherType none: a file saved during the run must not reload modules under it
+    with streamlit_server(port=args.port, options=("--server.fileWatcherType", "none")) as (url, _):
         rows = []
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
@@ -277,13 +262,6 @@ def main() -> None:
                     print(f"{name}: failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); screenshot "
                           f"browser-latency-{name}-failed.png", file=sys.stderr, flush=True)
             browser.close()
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
     print(f"| page: action | input -> idle, median s | driver -> idle, median s | input -> idle, all runs (s) |"
           f"   ({args.repeat} runs each)")
     print("|---|---|---|---|")

@@ -57,15 +57,12 @@ def attention_of():
     return attention
 
 
-# Debian's chromium, driven by playwright (never `playwright install`), for the browser and notebook tests
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
 @pytest.fixture(scope="module")
 def browser():
-    """A headless Chromium, one per test module."""
+    """A headless Chromium (Debian's, driven by playwright), one per test module: the browser and notebook tests."""
     from playwright.sync_api import sync_playwright
+
+    from tests.servers import CHROMIUM_ARGS
 
     executable = shutil.which("chromium")
     if executable is None:

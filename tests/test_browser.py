@@ -9,16 +9,14 @@ for Streamlit exception blocks and browser console errors. A screenshot of every
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from attnviz.ui import PAGES
+from tests.servers import streamlit_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = Path(os.environ.get("ATTNVIZ_SCREENSHOTS", ROOT / "docs" / "screenshots"))
@@ -27,44 +25,16 @@ PAGE_TIMEOUT_S = 240
 pytestmark = pytest.mark.browser
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    """A fresh Streamlit server, stopped by its own PID when the module's tests are done."""
-    port = _free_port()
+    """A fresh Streamlit server (tests.servers), stopped by its own PID when the module's tests are done."""
     log = open(ROOT / ".pytest_cache" / "streamlit-browser-test.log", "w") if (ROOT / ".pytest_cache").is_dir() \
         else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail("Streamlit did not start")
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with streamlit_server(log=log) as (url, _):
+            yield url
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _wait_until_done(page, timeout_s: float) -> None:

@@ -12,8 +12,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import (AutoConfig, AutoModelForCausalLM, BertModel, BloomConfig, GPT2Config, LlamaConfig,
                           LlamaForCausalLM)
 
+from attnviz.attention import kv_head_of
 from attnviz.cost import (PRESETS, arch_from_config, attention_flops, crossover_seq_len, kv_cache_bytes,
-                          kv_head_of, param_counts, preset_arch, preset_config)
+                          param_counts, preset_arch, preset_config)
 
 # Published parameter counts, with where each is published.
 PUBLISHED = {

@@ -58,6 +58,26 @@ def test_scores_equal_a_hand_written_loop_over_the_models_own_weights(llama):
         assert row.previous_token == pytest.approx(prev / length, abs=1e-6)
 
 
+def test_the_layouts_targets_are_the_repeated_tokens_targets():
+    """repeat_targets by hand (<bos> a b a b: queries 3 and 4 look at 2 and 3), and on a prefix + r + r of distinct
+    tokens the targets stats.induction_targets finds by matching tokens, so prefix_matching is the statistic
+    pattern_stats reports (its induction column) on such a sequence."""
+    from attnviz.diagnostics import repeat_targets
+    from attnviz.stats import induction_targets, pattern_stats
+
+    assert repeat_targets(2, 1) == [[], [], [], [2], [3]]
+    assert repeat_targets(1, 0) == [[], [1]] and induction_targets([7, 7]) == [[], []]  # L = 1: the query itself
+    rng = np.random.default_rng(0)
+    for length, start in ((2, 0), (5, 1), (7, 2)):
+        r = (100 + rng.permutation(50)[:length]).tolist()
+        ids = list(range(start)) + r + r
+        assert repeat_targets(length, start) == induction_targets(ids)
+        p = rng.random((3, len(ids), len(ids)))
+        p /= p.sum(-1, keepdims=True)
+        np.testing.assert_allclose(repeated_token_scores(p, length, start)["prefix_matching"],
+                                   pattern_stats(p, induction_targets(ids))["induction"], rtol=1e-12)
+
+
 def test_a_perfect_induction_head_scores_1_and_the_loss_per_copy_is_transformers_loss(llama):
     length, start = 6, 1
     n = start + 2 * length

@@ -50,14 +50,20 @@ def test_max_pool_is_identity_when_small(n):
     p = np.random.default_rng(1).random((2, n, n))
     assert np.array_equal(max_pool(p, 48), p)
 
-def test_grid_with_a_layer_map_equals_the_grid_of_the_mapped_pattern():
-    from attnviz.sinks import without_sinks
+def _off_token_0(p):
+    """Column 0 zeroed and every row divided by what is left, written out: the sink hiding the pages draw, before
+    its blank rows."""
+    out = np.array(p, dtype=np.float64)
+    out[..., 0] = 0.0
+    with np.errstate(invalid="ignore"):  # a row that kept nothing: 0 / 0, NaN (blank_rows blanks it anyway)
+        return out / out.sum(-1, keepdims=True)
 
+def test_grid_with_a_layer_map_equals_the_grid_of_the_mapped_pattern():
     rng = np.random.default_rng(2)
     p = rng.random((3, 2, 70, 70)).astype(np.float32)
     p /= p.sum(-1, keepdims=True)
-    layer_by_layer = head_grid(p, [0, 1, 2], tile=16, layer_map=lambda x: without_sinks(x, sink_keys=(0,)))
-    whole = head_grid(without_sinks(p, sink_keys=(0,)), [0, 1, 2], tile=16)
+    layer_by_layer = head_grid(p, [0, 1, 2], tile=16, layer_map=_off_token_0)
+    whole = head_grid(_off_token_0(p), [0, 1, 2], tile=16)
     assert layer_by_layer.data[0].source == whole.data[0].source
     assert layer_by_layer.data[0].source != head_grid(p, [0, 1, 2], tile=16).data[0].source
 
@@ -121,13 +127,12 @@ def test_grid_greys_blocks_above_the_diagonal_only_for_causal_models():
 
 def test_grid_with_the_sink_hidden_greys_a_near_pure_sink_head():
     from attnviz.views import MIN_REMAINING, blank_rows, mass_off_sink
-    from attnviz.sinks import without_sinks
 
     n, tile = 100, 10
     sinky = _causal_softmax(n) * 1e-6
     sinky[:, 0] += 1.0 - sinky.sum(-1)
     p = np.stack([np.stack([sinky, _causal_softmax(n, 1)])])  # head 0: a pure sink, head 1: an ordinary head
-    layer_map = lambda x: blank_rows(without_sinks(x, sink_keys=(0,)), mass_off_sink(x) >= MIN_REMAINING)  # noqa: E731
+    layer_map = lambda x: blank_rows(_off_token_0(x), mass_off_sink(x) >= MIN_REMAINING)  # noqa: E731
     grid = head_grid(p, [0], tile=tile, layer_map=layer_map, causal=True)
     from attnviz.views import sink_hidden  # the one function the page uses: the same grid
 
@@ -139,7 +144,6 @@ def test_grid_with_the_sink_hidden_greys_a_near_pure_sink_head():
 def test_hiding_the_sink_blanks_the_rows_with_almost_nothing_left():
     """A near-pure sink head: every row keeps ~1e-6 off token 0, which rescaled would be drawn at full brightness."""
     from attnviz.views import MIN_REMAINING, blank_rows, mass_off_sink
-    from attnviz.sinks import without_sinks
 
     n = 200
     p = _causal_softmax(n) * 1e-6
@@ -147,7 +151,7 @@ def test_hiding_the_sink_blanks_the_rows_with_almost_nothing_left():
     p[150:] = _causal_softmax(n, seed=1)[150:]  # the last 50 rows are ordinary
     kept = mass_off_sink(p)
     np.testing.assert_allclose(kept, 1.0 - p[:, 0], atol=1e-12)  # rows sum to 1
-    shown = blank_rows(without_sinks(p, sink_keys=(0,)), kept >= MIN_REMAINING)
+    shown = blank_rows(_off_token_0(p), kept >= MIN_REMAINING)
     from attnviz.views import sink_hidden
 
     np.testing.assert_allclose(sink_hidden(p), shown, atol=1e-12)  # NaN where shown is NaN

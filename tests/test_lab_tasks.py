@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from attnviz import lab
+from attnviz.diagnostics import repeated_token_scores
+from attnviz.stats import previous_token_score, sink_mass
 
 LETTERS = {ord(c) for c in lab.ALPHABET}
 
@@ -72,6 +74,11 @@ def test_probe_rows_repeat_a_segment_of_varying_length():
 # ---------------------------------------------------------------- scores
 
 
+def _induction(pattern, L: int):
+    """The lab's induction score of a probe row (the repeat from position 1, after <bos>)."""
+    return repeated_token_scores(pattern, L, start=1)["prefix_matching"]
+
+
 def _loop_scores(a: np.ndarray, L: int):
     """The three definitions, one query at a time."""
     n = a.shape[0]
@@ -96,19 +103,19 @@ def test_scores_match_their_definitions_on_ideal_and_random_patterns():
     random = np.tril(rng.random((n, n)))
     random /= random.sum(-1, keepdims=True)
     for a in (previous, induction, sink, random):
-        got = (lab.previous_token_score(a), lab.induction_score(a, L), lab.sink_score(a))
+        got = (previous_token_score(a), _induction(a, L), sink_mass(a))
         np.testing.assert_allclose(got, _loop_scores(a, L), rtol=0, atol=1e-12)
-    assert lab.previous_token_score(previous) == 1.0 and lab.induction_score(induction, L) == 1.0
-    assert lab.sink_score(sink) == 1.0 and lab.induction_score(previous, L) == 0.0
+    assert previous_token_score(previous) == 1.0 and _induction(induction, L) == 1.0
+    assert sink_mass(sink) == 1.0 and _induction(previous, L) == 0.0
     stacked = np.stack([previous, induction, sink])[None]          # [layer, head, query, key]
-    np.testing.assert_allclose(lab.induction_score(stacked, L), [[0.0, 1.0, 0.0]])
+    np.testing.assert_allclose(_induction(stacked, L), [[0.0, 1.0, 0.0]])
     with pytest.raises(ValueError):
-        lab.induction_score(previous, L + 1)
+        _induction(previous, L + 1)
 
 
-def test_scores_agree_with_head_stats_on_the_probe():
+def test_the_induction_score_agrees_with_head_stats_on_the_probe():
     """attnviz.stats finds induction targets by matching tokens; on each probe row cut after its second copy that
-    is exactly the key i-l+1 of the second-copy queries, so both modules must give the same numbers."""
+    is exactly the key i-l+1 of the second-copy queries, which the lab's score takes from the layout."""
     from attnviz.stats import induction_targets, pattern_stats
 
     model = lab.build_model(lab.LabConfig(d_model=32, n_letters=26))
@@ -119,9 +126,7 @@ def test_scores_agree_with_head_stats_on_the_probe():
         n = 2 * l + 1
         p = attentions[1][b, :, :n, :n].double().numpy()                 # [head, query, key]
         theirs = pattern_stats(p, induction_targets(probe[b, :n].tolist()))
-        np.testing.assert_allclose(lab.induction_score(p, l), theirs["induction"], rtol=1e-12)
-        np.testing.assert_allclose(lab.previous_token_score(p), theirs["prev_token"], rtol=1e-12)
-        np.testing.assert_allclose(lab.sink_score(p), theirs["sink_mass"], rtol=1e-12)
+        np.testing.assert_allclose(_induction(p, l), theirs["induction"], rtol=1e-12)
 
 
 @pytest.mark.parametrize("task", lab.LETTER_TASKS)
@@ -149,8 +154,8 @@ def test_target_patterns_score_perfectly_on_a_repeat():
     for p in targets.values():
         np.testing.assert_allclose(p.sum(axis=1), 1.0)
         assert np.all(np.triu(p, k=1) == 0), "a causal target never looks ahead"
-    assert lab.previous_token_score(targets["previous-token"]) == pytest.approx(1.0)
-    assert lab.induction_score(targets["induction"], repeat_len=5) == pytest.approx(1.0)
+    assert previous_token_score(targets["previous-token"]) == pytest.approx(1.0)
+    assert _induction(targets["induction"], 5) == pytest.approx(1.0)
     # Hand-derived: the second 'a' (query 7) copies from the key after the first 'a', position 3.
     assert targets["induction"][7, 3] == 1.0
     # First-copy queries have nothing earlier to copy and rest on <bos>.

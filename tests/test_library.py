@@ -7,12 +7,9 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import tomllib
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +21,7 @@ import attnviz
 from attnviz.capture.files import load_capture
 from attnviz.stats import COLUMNS
 from attnviz.tokenizer import byte_tokenizer
+from tests.servers import streamlit_server
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "abc abd abc abd"
@@ -66,36 +64,11 @@ def test_console_script_after_setup(tmp_path):
     assert models.returncode == 0 and "toy-gpt2" in models.stdout and "smollm2-135m" in models.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_attnviz_app_starts_the_streamlit_app(tmp_path):
     """`attnviz app` from another folder serves the checkout's app until it is stopped (by its own PID: the command
     becomes streamlit)."""
-    port = _free_port()
-    proc = subprocess.Popen([str(SCRIPT), "app", "--server.address", "127.0.0.1", "--server.port", str(port),
-                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline, status = time.time() + 60, None
-        while status != 200 and proc.poll() is None and time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    status = r.status
-            except OSError:
-                time.sleep(0.3)
-        assert status == 200, "attnviz app did not start the Streamlit server"
+    with streamlit_server([str(SCRIPT), "app"], cwd=tmp_path) as (_, proc):  # RuntimeError unless it answers
         assert "app.py" in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode().replace("\0", " ")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_attnviz_app_without_a_checkout_says_what_to_do(monkeypatch, capsys):

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from attnviz import sinks, streaming
-from attnviz.sinks import sink_head_share, sink_heads, sink_scores, top_sink_keys, without_sinks
+from attnviz.pooling import MIN_REMAINING
+from attnviz.sinks import sink_head_share, sink_heads, sink_scores, top_sink_keys
+from attnviz.views import sink_hidden
 
 
 def _causal_random_pattern(rng, shape):
@@ -14,27 +16,34 @@ def _causal_random_pattern(rng, shape):
     return raw / raw.sum(axis=-1, keepdims=True)
 
 
-def test_without_sinks_matches_loop_renormalisation():
+def test_hiding_several_sinks_matches_a_loop_renormalisation():
+    """views.sink_hidden, the one rule both pages draw with, hiding keys 0 and 2 (as the Sinks page hides the sinks
+    it found): each row's other keys divided by their sum, computed here one row at a time; a row left with under
+    MIN_REMAINING of its weight (query 0 sees only key 0) is NaN, drawn blank."""
     rng = np.random.default_rng(0)
     pattern = _causal_random_pattern(rng, (2, 3, 6, 6))
-    out = without_sinks(pattern, sink_keys=(0, 2))
+    pattern[0, 0, 4] = [0.995, 0.001, 0.002, 0.001, 0.001, 0.0]  # keeps 0.003 off keys 0 and 2: blank
+    out = sink_hidden(pattern, keys=(0, 2))
     expected = np.zeros_like(pattern)
     for idx in np.ndindex(pattern.shape[:-1]):
         row = [0.0 if j in (0, 2) else pattern[idx][j] for j in range(6)]
         s = sum(row)
-        expected[idx] = [v / s for v in row] if s > 0 else [0.0] * 6
-    np.testing.assert_allclose(out, expected, atol=1e-12)
-    # Query 0 sees only key 0, which is hidden: its row stays zero, not NaN.
-    assert np.all(out[..., 0, :] == 0)
-    assert np.isfinite(out).all()
-    np.testing.assert_allclose(out[..., 1:, :].sum(-1), 1.0, atol=1e-12)
+        expected[idx] = [v / s for v in row] if s >= MIN_REMAINING else [np.nan] * 6
+    np.testing.assert_allclose(out, expected, atol=1e-12)  # NaN where expected is NaN
+    assert np.isnan(out[..., 0, :]).all() and np.isnan(out[0, 0, 4]).all()
+    assert np.isfinite(out[..., 1:, :]).sum() == 6 * 5 * 6 - 6  # every other row is drawn
+    np.testing.assert_allclose(np.nansum(out[..., 1:, :], -1)[np.isfinite(out[..., 1:, 0])], 1.0, atol=1e-12)
 
 
-def test_without_sinks_torch_in_torch_out_and_default_key():
-    p = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.6, 0.1, 0.3]])
-    out = without_sinks(p)
-    assert isinstance(out, torch.Tensor)
-    torch.testing.assert_close(out, torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.25, 0.75]]))
+def test_hiding_the_sink_by_hand():
+    """Token 0 by default: [[1, 0, 0], [.5, .5, 0], [.6, .1, .3]] -> query 0 kept nothing (blank), query 1 all on
+    key 1, query 2 .1 and .3 out of .4; a negative key counts from the end, a key past the end is ignored."""
+    p = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.6, 0.1, 0.3]])
+    out = sink_hidden(p)
+    assert np.isnan(out[0]).all()
+    np.testing.assert_allclose(out[1:], [[0.0, 1.0, 0.0], [0.0, 0.25, 0.75]], atol=1e-15)
+    np.testing.assert_allclose(sink_hidden(p, keys=(-1, 7))[2], [0.6 / 0.7, 0.1 / 0.7, 0.0], atol=1e-15)
+    assert sink_hidden(p.astype(np.float32)).dtype == np.float32
 
 
 def test_sink_scores_causal_match_loops():
@@ -265,14 +274,14 @@ def test_every_figure_has_a_title_and_axis_titles_with_units():
     assert all(trace.width is not None and trace.width <= 1 for trace in keys.data)
 
 
-def test_without_sinks_takes_a_read_only_cached_pattern_silently():
+def test_hiding_the_sink_takes_a_read_only_cached_pattern_silently():
     import warnings
 
     p = np.full((2, 3, 3), 1 / 3)
     p.flags.writeable = False  # as attnviz.ui shares captures between sessions
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = without_sinks(p)
+        out = sink_hidden(p)
     np.testing.assert_allclose(out[..., 0], 0.0)
     np.testing.assert_allclose(out.sum(-1), 1.0)
 

@@ -430,33 +430,40 @@ def test_page_states_the_gradient_it_computes_at_a_temperature():
 
 # the page's real-model section ---------------------------------------------------------------------------------
 
-def test_page_real_model_section_with_a_toy_model():
+def test_page_real_model_section_with_a_toy_model(monkeypatch):
     """The real-model section runs end to end on a toy model (instant), and its caption reports the capture's own
-    scaling, which for GPT-2 is 1/sqrt(head_dim)."""
+    scaling, which for GPT-2 is 1/sqrt(head_dim). It reads the layers' q and k only: the capture's full score
+    array [layer, head, query, key] is never built."""
     from pathlib import Path
 
     from streamlit.testing.v1 import AppTest
+
+    from attnviz.capture import AttentionCapture, capture_attention
+    from attnviz.models import load_model
 
     app = str(Path(__file__).resolve().parent.parent / "app.py")
     at = AppTest.from_file(app, default_timeout=180)
     at.run()
     at.switch_page("app_pages/softmax.py").run()
     assert not at.exception, at.exception
+    cap = capture_attention(load_model("toy-gpt2"), at.text_input(key="softmax_text").value, with_scores=True)
+    scores = cap.scores  # the reference, built before the page runs
+
+    def no_scores(self):
+        raise AssertionError("the page built the capture's whole score array")
+
+    monkeypatch.setattr(AttentionCapture, "scores", property(no_scores))
     at.selectbox(key="softmax_model").set_value("toy-gpt2").run()
     at.button(key="softmax_capture").click().run()
     assert not at.exception, at.exception
     assert len(at.dataframe) == 1
     captions = " ".join(c.value for c in at.caption)
-    from attnviz.capture import capture_attention
-    from attnviz.models import load_model
-
-    cap = capture_attention(load_model("toy-gpt2"), at.text_input(key="softmax_text").value, with_scores=True)
     assert cap.scaling == pytest.approx(1 / math.sqrt(cap.head_dim))
     assert f"head_dim = {cap.head_dim}" in captions
     at.selectbox(key="softmax_head").set_value(1).run()
     assert not at.exception, at.exception
     table = at.dataframe[0].value  # rows: own scale, unscaled, temperature
-    raw = torch.as_tensor(cap.scores[0, 1], dtype=torch.float64)[1:]  # row 0 of a causal model sees one key
+    raw = torch.as_tensor(scores[0, 1], dtype=torch.float64)[1:]  # row 0 of a causal model sees one key
     for row, logits in zip(range(3), (raw, raw / cap.scaling, raw / 2.0)):
         top = torch.softmax(logits, -1).amax(-1)
         assert table["mean max weight"].iloc[row] == pytest.approx(top.mean().item(), rel=1e-5)

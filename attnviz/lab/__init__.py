@@ -1,11 +1,12 @@
 """The toy lab: train a small real-architecture transformer on a synthetic task or on text, and watch its heads
 (previous-token, induction, sinks) form. One module per idea:
 
-- attnviz.lab.tasks: the tasks, the probes and the head scores measured on them;
+- attnviz.lab.tasks: the tasks, and the probes the head scores are measured on;
 - attnviz.lab.config: LabConfig, everything that determines a run;
 - attnviz.lab.variants: the model each config builds (a transformers architecture per positional scheme, and
   four attention variants on one gpt-oss skeleton: softmax, off-by-one, learned sink, head-wise gate);
-- attnviz.lab.training: the loss, checkpoints and LabRun (trains in a background thread, polled by snapshot());
+- attnviz.lab.training: the loss, the head scores (attnviz.stats' and attnviz.diagnostics' definitions),
+  checkpoints and LabRun (trains in a background thread, polled by snapshot());
 - attnviz.lab.comparison: VariantComparison, the attention variants trained side by side, and their maps;
 - attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>,
   its owner, and the limits on what visitors keep.
@@ -18,9 +19,8 @@ from attnviz.lab.config import (ATTENTION, ATTENTION_INFO, MAX_SECONDS, MAX_STEP
 from attnviz.lab.storage import (LAB_FILE, MAX_NAME, NameTaken, QuotaExceeded, StorageRefused, read_history,
                                  saved_runs)
 from attnviz.lab.tasks import (ALPHABET, BOS_ID, LETTER_TASKS, PROBE_BATCH, PROBE_SEED, SEPARATOR, TASK_INFO, TASKS,
-                               chance_loss,
-                               example_text, induction_score, make_batch, make_probe, previous_token_score,
-                               probe_lengths, sink_score, target_patterns, text_probe)
+                               chance_loss, example_text, make_batch, make_probe, probe_lengths, target_patterns,
+                               text_probe)
 from attnviz.lab.comparison import VariantComparison, weight_on_tokens
 from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError, LabRun, RunSnapshot, active_runs,
                                   head_scores, task_loss)
@@ -31,5 +31,5 @@ __all__ = ["ALPHABET", "ARCHITECTURE", "ATTENTION", "ATTENTION_INFO", "BOS_ID", 
            "PROBE_SEED", "SEPARATOR", "TASKS", "LETTER_TASKS", "TASK_INFO", "VARIANTS", "Checkpoint", "LabBusyError",
            "LabConfig", "LabRun", "NameTaken", "QuotaExceeded", "RunSnapshot", "StorageRefused", "VariantComparison",
            "active_runs", "architecture", "build_model", "chance_loss", "example_text", "head_scores",
-           "induction_score", "make_batch", "make_probe", "previous_token_score", "probe_lengths", "read_history",
-           "saved_runs", "sink_score", "target_patterns", "task_loss", "text_probe", "weight_on_tokens"]
+           "make_batch", "make_probe", "probe_lengths", "read_history", "saved_runs", "target_patterns", "task_loss",
+           "text_probe", "weight_on_tokens"]

@@ -1,4 +1,4 @@
-"""The toy lab's tasks, probes and head scores: what a run trains on and how its heads are measured.
+"""The toy lab's tasks and probes: what a run trains on and what its heads are measured on.
 
 Tasks over the first n lowercase letters (8 by default) of the byte-level tokenizer (token id = byte value,
 <bos> = 256 first), so a trained model reads text a person can type ("dafchedafche"):
@@ -12,15 +12,18 @@ Tasks over the first n lowercase letters (8 by default) of the byte-level tokeni
 - text: byte-level language modelling on windows of the shipped public-domain text (data/), <bos> first and every
   byte after it scored: the setting in which trained decoders grow attention sinks (Gu et al., ICLR 2025).
 
-Per-head statistics are computed on a fixed probe batch: rows of <bos>, a random segment of length L, the same
-segment again (then filler letters), L varying from row to row; for each row's pattern A [layer, head, query, key]:
-- previous-token score = mean over queries i >= 1 of A[i, i-1]
-- induction score = mean over second-copy queries i = L+1..2L of A[i, i-L+1] (the token after the previous
-  occurrence of the current token)
-- sink score = mean over queries i >= 1 of A[i, 0] (attention parked on <bos>)
-averaged over rows. The previous-token and sink scores are attnviz.stats' own definitions. Because L varies, a
-head that looks a fixed distance back (which positions alone allow) cannot score high on induction. The sink
-metric of Gu et al. (attnviz.sinks.sink_metric) is measured on the task's own probe (sink_probe).
+Per-head statistics (attnviz.lab.training.head_scores) are computed on a fixed probe batch: rows of <bos>, a
+random segment of length L, the same segment again (then filler letters), L varying from row to row; for each row's
+pattern A [layer, head, query, key]:
+- previous-token score = mean over queries i >= 1 of A[i, i-1] (attnviz.stats.previous_token_score)
+- induction score = mean over second-copy queries i = L+1..2L of A[i, i-L+1], the token after the previous
+  occurrence of the current token (attnviz.diagnostics.repeated_token_scores' prefix_matching with the repeat from
+  position 1: stats' induction statistic on the targets the layout gives, so filler letters that happen to repeat
+  are not counted)
+- sink score = mean over queries i >= 1 of A[i, 0], attention parked on <bos> (attnviz.stats.sink_mass)
+averaged over rows. Because L varies, a head that looks a fixed distance back (which positions alone allow) cannot
+score high on induction. The sink metric of Gu et al. (attnviz.sinks.sink_rate) is measured on the task's own texts
+(text_probe) or on the probe itself.
 """
 
 from __future__ import annotations
@@ -172,29 +175,3 @@ def target_patterns(text: str) -> tuple[list[str], dict[str, np.ndarray]]:
         else:
             induction[q, 0] = 1.0
     return tokens, {"previous-token": previous, "induction": induction}
-
-
-def previous_token_score(pattern) -> np.ndarray:
-    """Mean over queries i >= 1 of A[i, i-1] (attnviz.stats' definition). pattern [..., query, key] -> [...]."""
-    from attnviz.stats import previous_token_score as score
-
-    return score(pattern)
-
-
-def induction_score(pattern, repeat_len: int) -> np.ndarray:
-    """On <bos> + x_1..x_L + x_1..x_L: mean over queries i = L+1..2L of A[i, i-L+1], the key just after the
-    previous occurrence of the query's token (Olsson et al. 2022). pattern [..., query, key] -> [...]."""
-    a = np.asarray(pattern, dtype=np.float64)
-    L = repeat_len
-    if a.shape[-2] < 2 * L + 1:
-        raise ValueError(f"the pattern covers {a.shape[-2]} tokens; a repeat of length {L} needs {2 * L + 1}")
-    i = np.arange(L + 1, 2 * L + 1)
-    return a[..., i, i - L + 1].mean(axis=-1)
-
-
-def sink_score(pattern) -> np.ndarray:
-    """Mean over queries i >= 1 of A[i, 0], the attention parked on the first token (attnviz.stats.sink_mass).
-    [..., query, key] -> [...]."""
-    from attnviz.stats import sink_mass
-
-    return sink_mass(pattern)

@@ -16,8 +16,7 @@ from transformers import PreTrainedModel
 
 from attnviz.lab.config import MAX_SECONDS, LabConfig
 from attnviz.lab.storage import StorageRefused, check_name, save_folder
-from attnviz.lab.tasks import (induction_score, make_batch, make_probe, previous_token_score, probe_lengths,
-                               sink_score, text_probe)
+from attnviz.lab.tasks import make_batch, make_probe, probe_lengths, text_probe
 from attnviz.lab.variants import build_model
 
 MAX_CONCURRENT_RUNS = 2   # the app's host has few cores; a third run waits for one to finish
@@ -47,14 +46,17 @@ def head_scores(model: PreTrainedModel, probe: torch.Tensor, segment_len: int,
     output_attentions: each row scored with its own repeat length (probe_lengths), then averaged over rows
     (name -> [layer, head]); and "alpha0" [row, layer, head], Gu et al.'s alpha_0 of every head on each row of
     sink_probe (the task's texts; the probe itself when None), for the sink metric (attnviz.sinks.sink_rate)."""
+    from attnviz.diagnostics import repeated_token_scores
     from attnviz.sinks import sink_scores
+    from attnviz.stats import previous_token_score, sink_mass
 
     pattern = _patterns(model, probe)
     lengths = probe_lengths(segment_len, probe.shape[0])
     sink_pattern = pattern if sink_probe is None else _patterns(model, sink_probe)
+    induction = [repeated_token_scores(p, l, start=1)["prefix_matching"] for p, l in zip(pattern, lengths)]
     return {"previous_token": previous_token_score(pattern).mean(axis=0),
-            "induction": np.mean([induction_score(p, l) for p, l in zip(pattern, lengths)], axis=0),
-            "sink": sink_score(pattern).mean(axis=0),
+            "induction": np.mean(induction, axis=0),
+            "sink": sink_mass(pattern).mean(axis=0),
             "alpha0": sink_scores(sink_pattern)[..., 0]}
 
 

@@ -1,7 +1,7 @@
-"""The Experiments page's caches and exports: generation, knock-outs, rollout and norm-based attention, each computed
-once for every session that asks for the same (model, model_version, text, settings), with progress shown to the
-session that computes it. ComputeOnce rather than st.cache_data: a computation reports its progress to its page,
-and a stopped generation must not be cached."""
+"""The Experiments page's caches and exports: generation, knock-outs, patching and logit attribution, rollout and
+attention flow, norm-based attention and QK attribution, each computed once for every session that asks for the same
+(model, model_version, text, settings), with progress shown to the session that computes it. ComputeOnce rather
+than st.cache_data: a computation reports its progress to its page, and a stopped generation must not be cached."""
 
 from __future__ import annotations
 

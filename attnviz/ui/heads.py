@@ -80,13 +80,6 @@ def head_window(capture, layer: int, head: int, rows: tuple[int, int], keys: tup
     return views.head_window(capture.inputs[layer], head, rows, keys, hide_sink=hide_sink)
 
 
-def shown_head(capture, layer: int, head: int, hide_sink: bool) -> np.ndarray:
-    """One head's map [query, key] of a dense capture as displayed: a copy with the sink hidden when asked (the
-    capture is shared and read-only)."""
-    p = capture.pattern[capture.index_of(layer), head]
-    return views.sink_hidden(p) if hide_sink else p
-
-
 @st.cache_data(show_spinner=False, max_entries=64)
 def head_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, gamma: float,
                 hide_sink: bool, _capture):
@@ -267,22 +260,6 @@ LINK = links.Link("heads_", {
     "query": links.Param("heads_link_query", "int", "token", within="text"),  # applied once the tokens are known
     "tab": links.Param("heads_tab", "choice", also=("heads_open_tab",)),  # its choices: the page's tabs
 })
-
-
-def link_key(query: dict) -> tuple:
-    """The part of a URL query the Heads page reads, as a comparable tuple."""
-    return links.link_key(LINK, query)
-
-
-def from_link(tab_of_slug: dict[str, str]) -> None:
-    """Model, text, layers, head, settings, query token and open tab from the URL query (links.read), so a shared
-    link reproduces the view. tab_of_slug: the tab label of each link name."""
-    links.read(LINK.with_choices("tab", tab_of_slug))
-
-
-def write_link(view: dict) -> None:
-    """Puts the view into the URL (only when it changed) and remembers it as the page's own link."""
-    links.write(LINK, view)
 
 
 def choice_box(label: str, options: list[int], key: str) -> int:

@@ -9,15 +9,8 @@ import streamlit as st
 
 from attnviz.once import ComputeOnce
 
-
-@st.cache_resource(show_spinner=False)
-def loss_store() -> ComputeOnce:
-    """Per-token losses already computed, shared by every session: (text hash, window, sinks, positions) -> losses.
-
-    A ComputeOnce rather than st.cache_data because the computation reports progress to the page while it
-    runs, and st.cache_data would record and replay those progress updates. Two sessions asking for the same
-    setting at once compute it once: the second waits for the first one's result."""
-    return ComputeOnce(max_items=64)
+_LOSSES = ComputeOnce(max_items=64)  # the eviction experiment's per-token losses (text hash, window, sinks, positions)
+_RESULTS = ComputeOnce(max_items=32)  # the sink scores and the metric's alphas, the massive-activation runs
 
 
 def _digest(text: str) -> str:
@@ -27,7 +20,7 @@ def _digest(text: str) -> str:
 def cached_losses(text: str, window: int | None, n_sinks: int, positions: str, compute, bar, label: str):
     """One setting's per-token losses of the eviction experiment (streaming.streaming_experiment's `cached`),
     computed once per (text, window, sinks, positions) for every session: compute(report) runs it, with a
-    progress bar."""
+    progress bar. Two sessions asking for the same setting at once compute it once: the second waits."""
     key = (_digest(text), window, n_sinks if window else 0, positions if window else "")
 
     def report(f: float) -> None:
@@ -36,17 +29,7 @@ def cached_losses(text: str, window: int | None, n_sinks: int, positions: str, c
     def waiting(seconds: float) -> None:
         bar.progress(0.0, text=f"{label}: another visitor is computing this setting; waiting for it ({seconds:.0f} s)")
 
-    return loss_store().get(key, lambda: compute(report), on_wait=waiting, poll_seconds=1.0)
-
-
-_RESULTS = None  # attnviz.once.ComputeOnce of the sink metric's alphas and the massive-activation runs
-
-
-def _results() -> ComputeOnce:
-    global _RESULTS
-    if _RESULTS is None:
-        _RESULTS = ComputeOnce(max_items=32)
-    return _RESULTS
+    return _LOSSES.get(key, lambda: compute(report), on_wait=waiting, poll_seconds=1.0)
 
 
 def alpha_over_texts(name: str, texts: tuple[str, ...]):
@@ -66,7 +49,7 @@ def alpha_over_texts(name: str, texts: tuple[str, ...]):
         with budget.BUDGET.admit(need, what=f"Capturing {len(texts)} texts"):
             return sinks.alpha_over_texts(loaded, texts, progress=progress)
 
-    return ui.computed_once(_results(), key, f"Capturing {len(texts)} texts through {name}", compute,
+    return ui.computed_once(_RESULTS, key, f"Capturing {len(texts)} texts through {name}", compute,
                             errors=(CaptureError, budget.OverBudget))
 
 
@@ -90,7 +73,7 @@ def layer_outputs(name: str, text: str):
 
     try:
         with st.spinner(f"Running {name} and keeping every layer's output…"):
-            return _results().get(key, compute)
+            return _RESULTS.get(key, compute)
     except budget.OverBudget as exc:
         ui.show_error(exc)
         return None
@@ -118,7 +101,7 @@ def intervention(name: str, text: str, edit):
     try:
         with st.spinner(f"Running {name} with and without the edit on {n:,} tokens (two forward passes for the "
                         "losses and two captures for the sink mass)…"):
-            return _results().get(key, compute)
+            return _RESULTS.get(key, compute)
     except (CaptureError, PredictionError, budget.OverBudget) as exc:
         ui.show_error(exc)
         return None
@@ -147,7 +130,7 @@ def reference_outputs(name: str):
             progress(i + 1, len(texts))
         return out
 
-    return ui.computed_once(_results(), key, f"Running {name} on windows of the shipped text for the means",
+    return ui.computed_once(_RESULTS, key, f"Running {name} on windows of the shipped text for the means",
                             compute)
 
 
@@ -158,5 +141,5 @@ def sink_scores(name: str, text: str, capture):
     from attnviz import sinks, ui
 
     key = ("alpha", name, ui.model_version(name), _digest(text), capture.store, tuple(capture.layers))
-    return ui.computed_once(_results(), key, "Averaging the attention each key receives, layer by layer",
+    return ui.computed_once(_RESULTS, key, "Averaging the attention each key receives, layer by layer",
                             lambda progress: sinks.capture_sink_scores(capture, progress=progress))
