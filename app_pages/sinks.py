@@ -129,12 +129,12 @@ def one_head_view(capture, alpha: np.ndarray, hidden) -> None:
         hide = st.toggle("Hide the sinks", key="sinks_hide", persist_state="session",
                          help=f"Zero the attention on the sink keys (positions {', '.join(map(str, hidden))}) and "
                               "renormalise each row (attnviz.views.sink_hidden), so the rest of the pattern "
-                              f"shows; a row left with under {MIN_REMAINING:.0%} of its weight is drawn as 0.")
+                              f"shows; a row left with under {MIN_REMAINING:.0%} of its weight is left blank.")
     li = capture.layers.index(layer)
     shown = min(capture.n_tokens, MAX_MAP_TOKENS)
     p = np.array(capture.head_pattern(layer, head, rows=(0, shown)), dtype=float)  # [shown, n]: whole rows
     if hide:
-        p = np.nan_to_num(views.sink_hidden(p, hidden))  # NaN (a blank row) drawn as 0: head_map has no grey
+        p = views.sink_hidden(p, hidden)  # a row left with too little weight is NaN, drawn blank
     ui.chart(figs.head_map(p[:shown, :shown], capture.tokens[:shown],
                         title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
                         + (f" (keys {', '.join(map(str, hidden))} hidden, rows renormalised)" if hide else "")),

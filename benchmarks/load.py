@@ -41,8 +41,6 @@ sys.path.insert(0, str(ROOT))
 MODEL = "smollm2-135m"
 LONG_TOKENS = 8_192
 MARKERS = ["giraffes", "volcanoes", "submarines", "cathedrals", "orchards", "glaciers"]
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHART = '[data-testid="stPlotlyChart"] .main-svg'
 ALERTS = """() => Array.from(document.querySelectorAll('[data-testid="stAlert"], [data-testid="stSpinner"]'))
                 .map(a => a.innerText).join(' | ')"""
@@ -52,26 +50,6 @@ TICKS = """() => Array.from(document.querySelectorAll('[data-testid="stPlotlyCha
 
 def short_text(marker: str) -> str:
     return f"In the morning the class read about {marker}, and then the class wrote about {marker} again."
-
-
-def start_server(port: int, budget_mb: int | None, log: Path | None) -> subprocess.Popen:
-    env = dict(os.environ)
-    if budget_mb:
-        env["ATTNVIZ_MEMORY_BUDGET_MB"] = str(budget_mb)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"], cwd=ROOT, env=env, stderr=subprocess.STDOUT,
-        stdout=subprocess.DEVNULL if log is None else open(log, "w"))
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
-                return server
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                raise SystemExit("Streamlit did not start")
-            time.sleep(0.3)
 
 
 def peak_rss_bytes(pid: int) -> int | None:
@@ -206,6 +184,8 @@ async def run_all(base: str, timeout_s: float) -> list[Visitor]:
     visitors = ([Visitor(f"short-{i + 1}", "short", m) for i, m in enumerate(MARKERS)]
                 + [Visitor("long", "long"), Visitor("toy-lab", "lab")])
     async with async_playwright() as p:
+        from tests.servers import CHROMIUM_ARGS
+
         browser = await p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
         try:
             await asyncio.gather(*(run_visitor(browser, base, v, text, timeout_s) for v in visitors))
@@ -279,14 +259,13 @@ def main() -> None:
     if args.budget_mb:
         os.environ["ATTNVIZ_MEMORY_BUDGET_MB"] = str(args.budget_mb)
     budget_bytes = default_budget_bytes()
-    server = start_server(args.port, args.budget_mb, args.server_log)
+    from tests.servers import streamlit_server  # the browser tests' server (it inherits the budget set above)
+
+    log = subprocess.DEVNULL if args.server_log is None else open(args.server_log, "w")
     start = time.perf_counter()
-    try:
-        visitors = asyncio.run(run_all(f"http://127.0.0.1:{args.port}", args.timeout))
+    with streamlit_server(port=args.port, options=("--server.fileWatcherType", "none"), log=log) as (url, server):
+        visitors = asyncio.run(run_all(url, args.timeout))
         peak = peak_rss_bytes(server.pid)
-    finally:
-        server.terminate()
-        server.wait(30)
     print(f"8 visitors at once, budget {budget_bytes / 2**20:,.0f} MiB, {os.cpu_count()} cores")
     report(visitors, peak, budget_bytes, time.perf_counter() - start)
 

@@ -64,11 +64,13 @@ def key_score_bars(mean_alpha, tokens: Sequence[str], *, highlight: Sequence[int
 
 
 def head_map(pattern, tokens: Sequence[str], *, title: str) -> go.Figure:
-    """pattern [query, key] of one head; token labels on the axes when the text is short."""
+    """pattern [query, key] of one head; token labels on the axes when the text is short. NaN rows (a row left with
+    too little weight once the sink is hidden: attnviz.views.sink_hidden) are drawn blank."""
     pattern = np.asarray(pattern, dtype=float)
+    top = float(np.nanmax(pattern)) if np.isfinite(pattern).any() else 0.0
     labelled = pattern.shape[0] <= MAX_LABELLED_TOKENS
     fig = heatmap(pattern, x_labels=list(tokens) if labelled else None, y_labels=list(tokens) if labelled else None,
-                  zmin=0.0, zmax=float(max(pattern.max(), 1e-9)), title=title,
+                  zmin=0.0, zmax=max(top, 1e-9), title=title,
                   x_title="key (token attended to)", y_title="query (token attending)",
                   colorbar_title="weight (share of the row)",
                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
