@@ -404,35 +404,43 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
         if made is not None:
             return made
         need = capture_need(loaded, n_tokens, None if key_layers is None else len(key_layers), store)
-        waiting = st.empty()
-
-        def on_wait(held, position):
-            waiting.info(f"Waiting for memory: other visitors' work holds {held / 2**30:.1f} GiB of the "
-                         f"{budget.BUDGET.limit / 2**30:.1f} GiB budget (this one needs {need / 2**30:.2f} GiB; "
-                         f"{position} ahead of it). It starts by itself as soon as they finish.")
-
-        def on_poll():  # touches the page every half second while waiting, so Streamlit can stop a run the
-            # visitor left
-            waiting.info(f"Waiting for memory: other visitors' work holds {budget.BUDGET.held / 2**30:.1f} GiB "
-                         f"of the {budget.BUDGET.limit / 2**30:.1f} GiB budget. It starts by itself as soon as they "
-                         "finish.")
-
-        bar = st.progress(0.0, text=f"Running {name} and capturing every head…")
-
-        def progress(done, total):
-            waiting.empty()
-            bar.progress(done / total, text=f"Running {name}: layer {done} of {total} captured")
-
-        try:
-            return _cached_capture(name, version, text, key_layers, bool(with_scores), store, progress=progress,
-                                   need=need, on_wait=on_wait, on_poll=on_poll,
-                                   what=f"Capturing {n_tokens:,} tokens")
-        finally:
-            bar.empty()
-            waiting.empty()
+        return _capture_shown(name, version, text, key_layers, bool(with_scores), store, need, n_tokens)
     except (CaptureError, ModelError, budget.OverBudget) as exc:
         show_error(exc)
         return None
+
+
+def _capture_shown(name: str, version: tuple, text: str, layers, with_scores: bool, store: str, need: int,
+                   n_tokens: int):
+    """_cached_capture with the page told what happens: a progress bar by layer, and while the memory budget
+    makes it wait, how much other visitors hold (refreshed every half second, so Streamlit can stop a run the
+    visitor left)."""
+    from attnviz import budget
+
+    waiting = st.empty()
+
+    def on_wait(held, position):
+        waiting.info(f"Waiting for memory: other visitors' work holds {held / 2**30:.1f} GiB of the "
+                     f"{budget.BUDGET.limit / 2**30:.1f} GiB budget (this one needs {need / 2**30:.2f} GiB; "
+                     f"{position} ahead of it). It starts by itself as soon as they finish.")
+
+    def on_poll():
+        waiting.info(f"Waiting for memory: other visitors' work holds {budget.BUDGET.held / 2**30:.1f} GiB "
+                     f"of the {budget.BUDGET.limit / 2**30:.1f} GiB budget. It starts by itself as soon as they "
+                     "finish.")
+
+    bar = st.progress(0.0, text=f"Running {name} and capturing every head…")
+
+    def progress(done, total):
+        waiting.empty()
+        bar.progress(done / total, text=f"Running {name}: layer {done} of {total} captured")
+
+    try:
+        return _cached_capture(name, version, text, layers, with_scores, store, progress=progress, need=need,
+                               on_wait=on_wait, on_poll=on_poll, what=f"Capturing {n_tokens:,} tokens")
+    finally:
+        bar.empty()
+        waiting.empty()
 
 
 def text_input(key: str, default: str = DEFAULT_TEXT, *, label: str = "Text", height: int = 100) -> str:
