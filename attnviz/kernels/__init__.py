@@ -2,7 +2,8 @@
 
 triton_attention holds the kernel; stepper mirrors it in torch, one tile at a time; stages holds the stage bounds both
 use (and the tile map drawn from them); traffic counts the bytes naive and tiled attention move; limits says what may
-run here; timing checks and times every method; naive holds the plain versions and the float64 reference.
+run here; timing checks and times every method; naive holds the plain versions and the float64 reference;
+triton_stats runs the same forward pass with the head statistics' epilogue (attnviz.stats's columns on a GPU).
 
 Without CUDA the Triton kernel runs under the Triton interpreter. The interpreter is chosen when @triton.jit runs,
 so TRITON_INTERPRET is set here, before the kernel module is imported (an explicit setting is left alone): importing
@@ -32,13 +33,16 @@ from .timing import (
 )
 from .traffic import Traffic, break_even_head_dim, compare_traffic, naive_traffic, tiled_traffic
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE, KernelTrace, flash_attention
+from .triton_stats import StatsLaunch, Unsupported, kernel_stats, prepare_stats, stats_on_device
 
 __all__ = [
     "INTERPRETED", "ITEMSIZE", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelTrace", "MethodResult", "StageBounds",
-    "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TILE_WINDOW", "TileStep", "Traffic", "UNAVAILABLE",
-    "break_even_head_dim",
-    "compare_methods", "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "keys_read",
+    "StatsLaunch", "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TILE_WINDOW", "TileStep", "Traffic", "UNAVAILABLE",
+    "Unsupported", "break_even_head_dim",
+    "compare_methods", "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "kernel_stats",
+    "keys_read",
     "make_inputs", "naive_attention", "naive_traffic", "online_attention", "peak_bytes", "peak_cpu_bytes",
-    "peak_memory_at", "peak_memory_scan", "reference_attention", "refusal", "stage_bounds", "tile_map", "tile_steps",
+    "peak_memory_at", "peak_memory_scan", "prepare_stats", "reference_attention", "refusal", "stage_bounds",
+    "stats_on_device", "tile_map", "tile_steps",
     "tiled_steps", "tiled_traffic", "time_call", "trace_difference", "two_pass_attention",
 ]

@@ -34,14 +34,26 @@ the caller uses the torch path.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE, _LAUNCH_LOCK
+from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE
+
+# The interpreter patches triton.language while a kernel runs: two threads take turns (stats_on_device never runs
+# interpreted, so only direct kernel_stats calls share this lock; triton_attention has its own for its kernel)
+_LAUNCH_LOCK = threading.Lock() if INTERPRETED else contextlib.nullcontext()
 
 MAX_HEAD_DIM = 256
+# stats_on_device uses the kernel only while this is True (ATTNVIZ_STATS_KERNEL=0 turns it off at start): the GPU
+# tests set it False to get the torch path on the same machine
+USE_KERNEL = os.environ.get("ATTNVIZ_STATS_KERNEL", "1") != "0"
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # per-row outputs of _stats_fwd, in this order
@@ -344,8 +356,69 @@ def kernel_stats(inputs, token_ids=None, *, block_m: int = 64, block_n: int = 64
 
     inputs: an attnviz.attention.LayerInputs, on any device (moved to the kernel's). dtype: what q, k and v are
     cast to for the kernel (default: q's own; float32 runs with exact float32 products, 16-bit types on tensor
-    cores). block_m, block_n: powers of two, 16 to 256. trace: also return "_visits" [head, query block], the key
-    tiles each program visited (counted by the kernel). Raises Unsupported for what the kernel cannot do."""
+    cores). block_m, block_n: powers of two, 16 to 256. num_warps, num_stages: GPU launch settings (the
+    interpreter ignores them). trace: also return "_visits" [head, query block], the key tiles each program
+    visited (counted by the kernel). Raises Unsupported for what the kernel cannot do."""
+    launch = prepare_stats(inputs, token_ids, block_m=block_m, block_n=block_n, values=values, dtype=dtype,
+                           num_warps=num_warps, num_stages=num_stages)
+    launch.run()
+    return launch.result(pool=pool, trace=trace)
+
+
+@dataclass
+class StatsLaunch:
+    """One layer's statistics pass, its tensors prepared on the kernel's device: run() launches _stats_fwd alone
+    (what benchmarks/gpu_stats.py times against the plain kernel), result() averages its rows (and runs the pooled
+    pass)."""
+
+    inputs: object
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor | None
+    bias: torch.Tensor | None
+    sink: torch.Tensor | None
+    kv_of: torch.Tensor
+    tokens: tuple | None
+    token_tensors: tuple
+    rows: torch.Tensor
+    visits: torch.Tensor
+    out: torch.Tensor
+    common: dict
+    shape_args: tuple
+
+    def run(self):
+        """Launches the first pass: rows, visits and (with values) out are written."""
+        v, bias, sink, dummy = self.v, self.bias, self.sink, self.rows  # dummy: a pointer never read
+        d_v = v.shape[-1] if v is not None else 1
+        grid = (self.visits.shape[1], self.q.shape[0])
+        with _LAUNCH_LOCK:
+            _stats_fwd[grid](
+                self.q, self.k, v if v is not None else dummy, self.out, bias if bias is not None else dummy,
+                sink if sink is not None else dummy, self.kv_of, *self.token_tensors, self.rows, self.visits,
+                float(self.inputs.scaling), float(self.inputs.softcap or 1.0),
+                *self.q.stride(), *self.k.stride(), *(v.stride() if v is not None else (0, 0, 0)),
+                *(self.out.stride() if v is not None else (0, 0, 0)), bias.stride(0) if bias is not None else 0,
+                *self.shape_args, V_DIM=d_v, DV_PAD=max(16, triton.next_power_of_2(d_v)), HAS_SINK=sink is not None,
+                HAS_V=v is not None, INDUCTION=self.tokens is not None, **self.common)
+
+    def result(self, *, pool: int | None = None, trace: bool = False) -> dict:
+        """kernel_stats' dictionary from the rows run() wrote."""
+        result = _row_means(self.rows, self.tokens, self.sink is not None)
+        if pool:
+            scalars = (float(self.inputs.scaling), float(self.inputs.softcap or 1.0))
+            result["_pooled"], result["_pooled_nosink"] = _pooled(self.q, self.k, self.bias, self.kv_of, self.rows,
+                                                                  scalars, self.shape_args, pool, self.common)
+        if self.v is not None:
+            result["_output"] = self.out
+        if trace:
+            result["_visits"] = self.visits.cpu().numpy()
+        return result
+
+
+def prepare_stats(inputs, token_ids=None, *, block_m: int = 64, block_n: int = 64,
+                  values: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                  num_warps: int | None = None, num_stages: int | None = None) -> StatsLaunch:
+    """A StatsLaunch for kernel_stats' arguments (which see), after its checks."""
     dtype = inputs.q.dtype if dtype is None else dtype
     reason = _refusal(inputs, dtype)
     if reason:
@@ -355,48 +428,27 @@ def kernel_stats(inputs, token_ids=None, *, block_m: int = 64, block_n: int = 64
             raise ValueError(f"{name} must be a power of two from 16 to 256 (got {b!r})")
     device = KERNEL_DEVICE
     n, n_key, n_heads, d = inputs.n_query, inputs.n_key, inputs.n_heads, inputs.head_dim
-    q = inputs.q.to(device=device, dtype=dtype).contiguous()
-    k = inputs.k.to(device=device, dtype=dtype).contiguous()
     v = None if values is None else values.to(device=device, dtype=dtype).contiguous()
     bias = None if inputs.key_bias is None else (inputs.key_bias.to(device, torch.float32) * LOG2E).contiguous()
-    sink = None if inputs.sink is None else inputs.sink.to(device, torch.float32).contiguous()
-    kv_of = torch.tensor(list(inputs.kv_head_of), dtype=torch.int32, device=device)
     tokens = _token_arrays(token_ids, n, n_key)
-    tok, before = ((torch.from_numpy(x).to(device) for x in tokens[:2]) if tokens is not None
-                   else (torch.zeros(1, dtype=torch.int32, device=device),) * 2)
-    rows = torch.empty(n_heads, 8, n, dtype=torch.float32, device=device)
-    n_blocks = triton.cdiv(n, block_m)
-    visits = torch.zeros(n_heads, n_blocks, dtype=torch.int32, device=device)
-    out = torch.empty(n_heads, n, v.shape[-1], dtype=torch.float32, device=device) if v is not None else rows
+    rows = torch.empty(n_heads, len(ROW_FIELDS), n, dtype=torch.float32, device=device)
     mask = inputs.mask
-    dummy = rows  # a pointer the kernel never reads when its flag is off
-    d_v = v.shape[-1] if v is not None else 1
     common = dict(HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
                   CAUSAL=bool(mask.causal), HAS_WINDOW=bool(mask.window), HAS_CHUNK=bool(mask.chunk),
                   HAS_SOFTCAP=bool(inputs.softcap), HAS_BIAS=bias is not None,
                   PRECISION="ieee" if dtype == torch.float32 else "tf32",
                   **({} if INTERPRETED else {"num_warps": num_warps or (4 if d <= 64 else 8),
                                              "num_stages": num_stages or (3 if d <= 128 else 2)}))
-    shape_args = (n, n_key, n_key - n, int(mask.window or 0), int(mask.chunk or 1))
-    with _LAUNCH_LOCK:
-        _stats_fwd[(n_blocks, n_heads)](
-            q, k, v if v is not None else dummy, out, bias if bias is not None else dummy,
-            sink if sink is not None else dummy, kv_of, tok, before, rows, visits,
-            float(inputs.scaling), float(inputs.softcap or 1.0),
-            *q.stride(), *k.stride(), *(v.stride() if v is not None else (0, 0, 0)),
-            *(out.stride() if v is not None else (0, 0, 0)), bias.stride(0) if bias is not None else 0,
-            *shape_args, V_DIM=d_v, DV_PAD=max(16, triton.next_power_of_2(d_v)), HAS_SINK=sink is not None,
-            HAS_V=v is not None, INDUCTION=tokens is not None, **common)
-    result = _row_means(rows, tokens, sink is not None)
-    if pool:
-        scalars = (float(inputs.scaling), float(inputs.softcap or 1.0))
-        result["_pooled"], result["_pooled_nosink"] = _pooled(q, k, bias, kv_of, rows, scalars, shape_args, pool,
-                                                              common)
-    if v is not None:
-        result["_output"] = out
-    if trace:
-        result["_visits"] = visits.cpu().numpy()
-    return result
+    return StatsLaunch(
+        inputs=inputs, q=inputs.q.to(device=device, dtype=dtype).contiguous(),
+        k=inputs.k.to(device=device, dtype=dtype).contiguous(), v=v, bias=bias,
+        sink=None if inputs.sink is None else inputs.sink.to(device, torch.float32).contiguous(),
+        kv_of=torch.tensor(list(inputs.kv_head_of), dtype=torch.int32, device=device), tokens=tokens,
+        token_tensors=(tuple(torch.from_numpy(x).to(device) for x in tokens[:2]) if tokens is not None
+                       else (torch.zeros(1, dtype=torch.int32, device=device),) * 2),
+        rows=rows, visits=torch.zeros(n_heads, triton.cdiv(n, block_m), dtype=torch.int32, device=device),
+        out=torch.empty(n_heads, n, v.shape[-1], dtype=torch.float32, device=device) if v is not None else rows,
+        common=common, shape_args=(n, n_key, n_key - n, int(mask.window or 0), int(mask.chunk or 1)))
 
 
 def _row_means(rows: torch.Tensor, tokens, with_sink: bool) -> dict:
@@ -457,10 +509,10 @@ def _pooled(q, k, bias, kv_of, rows, scalars, shape_args, pool: int, common: dic
 def stats_on_device(inputs, token_ids=None, *, pool: int | None = None, values: torch.Tensor | None = None,
                     dtype: torch.dtype | None = None) -> dict | None:
     """streamed_stats' result computed by the Triton kernel on a CUDA GPU, or None where the torch path must run:
-    no CUDA (the interpreter is for tests, not for speed), or inputs the kernel refuses (kernel_stats'
+    no CUDA (the interpreter is for tests, not for speed), USE_KERNEL off, or inputs the kernel refuses (kernel_stats'
     Unsupported). stats.streamed_stats calls it first when CUDA is available. The "_output" it returns stays on
     the GPU, where the model's forward pass wants it."""
-    if INTERPRETED or not torch.cuda.is_available():
+    if not USE_KERNEL or INTERPRETED or not torch.cuda.is_available():
         return None
     if _refusal(inputs, inputs.q.dtype if dtype is None else dtype):
         return None
