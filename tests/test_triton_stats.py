@@ -182,11 +182,12 @@ def test_sliding_window_skips_the_tiles_left_of_every_window():
     assert_close(got, dense_reference(inputs, None, ids), TOLERANCE, COLUMNS)
 
 
-@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])
-def test_other_block_shapes(block_m, block_n):
+@pytest.mark.parametrize("block_m,block_n,pool", [(16, 32, 6), (32, 16, 2), (16, 16, 3)])
+def test_other_block_shapes_and_pooling_blocks_wider_than_a_tile(block_m, block_n, pool):
+    # pool 2 and 3: pooling blocks of 25 and 37 keys, wider than every tile, so _pool_fwd's 2 x 2 path runs
     inputs, _, ids = make_inputs(75, heads=2, kv=1, mask=MaskRule(75, 75, causal=True, window=40), sink=True)
-    got = kernel_stats(inputs, ids, block_m=block_m, block_n=block_n, pool=6, trace=True)
-    assert_close(got, dense_reference(inputs, None, ids, pool=6), TOLERANCE,
+    got = kernel_stats(inputs, ids, block_m=block_m, block_n=block_n, pool=pool, trace=True)
+    assert_close(got, dense_reference(inputs, None, ids, pool=pool), TOLERANCE,
                  [*COLUMNS, "learned_sink", "_pooled", "_pooled_nosink"])
     assert (got["_visits"] == expected_visits(inputs.mask, block_m, block_n)[None, :]).all()
 
@@ -259,6 +260,7 @@ for dtype, d, bm, bn, flags in [("fp16", 64, 64, 64, (1, 0, 0, 0, 0, 0, 1, 1)),
                                 ("fp32", 64, 64, 32, (1, 0, 1, 0, 1, 1, 0, 1))]:
     names = ("CAUSAL", "HAS_WINDOW", "HAS_CHUNK", "HAS_SOFTCAP", "HAS_BIAS", "HAS_SINK", "HAS_V", "INDUCTION")
     values = dict(zip(names, map(bool, flags)))
+    values["ALIGNED"] = values["CAUSAL"]
     common = dict(HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), BLOCK_M=bm, BLOCK_N=bn,
                   PRECISION="ieee" if dtype == "fp32" else "tf32")
     for arch in (80, 90):
@@ -266,7 +268,7 @@ for dtype, d, bm, bn, flags in [("fp16", 64, 64, 64, (1, 0, 0, 0, 0, 0, 1, 1)),
                        arch, 8 if d > 64 else 4, 2 if d > 128 else 3)
         if dtype != "fp32":
             assert ("wgmma" if arch == 90 else "mma.sync") in kernel.asm["ptx"], (dtype, d, arch)
-        pool_values = {k: v for k, v in values.items() if k not in ("HAS_SINK", "HAS_V", "INDUCTION")}
+        pool_values = {k: v for k, v in values.items() if k not in ("HAS_SINK", "HAS_V", "INDUCTION", "ALIGNED")}
         build(ts._pool_fwd, dtype, {**pool_values, **common}, arch, 4, 2)
 print("compiled")
 """

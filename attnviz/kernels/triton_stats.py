@@ -131,8 +131,10 @@ def _stats_inner(m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr,
                  HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_V: tl.constexpr,
-                 INDUCTION: tl.constexpr, PRECISION: tl.constexpr):
-    """Key blocks lo, lo + BLOCK_N, ... < hi: the online softmax and the statistics' running sums (module doc)."""
+                 INDUCTION: tl.constexpr, PRECISION: tl.constexpr, ALIGNED: tl.constexpr):
+    """Key blocks lo, lo + BLOCK_N, ... < hi: the online softmax and the statistics' running sums (module doc).
+    ALIGNED: causal with as many keys as queries, so an unmasked tile's keys are all at or left of every row (the
+    distance needs no |q - k| per element)."""
     offs_n = tl.arange(0, BLOCK_N)
     first_row = tl.program_id(0) * BLOCK_M
     last_row = tl.minimum(first_row + BLOCK_M, NQ) - 1
@@ -156,9 +158,14 @@ def _stats_inner(m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q,
             shifted = tl.where(p > 0.0, shifted, 0.0)  # no -inf * 0
         alpha = tl.math.exp2(m_i - m_shift)
         big_a = alpha * (big_a + (tl.where(l_i > 0.0, m_i, m_shift) - m_shift) * l_i) + tl.sum(p * shifted, 1)
-        l_i = alpha * l_i + tl.sum(p, 1)
-        gap = tl.abs(offs_m[:, None] - cols[None, :]).to(tl.float32)
-        dist = alpha * dist + tl.sum(p * gap, 1)
+        l_tile = tl.sum(p, 1)
+        l_i = alpha * l_i + l_tile
+        if MASKED or not ALIGNED:
+            gap = tl.abs(offs_m[:, None] - cols[None, :]).to(tl.float32)
+            dist = alpha * dist + tl.sum(p * gap, 1)
+        else:  # every key of the tile is at or left of every row: sum p (q - k) = (q - start) l - sum p (k - start)
+            tile_gap = (offs_m - start_n).to(tl.float32) * l_tile - tl.sum(p * offs_n.to(tl.float32)[None, :], 1)
+            dist = alpha * dist + tile_gap
         if INDUCTION:
             before = tl.load(KeyPrev + cols, mask=cols < NK, other=-2)
             match = (before[None, :] == tok[:, None]) & (cols[None, :] < offs_m[:, None])
@@ -180,7 +187,7 @@ def _stats_fwd(Q, K, V, Out, Bias, Sink, KvOf, Tok, KeyPrev, Rows, Visits, qk_sc
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, V_DIM: tl.constexpr, DV_PAD: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SINK: tl.constexpr,
-               HAS_V: tl.constexpr, INDUCTION: tl.constexpr, PRECISION: tl.constexpr):
+               HAS_V: tl.constexpr, INDUCTION: tl.constexpr, PRECISION: tl.constexpr, ALIGNED: tl.constexpr):
     start_m = tl.program_id(0)
     h = tl.program_id(1)
     kv = tl.load(KvOf + h).to(tl.int64)
@@ -206,17 +213,17 @@ def _stats_fwd(Q, K, V, Out, Bias, Sink, KvOf, Tok, KeyPrev, Rows, Visits, qk_sc
         m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, lo, left, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
         offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, V_DIM, True, CAUSAL, HAS_WINDOW, HAS_CHUNK,
-        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION)
+        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
     m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
         m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, left, mid, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
         offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, V_DIM, False, CAUSAL, HAS_WINDOW, HAS_CHUNK,
-        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION)
+        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
     m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
         m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, mid, hi, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
         offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, V_DIM, True, CAUSAL, HAS_WINDOW, HAS_CHUNK,
-        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION)
+        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
     # epilogue: the learned sink joins m and l (no key, no value), then every sum is divided by the final l
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     l_keys = l_i
@@ -399,7 +406,8 @@ class StatsLaunch:
                 *self.q.stride(), *self.k.stride(), *(v.stride() if v is not None else (0, 0, 0)),
                 *(self.out.stride() if v is not None else (0, 0, 0)), bias.stride(0) if bias is not None else 0,
                 *self.shape_args, V_DIM=d_v, DV_PAD=max(16, triton.next_power_of_2(d_v)), HAS_SINK=sink is not None,
-                HAS_V=v is not None, INDUCTION=self.tokens is not None, **self.common)
+                HAS_V=v is not None, INDUCTION=self.tokens is not None,
+                ALIGNED=bool(self.inputs.mask.causal) and self.shape_args[2] == 0, **self.common)
 
     def result(self, *, pool: int | None = None, trace: bool = False) -> dict:
         """kernel_stats' dictionary from the rows run() wrote."""
