@@ -6,6 +6,7 @@ max grows. The same loop carries, per query row, the sums the statistics need, w
 stats.streamed_stats uses (scores in log2 units t = s log2 e, so every exponential is exp2):
   A     sum_k e_k (t_k - m)       A <- alpha (A + (m_old - m_new) l) + sum_tile e (t - m_new)     (entropy)
   D     sum_k e_k |q - k|         D <- alpha D + sum_tile e |q - k|                                 (mean distance)
+        (a causal tile left of the diagonal: (q - start) sum_tile e - sum_tile e (k - start), no |q - k| per element)
   I     sum over q's induction targets of e_k, carried like D                                        (induction)
   t0, t_self, t_prev  the raw scores of key 0, key q and key q - 1, read from the tiles that hold them; their weight
         is 2^(t - m) / l at the end (sink mass, self, previous token)
@@ -16,7 +17,8 @@ on real keys, and log2 of the row's normaliser. kernel_stats averages the rows a
 Induction targets reach the kernel as one int32 per key, the token before it (prev_id[k] = ids[k - 1], -1 for key
 0), and one per query, its own token: key t is a target of query q exactly when t < q and prev_id[t] == ids[q]
 (stats.induction_targets' definition, each distinct target once). That is O(n) memory and exact, where a padded
-[n, max_targets] list grows to O(n^2) on repetitive text.
+[n, max_targets] list grows to O(n^2) on repetitive text. With keys that are not the queries' own tokens (n_key !=
+n_query) induction is NaN.
 
 The pooled grid tiles (the Heads page's [head, 48, 48] max-pooled picture) come from a second, light pass,
 _pool_fwd: a pooled cell is the largest weight 2^(t - lse) over its rows and keys, and a row's lse (log2 of its
