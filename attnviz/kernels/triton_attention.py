@@ -194,8 +194,9 @@ UNAVAILABLE = None if not INTERPRETED or type(tl.max).__name__ == "InterpretedFu
 if UNAVAILABLE:
     warnings.warn(UNAVAILABLE, RuntimeWarning)
 KERNEL_DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda")
-# The interpreter patches triton.language while a kernel runs, so two threads (two app sessions) must take turns.
-_LAUNCH_LOCK = threading.Lock() if INTERPRETED else contextlib.nullcontext()
+# The interpreter patches triton.language while a kernel runs, so two threads (two app sessions) must take turns,
+# whichever of attnviz's kernels each launches (triton_stats takes this lock too).
+LAUNCH_LOCK = threading.Lock() if INTERPRETED else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
         trace_m = trace_l = trace_s = torch.empty(1, device=q.device)
     grid = (n_q_blocks, batch * heads)
     try:
-        with _LAUNCH_LOCK:
+        with LAUNCH_LOCK:
             _attn_fwd[grid](
                 q, k, v, out, trace_m, trace_l, trace_s, scale,  #
                 *q.stride(), *k.stride(), *v.stride(), *out.stride(),  #

@@ -36,9 +36,7 @@ the caller uses the torch path.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,11 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE
-
-# The interpreter patches triton.language while a kernel runs: two threads take turns (stats_on_device never runs
-# interpreted, so only direct kernel_stats calls share this lock; triton_attention has its own for its kernel)
-_LAUNCH_LOCK = threading.Lock() if INTERPRETED else contextlib.nullcontext()
+from .triton_attention import INTERPRETED, KERNEL_DEVICE, LAUNCH_LOCK, UNAVAILABLE
 
 MAX_HEAD_DIM = 256
 # stats_on_device uses the kernel only while this is True (ATTNVIZ_STATS_KERNEL=0 turns it off at start): the GPU
@@ -400,7 +394,7 @@ class StatsLaunch:
         v, bias, sink, dummy = self.v, self.bias, self.sink, self.rows  # dummy: a pointer never read
         d_v = v.shape[-1] if v is not None else 1
         grid = (self.visits.shape[1], self.q.shape[0])
-        with _LAUNCH_LOCK:
+        with LAUNCH_LOCK:
             _stats_fwd[grid](
                 self.q, self.k, v if v is not None else dummy, self.out, bias if bias is not None else dummy,
                 sink if sink is not None else dummy, self.kv_of, *self.token_tensors, self.rows, self.visits,
@@ -504,7 +498,7 @@ def _pooled(q, k, bias, kv_of, rows, scalars, shape_args, pool: int, common: dic
     lse_off = torch.where(blank, torch.full_like(lse, float("inf")), lse + torch.log2(kept.clamp_min(1e-38)))
     pooled = torch.full((n_heads, n_r, n_c), float("-inf"), dtype=torch.float32, device=device)
     pooled_off = torch.full_like(pooled, float("-inf"))
-    with _LAUNCH_LOCK:
+    with LAUNCH_LOCK:
         _pool_fwd[(triton.cdiv(n, common["BLOCK_M"]), n_heads)](
             q, k, bias if bias is not None else lse, kv_of, lse, lse_off.contiguous(), row_bin, key_bin, pooled,
             pooled_off, *scalars, *q.stride(), *k.stride(), bias.stride(0) if bias is not None else 0,
