@@ -108,6 +108,7 @@ def kernel_dispatch(dtype):
     """streamed_stats (what streaming_attend calls for every layer) answered by stats_on_device in `dtype` while
     the block runs (whether or not stats.py already calls it itself)."""
     from attnviz import stats
+    from attnviz.kernels import triton_stats
     from attnviz.kernels.triton_stats import stats_on_device
 
     original = stats.streamed_stats
@@ -116,11 +117,11 @@ def kernel_dispatch(dtype):
         done = None if kwargs else stats_on_device(inputs, token_ids, pool=pool, values=values, dtype=dtype)
         return done if done is not None else original(inputs, token_ids, pool=pool, values=values, **kwargs)
 
-    stats.streamed_stats = on_device
+    stats.streamed_stats, was_on, triton_stats.USE_KERNEL = on_device, triton_stats.USE_KERNEL, True
     try:
         yield
     finally:
-        stats.streamed_stats = original
+        stats.streamed_stats, triton_stats.USE_KERNEL = original, was_on
 
 
 def one_run(loaded, text, *, pool=None):

@@ -339,6 +339,7 @@ def test_gpu_pooled_fast_path_and_dispatch_match_the_torch_path(monkeypatch):
     """n = 7,000: pooling blocks (146 keys) are wider than a tile, so every tile takes _pool_fwd's 2 x 2 path;
     stats_on_device (what streamed_stats calls on CUDA) against the torch path on the same inputs."""
     inputs, values, ids = make_inputs(7000, d=64, heads=2, kv=1, vocab=300, sink=True)
+    monkeypatch.setattr(triton_stats, "USE_KERNEL", True)
     got = stats_on_device(inputs, ids, pool=48, values=values)
     assert got is not None and got["_output"].is_cuda
     monkeypatch.setattr(triton_stats, "USE_KERNEL", False)
