@@ -239,27 +239,36 @@ class LayerInputs:
 
 
 def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *, heads=None, key_end=None,
-                 key_start: int = 0, dtype=torch.float32) -> torch.Tensor:
+                 key_start: int = 0, dtype=torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """The logits that enter the softmax for queries start .. stop - 1: q.k * scaling, soft-capped, plus the bias,
     -inf where the mask forbids. [len(heads), rows, key_end - key_start]. heads: None for all, or a list of head
-    indices. Keys key_start .. key_end - 1 (default key_end: the last the mask lets these rows see)."""
+    indices. Keys key_start .. key_end - 1 (default key_end: the last the mask lets these rows see).
+    out: a contiguous tensor of that shape and dtype to write the scores into (a tiled pass reuses one buffer
+    rather than allocating each tile). A scaling that is a power of two (1/8 for d = 64) multiplies q before the
+    product instead of every score after it: the same numbers bit for bit (a power of two changes no rounding),
+    one pass over the scores fewer."""
     stop = inputs.n_query if stop is None else stop
     key_end = inputs.mask.key_end(start, stop) if key_end is None else key_end
     k0 = int(key_start)
     heads = list(range(inputs.n_heads)) if heads is None else list(heads)
     n_kv = inputs.k.shape[0]
     group = inputs.n_heads // n_kv
+    exact = _power_of_two(inputs.scaling)
     if heads == list(range(inputs.n_heads)) and list(inputs.kv_head_of) == [h // group for h in heads]:
         # every head, grouped as GQA groups them: one matmul per KV head over its query heads' rows, without a
         # copy of K per query head
-        q = inputs.q[:, start:stop].to(dtype).reshape(n_kv, group * (stop - start), -1)
+        q = inputs.q[:, start:stop].to(dtype)
+        q = (q * inputs.scaling if exact else q).reshape(n_kv, group * (stop - start), -1)
         k = inputs.k[:, k0:key_end].to(dtype)
-        scores = torch.matmul(q, k.transpose(-1, -2)).reshape(inputs.n_heads, stop - start, key_end - k0)
+        into = None if out is None else out.view(n_kv, group * (stop - start), key_end - k0)
+        scores = torch.matmul(q, k.transpose(-1, -2), out=into).view(inputs.n_heads, stop - start, key_end - k0)
     else:
         q = inputs.q[heads, start:stop].to(dtype)
+        q = q * inputs.scaling if exact else q
         k = inputs.k[[inputs.kv_head_of[h] for h in heads], k0:key_end].to(dtype)
-        scores = torch.matmul(q, k.transpose(-1, -2))
-    scores *= inputs.scaling  # in place, in eager attention's order: (q.k) * scaling
+        scores = torch.matmul(q, k.transpose(-1, -2), out=out)
+    if not exact:
+        scores *= inputs.scaling  # in place, in eager attention's order: (q.k) * scaling
     if inputs.softcap:
         scores.div_(inputs.softcap).tanh_().mul_(inputs.softcap)
     if inputs.key_bias is not None:
@@ -273,6 +282,11 @@ def layer_scores(inputs: LayerInputs, start: int = 0, stop: int | None = None, *
     elif kind != "full":
         scores.masked_fill_(~torch.from_numpy(inputs.mask.rows(start, stop, key_end, key_start=k0)), float("-inf"))
     return scores
+
+
+def _power_of_two(x: float) -> bool:
+    """Whether x is +-2^k: multiplying by it rounds nothing (short of overflow or underflow)."""
+    return x != 0 and math.isfinite(x) and math.frexp(abs(x))[0] == 0.5
 
 
 def masked_softmax(logits, axis: int = -1, extra=None):

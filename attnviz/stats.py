@@ -23,12 +23,18 @@ the two are written in one place and tested equal.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
+from attnviz import attention as core
+from attnviz.pooling import MIN_REMAINING, pool_edges
+
+LOG2E, LN2 = 1 / math.log(2), math.log(2)
+KEY_BLOCK = 1024  # keys per tile of streamed_stats: [head, rows, KEY_BLOCK] float32 scores stay in the CPU's cache
 COLUMNS = ("entropy", "sink_mass", "mean_distance", "prev_token", "self", "induction")
 
 # role -> (column, ascending?, what a high rank means)
@@ -88,23 +94,33 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     return stats_frame(per_layer, capture.layers, capture.kv_head_of, n, heads=getattr(capture, "head_numbers", None))
 
 
-def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = True):
+def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = True,
+                     overview: int | None | str = "auto"):
     """A capture.DuringForward for capture_attention(store="qk", during=...): each wanted layer's attention output
     and its streamed_stats (and pooled heads) from one pass over its scores, in its .summary[layer], which the
     capture keeps as capture.summary and head_stats reads instead of computing again. A family whose attention is
-    rebuilt by hooks (BLOOM) makes no attend call: its statistics are computed when its inputs are recorded."""
+    rebuilt by hooks (BLOOM) makes no attend call: its statistics are computed when its inputs are recorded.
+
+    overview: also pool every head to this many pixels (streamed_stats's "_overview"), so the Heads page's One head
+    view of any head is a lookup, not a pass over its N² scores. "auto": attnviz.views.OVERVIEW when grid tiles are
+    asked (pool: the Heads page's pass) and the text has at least views.OVERVIEW_IN_PASS_FROM tokens, where a
+    fresh pass over one head takes about a second or more; else none."""
     from attnviz.capture import DuringForward
 
+    if overview == "auto":
+        from attnviz.views import OVERVIEW, OVERVIEW_IN_PASS_FROM
+
+        overview = OVERVIEW if pool and len(token_ids) >= OVERVIEW_IN_PASS_FROM else None
     summary: dict[int, dict] = {}
 
     def attend(layer, inputs, values):
-        result = streamed_stats(inputs, token_ids, pool=pool, values=values)
+        result = streamed_stats(inputs, token_ids, pool=pool, values=values, overview=overview)
         summary[layer] = result
         return result.pop("_output")
 
     def on_layer(layer, inputs):
         if layer not in summary:
-            summary[layer] = streamed_stats(inputs, token_ids, pool=pool)
+            summary[layer] = streamed_stats(inputs, token_ids, pool=pool, overview=overview)
 
     return DuringForward(attend=attend, on_layer=on_layer, keep_inputs=keep_inputs, summary=summary)
 
@@ -178,13 +194,14 @@ def pattern_stats(p: np.ndarray, targets: list[list[int]] | None = None, *, bloc
     return out
 
 
-def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_block: int = 2048,
-                   pool: int | None = None, values: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_block: int = KEY_BLOCK,
+                   pool: int | None = None, values: torch.Tensor | None = None,
+                   overview: int | None = None) -> dict[str, np.ndarray]:
     """pattern_stats of one layer computed from what attention saw (attnviz.attention.LayerInputs) the way the
     kernel page's FlashAttention kernel computes attention: tiles of `block` query rows (default 128, up to 512 under
-    a sliding window or chunk, whose rows read few keys) x `key_block` keys, with a
-    running row max m_i and running sum l_i, so no [n, n] array exists and each tile stays in the CPU's cache. Key
-    tiles wholly right of a causal block, or left of a sliding window's or a chunk's reach, are never computed.
+    a sliding window or chunk, whose rows read few keys) x `key_block` keys, with a running row max m_i and running
+    sum l_i, so no [n, n] array exists and each tile stays in the CPU's cache. Key tiles wholly right of a causal
+    block, or left of a sliding window's or a chunk's reach, are never computed.
 
     The online softmax (Milakov and Gimelshein 2018; Dao 2023, the kernel page): after a tile with row max m_t,
     m_new = max(m_i, m_t), alpha = exp(m_i - m_new), l_i <- alpha l_i + sum_tile exp(s - m_new). Every other sum
@@ -196,176 +213,302 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     - the weight of single keys (token 0, the diagonal, the previous token): their raw scores s are kept, and
       p = exp(s - m) / l at the end; a learned sink logit joins m and l at the end;
     - induction (token_ids given; NaN without): query q's weight on the keys k < q whose previous token equals
-      its own, ids[k - 1] == ids[q] (induction_targets' definition), carried like l with that match as a mask on
-      each tile: O(tile) work and no list of (query, target) pairs, which a repetitive text makes O(n²) long.
+      its own, ids[k - 1] == ids[q] (induction_targets' definition), carried like l: the matching (query, key)
+      pairs of each tile are found from the token ids (O(tile / heads)) and only their weights are gathered, and
+      no list of pairs over the whole text is made (a repetitive text makes it O(n²) long).
+    Each tile's exp is computed once, in a buffer reused by every tile, and every sum is read from it: l and the
+    causal distance sum as one product with [1, k], the entropy's A by multiplying the shifted scores in place.
     Sums over a tile run in float32, totals over rows in float64.
     pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result), from
     each pooling block's largest raw score (exp is monotone: the largest weight is exp(max s - m) / l), and
     "_pooled_nosink", the same with the first-token sink hidden (pooled_heads(hide_sink=True): column 0 out, rows
     rescaled by the weight they keep, rows keeping under MIN_REMAINING blank).
+    overview: likewise "_overview" and "_overview_nosink" at `overview` pixels (the Heads page's One head
+    overview), stored as float16, and "_kept" [head, n] float32, each row's weight off token 0
+    (views.mass_off_sink). Both sizes come from one max over each tile's blocks (_Pools).
     values: the layer's value vectors [kv_head, n_key, d_v]; also return "_output" [head, n, d_v] float32, the
     attention output sum_k p_k v_k, accumulated as acc <- alpha acc + exp(s - m_new) v: the layer's forward pass.
     """
-    from attnviz import attention as core
-    from attnviz.pooling import MIN_REMAINING, pool_edges
+    n = inputs.n_query
+    block = _row_block(inputs, block, key_block)
+    sizes = {name: size for name, size in (("_pooled", pool), ("_overview", overview)) if size}
+    layer = _LayerPass(inputs, token_ids, key_block=key_block, block=block, values=values, pools=sizes)
+    for a in range(0, n, block):
+        layer.rows(a, min(n, a + block))
+    return layer.result()
 
-    n, n_keys, n_heads = inputs.n_query, inputs.n_key, inputs.n_heads
-    if block is None:  # a window's rows read one tile of about block + window keys: larger blocks, fewer tiles
-        reach = inputs.mask.window or inputs.mask.chunk
-        block = min(max(128, reach or 0), 512, key_block // 2) if reach else 128
-    sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self")}
-    per_query = np.zeros((n_heads, n))
-    if token_ids is not None:
+
+def _row_block(inputs, block: int | None, key_block: int) -> int:
+    """The query rows per block: `block` when given; else 128, or under a sliding window or chunk (whose rows read
+    one tile of about block + window keys) the reach, between 128 and 512 and at most half a key tile."""
+    if block is not None:
+        return block
+    reach = inputs.mask.window or inputs.mask.chunk
+    return min(max(128, reach), 512, key_block // 2) if reach else 128
+
+
+class _InductionMatch:
+    """Which (query, key) pairs of a tile are induction targets: key k < q whose previous token is query q's own
+    (ids[k - 1] == ids[q]), from the token ids alone; with_targets[q]: query q has at least one."""
+
+    def __init__(self, token_ids):
         ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
-        before = torch.cat([torch.tensor([-1]), ids[:-1]])  # the token before each key; none before key 0
-        first_seen = {}
+        self.ids = ids.to(torch.int32)
+        self.before = torch.cat([torch.tensor([-1]), ids[:-1]]).to(torch.int32)  # none before key 0
+        first_seen: dict[int, int] = {}
         for q, tok in enumerate(ids.tolist()):
             first_seen.setdefault(tok, q)
         # query q has an induction target when its token occurred at some j with j + 1 < q
-        with_targets = np.array([first_seen[tok] + 1 < q for q, tok in enumerate(ids.tolist())], dtype=bool)
-    else:
-        with_targets = np.zeros(n, dtype=bool)
-    sink = inputs.sink
-    sink_share = np.zeros(n_heads)
-    causal_rule = inputs.mask.kind == "causal" and n_keys == n
-    positions = torch.arange(n_keys, dtype=torch.float32)
-    neg_inf = float("-inf")
-    if values is not None:
-        n_kv = values.shape[0]
-        group = n_heads // n_kv
-        grouped = list(inputs.kv_head_of) == [h // group for h in range(n_heads)]
-        v = values.float() if grouped else values.float()[list(inputs.kv_head_of)]
-        output = torch.empty(n_heads, n, values.shape[-1])
-    if pool:
-        row_edges, key_edges = pool_edges(n, pool), pool_edges(n_keys, pool)
-        n_bins = len(key_edges) - 1
-        pooled = np.full((n_heads, len(row_edges) - 1, n_bins), np.nan, dtype=np.float32)
-        pooled_off = pooled.copy()
-    for a in range(0, n, block):
-        b = min(n, a + block)
-        r = b - a
-        rows = torch.arange(r)
-        qpos = torch.arange(a, b)
-        key_end = max(inputs.mask.key_end(a, b), min(b, n_keys))  # the diagonal is always read (prev, self)
-        m = torch.full((n_heads, r), neg_inf)
-        l = torch.zeros(n_heads, r)
-        big_a = torch.zeros(n_heads, r)  # A: sum exp(s - m)(s - m)
-        dist = torch.zeros(n_heads, r)  # sum exp(s - m) k (causal) or sum exp(s - m) |q - k|
-        acc = torch.zeros(n_heads, r, values.shape[-1]) if values is not None else None
-        raw0, raw_self, raw_prev = (torch.full((n_heads, r), neg_inf) for _ in range(3))
-        induction = torch.zeros(n_heads, r)  # sum exp(s - m) over the keys after an earlier copy of the query
-        find = token_ids is not None and n_keys == n and bool(with_targets[a:b].any())
-        bins_max = torch.full((n_heads, r, n_bins), neg_inf) if pool else None
-        bin0_off_sink = torch.full((n_heads, r), neg_inf)  # largest raw score of the first key block, key 0 left out
-        # key tiles left of every key the block's rows may see (a sliding window's, a chunk's) are never computed
-        for k0 in range(min(inputs.mask.key_start(a, b), key_end), key_end, key_block):
-            k1 = min(key_end, k0 + key_block)
-            s = core.layer_scores(inputs, a, b, key_start=k0, key_end=k1)  # [head, rows, k1 - k0], -inf masked
-            # raw scores of the single keys the statistics read, before s is shifted in place
-            if k0 == 0:
-                raw0 = s[..., 0].clone()
-            on_diag = (qpos >= k0) & (qpos < k1)
-            raw_self[:, on_diag] = s[:, rows[on_diag], qpos[on_diag] - k0]
-            prev = (qpos - 1 >= k0) & (qpos - 1 < k1)
-            raw_prev[:, prev] = s[:, rows[prev], qpos[prev] - 1 - k0]
-            if pool:
-                first = int(np.searchsorted(key_edges, k0, side="right")) - 1
-                last = int(np.searchsorted(key_edges, k1 - 1, side="right")) - 1
-                starts = np.maximum(key_edges[first:last + 1], k0) - k0
-                tile_max = torch.from_numpy(np.maximum.reduceat(s.numpy(), starts, axis=-1))
-                bins_max[..., first:last + 1] = torch.maximum(bins_max[..., first:last + 1], tile_max)
-                if first == 0:  # the first key block, without key 0 itself
-                    lo, hi = (1 if k0 == 0 else 0), min(int(key_edges[1]), k1) - k0
-                    if hi > lo:
-                        bin0_off_sink = torch.maximum(bin0_off_sink, s[..., lo:hi].amax(-1))
-            m_new = torch.maximum(m, s.amax(-1))
-            m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-            alpha = torch.exp(m - m_safe)  # 0 while nothing was seen (m = -inf)
-            s -= m_safe[..., None]
-            s.clamp_(min=-1e30)  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
-            e = torch.exp(s)
-            shift = torch.where(l > 0, (m - m_safe) * l, torch.zeros_like(l))  # (m_i - m_new) l_i, 0 if l_i = 0
-            big_a = alpha * (big_a + shift) + (e * s).sum(-1)
-            l = alpha * l + e.sum(-1)
-            if find:
-                match = (before[None, k0:k1] == ids[a:b, None]) & (positions[None, k0:k1] < qpos[:, None])
-                induction = alpha * induction + (e * match).sum(-1) if match.any() else alpha * induction
-            if causal_rule:
-                dist = alpha * dist + torch.matmul(e, positions[k0:k1])
-            else:
-                dist = alpha * dist + (e * (qpos[:, None].float() - positions[None, k0:k1]).abs_()).sum(-1)
-            if acc is not None:
-                if grouped:
-                    tile = torch.matmul(e.reshape(n_kv, group * r, k1 - k0), v[:, k0:k1]).reshape(n_heads, r, -1)
-                else:
-                    tile = torch.matmul(e, v[:, k0:k1])
-                acc = alpha[..., None] * acc + tile
-            m = m_new
-        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        l_keys = l
-        if sink is not None:  # the sink logit joins the normalisation, with no value and no key
-            m_f = torch.maximum(m_safe, sink[:, None])
-            alpha = torch.exp(m - m_f)
-            big_a = alpha * (big_a + torch.where(l > 0, (m - m_f) * l, torch.zeros_like(l)))
-            l_keys = alpha * l
-            l = l_keys + torch.exp(sink[:, None] - m_f)
-            dist = alpha * dist
-            induction = alpha * induction
-            if acc is not None:
-                acc = alpha[..., None] * acc
-            m_safe = m_f
-        total = torch.where(l > 0, l, torch.ones_like(l))
-        mass = l_keys / total  # sum_k p_k: 1, or 1 - the sink's share
-        sink_share += (1.0 - mass).double().sum(-1).numpy() if sink is not None else 0.0
-        entropy = torch.log(total) * mass - big_a / total
-        sums["entropy"] += entropy.double().sum(-1).numpy()
-        distance = qpos.float() * mass - dist / total if causal_rule else dist / total
-        sums["mean_distance"] += distance.double().sum(-1).numpy()
+        self.with_targets = np.array([first_seen[tok] + 1 < q for q, tok in enumerate(ids.tolist())], dtype=bool)
 
-        p0 = torch.exp(raw0 - m_safe) / total
-        p_self = torch.exp(raw_self - m_safe) / total
-        p_prev = torch.exp(raw_prev - m_safe) / total
-        sums["self"] += p_self.double().sum(-1).numpy()
-        first_row = 1 if a == 0 else 0  # query 0 has no previous token and is left out of the sink mass
-        sums["sink_mass"] += p0[:, first_row:].double().sum(-1).numpy()
-        sums["prev_token"] += p_prev[:, first_row:].double().sum(-1).numpy()
-        if find:
-            per_query[:, a:b] = (induction / total).double().numpy()
-        if acc is not None:
-            output[:, a:b] = acc / total[..., None]
-        if pool:  # the largest weight of each (row, key block), then the largest over each pooling row block
-            row_max = (torch.exp(bins_max - m_safe[..., None]) / total[..., None]).numpy()
+    def gathered(self, e: torch.Tensor, a: int, b: int, k0: int, k1: int) -> torch.Tensor | None:
+        """sum over the matching keys of e [head, rows a .. b - 1, keys k0 .. k1 - 1], [head, rows]; None when no
+        pair of the tile matches."""
+        match = self.before[None, k0:k1] == self.ids[a:b, None]  # [rows, keys]
+        if k1 > a:  # keys at or after a row's own position are never its targets
+            match &= torch.arange(k0, k1)[None, :] < torch.arange(a, b)[:, None]
+        rows, cols = match.nonzero(as_tuple=True)
+        if not len(rows):
+            return None
+        return e.new_zeros(e.shape[0], b - a).index_add_(1, rows, e[:, rows, cols])
+
+
+class _Pools:
+    """Every head max-pooled to one or more sizes ({result name: pixels}) in streamed_stats's pass.
+
+    The key edges of every size, and key 0 alone, make one set of fine key blocks: each tile's raw scores are
+    max-reduced over those once, and each size's blocks (and its first block without key 0, for the hidden sink)
+    are maxima of fine blocks. Exp is monotone, so the largest weight of a block is exp(max s - m) / l, made once
+    per row block from the row's final m and l."""
+
+    def __init__(self, sizes: dict[str, int], n: int, n_keys: int, n_heads: int):
+        edges = {name: (pool_edges(n, size), pool_edges(n_keys, size)) for name, size in sizes.items()}
+        self.fine = np.unique(np.concatenate([k for _, k in edges.values()] + [[0, min(1, n_keys)]]))
+        self.sizes = {}
+        for name, (rows, keys) in edges.items():
+            plain = np.full((n_heads, len(rows) - 1, len(keys) - 1), np.nan, dtype=np.float32)
+            self.sizes[name] = (rows, np.searchsorted(self.fine, keys), plain, plain.copy())
+        self.fine_max = None
+
+    def start(self, n_heads: int, rows: int) -> None:
+        self.fine_max = torch.full((n_heads, rows, len(self.fine) - 1), float("-inf"))
+
+    def tile(self, s: torch.Tensor, k0: int, k1: int) -> None:
+        """Keeps the largest raw score of each fine block of the tile s [head, rows, k1 - k0] (before it is
+        shifted)."""
+        first = int(np.searchsorted(self.fine, k0, side="right")) - 1
+        last = int(np.searchsorted(self.fine, k1 - 1, side="right")) - 1
+        starts = np.maximum(self.fine[first:last + 1], k0) - k0
+        tile_max = torch.from_numpy(np.maximum.reduceat(s.numpy(), starts, axis=-1))
+        torch.maximum(self.fine_max[..., first:last + 1], tile_max, out=self.fine_max[..., first:last + 1])
+
+    def finish(self, a: int, b: int, m: torch.Tensor, total: torch.Tensor, kept: np.ndarray) -> None:
+        """Rows a .. b - 1, whose final max m and normaliser total [head, rows] are known, pooled into each size;
+        kept [head, rows]: each row's weight off token 0."""
+        fine = (torch.exp(self.fine_max - m[..., None]) / total[..., None]).numpy()
+        for rows_e, at, plain, off in self.sizes.values():
+            w = np.maximum.reduceat(fine, at[:-1], axis=-1)  # [head, rows, blocks]: each block's largest weight
             # hiding the sink: key 0 out of the first block, each row divided by the weight it keeps off key 0
-            kept = (mass - p0).numpy()
-            off = row_max.copy()
-            off[..., 0] = (torch.exp(bin0_off_sink - m_safe) / total).numpy()
+            hidden = w.copy()
+            hidden[..., 0] = fine[..., 1:at[1]].max(-1) if at[1] > 1 else 0.0
             with np.errstate(invalid="ignore", divide="ignore"):
-                off /= kept[..., None]
-            off[kept < MIN_REMAINING] = np.nan
-            first_bin = int(np.searchsorted(row_edges, a, side="right")) - 1
-            for i in range(first_bin, len(row_edges) - 1):
-                lo, hi = max(a, int(row_edges[i])), min(b, int(row_edges[i + 1]))
+                hidden /= kept[..., None]
+            hidden[kept < MIN_REMAINING] = np.nan
+            first_bin = int(np.searchsorted(rows_e, a, side="right")) - 1
+            for i in range(first_bin, len(rows_e) - 1):
+                lo, hi = max(a, int(rows_e[i])), min(b, int(rows_e[i + 1]))
                 if lo >= hi:
                     break
-                pooled[:, i] = np.fmax(pooled[:, i], row_max[:, lo - a:hi - a].max(1))
+                plain[:, i] = np.fmax(plain[:, i], w[:, lo - a:hi - a].max(1))
                 with np.errstate(invalid="ignore"):
-                    pooled_off[:, i] = np.fmax(pooled_off[:, i], np.fmax.reduce(off[:, lo - a:hi - a], axis=1))
-    out = {
-        "entropy": sums["entropy"] / n,
-        "sink_mass": sums["sink_mass"] / (n - 1) if n > 1 else np.full(n_heads, np.nan),
-        "mean_distance": sums["mean_distance"] / n,
-        "prev_token": sums["prev_token"] / (n - 1) if n > 1 else np.full(n_heads, np.nan),
-        "self": sums["self"] / n,
-        "induction": per_query[:, with_targets].mean(-1) if with_targets.any() else np.full(n_heads, np.nan),
-    }
-    if sink is not None:
-        out["learned_sink"] = sink_share / n
-    if pool:
-        out["_pooled"] = pooled
-        out["_pooled_nosink"] = pooled_off
-    if values is not None:
-        out["_output"] = output
-    return out
+                    off[:, i] = np.fmax(off[:, i], np.fmax.reduce(hidden[:, lo - a:hi - a], axis=1))
+
+    def result(self) -> dict[str, np.ndarray]:
+        """{name: pooled, name + "_nosink": with the sink hidden}; the overview's as float16."""
+        out = {}
+        for name, (_, _, plain, off) in self.sizes.items():
+            dtype = np.float16 if name == "_overview" else np.float32
+            out[name], out[name + "_nosink"] = plain.astype(dtype, copy=False), off.astype(dtype, copy=False)
+        return out
+
+
+class _Running:
+    """The online softmax's running values over one block's rows, [head, rows] each (streamed_stats)."""
+
+    def __init__(self, n_heads: int, rows: int, d_v: int | None):
+        neg_inf = float("-inf")
+        self.m = torch.full((n_heads, rows), neg_inf)
+        self.l = torch.zeros(n_heads, rows)
+        self.big_a = torch.zeros(n_heads, rows)  # A: sum exp(s - m)(s - m)
+        self.dist = torch.zeros(n_heads, rows)  # sum exp(s - m) k (causal) or sum exp(s - m) |q - k|
+        self.induction = torch.zeros(n_heads, rows)  # sum exp(s - m) over the keys after an earlier copy
+        self.acc = torch.zeros(n_heads, rows, d_v) if d_v else None
+        self.raw0, self.raw_self, self.raw_prev = (torch.full((n_heads, rows), neg_inf) for _ in range(3))
+
+    def keep_single_keys(self, s: torch.Tensor, a: int, b: int, k0: int, k1: int) -> None:
+        """The raw scores of token 0, each row's own key and its previous key, where the tile s holds them."""
+        rows, qpos = torch.arange(b - a), torch.arange(a, b)
+        if k0 == 0:
+            self.raw0 = s[..., 0].clone()
+        for raw, key in ((self.raw_self, qpos), (self.raw_prev, qpos - 1)):
+            inside = (key >= k0) & (key < k1)
+            raw[:, inside] = s[:, rows[inside], key[inside] - k0]
+
+
+class _LayerPass:
+    """One layer's streamed pass (streamed_stats): what stays the same over its tiles, the buffers every tile
+    reuses, and the sums over its rows."""
+
+    def __init__(self, inputs, token_ids, *, key_block: int, block: int, values, pools: dict[str, int]):
+        self.x, self.key_block = inputs, key_block
+        n, n_keys, n_heads = inputs.n_query, inputs.n_key, inputs.n_heads
+        self.match = _InductionMatch(token_ids) if token_ids is not None else None
+        self.with_targets = self.match.with_targets if self.match is not None else np.zeros(n, dtype=bool)
+        self.causal = inputs.mask.kind == "causal" and n_keys == n
+        self.positions = torch.arange(n_keys, dtype=torch.float32)
+        self.v = self.grouped = self.output = None
+        if values is not None:
+            group = n_heads // values.shape[0]
+            self.grouped = list(inputs.kv_head_of) == [h // group for h in range(n_heads)]
+            self.v = values.float() if self.grouped else values.float()[list(inputs.kv_head_of)]
+            self.output = torch.empty(n_heads, n, values.shape[-1])
+        self.pools = _Pools(pools, n, n_keys, n_heads) if pools else None
+        self.sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self",
+                                                      "learned_sink")}
+        self.per_query = np.zeros((n_heads, n))  # induction, per query
+        self.kept = np.zeros((n_heads, n), dtype=np.float32) if "_overview" in pools else None
+        size = n_heads * min(block, n) * min(key_block, n_keys)
+        self.scores_buffer, self.exp_buffer = torch.empty(size), torch.empty(size)
+
+    def rows(self, a: int, b: int) -> None:
+        """Every key tile query rows a .. b - 1 may see, then their statistics added to the sums."""
+        x = self.x
+        key_end = max(x.mask.key_end(a, b), min(b, x.n_key))  # the diagonal is always read (prev, self)
+        run = _Running(x.n_heads, b - a, None if self.v is None else self.v.shape[-1])
+        find = self.match is not None and x.n_key == x.n_query and bool(self.with_targets[a:b].any())
+        if self.pools is not None:
+            self.pools.start(x.n_heads, b - a)
+        # key tiles left of every key the block's rows may see (a sliding window's, a chunk's) are never computed
+        for k0 in range(min(x.mask.key_start(a, b), key_end), key_end, self.key_block):
+            k1 = min(key_end, k0 + self.key_block)
+            shape = (x.n_heads, b - a, k1 - k0)
+            s = core.layer_scores(x, a, b, key_start=k0, key_end=k1, out=_view(self.scores_buffer, shape))
+            self._tile(run, s, a, b, k0, k1, find)
+        self._finish(run, a, b, find)
+
+    def _tile(self, run: _Running, s: torch.Tensor, a: int, b: int, k0: int, k1: int, find: bool) -> None:
+        """One tile's scores s [head, rows, k1 - k0] (-inf masked; overwritten) folded into the running values."""
+        run.keep_single_keys(s, a, b, k0, k1)
+        if self.pools is not None:
+            self.pools.tile(s, k0, k1)
+        m_new = torch.maximum(run.m, s.amax(-1))
+        m_safe = torch.where(torch.isfinite(m_new), m_new, 0.0)
+        alpha = torch.exp(run.m - m_safe)  # 0 while nothing was seen (m = -inf)
+        shift = torch.where(run.l > 0, (run.m - m_safe) * run.l, 0.0)  # (m_i - m_new) l_i, 0 if l_i = 0
+        # s <- (s - m_new) log2(e) in one pass, and exp(s - m_new) as 2^s: torch's exp2 takes a fifth of exp's time
+        torch.add((m_safe * -LOG2E)[..., None], s, alpha=LOG2E, out=s)
+        masked_from = _first_masked_key(self.x, a, k0, k1)
+        if masked_from is not None:  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
+            s[..., masked_from:].clamp_(min=-1e30)
+        e = torch.exp2(s, out=_view(self.exp_buffer, s.shape))
+        run.l = alpha * run.l + e.sum(-1)
+        if self.causal:
+            run.dist = alpha * run.dist + torch.matmul(e, self.positions[k0:k1])
+        if self.v is not None:
+            self._accumulate_output(run, e, alpha, k0, k1)
+        run.induction *= alpha
+        if find and (matched := self.match.gathered(e, a, b, k0, k1)) is not None:
+            run.induction += matched
+        # + sum_tile exp(s - m_new)(s - m_new), s in units of log2(e)
+        run.big_a = alpha * (run.big_a + shift) + s.mul_(e).sum(-1) * LN2
+        if not self.causal:
+            distance = (torch.arange(a, b, dtype=torch.float32)[:, None] - self.positions[None, k0:k1]).abs_()
+            run.dist = alpha * run.dist + torch.mul(e, distance, out=s).sum(-1)
+        run.m = m_new
+
+    def _accumulate_output(self, run: _Running, e: torch.Tensor, alpha: torch.Tensor, k0: int, k1: int) -> None:
+        """acc <- alpha acc + e v over the tile's keys (one product per KV head over its query heads' rows)."""
+        run.acc *= alpha[..., None]
+        if self.grouped:
+            n_kv = self.v.shape[0]
+            acc = run.acc.view(n_kv, -1, run.acc.shape[-1])
+            acc.baddbmm_(e.reshape(n_kv, acc.shape[1], k1 - k0), self.v[:, k0:k1])
+        else:
+            run.acc += torch.matmul(e, self.v[:, k0:k1])
+
+    def _finish(self, run: _Running, a: int, b: int, find: bool) -> None:
+        """The rows' statistics from their final running values, added to the sums."""
+        sink = self.x.sink
+        m_safe = torch.where(torch.isfinite(run.m), run.m, 0.0)
+        l_keys = l = run.l
+        big_a, dist, induction, acc = run.big_a, run.dist, run.induction, run.acc
+        if sink is not None:  # the sink logit joins the normalisation, with no value and no key
+            m_f = torch.maximum(m_safe, sink[:, None])
+            alpha = torch.exp(run.m - m_f)
+            big_a = alpha * (big_a + torch.where(l > 0, (run.m - m_f) * l, 0.0))
+            l_keys = alpha * l
+            l = l_keys + torch.exp(sink[:, None] - m_f)
+            dist, induction = alpha * dist, alpha * induction
+            acc = None if acc is None else alpha[..., None] * acc
+            m_safe = m_f
+        total = torch.where(l > 0, l, 1.0)
+        mass = l_keys / total  # sum_k p_k: 1, or 1 - the sink's share
+        add = lambda name, x: self.sums[name].__iadd__(x.double().sum(-1).numpy())  # noqa: E731
+        add("learned_sink", 1.0 - mass)
+        add("entropy", torch.log(total) * mass - big_a / total)
+        add("mean_distance", torch.arange(a, b) * mass - dist / total if self.causal else dist / total)
+        p0 = torch.exp(run.raw0 - m_safe) / total
+        add("self", torch.exp(run.raw_self - m_safe) / total)
+        first_row = 1 if a == 0 else 0  # query 0 has no previous token and is left out of the sink mass
+        add("sink_mass", p0[:, first_row:])
+        add("prev_token", (torch.exp(run.raw_prev - m_safe) / total)[:, first_row:])
+        if find:
+            self.per_query[:, a:b] = (induction / total).double().numpy()
+        if acc is not None:
+            torch.div(acc, total[..., None], out=self.output[:, a:b])
+        if self.pools is not None:
+            kept = (mass - p0).numpy()
+            self.pools.finish(a, b, m_safe, total, kept)
+            if self.kept is not None:
+                self.kept[:, a:b] = kept
+
+    def result(self) -> dict[str, np.ndarray]:
+        n, n_heads = self.x.n_query, self.x.n_heads
+        sums, none = self.sums, np.full(n_heads, np.nan)
+        out = {
+            "entropy": sums["entropy"] / n,
+            "sink_mass": sums["sink_mass"] / (n - 1) if n > 1 else none,
+            "mean_distance": sums["mean_distance"] / n,
+            "prev_token": sums["prev_token"] / (n - 1) if n > 1 else none,
+            "self": sums["self"] / n,
+            "induction": (self.per_query[:, self.with_targets].mean(-1) if self.with_targets.any() else none),
+        }
+        if self.x.sink is not None:
+            out["learned_sink"] = sums["learned_sink"] / n
+        if self.pools is not None:
+            out.update(self.pools.result())
+        if self.kept is not None:
+            out["_kept"] = self.kept
+        if self.output is not None:
+            out["_output"] = self.output
+        return out
+
+
+def _view(buffer: torch.Tensor, shape) -> torch.Tensor:
+    """The first prod(shape) elements of a flat buffer as a contiguous tensor of that shape."""
+    return buffer[:int(np.prod(shape))].view(shape)
+
+
+def _first_masked_key(inputs, a: int, k0: int, k1: int) -> int | None:
+    """The first column of the tile (rows from a, keys k0 .. k1 - 1) that the mask may hide (as
+    attnviz.attention.layer_scores applies it), or None when it hides none of them."""
+    kind = inputs.mask.kind
+    if kind == "full":
+        return None
+    if kind == "causal":
+        lo = max(k0, a + inputs.mask.n_key - inputs.mask.n_query + 1)
+        return lo - k0 if lo < k1 else None
+    return 0
 
 
 def induction_targets(token_ids) -> list[list[int]]:

@@ -181,3 +181,60 @@ def test_induction_on_a_text_of_one_repeated_token_equals_the_dense_definition()
         got = streamed_stats(x, ids, block=64, key_block=100)["induction"]
         want = pattern_stats(dense, induction_targets(ids))["induction"]
         np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_the_statistics_pass_pools_the_overview_too_from_the_same_tiles(sink):
+    """Two pooling sizes whose key blocks do not nest (9 and 5 over 41 tokens), with tiles of 5 rows x 7 keys:
+    each size, the sink hidden or not, equals the dense max-pool (the overview as float16, rounded to 3 significant
+    digits), and "_kept" equals the weight each row keeps off token 0; the statistics stay those of the pass
+    without pooling."""
+    import torch
+
+    from attnviz.attention import LayerInputs, MaskRule, causal_mask, kv_head_of, layer_pattern
+    from attnviz.stats import streamed_stats
+
+    n, heads, kv, d = 41, 6, 2, 8
+    g = torch.Generator().manual_seed(7)
+    x = LayerInputs(q=torch.randn(heads, n, d, generator=g) * 3, k=torch.randn(kv, n, d, generator=g) * 3,
+                    kv_head_of=tuple(kv_head_of(heads, kv)), scaling=d ** -0.5,
+                    mask=MaskRule.from_bool(causal_mask(n)), sink=torch.randn(heads, generator=g) if sink else None)
+    x.q[:, :, 0] += 4  # a strong first-token sink in some rows, so some rows keep under 1% off token 0
+    x.k[:, 0, 0] = 6
+    ids = list(np.random.default_rng(2).integers(0, 6, n))
+    got = streamed_stats(x, ids, block=5, key_block=7, pool=5, overview=9)
+    plain = streamed_stats(x, ids, block=5, key_block=7)
+    for column in plain:
+        np.testing.assert_array_equal(got[column], plain[column], err_msg=column)
+    dense = layer_pattern(x, dtype=torch.float64)[0].numpy()
+    hidden = _hidden(dense)
+    assert np.isnan(hidden).any() and not np.isnan(hidden).all()
+    # float32 scores up to about 30 here: weights within a few millionths of float64's
+    np.testing.assert_allclose(got["_pooled"], max_pool(dense, 5), rtol=3e-6, atol=1e-6)
+    assert got["_overview"].dtype == np.float16 and got["_overview"].shape == (heads, 9, 9)
+    np.testing.assert_allclose(got["_overview"], max_pool(dense, 9), rtol=1e-3, atol=1e-6)
+    # with the sink hidden a row is divided by the weight it keeps, 1 - p0 in float32: a row that keeps 3% has a
+    # relative error 30 times its weights'
+    for name, size, rtol in (("_pooled_nosink", 5, 1e-4), ("_overview_nosink", 9, 1e-3)):
+        want = max_pool(hidden, size)
+        assert np.array_equal(np.isnan(got[name]), np.isnan(want)), name
+        np.testing.assert_allclose(got[name], want, rtol=rtol, atol=1e-6, equal_nan=True, err_msg=name)
+    np.testing.assert_allclose(got["_kept"], dense[..., 1:].sum(-1), atol=2e-6)  # 1 - p0 in float32
+
+
+def test_the_heads_page_pass_pools_the_overview_only_for_long_texts(monkeypatch):
+    """streaming_attend's default: the overview is pooled with the grid (the Heads page's pass) from
+    OVERVIEW_IN_PASS_FROM tokens, never without the grid (the CLI's statistics)."""
+    from attnviz import views
+    from attnviz.stats import streaming_attend
+
+    loaded = load_model("toy-llama-gqa")
+    ids = loaded.tokenizer(TEXT).input_ids
+    monkeypatch.setattr(views, "OVERVIEW", 16)
+    for threshold, pool, expected in ((len(ids), 8, True), (len(ids) + 1, 8, False), (len(ids), None, False)):
+        monkeypatch.setattr(views, "OVERVIEW_IN_PASS_FROM", threshold)
+        attend, summary = streaming_attend(ids, pool=pool)
+        capture_attention(loaded, TEXT, store="qk", attend=attend)
+        assert all(("_overview" in s) == expected for s in summary.values()), (threshold, pool)
+        if expected:
+            assert summary[0]["_overview"].shape == (4, 16, 16) and summary[0]["_kept"].shape == (4, len(ids))

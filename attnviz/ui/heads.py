@@ -60,11 +60,18 @@ def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | Non
 @st.cache_data(show_spinner=False, max_entries=32)
 def overview_of(model: str, version: tuple, text: str, layers, layer: int, head: int, hide_sink: bool, _capture):
     """One head of a long capture max-pooled to OVERVIEW pixels, and its weight off the sink per row: from the dense
-    map when the capture has it, else a block of rows at a time from q and k (the same pooling)."""
+    map when the capture has it; else read from what the capture's statistics pass pooled (float16, for texts of
+    views.OVERVIEW_IN_PASS_FROM tokens or more); else a block of rows at a time from q and k (the same pooling)."""
     if _capture.pattern is not None:
         p = _capture.pattern[_capture.index_of(layer), head]
         return (figs.max_pool(views.sink_hidden(p) if hide_sink else p, OVERVIEW),
                 views.mass_off_sink(p) if hide_sink else None)
+    pooled = ((getattr(_capture, "summary", None) or {}).get(layer) or {}).get("_overview_nosink" if hide_sink
+                                                                               else "_overview")
+    if pooled is not None and pooled.shape[-1] == min(OVERVIEW, _capture.n_tokens):
+        # pooled in the capture's own statistics pass (attnviz.stats.streaming_attend): a lookup
+        kept = _capture.summary[layer]["_kept"][head].astype(np.float64) if hide_sink else None
+        return pooled[head].astype(np.float32), kept
     x = _capture.inputs[layer]
     return (views.pooled_heads(x, OVERVIEW, hide_sink=hide_sink, heads=[head])[0],
             views.mass_off_sink(x, head) if hide_sink else None)
