@@ -346,13 +346,14 @@ class _Running:
         self.raw0, self.raw_self, self.raw_prev = (torch.full((n_heads, rows), neg_inf) for _ in range(3))
 
     def keep_single_keys(self, s: torch.Tensor, a: int, b: int, k0: int, k1: int) -> None:
-        """The raw scores of token 0, each row's own key and its previous key, where the tile s holds them."""
-        rows, qpos = torch.arange(b - a), torch.arange(a, b)
+        """The raw scores of token 0, each row's own key and its previous key, where the tile s holds them (rows
+        a .. b - 1, keys k0 .. k1 - 1)."""
         if k0 == 0:
             self.raw0 = s[..., 0].clone()
-        for raw, key in ((self.raw_self, qpos), (self.raw_prev, qpos - 1)):
-            inside = (key >= k0) & (key < k1)
-            raw[:, inside] = s[:, rows[inside], key[inside] - k0]
+        for raw, back in ((self.raw_self, 0), (self.raw_prev, 1)):
+            lo, hi = max(a, k0 + back), min(b, k1 + back)  # the rows q whose key q - back is in the tile
+            if lo < hi:  # a diagonal of the tile
+                raw[:, lo - a:hi - a] = s[:, lo - a:hi - a, lo - back - k0:hi - back - k0].diagonal(dim1=1, dim2=2)
 
 
 class _LayerPass:
@@ -411,19 +412,20 @@ class _LayerPass:
         if masked_from is not None:  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
             s[..., masked_from:].clamp_(min=-1e30)
         e = torch.exp2(s, out=_view(self.exp_buffer, s.shape))
-        run.l = alpha * run.l + e.sum(-1)
+        run.l = torch.addcmul(e.sum(-1), alpha, run.l)  # alpha l + sum_tile e
         if self.causal:
-            run.dist = alpha * run.dist + torch.matmul(e, self.positions[k0:k1])
+            run.dist = torch.addcmul(torch.matmul(e, self.positions[k0:k1]), alpha, run.dist)
         if self.v is not None:
             self._accumulate_output(run, e, alpha, k0, k1)
-        run.induction *= alpha
-        if find and (matched := self.match.gathered(e, a, b, k0, k1)) is not None:
-            run.induction += matched
+        if find:
+            run.induction *= alpha
+            if (matched := self.match.gathered(e, a, b, k0, k1)) is not None:
+                run.induction += matched
         # + sum_tile exp(s - m_new)(s - m_new), s in units of log2(e)
-        run.big_a = alpha * (run.big_a + shift) + s.mul_(e).sum(-1) * LN2
+        run.big_a = torch.addcmul(s.mul_(e).sum(-1).mul_(LN2), alpha, run.big_a.add_(shift))
         if not self.causal:
             distance = (torch.arange(a, b, dtype=torch.float32)[:, None] - self.positions[None, k0:k1]).abs_()
-            run.dist = alpha * run.dist + torch.mul(e, distance, out=s).sum(-1)
+            run.dist = torch.addcmul(torch.mul(e, distance, out=s).sum(-1), alpha, run.dist)
         run.m = m_new
 
     def _accumulate_output(self, run: _Running, e: torch.Tensor, alpha: torch.Tensor, k0: int, k1: int) -> None:

@@ -11,8 +11,8 @@ are measured under the same load.
                   (the key tiles a sliding window hides are never computed), its q and k then dropped
   sdpa            transformers' own forward pass of the base model with SDPA attention (no attention returned)
   page            the Heads page run by Streamlit's AppTest: the first view of the text (the capture with every
-                  head's statistics and grid tiles, then the One head tab), and reruns after a head, layer, zoom and
-                  sink change
+                  head's statistics and grid tiles, and from 16,384 tokens every head's One head overview, then the
+                  One head tab), and reruns after a head, layer, zoom and sink change
   dense vs qk     SmolLM2 at the largest N whose dense [layer, head, N, N] pattern fits attnviz's 2 GiB limit: the
                   dense pattern store plus head_stats, against the qk store plus streamed head_stats
 
@@ -212,9 +212,9 @@ def _goals(c: dict, rate: float) -> None:
     if smol:
         print(f"goal smollm2-135m 8,192: within 1.5x of the limit ({ratio(smol):.2f}x, {met(ratio(smol) <= 1.5)})")
     if c.get("gemma page 32k"):
-        worst = max(c["gemma page 32k"]["reruns_s"][:3])
-        print(f"goal Heads page at 32,768: reruns after a head, layer or zoom change under 1 s ({worst:.2f} s at "
-              f"most, {met(worst < 1)})")
+        reruns = c["gemma page 32k"]["reruns_s"]
+        print(f"goal Heads page at 32,768: reruns after a head, layer or zoom change under 1 s ({max(reruns[:3]):.2f} "
+              f"s at most, {met(max(reruns[:3]) < 1)}); after a sink change {reruns[3]:.2f} s")
     if c.get("dense") and c.get("qk"):
         print(f"at {c['dense']['n_tokens']:,} tokens, the largest the dense store takes: qk/dense time "
               f"{c['qk']['seconds'] / c['dense']['seconds']:.2f}x, peak memory "

@@ -533,3 +533,47 @@ def test_predictions_and_compare_that_could_never_fit_say_so_with_the_numbers_be
         assert shown_need > shown_limit and abs(shown_need - need) <= 0.005 * need
         assert abs(shown_limit - limit) <= 0.005 * limit
     assert not started
+
+
+def test_a_long_texts_overviews_come_from_the_statistics_pass_so_a_rerun_pools_nothing(monkeypatch):
+    """From OVERVIEW_IN_PASS_FROM tokens the capture's statistics pass pools every head's One head overview, with
+    the sink hidden and not, and each row's weight off the sink: a head, layer or sink change then reads them
+    (no pooled_heads, no mass_off_sink pass), and what it reads equals a fresh pass over the head's q and k."""
+    from attnviz import capture as cap
+    from attnviz import ui, views
+    from attnviz.attention import LayerInputs
+    from attnviz.ui import heads as cache
+
+    monkeypatch.setattr(cap, "MAX_CAPTURE_BYTES", 20_000)  # the qk store
+    monkeypatch.setattr(views, "OVERVIEW_IN_PASS_FROM", 40)
+    monkeypatch.setattr(views, "OVERVIEW", 16)
+    monkeypatch.setattr(cache, "OVERVIEW", 16)
+    monkeypatch.setattr(cache, "FULL_MAP_MAX_TOKENS", 20)
+    text = "The overview of every head is pooled in the statistics pass, once. " * 3
+    at = open_tab(heads_page({"model": "toy-llama-gqa", "text": text}), "One head")
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    passes = []
+    real_pool, real_mass = views.pooled_heads, views.mass_off_sink
+    monkeypatch.setattr(views, "pooled_heads", lambda *a, **k: passes.append("pooled_heads") or real_pool(*a, **k))
+
+    def mass(source, *a, **k):  # a pass over a head's rows (the zoom window's sink hiding reads its own rows)
+        if isinstance(source, LayerInputs):
+            passes.append("mass_off_sink")
+        return real_mass(source, *a, **k)
+
+    monkeypatch.setattr(views, "mass_off_sink", mass)
+    at.selectbox(key="heads_head").set_value(2).run()
+    at.selectbox(key="heads_layer").set_value(1).run()
+    at.toggle(key="heads_hide_sink").set_value(True).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert passes == [], f"a rerun made a pass over a head's scores: {passes}"
+    capture = ui.get_capture("toy-llama-gqa", text, store="auto")
+    assert capture.pattern is None and capture.n_tokens >= 40
+    key = ("toy-llama-gqa", ui.model_version("toy-llama-gqa"), text, None)
+    for hide in (False, True):
+        pooled, kept = cache.overview_of(*key, 1, 2, hide, capture)
+        fresh = views.pooled_heads(capture.inputs[1], 16, hide_sink=hide, heads=[2])[0]
+        assert np.array_equal(np.isnan(pooled), np.isnan(fresh))
+        np.testing.assert_allclose(pooled, fresh, rtol=1e-3, atol=1e-6, equal_nan=True)  # float16
+        if hide:
+            np.testing.assert_allclose(kept, views.mass_off_sink(capture.inputs[1], 2), atol=2e-6)
