@@ -216,8 +216,11 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
       its own, ids[k - 1] == ids[q] (induction_targets' definition), carried like l: the matching (query, key)
       pairs of each tile are found from the token ids (O(tile / heads)) and only their weights are gathered, and
       no list of pairs over the whole text is made (a repetitive text makes it O(n²) long).
-    Each tile's exp is computed once, in a buffer reused by every tile, and every sum is read from it: l and the
-    causal distance sum as one product with [1, k], the entropy's A by multiplying the shifted scores in place.
+    Each tile's weights are exponentiated once, as 2^((s - m) log2 e) (torch's exp2 takes a fifth of exp's time; a
+    weight's relative rounding grows by about 6e-8 per unit of m - s, so the large weights, which carry the
+    statistics, round as exp's do), into a buffer every tile reuses, and every sum reads them: l, the causal
+    distance as a product with the key positions, the output as e v, and the entropy's A by multiplying the
+    shifted scores in place. The scores too are written into one reused buffer.
     Sums over a tile run in float32, totals over rows in float64.
     pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result), from
     each pooling block's largest raw score (exp is monotone: the largest weight is exp(max s - m) / l), and
