@@ -294,6 +294,7 @@ class _Pools:
         self.fine_max = None
 
     def start(self, n_heads: int, rows: int) -> None:
+        """A new block of query rows: no score seen yet."""
         self.fine_max = torch.full((n_heads, rows, len(self.fine) - 1), float("-inf"))
 
     def tile(self, s: torch.Tensor, k0: int, k1: int) -> None:
