@@ -539,9 +539,9 @@ def test_a_long_texts_overviews_come_from_the_statistics_pass_so_a_rerun_pools_n
     """From OVERVIEW_IN_PASS_FROM tokens the capture's statistics pass pools every head's One head overview, with
     the sink hidden and not, and each row's weight off the sink: a head, layer or sink change then reads them
     (no pooled_heads, no mass_off_sink pass), and what it reads equals a fresh pass over the head's q and k."""
-    from attnviz import capture as cap
     from attnviz import ui, views
     from attnviz.attention import LayerInputs
+    from attnviz.capture import run as cap
     from attnviz.ui import heads as cache
 
     monkeypatch.setattr(cap, "MAX_CAPTURE_BYTES", 20_000)  # the qk store
@@ -552,6 +552,7 @@ def test_a_long_texts_overviews_come_from_the_statistics_pass_so_a_rerun_pools_n
     text = "The overview of every head is pooled in the statistics pass, once. " * 3
     at = open_tab(heads_page({"model": "toy-llama-gqa", "text": text}), "One head")
     assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert any("only each layer's q and k are kept" in i.value for i in at.info)
     passes = []
     real_pool, real_mass = views.pooled_heads, views.mass_off_sink
     monkeypatch.setattr(views, "pooled_heads", lambda *a, **k: passes.append("pooled_heads") or real_pool(*a, **k))

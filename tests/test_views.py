@@ -233,8 +233,7 @@ def test_the_heads_page_pass_pools_the_overview_only_for_long_texts(monkeypatch)
     monkeypatch.setattr(views, "OVERVIEW", 16)
     for threshold, pool, expected in ((len(ids), 8, True), (len(ids) + 1, 8, False), (len(ids), None, False)):
         monkeypatch.setattr(views, "OVERVIEW_IN_PASS_FROM", threshold)
-        attend, summary = streaming_attend(ids, pool=pool)
-        capture_attention(loaded, TEXT, store="qk", attend=attend)
+        summary = capture_attention(loaded, TEXT, store="qk", during=streaming_attend(ids, pool=pool)).summary
         assert all(("_overview" in s) == expected for s in summary.values()), (threshold, pool)
         if expected:
             assert summary[0]["_overview"].shape == (4, 16, 16) and summary[0]["_kept"].shape == (4, len(ids))
