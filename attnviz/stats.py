@@ -231,7 +231,14 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     (views.mass_off_sink). Both sizes come from one max over each tile's blocks (_Pools).
     values: the layer's value vectors [kv_head, n_key, d_v]; also return "_output" [head, n, d_v] float32, the
     attention output sum_k p_k v_k, accumulated as acc <- alpha acc + exp(s - m_new) v: the layer's forward pass.
+    On CUDA with kernels.triton_stats.USE_KERNEL on, the Triton kernel computes the same (no overview yet).
     """
+    if not overview and torch.cuda.is_available():  # the Triton kernel when switched on (kernels.triton_stats)
+        from attnviz.kernels.triton_stats import stats_on_device
+
+        on_gpu = stats_on_device(inputs, token_ids, pool=pool, values=values)
+        if on_gpu is not None:
+            return on_gpu
     n = inputs.n_query
     block = _row_block(inputs, block, key_block)
     sizes = {name: size for name, size in (("_pooled", pool), ("_overview", overview)) if size}

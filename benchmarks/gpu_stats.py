@@ -113,9 +113,11 @@ def kernel_dispatch(dtype):
 
     original = stats.streamed_stats
 
-    def on_device(inputs, token_ids=None, *, pool=None, values=None, **kwargs):
-        done = None if kwargs else stats_on_device(inputs, token_ids, pool=pool, values=values, dtype=dtype)
-        return done if done is not None else original(inputs, token_ids, pool=pool, values=values, **kwargs)
+    def on_device(inputs, token_ids=None, *, pool=None, values=None, overview=None, **kwargs):
+        done = None if kwargs or overview else stats_on_device(inputs, token_ids, pool=pool, values=values,
+                                                               dtype=dtype)
+        return done if done is not None else original(inputs, token_ids, pool=pool, values=values,
+                                                      overview=overview, **kwargs)
 
     stats.streamed_stats, was_on, triton_stats.USE_KERNEL = on_device, triton_stats.USE_KERNEL, True
     try:
