@@ -37,6 +37,7 @@ import torch
 from attnviz import attention as core
 from attnviz import shape
 from attnviz.attention import LayerInputs
+from attnviz.frugal import lean_forward
 from attnviz.recording import (  # noqa: F401  (re-exported: capture's public names)
     ATTN_IMPLEMENTATION, CaptureError, _records_inputs, _Recorder, _StopForward, _wanted_layers, attention_modules,
     borrowed, prepare_model, records_inputs, recording, recording_forward, uses_interface)
@@ -358,7 +359,7 @@ def capture_attention(loaded, text: str, *, layers=None, dtype=np.float32, with_
                          keep_inputs=keep_inputs, attend=attend, with_values=with_values)
     runner = getattr(model, "base_model", model)
     device = _input_device(model)
-    with recording(model, recorder), torch.inference_mode():
+    with recording(model, recorder), lean_forward(model), torch.inference_mode():  # MLPs in blocks: frugal
         try:
             runner(input_ids=ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
         except _StopForward:
