@@ -4,6 +4,7 @@ MLP's peak memory is a fraction of the whole one's."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -207,3 +208,62 @@ def test_the_blocked_mlp_peaks_at_a_fraction_of_the_whole_one():
     whole, lean = _peak_bytes()
     assert whole > 300 * 2**20
     assert lean < whole / 2
+
+
+def _resident_pages(ranges) -> tuple[int, int]:
+    """(resident, total) pages of these (start, length) ranges of this process, read from /proc/self/pagemap."""
+    import mmap
+    import struct
+
+    resident = total = 0
+    with open("/proc/self/pagemap", "rb") as fh:
+        for start, length in ranges:
+            for page in range(start // mmap.PAGESIZE, (start + length) // mmap.PAGESIZE):
+                fh.seek(8 * page)
+                resident += struct.unpack("<Q", fh.read(8))[0] >> 63
+                total += 1
+    return resident, total
+
+
+def _saved_model(folder):
+    """A two-layer Gemma 3 with 3 MB of weights per layer, saved as a user's folder and written back to disk (the
+    kernel reclaims clean pages only), then loaded by attnviz: its weights are mapped from the safetensors file."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    from attnviz.models import load_model
+    from attnviz.tokenizer import byte_tokenizer
+
+    config = Gemma3TextConfig(hidden_size=128, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=32, vocab_size=257, max_position_embeddings=512,
+                              sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
+    byte_tokenizer().save_pretrained(folder)
+    for file in folder.glob("*.safetensors"):
+        fd = os.open(file, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return load_model(str(folder))
+
+
+def test_a_long_lean_pass_pages_out_each_layers_mapped_weights(monkeypatch, tmp_path):
+    model = _saved_model(tmp_path).model
+    base = model.base_model
+    ranges = [r for layer in decoder_layers(model) for r in frugal.mapped_weight_ranges(layer)]
+    ids = _ids()
+    with torch.no_grad():
+        before = base(input_ids=ids).last_hidden_state
+        resident, total = _resident_pages(ranges)
+        assert total >= 1000 and resident == total  # a plain pass leaves every layer's weights resident
+        monkeypatch.setattr(frugal, "LONG_TEXT", N + 1)
+        with frugal.lean_forward(model):  # shorter than LONG_TEXT: nothing paged out
+            base(input_ids=ids)
+        assert _resident_pages(ranges)[0] == total
+        monkeypatch.setattr(frugal, "LONG_TEXT", N)
+        with frugal.lean_forward(model):
+            lean = base(input_ids=ids).last_hidden_state
+        # what stays are the pages next to those read later (the kernel maps up to 16 neighbours of a page read)
+        assert _resident_pages(ranges)[0] <= 64
+        after = base(input_ids=ids).last_hidden_state
+    assert torch.equal(after, before)  # paged back in with the same values
+    torch.testing.assert_close(lean, before, rtol=1e-5, atol=1e-5)
