@@ -151,7 +151,8 @@ def position_wise_modules(model) -> list[torch.nn.Module]:
 
 def mapped_weight_ranges(module: torch.nn.Module) -> list[tuple[int, int]]:
     """(start, length) of the whole pages holding the module's parameters that lie in a file mapped into memory
-    (transformers maps safetensors files), clipped to that mapping; parameters in ordinary memory are left out.
+    (transformers maps safetensors files), clipped to that mapping; parameters in ordinary memory or on a GPU are
+    left out.
     Empty where /proc/self/maps cannot be read."""
     try:
         with open("/proc/self/maps") as fh:
@@ -161,6 +162,8 @@ def mapped_weight_ranges(module: torch.nn.Module) -> list[tuple[int, int]]:
         return []
     page, found = mmap.PAGESIZE, set()
     for p in module.parameters():
+        if p.device.type != "cpu":
+            continue
         start, end = p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()
         for lo, hi in files:
             if lo <= start and end <= hi:
