@@ -607,6 +607,8 @@ def _from_folder(folder: Path, device_map: str | None = None):
     """A model and tokenizer from a transformers folder: safetensors, no remote code, eager attention."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
+    from attnviz.frugal import slim_tokenizer
+
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
         causal_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or []))
@@ -618,6 +620,7 @@ def _from_folder(folder: Path, device_map: str | None = None):
         model = auto.from_pretrained(str(folder), **kwargs)
         _install_lab_variant(model, folder)
         tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+        slim_tokenizer(tokenizer)  # its build-only Python copies of the vocabulary go (attnviz.frugal)
     except ModelError:
         raise
     except Exception as exc:  # a corrupt or mismatched folder raises all sorts; the page must get a message

@@ -28,7 +28,9 @@ def _top_level_imports(name: str, tree: ast.Module) -> set[str]:
                 out.add(full if full in MODULES else node.module)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in MODULES)
-    return out - {name}
+    # importing a.b.c runs the package a.b's __init__ first: an edge to every enclosing package too
+    parents = {".".join(m.split(".")[:i]) for m in out for i in range(2, m.count(".") + 1)}
+    return (out | (parents & set(MODULES))) - {name} - {p for p in parents if name.startswith(p + ".")}
 
 
 def _cycle() -> list[str] | None:
@@ -66,6 +68,13 @@ def test_a_cycle_is_found_when_there_is_one():
         MODULES["attnviz.fake_a"] = ast.parse("from attnviz.fake_b import x")
         MODULES["attnviz.fake_b"] = ast.parse("from attnviz.fake_a import y")
         assert set(_cycle()) == {"attnviz.fake_a", "attnviz.fake_b"}
+        # through a package's __init__: importing attnviz.fake_pkg.low runs attnviz.fake_pkg first
+        del MODULES["attnviz.fake_b"]
+        MODULES["attnviz.fake_a"] = ast.parse("from attnviz.fake_pkg.low import x")
+        MODULES["attnviz.fake_pkg"] = ast.parse("from attnviz.fake_pkg.high import y")
+        MODULES["attnviz.fake_pkg.low"] = ast.parse("import numpy")
+        MODULES["attnviz.fake_pkg.high"] = ast.parse("from attnviz.fake_a import z")
+        assert set(_cycle()) == {"attnviz.fake_a", "attnviz.fake_pkg", "attnviz.fake_pkg.high"}
     finally:
         MODULES.clear()
         MODULES.update(saved)

@@ -149,10 +149,12 @@ def _check_size(loaded, n_layers: int, n: int, store: str, itemsize: int, max_to
 def _forward(loaded, recorder: Recorder, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     """The base model's forward pass under the recorder, stopped after the last wanted layer; a model that fails
     on this text gives a message, not a traceback."""
+    from attnviz.frugal import lean_forward  # it uses capture's hooks: imported here, or the two import each other
+
     model = loaded.model
     runner = getattr(model, "base_model", model)
     device = input_device(model)
-    with recording(model, recorder), torch.inference_mode():
+    with recording(model, recorder), lean_forward(model), torch.inference_mode():  # MLPs in blocks: frugal
         try:
             runner(input_ids=ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
         except StopForward:

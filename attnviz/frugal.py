@@ -1,0 +1,227 @@
+"""Less resident memory for long texts, with the same numbers: what a capture's forward pass and a model's load
+leave in memory that they do not need.
+
+Measured on Gemma 3 270M at 32,768 tokens (float32, 2-core CPU), what held memory at the statistics' peak:
+- each decoder layer's MLP: gate, up and their product are [N, intermediate] float32 each, 3 x 268 MB at once;
+- the tokenizer: transformers keeps the Python lists it built the Rust tokenizer from (262,144 vocabulary entries
+  and 514,906 merges), and the C allocator keeps the pages that building it freed (about 200 MB in all);
+- freed pages the C allocator holds on to between layers instead of giving them back;
+- the weights of the layers already run: transformers maps the safetensors file, and every page a pass reads stays
+  resident (0.45 GB of layer weights by the last layer).
+The float32 weights are not copied: transformers maps the safetensors file, so the 671 MB token embedding (tied to
+the LM head) is resident only for the rows a text reads, and only weights a pass reads count at all.
+
+What this module does about it:
+- lean_forward(model): for the block, this thread's forward passes run each decoder layer's MLP over blocks of
+  positions (exact: an MLP is position-wise; only the matmul's row count changes, so results agree within float32
+  rounding) and give freed memory back to the system after each layer; over a text of LONG_TEXT tokens or more,
+  each layer's weights read from a mapped file are then paged out (MADV_PAGEOUT: their values stay; a later read
+  maps them again from the page cache or the file), so only the layer running is resident. Other threads, and the
+  model afterwards, are untouched.
+- slim_tokenizer(tokenizer): drops the build-only copies of the vocabulary and merges (the Rust tokenizer that
+  encodes and decodes holds its own).
+- release_free_memory(): hands freed heap pages back to the system (glibc's malloc_trim; elsewhere nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import mmap
+import threading
+from collections.abc import Iterator
+from functools import partial
+from contextvars import ContextVar
+
+import torch
+
+from attnviz.capture.hooks import SharedHooks
+from attnviz.capture.modules import decoder_layers
+
+BLOCK_BYTES = 32 * 2**20  # one [rows, widest] float32 activation of a blocked MLP stays about this size
+MIN_ROWS = 256  # never fewer rows per block: below it the matmuls lose speed
+POSITION_WISE = ("mlp", "feed_forward")  # a decoder layer's child that acts on each position alone
+LONG_TEXT = 4096  # from this many tokens on, a lean pass pages out each layer's mapped weights after the layer
+MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (file-backed ones are read again when next touched)
+
+_LEAN: ContextVar[bool] = ContextVar("attnviz_lean_forward", default=False)
+_LIBC_LOCK = threading.Lock()
+_LIBC: list = []
+
+
+def release_free_memory() -> bool:
+    """Gives the heap pages that freed allocations left behind back to the system (glibc's malloc_trim(0)), so
+    the resident memory falls to what is in use. True where it ran; False where the C library has no such call
+    (macOS, musl), where it is simply not needed or not possible."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def _libc():
+    """The C library, loaded once (madvise given its argument types); None where it cannot be loaded."""
+    with _LIBC_LOCK:
+        if not _LIBC:
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            except OSError:
+                libc = None
+            if libc is not None and hasattr(libc, "madvise"):
+                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _LIBC.append(libc)
+        return _LIBC[0]
+
+
+def slim_tokenizer(tokenizer):
+    """The same tokenizer without the Python copies of its vocabulary (a dict) and merges (a list) that
+    transformers keeps after building the Rust tokenizer from them: encoding, decoding and get_vocab read the Rust
+    tokenizer. Only a tokenizer backed by one (`_tokenizer`) is changed; the freed pages go back to the system."""
+    if getattr(tokenizer, "_tokenizer", None) is None:
+        return tokenizer
+    dropped = False
+    for name, kind in (("_merges", list), ("_vocab", dict)):
+        if isinstance(vars(tokenizer).get(name), kind) and getattr(tokenizer, name):
+            setattr(tokenizer, name, kind())
+            dropped = True
+    if dropped:
+        import gc
+
+        gc.collect()
+    release_free_memory()
+    return tokenizer
+
+
+def block_rows(module: torch.nn.Module) -> int:
+    """Positions per block for a position-wise module: BLOCK_BYTES over its widest activation (the largest
+    dimension of its weights, e.g. an MLP's intermediate size) in float32, at least MIN_ROWS."""
+    widest = max((max(p.shape[-2:]) for p in module.parameters() if p.dim() >= 2), default=1)
+    return max(MIN_ROWS, BLOCK_BYTES // (4 * int(widest)))
+
+
+def blocked(forward, rows: int):
+    """forward(x) computed over blocks of `rows` positions (dimension -2 of x) into one output, when this thread
+    is inside lean_forward and x is longer than a block; otherwise forward itself. A module whose output is not one
+    tensor of x's leading shape (a router's tuple) is run whole."""
+    def run(x=None, *args, **kwargs):
+        if not _LEAN.get() or args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2 \
+                or x.shape[-2] <= rows:
+            return forward(x, *args, **kwargs) if x is not None else forward(*args, **kwargs)
+        first = forward(x[..., :rows, :])
+        if not isinstance(first, torch.Tensor) or first.shape[:-1] != x[..., :rows, :].shape[:-1]:
+            return forward(x)
+        out = first.new_empty((*x.shape[:-1], first.shape[-1]))
+        out[..., :rows, :] = first
+        del first
+        for start in range(rows, x.shape[-2], rows):
+            out[..., start:start + rows, :] = forward(x[..., start:start + rows, :])
+        return out
+
+    return run
+
+
+class _Restore:
+    """A handle whose remove() puts a module's own forward back (SharedHooks removes hooks through it)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.had = "forward" in vars(module)
+        self.before = vars(module).get("forward")
+
+    def remove(self) -> None:
+        if self.had:
+            self.module.forward = self.before
+        else:
+            vars(self.module).pop("forward", None)
+
+
+def position_wise_modules(model) -> list[torch.nn.Module]:
+    """Each decoder layer's MLP (its child named in POSITION_WISE): the modules lean_forward runs in blocks.
+    Empty when the model has no stack of decoder layers that attnviz.capture.decoder_layers recognises."""
+    try:
+        layers = decoder_layers(model)
+    except ValueError:
+        return []
+    found = []
+    for layer in layers:
+        found.extend(m for name, m in layer.named_children() if name in POSITION_WISE)
+    return found
+
+
+def mapped_weight_ranges(module: torch.nn.Module) -> list[tuple[int, int]]:
+    """(start, length) of the whole pages holding the module's parameters that lie in a file mapped into memory
+    (transformers maps safetensors files), clipped to that mapping; parameters in ordinary memory or on a GPU are
+    left out.
+    Empty where /proc/self/maps cannot be read."""
+    try:
+        with open("/proc/self/maps") as fh:
+            files = [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in fh
+                     if len(line.split()) >= 6 and line.split()[5].startswith("/")]
+    except OSError:
+        return []
+    page, found = mmap.PAGESIZE, set()
+    for p in module.parameters():
+        if p.device.type != "cpu":
+            continue
+        start, end = p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()
+        for lo, hi in files:
+            if lo <= start and end <= hi:
+                a, b = max(lo, start // page * page), min(hi, -(-end // page) * page)
+                found.add((a, b - a))
+                break
+    return sorted(found)
+
+
+def page_out(ranges: list[tuple[int, int]]) -> bool:
+    """Asks the kernel to reclaim these pages now (MADV_PAGEOUT): a file-backed page leaves the resident set and is
+    read again, with the same contents, when next touched; an anonymous page is kept unless there is swap. False
+    where the call is not available (not Linux, or a kernel before 5.4)."""
+    madvise = getattr(_libc(), "madvise", None)
+    if madvise is None:
+        return False
+    return all(madvise(start, length, MADV_PAGEOUT) == 0 for start, length in ranges)
+
+
+def _after_layer(ranges, module, args, kwargs, output) -> None:
+    """After a decoder layer in a lean pass over a long text: freed memory goes back to the system, and over a
+    text of LONG_TEXT tokens the layer's mapped weights are paged out."""
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    if not _LEAN.get() or not isinstance(hidden, torch.Tensor) or hidden.dim() < 2:
+        return
+    if hidden.shape[-2] >= LONG_TEXT:
+        page_out(ranges)
+    if hidden.shape[-2] > MIN_ROWS:
+        release_free_memory()
+
+
+def _install(model) -> list:
+    handles = []
+    for module in position_wise_modules(model):
+        handle = _Restore(module)
+        module.forward = blocked(module.forward, block_rows(module))
+        handles.append(handle)
+    try:
+        layers = decoder_layers(model)
+    except ValueError:
+        layers = []
+    handles.extend(layer.register_forward_hook(partial(_after_layer, mapped_weight_ranges(layer)), with_kwargs=True)
+                   for layer in layers)
+    return handles
+
+
+_SHARED = SharedHooks(_install)
+
+
+@contextlib.contextmanager
+def lean_forward(model) -> Iterator[None]:
+    """This thread's forward passes of `model` inside the block run each decoder layer's MLP over blocks of
+    positions and return freed memory to the system after each layer. The wrappers are installed by the first
+    thread inside and removed by the last (also on an exception); other threads run the model's own forward."""
+    with _SHARED.on(model):
+        token = _LEAN.set(True)
+        try:
+            yield
+        finally:
+            _LEAN.reset(token)
