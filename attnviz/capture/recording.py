@@ -143,8 +143,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
         mask = _mask_rule(attention_mask, n_query, n_key, causal and n_query > 1)
         n_heads = query.shape[1]
+        # a copy outlives the forward pass; inputs dropped after the layer (keep_inputs=False) may be views
+        own = (lambda x: x.clone()) if rec.keep_inputs else (lambda x: x)
         rec.inputs[layer] = LayerInputs(
-            q=query[0].detach().float().cpu().clone(), k=key[0].detach().float().cpu().clone(),
+            q=own(query[0].detach().float().cpu()), k=own(key[0].detach().float().cpu()),
             kv_head_of=tuple(core.kv_head_of(n_heads, key.shape[1])), scaling=scale, mask=mask,
             softcap=float(softcap) if softcap else None,
             sink=None if sink is None else sink.detach().float().cpu().reshape(-1).clone())
