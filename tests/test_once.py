@@ -95,7 +95,7 @@ def test_compute_once_failure_does_not_poison_the_key(error):
     def first():
         try:
             cache.get("k", failing)
-        except BaseException as exc:  # noqa: B036 - the test raises a BaseException on purpose
+        except BaseException as exc:  # the test raises a BaseException on purpose
             outcome["first"] = exc
 
     def second():
