@@ -133,13 +133,22 @@ def one_head_view(capture, alpha: np.ndarray, hidden) -> None:
     li = capture.layers.index(layer)
     shown = min(capture.n_tokens, MAX_MAP_TOKENS)
     p = np.array(capture.head_pattern(layer, head, rows=(0, shown)), dtype=float)  # [shown, n]: whole rows
+    blank = 0
     if hide:
         p = views.sink_hidden(p, hidden)  # a row left with too little weight is NaN, drawn blank
+        blank = int(np.isnan(p[:shown]).all(-1).sum())
+    if blank == shown:
+        st.info(f"Every row of layer {layer}, head {head} gives all but under {MIN_REMAINING:.0%} of its weight to "
+                "the sink keys: with them hidden nothing is left to draw. Pick another head, or turn Hide the sinks "
+                "off.")
+        return
     ui.chart(figs.head_map(p[:shown, :shown], capture.tokens[:shown],
                         title=f"Layer {layer}, head {head}: α₀ = {alpha[li, head, 0]:.2f}"
                         + (f" (keys {', '.join(map(str, hidden))} hidden, rows renormalised)" if hide else "")),
           "Rows are queries, columns keys. A bright first column is the sink; hide it and the map's colour scale "
           "spreads over what the head reads besides the sink."
+          + (f" {blank} of {shown} rows keep under {MIN_REMAINING:.0%} of their weight off the sink keys and are "
+             "left blank." if blank else "")
           + (f" Only the first {shown} of {capture.n_tokens} tokens are drawn." if shown < capture.n_tokens else ""))
 
 

@@ -508,3 +508,35 @@ def test_sink_rate_by_kind_counts_each_kinds_triples():
     alpha[0, 1, 0] = 0.5  # one of the global layers' eight (text, layer, head) triples
     rates = sinks.sink_rate_by_kind(alpha, ["local", "global", "global"], eps=0.3)
     assert rates == {"local": 1.0, "global": 1 / 8}
+
+
+def test_hiding_the_sinks_says_how_many_rows_are_left_blank():
+    """With the sinks hidden, rows that keep under MIN_REMAINING of their weight off the sink keys are blank; the
+    page counts them (or says nothing is left to draw when every row is), against a count made here from the
+    capture's own pattern."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.pooling import MIN_REMAINING
+
+    text = "Four score and seven years ago our fathers brought forth on this continent, a new nation."
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "sinks.py"), default_timeout=300)
+    at.session_state["sinks_model"] = "smollm2-135m"
+    at.session_state["sinks_text"] = text
+    at.run()
+    at.toggle(key="sinks_hide").set_value(True).run()
+    assert not at.exception, at.exception
+    layer, head = int(at.selectbox(key="sinks_layer").value), int(at.selectbox(key="sinks_head").value)
+    cap = capture_attention(load_model("smollm2-135m"), text)
+    p = cap.head_pattern(layer, head).astype(np.float64)
+    sink_keys = [0] + [k for k in range(1, p.shape[1]) if f"{k}" in at.toggle(key="sinks_hide").help.split(
+        "positions ")[1].split(")")[0].split(", ")]
+    blank = int((np.delete(p, sink_keys, axis=1).sum(-1) < MIN_REMAINING).sum())
+    shown = " ".join(str(e.value) for e in [*at.caption, *at.info])
+    if blank == p.shape[0]:
+        assert "nothing is left to draw" in shown
+    else:
+        assert (f"{blank} of {p.shape[0]} rows keep under" in shown) == (blank > 0)
