@@ -219,9 +219,5 @@ def lean_forward(model) -> Iterator[None]:
     """This thread's forward passes of `model` inside the block run each decoder layer's MLP over blocks of
     positions and return freed memory to the system after each layer. The wrappers are installed by the first
     thread inside and removed by the last (also on an exception); other threads run the model's own forward."""
-    with _SHARED.on(model):
-        token = _LEAN.set(True)
-        try:
-            yield
-        finally:
-            _LEAN.reset(token)
+    with _SHARED.serving(model, _LEAN, True):
+        yield

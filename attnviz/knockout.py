@@ -103,12 +103,8 @@ def forward_with(model, ids: torch.Tensor, plan: Plan) -> torch.Tensor:
     """[rows, n, vocab] float32 logits of ids [1, n] under `plan` (rows = plan.rows)."""
     if plan.expand_at is None:
         ids = ids.expand(plan.rows, -1)
-    token = _PLAN.set(plan)
-    try:
-        with _HOOKS.on(model), torch.inference_mode():
-            logits = lm.next_token_logits(model, ids, attention_mask=torch.ones_like(ids))
-    finally:
-        _PLAN.reset(token)
+    with _HOOKS.serving(model, _PLAN, plan), torch.inference_mode():
+        logits = lm.next_token_logits(model, ids, attention_mask=torch.ones_like(ids))
     if logits.shape[0] != plan.rows:
         raise KnockoutError("The shared first layers did not expand to every row.")
     return logits

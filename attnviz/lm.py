@@ -259,12 +259,8 @@ def _watched_pass(model, on_layer: Callable[[], None] | None = None) -> Iterator
     """The list the final hidden states [n, hidden] of each forward pass in the block are appended to; on_layer()
     after each decoder layer."""
     state = _Pass(kept=[], on_layer=on_layer)
-    with _PASS_HOOKS.on(model):
-        token = _PASS.set(state)
-        try:
-            yield state.kept
-        finally:
-            _PASS.reset(token)
+    with _PASS_HOOKS.serving(model, _PASS, state):
+        yield state.kept
 
 
 @contextlib.contextmanager

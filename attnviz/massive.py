@@ -162,12 +162,8 @@ def edited(model, edit: Edit) -> Iterator[None]:
     layers = decoder_layers(model)
     if not 0 <= edit.layer < len(layers):
         raise ValueError(f"layer {edit.layer} is outside the model's {len(layers)} layers")
-    with _HOOKS.on(model):
-        token = _EDIT.set(edit)
-        try:
-            yield
-        finally:
-            _EDIT.reset(token)
+    with _HOOKS.serving(model, _EDIT, edit):
+        yield
 
 
 @dataclass

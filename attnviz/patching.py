@@ -199,12 +199,8 @@ _HOOKS = SharedHooks(_install)
 
 def _run(model, ids: torch.Tensor, knock: ko.Plan, patch: _Patch) -> torch.Tensor:
     """[rows, n, vocab] float32 logits of ids [1, n] under the knock-out plan (head patches) and the patch plan."""
-    token = _PATCH.set(patch)
-    try:
-        with _HOOKS.on(model):
-            return ko.forward_with(model, ids, knock)
-    finally:
-        _PATCH.reset(token)
+    with _HOOKS.serving(model, _PATCH, patch):
+        return ko.forward_with(model, ids, knock)
 
 
 def activations(loaded, token_ids) -> tuple[dict[tuple[str, int], torch.Tensor], torch.Tensor]:
@@ -359,15 +355,11 @@ def _gradients(loaded, token_ids, pair: TokenPair, metric: str) -> tuple[float, 
     model = loaded.model
     ids = ko.as_ids(token_ids).to(model.get_input_embeddings().weight.device)
     patch = _Patch(record={}, deltas={})
-    token = _PATCH.set(patch)
-    try:
-        with _HOOKS.on(model), torch.inference_mode(False), torch.enable_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-            value = metric_values(logits[:, -1], pair, metric)[0]
-            keys = list(patch.deltas)
-            grads = torch.autograd.grad(value, [patch.deltas[k] for k in keys], allow_unused=True)
-    finally:
-        _PATCH.reset(token)
+    with _HOOKS.serving(model, _PATCH, patch), torch.inference_mode(False), torch.enable_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        value = metric_values(logits[:, -1], pair, metric)[0]
+        keys = list(patch.deltas)
+        grads = torch.autograd.grad(value, [patch.deltas[k] for k in keys], allow_unused=True)
     out = {k: torch.zeros_like(patch.record[k], dtype=torch.float64) if g is None else g[0].detach().double().cpu()
            for k, g in zip(keys, grads)}
     return float(value.detach()), patch.record, out

@@ -104,13 +104,10 @@ _HOOKS = SharedHooks(lambda model: [m.register_forward_pre_hook(partial(_keep_ro
 def _run(loaded, ids: list[int]) -> tuple[dict, dict]:
     """(attnviz.patching's record of every site of one plain run, {layer: (cos [n, d], sin [n, d])} the rotary
     tables each attention layer received in that same run; empty for a family without them)."""
-    token = _ROPE.set({})
-    try:
-        with _HOOKS.on(loaded.model):
-            record, _ = patching.activations(loaded, ids)
-        return record, _ROPE.get()
-    finally:
-        _ROPE.reset(token)
+    tables: dict = {}
+    with _HOOKS.serving(loaded.model, _ROPE, tables):
+        record, _ = patching.activations(loaded, ids)
+    return record, tables
 
 
 # -- the parts of q and k ------------------------------------------------------------------------------------------

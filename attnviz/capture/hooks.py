@@ -12,6 +12,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 
 import torch
 
@@ -40,6 +41,18 @@ class SharedHooks:
                     for handle in entry[1]:
                         handle.remove()
                     entry[1] = []
+
+    @contextlib.contextmanager
+    def serving(self, model, state: ContextVar, value, *, hooked: bool = True) -> Iterator[None]:
+        """on(model) while this thread's `state` holds `value` (what the hooks read; other threads see their own,
+        so two sessions never see each other's work); state is reset afterwards, also on an exception. hooked=False:
+        the state only (a model whose own code reads it needs no hooks)."""
+        with self.on(model) if hooked else contextlib.nullcontext():
+            token = state.set(value)
+            try:
+                yield
+            finally:
+                state.reset(token)
 
     def users(self, model) -> int:
         """How many blocks are inside on(model) now."""

@@ -291,12 +291,8 @@ def recording(model, recorder: Recorder) -> Iterator[Recorder]:
     modules = attention_modules(model)
     hooked = not uses_interface(modules[0]) or getattr(model.config, "_attn_implementation", None) != \
         ATTN_IMPLEMENTATION
-    with _HOOKS.on(model) if hooked else contextlib.nullcontext():
-        token = _ACTIVE.set(recorder)
-        try:
-            yield recorder
-        finally:
-            _ACTIVE.reset(token)
+    with _HOOKS.serving(model, _ACTIVE, recorder, hooked=hooked):
+        yield recorder
 
 
 @contextlib.contextmanager
