@@ -145,32 +145,32 @@ def test_a_rerun_that_moves_the_detail_view_neither_renormalises_nor_pools_the_w
     from attnviz import views
     from attnviz.figures import heads as figs
 
-    calls = {"without_sinks": [], "max_pool": 0}
-    real_without, real_pool = views.sink_hidden, figs.max_pool
+    calls = {"sink_hidden": [], "max_pool": 0}
+    real_hidden, real_pool = views.sink_hidden, figs.max_pool
 
-    def spy_without(pattern):
-        calls["without_sinks"].append(np.shape(pattern))
-        return real_without(pattern)
+    def spy_hidden(pattern, *args, **kwargs):
+        calls["sink_hidden"].append(np.shape(pattern))
+        return real_hidden(pattern, *args, **kwargs)
 
     def spy_pool(p, size):
         calls["max_pool"] += 1
         return real_pool(p, size)
 
-    monkeypatch.setattr(views, "sink_hidden", spy_without)
+    monkeypatch.setattr(views, "sink_hidden", spy_hidden)
     monkeypatch.setattr(figs, "max_pool", spy_pool)
     at = heads_page({"model": "toy-llama-gqa", "text": "a rerun moves only the detail view, a rerun"})
     at.toggle(key="heads_hide_sink").set_value(True).run()
     assert not at.exception, at.exception
     n = len(open_tab(at, "Where a token looks").selectbox(key="heads_query").options)
     open_tab(at, "One head")
-    calls["without_sinks"].clear()
+    calls["sink_hidden"].clear()
     calls["max_pool"] = 0
     at.selectbox(key="heads_head").set_value(2).run()
     assert not at.exception, at.exception
     assert calls["max_pool"] == 0, "the grid of all heads was pooled again"
-    assert calls["without_sinks"], "the detail view of one head still hides the sink"
-    assert all(np.prod(shape) <= n * n for shape in calls["without_sinks"]), \
-        f"a rerun renormalised more than one head's map: {calls['without_sinks']}"
+    assert calls["sink_hidden"], "the detail view of one head still hides the sink"
+    assert all(np.prod(shape) <= n * n for shape in calls["sink_hidden"]), \
+        f"a rerun renormalised more than one head's map: {calls['sink_hidden']}"
     # the grid, drawn again with its tab open after a head change: the figure made before, not pooled again
     open_tab(at, "All heads")
     calls["max_pool"] = 0
