@@ -207,6 +207,18 @@ class HeldCache:
         self.budget.release(held)
 
 
+def overview_bytes(n_heads: int, n_layers: int, n_tokens: int) -> int:
+    """What the statistics pass of a long text keeps beside the table (attnviz.stats.streaming_attend's overview):
+    from views.OVERVIEW_IN_PASS_FROM tokens, each head's One head overview twice (the sink shown and hidden, float16)
+    and each query row's weight off the sink (float32)."""
+    from attnviz.views import OVERVIEW, OVERVIEW_IN_PASS_FROM
+
+    if n_tokens < OVERVIEW_IN_PASS_FROM:
+        return 0
+    side = min(OVERVIEW, n_tokens)
+    return n_layers * n_heads * (2 * side * side * 2 + n_tokens * 4)
+
+
 def held_bytes(value, depth: int = 3) -> int:
     """The bytes of the numpy arrays and torch tensors a value holds: itself, or in its fields, dicts, lists and
     tuples, `depth` levels down (a model's parameters, a capture's pattern and per-layer q and k)."""
@@ -259,6 +271,8 @@ def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, i
     from attnviz.shape import n_heads as heads_of
 
     keeps = inputs_bytes(config, n_layers, n_tokens)
+    if store == "qk":
+        keeps += overview_bytes(heads_of(config), n_layers, n_tokens)
     if store == "pattern":
         keeps += pattern_bytes(n_layers, heads_of(config), n_tokens, itemsize)
     eager = store == "pattern" or not uses_sdpa  # a family read by hooks (BLOOM) runs eager even in the qk store

@@ -161,3 +161,29 @@ def test_large_work_first_frees_unreachable_cycles():
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_the_estimate_counts_the_overview_a_long_statistics_pass_keeps(monkeypatch):
+    """From views.OVERVIEW_IN_PASS_FROM tokens the Heads page's pass keeps every head's overview in the capture: the
+    admission estimate holds those bytes, measured on a capture made that way (the threshold lowered to a short
+    text)."""
+    from attnviz import views
+    from attnviz.budget import held_bytes, overview_bytes
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.stats import streaming_attend
+
+    loaded = load_model("toy-llama-gqa")
+    text = "the overview is kept with the capture " * 4
+    n = len(loaded.tokenizer(text).input_ids)
+    config = loaded.model.config
+    assert overview_bytes(4, 2, n) == 0  # below the threshold nothing is kept
+    monkeypatch.setattr(views, "OVERVIEW_IN_PASS_FROM", 64)
+    monkeypatch.setattr(views, "OVERVIEW", 40)
+    cap = capture_attention(loaded, text, store="qk", during=streaming_attend(loaded.tokenizer(text).input_ids, pool=8))
+    kept = sum(held_bytes(cap.summary[layer][key]) for layer in cap.layers
+               for key in ("_overview", "_overview_nosink", "_kept"))
+    assert kept > 0 and kept == overview_bytes(len(cap.kv_head_of), cap.n_layers, n)
+    with_overview = capture_working_bytes(config, n, 2, store="qk")
+    monkeypatch.setattr(views, "OVERVIEW_IN_PASS_FROM", 10**9)  # a text below it: no overview
+    assert with_overview - capture_working_bytes(config, n, 2, store="qk") == kept
