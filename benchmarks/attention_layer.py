@@ -1,0 +1,79 @@
+"""Where one layer's streamed statistics spend their time: SmolLM2-135M's layer 15 at 8,192 tokens, every head,
+with its output (what the command line's `stats` computes for each layer during the forward pass).
+
+It prints, measured in one run on all threads: the float32 matmul rate at 2,048³ (the yardstick of
+benchmarks/longcontext.py), the rate of the pass's own products at its tile shapes (q·k: [group x 128 rows, 64] x
+[64, KEY_BLOCK keys] per KV head; p·v: [group x 128, KEY_BLOCK] x [KEY_BLOCK, 64]), the layer's time (best of 3),
+the time its q·k and p·v FLOPs take at that tile rate, and the rest: the softmax's and the statistics' elementwise
+work, which no FLOP count includes.
+
+    python benchmarks/attention_layer.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks.longcontext import long_text, matmul_rate
+
+N_TOKENS, LAYER, ROWS = 8192, 15, 128
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def tile_rate(n_kv: int, rows: int, keys: int, d: int) -> float:
+    """FLOP/s of one q·k and one p·v product at the pass's tile shapes (float32, all threads)."""
+    q, k = torch.randn(n_kv, rows, d), torch.randn(n_kv, keys, d)
+    p, out = torch.rand(n_kv, rows, keys), torch.zeros(n_kv, rows, d)
+    scores = torch.empty(n_kv, rows, keys)
+
+    def both():
+        for _ in range(20):
+            torch.matmul(q, k.transpose(-1, -2), out=scores)
+            out.baddbmm_(p, k)
+
+    return 20 * 2 * (2 * n_kv * rows * keys * d) / best_of(both)
+
+
+def main() -> None:
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.stats import KEY_BLOCK, streamed_stats
+
+    loaded = load_model("smollm2-135m")
+    text = long_text(N_TOKENS, loaded.tokenizer)
+    cap = capture_attention(loaded, text, store="qk", layers=[LAYER])
+    x, ids = cap.inputs[LAYER], cap.token_ids
+    n, heads, n_kv, d = x.n_query, x.n_heads, x.k.shape[0], x.head_dim
+    values = torch.randn(n_kv, n, d)
+    peak = matmul_rate()
+    at_tiles = tile_rate(n_kv, heads // n_kv * ROWS, KEY_BLOCK, d)
+    layer = best_of(lambda: streamed_stats(x, ids, values=values))
+    flops = 2 * 2 * d * heads * n * (n + 1) / 2  # q·k and p·v over the causal pairs
+    products = flops / at_tiles
+    print(f"smollm2-135m layer {LAYER}, {n:,} tokens, {heads} heads / {n_kv} KV heads, head dim {d}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"float32 matmul rate at 2,048³: {peak / 1e9:.0f} GFLOP/s; at the pass's tile shapes: "
+          f"{at_tiles / 1e9:.0f} GFLOP/s ({at_tiles / peak:.0%})")
+    print(f"layer (statistics and output): {layer:.3f} s; its q·k and p·v ({flops / 1e9:.1f} GFLOP) at the tile "
+          f"rate: {products:.3f} s ({products / layer:.0%}); the rest (elementwise): {layer - products:.3f} s")
+    print(f"the layer against the 2,048³ limit: {layer / (flops / peak):.2f}x; its products alone at the tile "
+          f"rate: {products / (flops / peak):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
