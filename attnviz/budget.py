@@ -211,11 +211,12 @@ def overview_bytes(n_heads: int, n_layers: int, n_tokens: int) -> int:
     """What the statistics pass of a long text keeps beside the table (attnviz.stats.streaming_attend's overview):
     from views.OVERVIEW_IN_PASS_FROM tokens, each head's One head overview twice (the sink shown and hidden, float16)
     and each query row's weight off the sink (float32)."""
-    from attnviz.views import OVERVIEW, OVERVIEW_IN_PASS_FROM
+    from attnviz.views import overview_in_pass
 
-    if n_tokens < OVERVIEW_IN_PASS_FROM:
+    size = overview_in_pass(n_tokens)
+    if size is None:
         return 0
-    side = min(OVERVIEW, n_tokens)
+    side = min(size, n_tokens)
     return n_layers * n_heads * (2 * side * side * 2 + n_tokens * 4)
 
 

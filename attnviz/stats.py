@@ -108,9 +108,9 @@ def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = 
     from attnviz.capture import DuringForward
 
     if overview == "auto":
-        from attnviz.views import OVERVIEW, OVERVIEW_IN_PASS_FROM
+        from attnviz.views import overview_in_pass
 
-        overview = OVERVIEW if pool and len(token_ids) >= OVERVIEW_IN_PASS_FROM else None
+        overview = overview_in_pass(len(token_ids)) if pool else None
     summary: dict[int, dict] = {}
 
     def attend(layer, inputs, values):

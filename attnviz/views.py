@@ -24,6 +24,13 @@ OVERVIEW = 512  # pixels per side of a long head's overview (the Heads page and 
 # global head's N² scores afresh took 3.7 s at 32,768 tokens, so about a second at 16,384 (N²), and SmolLM2's at
 # 8,192 took 0.23 s.
 OVERVIEW_IN_PASS_FROM = 16_384
+
+
+def overview_in_pass(n_tokens: int) -> int | None:
+    """The overview size the Heads page's statistics pass pools for a text of n_tokens (OVERVIEW from
+    OVERVIEW_IN_PASS_FROM tokens), or None: what streaming_attend pools and what the memory budget admits for it."""
+    return OVERVIEW if n_tokens >= OVERVIEW_IN_PASS_FROM else None
+
 # Above this many tokens one head is drawn as the max-pooled overview and a zoom window in both stores: a full-size
 # PNG of a dense map is as many pixels as weights (1,800 tokens: a 1 MB chart redrawn on every layer or head change),
 # shown in about 700 screen pixels, where the browser's own downsampling can drop a one-token stripe that max-pooling
