@@ -24,6 +24,7 @@ the two are written in one place and tested equal.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +32,7 @@ import pandas as pd
 import torch
 
 from attnviz import attention as core
+from attnviz.cores import run_each
 from attnviz.pooling import MIN_REMAINING, pool_edges
 
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
@@ -70,7 +72,7 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     summary = getattr(capture, "summary", None) or {}
     # a model with learned sink logits (gpt-oss): each row's weights sum to 1 minus its sink's share
     sinks = getattr(capture, "learned_sink", None) if pattern is not None else None
-    per_layer = []
+    per_layer, match = [], None
     for li, layer in enumerate(capture.layers):
         if layer in summary and (not pool or "_pooled" in summary[layer]):  # computed during the forward pass
             result = summary[layer]
@@ -81,7 +83,8 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
             if sinks is not None:
                 per_layer[-1]["learned_sink"] = np.asarray(sinks[li], dtype=np.float64).mean(-1)
         else:
-            result = streamed_stats(capture.inputs[layer], capture.token_ids, pool=pool)
+            match = match or InductionMatch(capture.token_ids)  # one per text: every layer's tiles match alike
+            result = streamed_stats(capture.inputs[layer], match, pool=pool)
             per_layer.append({c: result[c] for c in (*COLUMNS, "learned_sink") if c in result})
         if pool and "_pooled" in result:
             if pooled_out is not None:
@@ -112,15 +115,16 @@ def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = 
 
         overview = overview_in_pass(len(token_ids)) if pool else None
     summary: dict[int, dict] = {}
+    match = InductionMatch(token_ids)  # one per text: every layer's tiles match alike
 
     def attend(layer, inputs, values):
-        result = streamed_stats(inputs, token_ids, pool=pool, values=values, overview=overview)
+        result = streamed_stats(inputs, match, pool=pool, values=values, overview=overview)
         summary[layer] = result
         return result.pop("_output")
 
     def on_layer(layer, inputs):
         if layer not in summary:
-            summary[layer] = streamed_stats(inputs, token_ids, pool=pool, overview=overview)
+            summary[layer] = streamed_stats(inputs, match, pool=pool, overview=overview)
 
     return DuringForward(attend=attend, on_layer=on_layer, keep_inputs=keep_inputs, summary=summary)
 
@@ -212,15 +216,18 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     - mean distance: sum_k p_k |q - k|, as q sum_k p_k - (sum_k exp(s_k - m) k) / l for a causal row;
     - the weight of single keys (token 0, the diagonal, the previous token): their raw scores s are kept, and
       p = exp(s - m) / l at the end; a learned sink logit joins m and l at the end;
-    - induction (token_ids given; NaN without): query q's weight on the keys k < q whose previous token equals
-      its own, ids[k - 1] == ids[q] (induction_targets' definition), carried like l: the matching (query, key)
-      pairs of each tile are found from the token ids (O(tile / heads)) and only their weights are gathered, and
-      no list of pairs over the whole text is made (a repetitive text makes it O(n²) long).
+    - induction (token_ids given, or the InductionMatch of them that every layer of a text shares; NaN without):
+      query q's weight on the keys k < q whose previous token equals its own, ids[k - 1] == ids[q]
+      (induction_targets' definition), carried like l: the matching (query, key) pairs of each tile are found
+      from the token ids (O(tile / heads)), kept for the next layer up to a bound, and only their weights are
+      gathered; no list of pairs over the whole text is made (a repetitive text makes it O(n²) long).
     Each tile's weights are exponentiated once, as 2^((s - m) log2 e) (torch's exp2 takes a fifth of exp's time; a
     weight's relative rounding grows by about 6e-8 per unit of m - s, so the large weights, which carry the
-    statistics, round as exp's do), into a buffer every tile reuses, and every sum reads them: l, the causal
-    distance as a product with the key positions, the output as e v, and the entropy's A by multiplying the
-    shifted scores in place. The scores too are written into one reused buffer.
+    statistics, round as exp's do), into a buffer the thread's tiles reuse, and every sum reads them: l, the
+    causal distance as a product with the key positions, the output as e v, and the entropy's A by multiplying the
+    shifted scores in place. The scores too are written into one reused buffer. Blocks of rows run on every core
+    at once, each on one core (attnviz.cores: a core's own tile runs its products at about its full rate, a tile
+    split over two cores at about 73% of theirs).
     Sums over a tile run in float32, totals over rows in float64.
     pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result), from
     each pooling block's largest raw score (exp is monotone: the largest weight is exp(max s - m) / l), and
@@ -236,15 +243,18 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     if not overview and torch.cuda.is_available():  # the Triton kernel when switched on (kernels.triton_stats)
         from attnviz.kernels.triton_stats import stats_on_device
 
-        on_gpu = stats_on_device(inputs, token_ids, pool=pool, values=values)
+        ids = token_ids.token_ids if isinstance(token_ids, InductionMatch) else token_ids
+        on_gpu = stats_on_device(inputs, ids, pool=pool, values=values)
         if on_gpu is not None:
             return on_gpu
     n = inputs.n_query
     block = _row_block(inputs, block, key_block)
     sizes = {name: size for name, size in (("_pooled", pool), ("_overview", overview)) if size}
     layer = _LayerPass(inputs, token_ids, key_block=key_block, block=block, values=values, pools=sizes)
-    for a in range(0, n, block):
-        layer.rows(a, min(n, a + block))
+    # blocks of rows run on every core at once, one core each (attnviz.cores); under a causal rule the last blocks,
+    # which read the most keys, go first
+    starts = sorted(range(0, n, block), reverse=bool(inputs.mask.causal))
+    run_each(lambda a: layer.rows(a, min(n, a + block)), starts)
     return layer.result()
 
 
@@ -257,12 +267,19 @@ def _row_block(inputs, block: int | None, key_block: int) -> int:
     return min(max(128, reach), 512, key_block // 2) if reach else 128
 
 
-class _InductionMatch:
+class InductionMatch:
     """Which (query, key) pairs of a tile are induction targets: key k < q whose previous token is query q's own
-    (ids[k - 1] == ids[q]), from the token ids alone; with_targets[q]: query q has at least one."""
+    (ids[k - 1] == ids[q]), from the token ids alone; with_targets[q]: query q has at least one.
+
+    One per text, shared by every layer's pass (streaming_attend, head_stats): a tile's pairs are found once and
+    kept for the same tile of the next layer, up to MAX_KEPT_PAIRS pairs in all (a repetitive text has O(n²) of
+    them); tiles past that are matched again each time."""
+
+    MAX_KEPT_PAIRS = 2_000_000  # 32 MB of int64 (row, key) offsets
 
     def __init__(self, token_ids):
-        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
+        self.token_ids = np.asarray(token_ids, dtype=np.int64)
+        ids = torch.as_tensor(self.token_ids)
         self.ids = ids.to(torch.int32)
         self.before = torch.cat([torch.tensor([-1]), ids[:-1]]).to(torch.int32)  # none before key 0
         first_seen: dict[int, int] = {}
@@ -270,17 +287,32 @@ class _InductionMatch:
             first_seen.setdefault(tok, q)
         # query q has an induction target when its token occurred at some j with j + 1 < q
         self.with_targets = np.array([first_seen[tok] + 1 < q for q, tok in enumerate(ids.tolist())], dtype=bool)
+        self.kept: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor] | None] = {}  # (row, flat)
+        self.n_kept, self.lock = 0, threading.Lock()
 
     def gathered(self, e: torch.Tensor, a: int, b: int, k0: int, k1: int) -> torch.Tensor | None:
         """sum over the matching keys of e [head, rows a .. b - 1, keys k0 .. k1 - 1], [head, rows]; None when no
         pair of the tile matches."""
+        pairs = self.kept.get((a, b, k0, k1), False)
+        if pairs is False:
+            pairs = self._pairs(a, b, k0, k1)
+        if pairs is None:
+            return None
+        rows, flat = pairs
+        return e.new_zeros(e.shape[0], b - a).index_add_(1, rows, e.view(e.shape[0], -1).index_select(1, flat))
+
+    def _pairs(self, a: int, b: int, k0: int, k1: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The tile's matching pairs as (row offset, row offset x tile width + key offset), or None; kept while
+        under MAX_KEPT_PAIRS in all."""
         match = self.before[None, k0:k1] == self.ids[a:b, None]  # [rows, keys]
         if k1 > a:  # keys at or after a row's own position are never its targets
             match &= torch.arange(k0, k1)[None, :] < torch.arange(a, b)[:, None]
         rows, cols = match.nonzero(as_tuple=True)
-        if not len(rows):
-            return None
-        return e.new_zeros(e.shape[0], b - a).index_add_(1, rows, e[:, rows, cols])
+        pairs = (rows, rows * (k1 - k0) + cols) if len(rows) else None
+        with self.lock:  # blocks of rows run on several threads
+            if self.n_kept + len(rows) <= self.MAX_KEPT_PAIRS:
+                self.kept[a, b, k0, k1], self.n_kept = pairs, self.n_kept + len(rows)
+        return pairs
 
 
 class _Pools:
@@ -298,25 +330,30 @@ class _Pools:
         for name, (rows, keys) in edges.items():
             plain = np.full((n_heads, len(rows) - 1, len(keys) - 1), np.nan, dtype=np.float32)
             self.sizes[name] = (rows, np.searchsorted(self.fine, keys), plain, plain.copy())
-        self.fine_max = None
+        self.lock = threading.Lock()  # blocks of rows run at once, and a pooled row bin may span two of them
 
-    def start(self, n_heads: int, rows: int) -> None:
-        """A new block of query rows: no score seen yet."""
-        self.fine_max = torch.full((n_heads, rows, len(self.fine) - 1), float("-inf"))
+    def start(self, n_heads: int, rows: int) -> torch.Tensor:
+        """A new block of query rows: its fine maxima, no score seen yet."""
+        return torch.full((n_heads, rows, len(self.fine) - 1), float("-inf"))
 
-    def tile(self, s: torch.Tensor, k0: int, k1: int) -> None:
-        """Keeps the largest raw score of each fine block of the tile s [head, rows, k1 - k0] (before it is
-        shifted)."""
+    def tile(self, fine_max: torch.Tensor, s: torch.Tensor, k0: int, k1: int) -> None:
+        """Keeps in fine_max the largest raw score of each fine block of the tile s [head, rows, k1 - k0] (before
+        it is shifted)."""
         first = int(np.searchsorted(self.fine, k0, side="right")) - 1
         last = int(np.searchsorted(self.fine, k1 - 1, side="right")) - 1
         starts = np.maximum(self.fine[first:last + 1], k0) - k0
         tile_max = torch.from_numpy(np.maximum.reduceat(s.numpy(), starts, axis=-1))
-        torch.maximum(self.fine_max[..., first:last + 1], tile_max, out=self.fine_max[..., first:last + 1])
+        torch.maximum(fine_max[..., first:last + 1], tile_max, out=fine_max[..., first:last + 1])
 
-    def finish(self, a: int, b: int, m: torch.Tensor, total: torch.Tensor, kept: np.ndarray) -> None:
+    def finish(self, fine_max: torch.Tensor, a: int, b: int, m: torch.Tensor, total: torch.Tensor,
+               kept: np.ndarray) -> None:
         """Rows a .. b - 1, whose final max m and normaliser total [head, rows] are known, pooled into each size;
         kept [head, rows]: each row's weight off token 0."""
-        fine = (torch.exp(self.fine_max - m[..., None]) / total[..., None]).numpy()
+        fine = (torch.exp(fine_max - m[..., None]) / total[..., None]).numpy()
+        with self.lock:
+            self._pool(fine, a, b, kept)
+
+    def _pool(self, fine: np.ndarray, a: int, b: int, kept: np.ndarray) -> None:
         for rows_e, at, plain, off in self.sizes.values():
             w = np.maximum.reduceat(fine, at[:-1], axis=-1)  # [head, rows, blocks]: each block's largest weight
             # hiding the sink: key 0 out of the first block, each row divided by the weight it keeps off key 0
@@ -355,6 +392,8 @@ class _Running:
         self.induction = torch.zeros(n_heads, rows)  # sum exp(s - m) over the keys after an earlier copy
         self.acc = torch.zeros(n_heads, rows, d_v) if d_v else None
         self.raw0, self.raw_self, self.raw_prev = (torch.full((n_heads, rows), neg_inf) for _ in range(3))
+        self.fine_max = None  # the block's largest raw score per fine pooling block (_Pools), when pooling
+        self.exp_buffer = None  # where the tiles' weights are written (the thread's own)
 
     def keep_single_keys(self, s: torch.Tensor, a: int, b: int, k0: int, k1: int) -> None:
         """The raw scores of token 0, each row's own key and its previous key, where the tile s holds them (rows
@@ -368,13 +407,15 @@ class _Running:
 
 
 class _LayerPass:
-    """One layer's streamed pass (streamed_stats): what stays the same over its tiles, the buffers every tile
-    reuses, and the sums over its rows."""
+    """One layer's streamed pass (streamed_stats): what stays the same over its tiles, the buffers each thread's
+    tiles reuse, and the sums over its blocks of rows (kept per block, so blocks may run on several threads at
+    once, and added in order at the end: the same sums whatever the order the blocks ran in)."""
 
     def __init__(self, inputs, token_ids, *, key_block: int, block: int, values, pools: dict[str, int]):
-        self.x, self.key_block = inputs, key_block
+        self.x, self.key_block, self.block = inputs, key_block, block
         n, n_keys, n_heads = inputs.n_query, inputs.n_key, inputs.n_heads
-        self.match = _InductionMatch(token_ids) if token_ids is not None else None
+        self.match = (None if token_ids is None else token_ids if isinstance(token_ids, InductionMatch)
+                      else InductionMatch(token_ids))
         self.with_targets = self.match.with_targets if self.match is not None else np.zeros(n, dtype=bool)
         self.causal = inputs.mask.kind == "causal" and n_keys == n
         self.positions = torch.arange(n_keys, dtype=torch.float32)
@@ -385,12 +426,20 @@ class _LayerPass:
             self.v = values.float() if self.grouped else values.float()[list(inputs.kv_head_of)]
             self.output = torch.empty(n_heads, n, values.shape[-1])
         self.pools = _Pools(pools, n, n_keys, n_heads) if pools else None
-        self.sums = {c: np.zeros(n_heads) for c in ("entropy", "mean_distance", "sink_mass", "prev_token", "self",
-                                                      "learned_sink")}
+        n_blocks = -(-n // block)
+        self.sums = {c: np.zeros((n_blocks, n_heads)) for c in ("entropy", "mean_distance", "sink_mass",
+                                                                  "prev_token", "self", "learned_sink")}
         self.per_query = np.zeros((n_heads, n))  # induction, per query
         self.kept = np.zeros((n_heads, n), dtype=np.float32) if "_overview" in pools else None
-        size = n_heads * min(block, n) * min(key_block, n_keys)
-        self.scores_buffer, self.exp_buffer = torch.empty(size), torch.empty(size)
+        self.buffer_size = n_heads * min(block, n) * min(key_block, n_keys)
+        self.buffers = threading.local()
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This thread's score and exp buffers, made on its first tile."""
+        mine = self.buffers
+        if not hasattr(mine, "scores"):
+            mine.scores, mine.exp = torch.empty(self.buffer_size), torch.empty(self.buffer_size)
+        return mine.scores, mine.exp
 
     def rows(self, a: int, b: int) -> None:
         """Every key tile query rows a .. b - 1 may see, then their statistics added to the sums."""
@@ -399,12 +448,13 @@ class _LayerPass:
         run = _Running(x.n_heads, b - a, None if self.v is None else self.v.shape[-1])
         find = self.match is not None and x.n_key == x.n_query and bool(self.with_targets[a:b].any())
         if self.pools is not None:
-            self.pools.start(x.n_heads, b - a)
+            run.fine_max = self.pools.start(x.n_heads, b - a)
+        scores, run.exp_buffer = self._buffers()
         # key tiles left of every key the block's rows may see (a sliding window's, a chunk's) are never computed
         for k0 in range(min(x.mask.key_start(a, b), key_end), key_end, self.key_block):
             k1 = min(key_end, k0 + self.key_block)
             shape = (x.n_heads, b - a, k1 - k0)
-            s = core.layer_scores(x, a, b, key_start=k0, key_end=k1, out=_view(self.scores_buffer, shape))
+            s = core.layer_scores(x, a, b, key_start=k0, key_end=k1, out=_view(scores, shape))
             self._tile(run, s, a, b, k0, k1, find)
         self._finish(run, a, b, find)
 
@@ -412,7 +462,7 @@ class _LayerPass:
         """One tile's scores s [head, rows, k1 - k0] (-inf masked; overwritten) folded into the running values."""
         run.keep_single_keys(s, a, b, k0, k1)
         if self.pools is not None:
-            self.pools.tile(s, k0, k1)
+            self.pools.tile(run.fine_max, s, k0, k1)
         m_new = torch.maximum(run.m, s.amax(-1))
         m_safe = torch.where(torch.isfinite(m_new), m_new, 0.0)
         alpha = torch.exp(run.m - m_safe)  # 0 while nothing was seen (m = -inf)
@@ -422,7 +472,7 @@ class _LayerPass:
         masked_from = _first_masked_key(self.x, a, k0, k1)
         if masked_from is not None:  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
             s[..., masked_from:].clamp_(min=-1e30)
-        e = torch.exp2(s, out=_view(self.exp_buffer, s.shape))
+        e = torch.exp2(s, out=_view(run.exp_buffer, s.shape))
         run.l = torch.addcmul(e.sum(-1), alpha, run.l)  # alpha l + sum_tile e
         if self.causal:
             run.dist = torch.addcmul(torch.matmul(e, self.positions[k0:k1]), alpha, run.dist)
@@ -466,7 +516,8 @@ class _LayerPass:
             m_safe = m_f
         total = torch.where(l > 0, l, 1.0)
         mass = l_keys / total  # sum_k p_k: 1, or 1 - the sink's share
-        add = lambda name, x: self.sums[name].__iadd__(x.double().sum(-1).numpy())  # noqa: E731
+        i = a // self.block
+        add = lambda name, x: self.sums[name].__setitem__(i, x.double().sum(-1).numpy())  # noqa: E731
         add("learned_sink", 1.0 - mass)
         add("entropy", torch.log(total) * mass - big_a / total)
         add("mean_distance", torch.arange(a, b) * mass - dist / total if self.causal else dist / total)
@@ -481,13 +532,13 @@ class _LayerPass:
             torch.div(acc, total[..., None], out=self.output[:, a:b])
         if self.pools is not None:
             kept = (mass - p0).numpy()
-            self.pools.finish(a, b, m_safe, total, kept)
+            self.pools.finish(run.fine_max, a, b, m_safe, total, kept)
             if self.kept is not None:
                 self.kept[:, a:b] = kept
 
     def result(self) -> dict[str, np.ndarray]:
         n, n_heads = self.x.n_query, self.x.n_heads
-        sums, none = self.sums, np.full(n_heads, np.nan)
+        sums, none = {name: per_block.sum(0) for name, per_block in self.sums.items()}, np.full(n_heads, np.nan)
         out = {
             "entropy": sums["entropy"] / n,
             "sink_mass": sums["sink_mass"] / (n - 1) if n > 1 else none,
