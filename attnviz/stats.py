@@ -275,7 +275,7 @@ class InductionMatch:
     kept for the same tile of the next layer, up to MAX_KEPT_PAIRS pairs in all (a repetitive text has O(n²) of
     them); tiles past that are matched again each time."""
 
-    MAX_KEPT_PAIRS = 2_000_000  # 32 MB of int64 (row, key) offsets
+    MAX_KEPT_PAIRS = 2_000_000  # 16 MB of int32 offsets
 
     def __init__(self, token_ids):
         self.token_ids = np.asarray(token_ids, dtype=np.int64)
@@ -308,7 +308,7 @@ class InductionMatch:
         if k1 > a:  # keys at or after a row's own position are never its targets
             match &= torch.arange(k0, k1)[None, :] < torch.arange(a, b)[:, None]
         rows, cols = match.nonzero(as_tuple=True)
-        pairs = (rows, rows * (k1 - k0) + cols) if len(rows) else None
+        pairs = (rows.int(), (rows * (k1 - k0) + cols).int()) if len(rows) else None
         with self.lock:  # blocks of rows run on several threads
             if self.n_kept + len(rows) <= self.MAX_KEPT_PAIRS:
                 self.kept[a, b, k0, k1], self.n_kept = pairs, self.n_kept + len(rows)
