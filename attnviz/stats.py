@@ -213,7 +213,9 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     tile:
     - entropy: with A = sum_k exp(s_k - m)(s_k - m), H = -sum_k p_k ln p_k = ln(l) sum_k p_k - A / l, and A is
       rescaled as A <- alpha (A + (m_i - m_new) l_i) + sum_tile exp(s - m_new)(s - m_new): no logarithm per weight;
-    - mean distance: sum_k p_k |q - k|, as q sum_k p_k - (sum_k exp(s_k - m) k) / l for a causal row;
+    - mean distance: sum_k p_k |q - k|, as (q - a) sum_k p_k - (sum_k exp(s_k - m)(k - a)) / l for a row whose
+      keys all lie at or before it (causal, sliding window, chunk; a the block's first row, so the numbers stay
+      small), with no [rows, keys] array of distances;
     - the weight of single keys (token 0, the diagonal, the previous token): their raw scores s are kept, and
       p = exp(s - m) / l at the end; a learned sink logit joins m and l at the end;
     - induction (token_ids given, or the InductionMatch of them that every layer of a text shares; NaN without):
@@ -224,7 +226,7 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     Each tile's weights are exponentiated once, as 2^((s - m) log2 e) (torch's exp2 takes a fifth of exp's time; a
     weight's relative rounding grows by about 6e-8 per unit of m - s, so the large weights, which carry the
     statistics, round as exp's do), into a buffer the thread's tiles reuse, and every sum reads them: l, the
-    causal distance as a product with the key positions, the output as e v, and the entropy's A by multiplying the
+    distance as a product with the key positions, the output as e v, and the entropy's A by multiplying the
     shifted scores in place. The scores too are written into one reused buffer. Blocks of rows run on every core
     at once, each on one core (attnviz.cores: a core's own tile runs its products at about its full rate, a tile
     split over two cores at about 73% of theirs).
@@ -275,7 +277,7 @@ class InductionMatch:
     kept for the same tile of the next layer, up to MAX_KEPT_PAIRS pairs in all (a repetitive text has O(n²) of
     them); tiles past that are matched again each time."""
 
-    MAX_KEPT_PAIRS = 2_000_000  # 16 MB of int32 offsets
+    MAX_KEPT_PAIRS = 1_000_000  # 8 MB of int32 offsets
 
     def __init__(self, token_ids):
         self.token_ids = np.asarray(token_ids, dtype=np.int64)
@@ -388,7 +390,7 @@ class _Running:
         self.m = torch.full((n_heads, rows), neg_inf)
         self.l = torch.zeros(n_heads, rows)
         self.big_a = torch.zeros(n_heads, rows)  # A: sum exp(s - m)(s - m)
-        self.dist = torch.zeros(n_heads, rows)  # sum exp(s - m) k (causal) or sum exp(s - m) |q - k|
+        self.dist = torch.zeros(n_heads, rows)  # sum exp(s - m) (k - a) (keys behind) or sum exp(s - m) |q - k|
         self.induction = torch.zeros(n_heads, rows)  # sum exp(s - m) over the keys after an earlier copy
         self.acc = torch.zeros(n_heads, rows, d_v) if d_v else None
         self.raw0, self.raw_self, self.raw_prev = (torch.full((n_heads, rows), neg_inf) for _ in range(3))
@@ -417,7 +419,9 @@ class _LayerPass:
         self.match = (None if token_ids is None else token_ids if isinstance(token_ids, InductionMatch)
                       else InductionMatch(token_ids))
         self.with_targets = self.match.with_targets if self.match is not None else np.zeros(n, dtype=bool)
-        self.causal = inputs.mask.kind == "causal" and n_keys == n
+        # every key a row may see is at or before it (causal, sliding window, chunk): |q - k| = q - k, so the
+        # distance sum is a product with the key positions, counted from the block's first row (small numbers)
+        self.keys_behind = inputs.mask.causal and inputs.mask.bits is None and n_keys == n
         self.positions = torch.arange(n_keys, dtype=torch.float32)
         self.v = self.grouped = self.output = None
         if values is not None:
@@ -474,8 +478,8 @@ class _LayerPass:
             s[..., masked_from:].clamp_(min=-1e30)
         e = torch.exp2(s, out=_view(run.exp_buffer, s.shape))
         run.l = torch.addcmul(e.sum(-1), alpha, run.l)  # alpha l + sum_tile e
-        if self.causal:
-            run.dist = torch.addcmul(torch.matmul(e, self.positions[k0:k1]), alpha, run.dist)
+        if self.keys_behind:
+            run.dist = torch.addcmul(torch.matmul(e, self.positions[k0:k1] - a), alpha, run.dist)
         if self.v is not None:
             self._accumulate_output(run, e, alpha, k0, k1)
         if find:
@@ -484,7 +488,7 @@ class _LayerPass:
                 run.induction += matched
         # + sum_tile exp(s - m_new)(s - m_new), s in units of log2(e)
         run.big_a = torch.addcmul(s.mul_(e).sum(-1).mul_(LN2), alpha, run.big_a.add_(shift))
-        if not self.causal:
+        if not self.keys_behind:
             distance = (torch.arange(a, b, dtype=torch.float32)[:, None] - self.positions[None, k0:k1]).abs_()
             run.dist = torch.addcmul(torch.mul(e, distance, out=s).sum(-1), alpha, run.dist)
         run.m = m_new
@@ -520,7 +524,7 @@ class _LayerPass:
         add = lambda name, x: self.sums[name].__setitem__(i, x.double().sum(-1).numpy())  # noqa: E731
         add("learned_sink", 1.0 - mass)
         add("entropy", torch.log(total) * mass - big_a / total)
-        add("mean_distance", torch.arange(a, b) * mass - dist / total if self.causal else dist / total)
+        add("mean_distance", torch.arange(b - a) * mass - dist / total if self.keys_behind else dist / total)
         p0 = torch.exp(run.raw0 - m_safe) / total
         add("self", torch.exp(run.raw_self - m_safe) / total)
         first_row = 1 if a == 0 else 0  # query 0 has no previous token and is left out of the sink mass
