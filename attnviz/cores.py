@@ -1,9 +1,9 @@
 """Work split over the CPU's cores as Python threads that each run torch on one core.
 
 A small product such as streamed_stats' q·k tile ([384, 64] x [64, 1,024]) runs at about 73% of the 2,048³ matmul
-rate when torch splits it over 2 cores, and at about a core's full rate when each core runs a tile of its own;
-the elementwise passes over a cache-sized tile gain too (no fork and join per operator). torch releases the GIL
-inside its operators, so Python threads run tiles at the same time.
+rate when torch splits it over 2 cores, and at about 84% when each core runs a tile of its own
+(benchmarks/attention_layer.py); the elementwise passes over a tile gain too (no fork and join per operator).
+torch releases the GIL inside its operators, so Python threads run tiles at the same time.
 
 The workers cannot call torch.set_num_threads(1): it also sets the process-wide count that every thread started
 afterwards takes for itself (Streamlit starts one per rerun, which would then run the model on one core). Each
