@@ -17,6 +17,7 @@ are measured under the same load.
                   dense pattern store plus head_stats, against the qk store plus streamed head_stats
 
     python benchmarks/longcontext.py
+    python benchmarks/longcontext.py --repeat 5 "smol stats 8k"   one case 5 times, the rate measured before each
 """
 
 from __future__ import annotations
@@ -221,8 +222,27 @@ def _goals(c: dict, rate: float) -> None:
               f"{c['qk']['peak_gib'] / c['dense']['peak_gib']:.2f}x")
 
 
+def repeat(key: str, times: int) -> None:
+    """One case (its key in CASES) `times` times, each against the matmul rate measured just before it: how far
+    this machine's noise moves its multiple of the limit."""
+    _, case, model, n, label = next(c for c in CASES if c[0] == key)
+    ratios = []
+    for i in range(times):
+        rate = matmul_rate()
+        r = run(case, model, n)
+        if r is not None:
+            ratios.append(r["seconds"] / (r["flops"] / rate))
+            print(f"run {i + 1}: {rate / 1e9:.0f} GFLOP/s, load average {os.getloadavg()[0]:.1f}; "
+                  + _row(label, r, rate), flush=True)
+    if ratios:
+        print(f"{key}: {min(ratios):.2f}x to {max(ratios):.2f}x the limit over {len(ratios)} runs, median "
+              f"{sorted(ratios)[len(ratios) // 2]:.2f}x")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         print(json.dumps(_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--repeat":
+        repeat(sys.argv[3], int(sys.argv[2]))
     else:
         main()
