@@ -142,8 +142,46 @@ def test_a_capture_runs_its_mlps_in_blocks_and_equals_output_attentions(small_bl
 
 def test_block_rows_follow_the_widest_activation():
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 2048, device="meta"), torch.nn.Linear(2048, 64, device="meta"))
-    assert frugal.block_rows(mlp) == frugal.BLOCK_BYTES // (4 * 2048) == 4096
+    assert frugal.block_rows(mlp) == frugal.BLOCK_BYTES // (4 * 2048) == 1536
     assert frugal.block_rows(torch.nn.Linear(64, 2**20, device="meta")) == frugal.MIN_ROWS
+
+
+@pytest.mark.parametrize("heap_bytes, releases", [(1, 2 + 1), (2**40, 1)])
+def test_freed_memory_goes_back_after_layers_whose_hidden_states_outgrow_the_heap(monkeypatch, heap_bytes, releases):
+    # hidden states over HEAP_BYTES: given back after each of the 2 layers and at the end; under it, at the end only
+    monkeypatch.setattr(frugal, "HEAP_BYTES", heap_bytes)
+    calls = []
+    monkeypatch.setattr(frugal, "release_free_memory", lambda: calls.append(1) or True)
+    model = _model("llama")
+    assert len(decoder_layers(model)) == 2
+    with torch.no_grad(), frugal.lean_forward(model):
+        model(input_ids=_ids())
+    assert len(calls) == releases
+
+
+class _CLibrary:
+    """A C library with mallopt but no malloc_trim (not glibc); _Glibc has both. Both record what mallopt set."""
+
+    def __init__(self):
+        self.set = []
+
+    def mallopt(self, param, value):
+        self.set.append((param, value))
+        return 1
+
+
+class _Glibc(_CLibrary):
+    def malloc_trim(self, pad):
+        return 1
+
+
+def test_glibc_keeps_freed_heap_memory_for_the_next_layer():
+    glibc, other = _Glibc(), _CLibrary()
+    frugal._tune_allocator(glibc)
+    # the mmap threshold first (glibc's own ceiling, 32 MiB), then the trim threshold: 128 MiB kept at the top
+    assert glibc.set == [(-3, 32 * 2**20), (-1, 128 * 2**20)]
+    frugal._tune_allocator(other)
+    assert other.set == []
 
 
 def test_slim_tokenizer_tokenizes_and_saves_as_before(tmp_path):
@@ -204,7 +242,7 @@ def _peak_bytes() -> tuple[int, int]:
 
 def test_the_blocked_mlp_peaks_at_a_fraction_of_the_whole_one():
     # [2048, 16384] float32 is 128 MiB: the whole MLP holds gate, up and their product at once (384 MiB); in
-    # blocks of 512 rows (BLOCK_BYTES / (4 * 16384)) each is 32 MiB
+    # blocks of 256 rows (MIN_ROWS, above BLOCK_BYTES / (4 * 16384)) each is 16 MiB
     whole, lean = _peak_bytes()
     assert whole > 300 * 2**20
     assert lean < whole / 2
