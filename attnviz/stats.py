@@ -36,6 +36,7 @@ from attnviz.cores import run_each
 from attnviz.pooling import MIN_REMAINING, pool_edges
 
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
+RESCALE_BITS = 8  # a weight exp(s - m) may reach 2^8 before the running shift m moves (_Running.shift_for)
 KEY_BLOCK = 1024  # keys per tile of streamed_stats: [head, rows, KEY_BLOCK] float32 scores stay in the CPU's cache
 COLUMNS = ("entropy", "sink_mass", "mean_distance", "prev_token", "self", "induction")
 
@@ -210,7 +211,8 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     The online softmax (Milakov and Gimelshein 2018; Dao 2023, the kernel page): after a tile with row max m_t,
     m_new = max(m_i, m_t), alpha = exp(m_i - m_new), l_i <- alpha l_i + sum_tile exp(s - m_new). Every other sum
     over keys is carried the same way and divided by the final l at the end, so no weight is normalised tile by
-    tile:
+    tile. The sums hold for any shift m, so m moves (and the sums are rescaled) only when a tile's weights would
+    pass 2^RESCALE_BITS (FlashAttention-4's conditional rescaling); most tiles just add to the sums:
     - entropy: with A = sum_k exp(s_k - m)(s_k - m), H = -sum_k p_k ln p_k = ln(l) sum_k p_k - A / l, and A is
       rescaled as A <- alpha (A + (m_i - m_new) l_i) + sum_tile exp(s - m_new)(s - m_new): no logarithm per weight;
     - mean distance: sum_k p_k |q - k|, as (q - a) sum_k p_k - (sum_k exp(s_k - m)(k - a)) / l for a row whose
@@ -383,19 +385,41 @@ class _Pools:
 
 
 class _Running:
-    """The online softmax's running values over one block's rows, [head, rows] each (streamed_stats)."""
+    """The online softmax's running values over one block's rows, [head, rows] each (streamed_stats): every weight
+    is taken as exp(s - m) against a shift m per row, which moves to the row's largest score only when a tile's
+    weights would pass 2^RESCALE_BITS (FlashAttention-4's conditional rescaling: the sums hold for any shift, and
+    most tiles then skip the rescaling)."""
 
     def __init__(self, n_heads: int, rows: int, d_v: int | None):
         neg_inf = float("-inf")
-        self.m = torch.full((n_heads, rows), neg_inf)
+        self.m = torch.full((n_heads, rows), neg_inf)  # the shift (-inf while nothing was seen)
+        self.neg_shift = torch.zeros(n_heads, rows, 1)  # -m log2(e), 0 while nothing was seen: added to s log2(e)
         self.l = torch.zeros(n_heads, rows)
-        self.big_a = torch.zeros(n_heads, rows)  # A: sum exp(s - m)(s - m)
+        self.big_a = torch.zeros(n_heads, rows)  # A: sum exp(s - m)(s - m), in units of ln 2 (s - m in log2 units)
         self.dist = torch.zeros(n_heads, rows)  # sum exp(s - m) (k - a) (keys behind) or sum exp(s - m) |q - k|
         self.induction = torch.zeros(n_heads, rows)  # sum exp(s - m) over the keys after an earlier copy
         self.acc = torch.zeros(n_heads, rows, d_v) if d_v else None
         self.raw0, self.raw_self, self.raw_prev = (torch.full((n_heads, rows), neg_inf) for _ in range(3))
         self.fine_max = None  # the block's largest raw score per fine pooling block (_Pools), when pooling
         self.exp_buffer = None  # where the tiles' weights are written (the thread's own)
+        self.offsets = None  # the key positions counted from the block's first row (keys behind it)
+
+    def shift_for(self, tile_max: torch.Tensor) -> bool:
+        """Moves m to the rows' largest score so far when some row's tile_max passes it by RESCALE_BITS bits (or
+        sees its first key), rescaling every running sum by alpha = exp(m_old - m_new). True when it moved."""
+        if not bool((tile_max > self.m + RESCALE_BITS * LN2).any()):
+            return False
+        m_new = torch.maximum(self.m, tile_max)
+        m_safe = torch.where(torch.isfinite(m_new), m_new, 0.0)
+        alpha = torch.exp(self.m - m_safe)  # 0 while nothing was seen (m = -inf)
+        # A <- alpha (A + (m_old - m_new) log2(e) l), 0 while l = 0
+        self.big_a = alpha * (self.big_a + torch.where(self.l > 0, (self.m - m_safe) * LOG2E * self.l, 0.0))
+        self.l = alpha * self.l
+        self.dist, self.induction = alpha * self.dist, alpha * self.induction
+        if self.acc is not None:
+            self.acc *= alpha[..., None]
+        self.m, self.neg_shift = m_new, (m_safe * -LOG2E)[..., None]
+        return True
 
     def keep_single_keys(self, s: torch.Tensor, a: int, b: int, k0: int, k1: int) -> None:
         """The raw scores of token 0, each row's own key and its previous key, where the tile s holds them (rows
@@ -454,6 +478,7 @@ class _LayerPass:
         if self.pools is not None:
             run.fine_max = self.pools.start(x.n_heads, b - a)
         scores, run.exp_buffer = self._buffers()
+        run.offsets = self.positions - a if self.keys_behind else None
         # key tiles left of every key the block's rows may see (a sliding window's, a chunk's) are never computed
         for k0 in range(min(x.mask.key_start(a, b), key_end), key_end, self.key_block):
             k1 = min(key_end, k0 + self.key_block)
@@ -467,35 +492,27 @@ class _LayerPass:
         run.keep_single_keys(s, a, b, k0, k1)
         if self.pools is not None:
             self.pools.tile(run.fine_max, s, k0, k1)
-        m_new = torch.maximum(run.m, s.amax(-1))
-        m_safe = torch.where(torch.isfinite(m_new), m_new, 0.0)
-        alpha = torch.exp(run.m - m_safe)  # 0 while nothing was seen (m = -inf)
-        shift = torch.where(run.l > 0, (run.m - m_safe) * run.l, 0.0)  # (m_i - m_new) l_i, 0 if l_i = 0
-        # s <- (s - m_new) log2(e) in one pass, and exp(s - m_new) as 2^s: torch's exp2 takes a fifth of exp's time
-        torch.add((m_safe * -LOG2E)[..., None], s, alpha=LOG2E, out=s)
+        run.shift_for(s.amax(-1))
+        # s <- (s - m) log2(e) in one pass, and exp(s - m) as 2^s: torch's exp2 takes a fifth of exp's time
+        torch.add(run.neg_shift, s, alpha=LOG2E, out=s)
         masked_from = _first_masked_key(self.x, a, k0, k1)
         if masked_from is not None:  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
             s[..., masked_from:].clamp_(min=-1e30)
         e = torch.exp2(s, out=_view(run.exp_buffer, s.shape))
-        run.l = torch.addcmul(e.sum(-1), alpha, run.l)  # alpha l + sum_tile e
+        run.l += e.sum(-1)
         if self.keys_behind:
-            run.dist = torch.addcmul(torch.matmul(e, self.positions[k0:k1] - a), alpha, run.dist)
+            run.dist += torch.matmul(e, run.offsets[k0:k1])
         if self.v is not None:
-            self._accumulate_output(run, e, alpha, k0, k1)
-        if find:
-            run.induction *= alpha
-            if (matched := self.match.gathered(e, a, b, k0, k1)) is not None:
-                run.induction += matched
-        # + sum_tile exp(s - m_new)(s - m_new), s in units of log2(e)
-        run.big_a = torch.addcmul(s.mul_(e).sum(-1).mul_(LN2), alpha, run.big_a.add_(shift))
+            self._accumulate_output(run, e, k0, k1)
+        if find and (matched := self.match.gathered(e, a, b, k0, k1)) is not None:
+            run.induction += matched
+        run.big_a += s.mul_(e).sum(-1)  # sum exp(s - m)(s - m), s in log2 units
         if not self.keys_behind:
             distance = (torch.arange(a, b, dtype=torch.float32)[:, None] - self.positions[None, k0:k1]).abs_()
-            run.dist = torch.addcmul(torch.mul(e, distance, out=s).sum(-1), alpha, run.dist)
-        run.m = m_new
+            run.dist += torch.mul(e, distance, out=s).sum(-1)
 
-    def _accumulate_output(self, run: _Running, e: torch.Tensor, alpha: torch.Tensor, k0: int, k1: int) -> None:
-        """acc <- alpha acc + e v over the tile's keys (one product per KV head over its query heads' rows)."""
-        run.acc *= alpha[..., None]
+    def _accumulate_output(self, run: _Running, e: torch.Tensor, k0: int, k1: int) -> None:
+        """acc += e v over the tile's keys (one product per KV head over its query heads' rows)."""
         if self.grouped:
             n_kv = self.v.shape[0]
             acc = run.acc.view(n_kv, -1, run.acc.shape[-1])
@@ -508,7 +525,7 @@ class _LayerPass:
         sink = self.x.sink
         m_safe = torch.where(torch.isfinite(run.m), run.m, 0.0)
         l_keys = l = run.l
-        big_a, dist, induction, acc = run.big_a, run.dist, run.induction, run.acc
+        big_a, dist, induction, acc = run.big_a * LN2, run.dist, run.induction, run.acc
         if sink is not None:  # the sink logit joins the normalisation, with no value and no key
             m_f = torch.maximum(m_safe, sink[:, None])
             alpha = torch.exp(run.m - m_f)

@@ -5,6 +5,7 @@ at 8,192 tokens."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -86,6 +87,31 @@ def test_streamed_statistics_under_each_rule_equal_the_dense_definition(rule):
     v = torch.randn(2, N, 8, dtype=torch.float32)
     out = core.layer_output(x, v, block=50)
     np.testing.assert_allclose(out.numpy(), (dense @ v.double()[list(x.kv_head_of)]).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("slope, mid_row", [(0.5, True), (-0.5, False)], ids=["rising", "falling"])
+def test_the_running_shift_moves_only_when_weights_would_outgrow_it(monkeypatch, slope, mid_row):
+    """Scores that rise by 0.5 per key (24 nats over a 48-key tile, past the 2^8 a weight may reach) move the shift
+    of every row block at later tiles, rescaling its sums there; falling ones never move it after the first tile.
+    Either way the statistics and the output equal the float64 definition."""
+    rule = MaskRule(N, N, causal=True)
+    x = _inputs(rule)
+    x = LayerInputs(q=x.q, k=x.k, kv_head_of=x.kv_head_of, scaling=x.scaling, mask=rule,
+                    key_bias=slope * torch.arange(N, dtype=torch.float32).expand(4, N))
+    moves, blocks = [], -(-N // 32)
+    shift_for = S._Running.shift_for
+    monkeypatch.setattr(S._Running, "shift_for", lambda run, m: moves.append(shift_for(run, m)) or moves[-1])
+    ids = np.random.default_rng(1).integers(0, 20, N)
+    v = torch.randn(2, N, 8)
+    got = S.streamed_stats(x, ids, block=32, key_block=48, values=v)
+    logits = torch.einsum("hqd,hkd->hqk", x.q.double(), x.k.double()[list(x.kv_head_of)]) * x.scaling
+    logits = (logits + x.key_bias.double()[:, None, :]).masked_fill(~torch.from_numpy(rule.rows(0, N)), -math.inf)
+    dense = torch.softmax(logits, -1)
+    want = S.pattern_stats(dense.numpy(), S.induction_targets(ids))
+    assert (sum(moves) > blocks) == mid_row and sum(moves) >= blocks  # each block moves at its first tile
+    for column in S.COLUMNS:
+        np.testing.assert_allclose(got[column], want[column], rtol=1e-5, atol=1e-6, err_msg=column)
+    np.testing.assert_allclose(got["_output"].numpy(), (dense @ v.double()[list(x.kv_head_of)]).numpy(), atol=1e-5)
 
 
 def test_the_key_tiles_computed_are_the_ones_the_window_allows(monkeypatch):
