@@ -37,7 +37,7 @@ from attnviz.pooling import MIN_REMAINING, pool_edges
 
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
 RESCALE_BITS = 8  # a weight exp(s - m) may reach 2^8 before the running shift m moves (_Running.shift_for)
-KEY_BLOCK = 1024  # keys per tile of streamed_stats: [head, rows, KEY_BLOCK] float32 scores stay in the CPU's cache
+KEY_BLOCK = 512  # keys per tile of streamed_stats: [head, rows, KEY_BLOCK] float32 scores stay in the CPU's cache
 COLUMNS = ("entropy", "sink_mass", "mean_distance", "prev_token", "self", "induction")
 
 # role -> (column, ascending?, what a high rank means)

@@ -102,7 +102,7 @@ def test_the_running_shift_moves_only_when_weights_would_outgrow_it(monkeypatch,
     shift_for = S._Running.shift_for
     monkeypatch.setattr(S._Running, "shift_for", lambda run, m: moves.append(shift_for(run, m)) or moves[-1])
     ids = np.random.default_rng(1).integers(0, 20, N)
-    v = torch.randn(2, N, 8)
+    v = torch.randn(2, N, 8, generator=torch.Generator().manual_seed(2))
     got = S.streamed_stats(x, ids, block=32, key_block=48, values=v)
     logits = torch.einsum("hqd,hkd->hqk", x.q.double(), x.k.double()[list(x.kv_head_of)]) * x.scaling
     logits = (logits + x.key_bias.double()[:, None, :]).masked_fill(~torch.from_numpy(rule.rows(0, N)), -math.inf)
@@ -111,7 +111,8 @@ def test_the_running_shift_moves_only_when_weights_would_outgrow_it(monkeypatch,
     assert (sum(moves) > blocks) == mid_row and sum(moves) >= blocks  # each block moves at its first tile
     for column in S.COLUMNS:
         np.testing.assert_allclose(got[column], want[column], rtol=1e-5, atol=1e-6, err_msg=column)
-    np.testing.assert_allclose(got["_output"].numpy(), (dense @ v.double()[list(x.kv_head_of)]).numpy(), atol=1e-5)
+    # the rising logits reach 150, where float32's spacing (1.5e-5) moves a weight by about that much relative
+    np.testing.assert_allclose(got["_output"].numpy(), (dense @ v.double()[list(x.kv_head_of)]).numpy(), atol=1e-4)
 
 
 def test_the_key_tiles_computed_are_the_ones_the_window_allows(monkeypatch):
