@@ -14,10 +14,11 @@ the LM head) is resident only for the rows a text reads, and only weights a pass
 What this module does about it:
 - lean_forward(model): for the block, this thread's forward passes run each decoder layer's MLP over blocks of
   positions (exact: an MLP is position-wise; only the matmul's row count changes, so results agree within float32
-  rounding) and give freed memory back to the system after each layer whose hidden states are mapped (over
-  HEAP_BYTES), and when the pass ends; over a text of LONG_TEXT tokens or more, each layer's weights read from a
-  mapped file are then paged out (MADV_PAGEOUT: their values stay; a later read maps them again from the page cache
-  or the file), so only the layer running is resident. Other threads, and the model afterwards, are untouched.
+  rounding) and give freed memory back to the system after a layer whose hidden states are mapped (over
+  HEAP_BYTES) or once the heap's freed memory grew by RETAIN_BYTES, and when the pass ends; over a text of
+  LONG_TEXT tokens or more, each layer's weights read from a mapped file are then paged out (MADV_PAGEOUT: their values
+  stay; a later read maps them again from the page cache or the file), so only the layer running is resident.
+  Other threads, and the model afterwards, are untouched.
 - slim_tokenizer(tokenizer): drops the build-only copies of the vocabulary and merges (the Rust tokenizer that
   encodes and decodes holds its own).
 - release_free_memory(): hands freed heap pages back to the system (glibc's malloc_trim; elsewhere nothing).
@@ -26,9 +27,12 @@ Memory given back costs time when it is taken again: every fresh page is a fault
 the kernel. Handing it all back after every layer, and MLP blocks of 32 MB (above glibc's 32 MB ceiling for
 serving an allocation from its heap, so each was a fresh mapping), cost SmolLM2-135M at 8,192 tokens 2.2 million
 page faults (8.6 GB of zeros) and about 1.5 s of its 11.5 s outside attention. With blocks of BLOCK_BYTES, whose
-activations reuse the heap memory the last block freed, and that memory kept until the pass ends, it faults 0.2
-million pages. Gemma 3 at 32,768 tokens, whose [N, hidden] activations (84 MB) are mapped afresh whatever the
-allocator keeps, still gives freed memory back after each layer: keeping it raised its peak from 1.62 to 1.77 GiB.
+activations reuse the heap memory the last block freed, and that memory kept until the pass ends (unless it grows
+by RETAIN_BYTES), it faults 0.2 to 0.5 million pages. Gemma 3 at 32,768 tokens, whose [N, hidden] activations
+(84 MB) are mapped afresh whatever the allocator keeps, still gives freed memory back after each layer: keeping it
+raised its peak from 1.62 to 1.77 GiB. So does the Heads page's pass where its freed memory grows layer by layer
+(it keeps each layer's q and k between the freed blocks): without that rule, SmolLM2's at 8,192 tokens peaked
+0.5 GiB higher.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from attnviz.capture.modules import decoder_layers
 BLOCK_BYTES = 12 * 2**20  # one [rows, widest] float32 activation of a blocked MLP stays about this size
 HEAP_BYTES = 32 * 2**20  # glibc serves allocations up to this size from its heap (its own ceiling)
 KEEP_BYTES = 128 * 2**20  # glibc keeps up to this much freed memory at its heap's top for the next allocations
+RETAIN_BYTES = 128 * 2**20  # a lean pass gives freed heap memory back after a layer once it grew by this much
 MIN_ROWS = 256  # never fewer rows per block: below it the matmuls lose speed
 POSITION_WISE = ("mlp", "feed_forward")  # a decoder layer's child that acts on each position alone
 LONG_TEXT = 4096  # from this many tokens on, a lean pass pages out each layer's mapped weights after the layer
@@ -58,7 +63,14 @@ MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (file-backed ones are r
 _LEAN: ContextVar[bool] = ContextVar("attnviz_lean_forward", default=False)
 _LIBC_LOCK = threading.Lock()
 _LIBC: list = []
+_RELEASED = [0]  # the freed bytes the heap held right after the last release_free_memory()
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc 2.33+'s struct mallinfo2: the allocator's totals over all its arenas, in bytes."""
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
 def release_free_memory() -> bool:
@@ -69,7 +81,15 @@ def release_free_memory() -> bool:
     if trim is None:
         return False
     trim(0)
+    _RELEASED[0] = free_heap_bytes() or 0
     return True
+
+
+def free_heap_bytes() -> int | None:
+    """The bytes the C allocator holds freed in its heaps (glibc's mallinfo2, over all arenas; pages already given
+    back count too); None where it cannot tell."""
+    info = getattr(_libc(), "mallinfo2", None)
+    return None if info is None else int(info().fordblks)
 
 
 def _libc():
@@ -83,6 +103,8 @@ def _libc():
                 libc = None
             if libc is not None and hasattr(libc, "madvise"):
                 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            if libc is not None and hasattr(libc, "mallinfo2"):
+                libc.mallinfo2.restype = _MallInfo2
             _tune_allocator(libc)
             _LIBC.append(libc)
         return _LIBC[0]
@@ -210,15 +232,18 @@ def page_out(ranges: list[tuple[int, int]]) -> bool:
 
 def _after_layer(ranges, module, args, kwargs, output) -> None:
     """After a decoder layer in a lean pass over a long text: over a text of LONG_TEXT tokens the layer's mapped
-    weights are paged out, and where its hidden states are larger than HEAP_BYTES freed memory goes back to the
-    system (activations that size are mapped afresh each time, so the heap's freed memory would sit unused; smaller
-    ones reuse it, and lean_forward gives it back at the end)."""
+    weights are paged out, and freed memory goes back to the system where the hidden states are larger than
+    HEAP_BYTES (activations that size are mapped afresh each time, so the heap's freed memory would sit unused) or
+    the heap's freed memory grew by more than RETAIN_BYTES since the last release (or cannot be told): what a
+    layer frees is then not what the next one takes. Otherwise the next layer's activations reuse it, and
+    lean_forward gives it back at the end."""
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     if not _LEAN.get() or not isinstance(hidden, torch.Tensor) or hidden.dim() < 2:
         return
     if hidden.shape[-2] >= LONG_TEXT:
         page_out(ranges)
-    if hidden.numel() * hidden.element_size() > HEAP_BYTES:
+    free = free_heap_bytes()
+    if hidden.numel() * hidden.element_size() > HEAP_BYTES or free is None or free > _RELEASED[0] + RETAIN_BYTES:
         release_free_memory()
 
 

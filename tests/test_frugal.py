@@ -146,10 +146,17 @@ def test_block_rows_follow_the_widest_activation():
     assert frugal.block_rows(torch.nn.Linear(64, 2**20, device="meta")) == frugal.MIN_ROWS
 
 
-@pytest.mark.parametrize("heap_bytes, releases", [(1, 2 + 1), (2**40, 1)])
-def test_freed_memory_goes_back_after_layers_whose_hidden_states_outgrow_the_heap(monkeypatch, heap_bytes, releases):
-    # hidden states over HEAP_BYTES: given back after each of the 2 layers and at the end; under it, at the end only
+@pytest.mark.parametrize("heap_bytes, free, releases", [
+    (1, 0, 2 + 1),  # hidden states over HEAP_BYTES: after each of the 2 layers, and at the end
+    (2**40, 0, 1),  # under it, with little freed: at the end only
+    (2**40, 2**40, 2 + 1),  # freed memory grew by more than RETAIN_BYTES since the last release: after each layer
+    (2**40, None, 2 + 1),  # the allocator cannot tell: after each layer
+])
+def test_freed_memory_goes_back_after_a_layer_only_where_it_would_not_be_reused(monkeypatch, heap_bytes, free,
+                                                                                 releases):
     monkeypatch.setattr(frugal, "HEAP_BYTES", heap_bytes)
+    monkeypatch.setattr(frugal, "free_heap_bytes", lambda: free)
+    monkeypatch.setattr(frugal, "_RELEASED", [0])
     calls = []
     monkeypatch.setattr(frugal, "release_free_memory", lambda: calls.append(1) or True)
     model = _model("llama")
@@ -157,6 +164,16 @@ def test_freed_memory_goes_back_after_layers_whose_hidden_states_outgrow_the_hea
     with torch.no_grad(), frugal.lean_forward(model):
         model(input_ids=_ids())
     assert len(calls) == releases
+
+
+def test_the_free_heap_is_read_from_the_allocator():
+    free = frugal.free_heap_bytes()
+    if frugal._libc() is None or not hasattr(frugal._libc(), "mallinfo2"):
+        assert free is None
+        return
+    block = torch.ones(8 * 2**20 // 4)  # 8 MiB from the heap (under HEAP_BYTES), then freed
+    del block
+    assert frugal.free_heap_bytes() >= max(free, 8 * 2**20)  # the freed block is counted while it is kept
 
 
 class _CLibrary:
