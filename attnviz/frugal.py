@@ -28,7 +28,7 @@ the kernel. Handing it all back after every layer, and MLP blocks of 32 MB (abov
 serving an allocation from its heap, so each was a fresh mapping), cost SmolLM2-135M at 8,192 tokens 2.2 million
 page faults (8.6 GB of zeros) and about 1.5 s of its 11.5 s outside attention. With blocks of BLOCK_BYTES, whose
 activations reuse the heap memory the last block freed, and that memory kept until the pass ends (unless it grows
-by RETAIN_BYTES), it faults 0.2 to 0.5 million pages. Gemma 3 at 32,768 tokens, whose [N, hidden] activations
+by RETAIN_BYTES), it faults 0.2 to 0.7 million pages. Gemma 3 at 32,768 tokens, whose [N, hidden] activations
 (84 MB) are mapped afresh whatever the allocator keeps, still gives freed memory back after each layer: keeping it
 raised its peak from 1.62 to 1.77 GiB. So does the Heads page's pass where its freed memory grows layer by layer
 (it keeps each layer's q and k between the freed blocks): without that rule, SmolLM2's at 8,192 tokens peaked
@@ -242,9 +242,15 @@ def _after_layer(ranges, module, args, kwargs, output) -> None:
         return
     if hidden.shape[-2] >= LONG_TEXT:
         page_out(ranges)
-    free = free_heap_bytes()
-    if hidden.numel() * hidden.element_size() > HEAP_BYTES or free is None or free > _RELEASED[0] + RETAIN_BYTES:
+    if hidden.numel() * hidden.element_size() > HEAP_BYTES or _heap_grew():
         release_free_memory()
+
+
+def _heap_grew() -> bool:
+    """Whether the heap's freed memory grew by more than RETAIN_BYTES since the last release (True where it cannot
+    be told)."""
+    free = free_heap_bytes()
+    return free is None or free > _RELEASED[0] + RETAIN_BYTES
 
 
 def _install(model) -> list:

@@ -230,7 +230,7 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     statistics, round as exp's do), into a buffer the thread's tiles reuse, and every sum reads them: l, the
     distance as a product with the key positions, the output as e v, and the entropy's A by multiplying the
     shifted scores in place. The scores too are written into one reused buffer. Blocks of rows run on every core
-    at once, each on one core (attnviz.cores: on a 2-core CPU a tile per core runs its products at about 94% of the
+    at once, each on one core (attnviz.cores: on a 2-core CPU a tile per core runs its products at 92 to 94% of the
     2,048³ matmul rate, a tile split over both cores at about 73%; benchmarks/attention_layer.py).
     Sums over a tile run in float32, totals over rows in float64.
     pool: also return "_pooled", every head max-pooled to `pool` pixels (attnviz.views.pooled_heads's result), from
