@@ -90,8 +90,9 @@ def test_the_pass_gives_the_same_numbers_bit_for_bit_on_one_thread_and_on_severa
 
 
 def test_a_texts_induction_pairs_are_kept_for_the_next_layer_up_to_the_bound(monkeypatch):
-    """The pairs a tile matched are kept for the same tile of the next layer; past MAX_KEPT_PAIRS they are matched
-    again. Either way the induction scores equal those of a fresh match."""
+    """The pairs a tile matched are kept for the same tile of the next layer, in one block sized to the text's
+    number of pairs (counted here by brute force) or the bound; past MAX_KEPT_PAIRS they are matched again. Either
+    way the induction scores equal those of a fresh match."""
     x, ids, _ = _layer()
     want = streamed_stats(x, ids, block=16, key_block=64)["induction"]
     for bound, all_kept in ((10**9, True), (500, False)):
@@ -102,3 +103,4 @@ def test_a_texts_induction_pairs_are_kept_for_the_next_layer_up_to_the_bound(mon
         assert 0 < match.n_kept <= bound
         pairs = sum(int((match.before[None, :] == match.ids[:, None])[q, :q].sum()) for q in range(len(ids)))
         assert (match.n_kept == pairs) == all_kept
+        assert match.store.shape == (2, min(bound, pairs))  # one block, sized to the text's pairs or the bound
