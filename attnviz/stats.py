@@ -225,7 +225,7 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
       query q's weight on the keys k < q whose previous token equals its own, ids[k - 1] == ids[q]
       (induction_targets' definition), carried like l: the matching (query, key) pairs of each tile are found
       from the token ids (O(tile / heads)), kept for the next layer up to a bound, and only their weights are
-      gathered; no list of pairs over the whole text is made (a repetitive text makes it O(n²) long).
+      added; no list of pairs over the whole text is made (a repetitive text makes it O(n²) long).
     Each tile's weights are exponentiated once, as 2^((s - m) log2 e) (torch's exp2 takes a fifth of exp's time; a
     weight's relative rounding grows by about 6e-8 per unit of m - s, so the large weights, which carry the
     statistics, round as exp's do), into a buffer the thread's tiles reuse, and every sum reads them: l, the
@@ -301,14 +301,13 @@ class InductionMatch:
         self.kept: dict[tuple[int, int, int, int], tuple[int, int] | None] = {}  # a tile's slice of store
         self.n_kept, self.lock = 0, threading.Lock()
 
-    def gathered(self, e: torch.Tensor, a: int, b: int, k0: int, k1: int) -> torch.Tensor | None:
-        """sum over the matching keys of e [head, rows a .. b - 1, keys k0 .. k1 - 1], [head, rows]; None when no
-        pair of the tile matches."""
+    def add_matched(self, into: torch.Tensor, e: torch.Tensor, a: int, b: int, k0: int, k1: int) -> None:
+        """Adds to into [head, rows] each row's sum of e [head, rows a .. b - 1, keys k0 .. k1 - 1] over its
+        matching keys (nothing where no pair of the tile matches)."""
         pairs = self._pairs(a, b, k0, k1)
-        if pairs is None:
-            return None
-        rows, flat = pairs
-        return e.new_zeros(e.shape[0], b - a).index_add_(1, rows, e.view(e.shape[0], -1).index_select(1, flat))
+        if pairs is not None:
+            rows, flat = pairs
+            into.index_add_(1, rows, e.view(e.shape[0], -1).index_select(1, flat))
 
     def _pairs(self, a: int, b: int, k0: int, k1: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The tile's matching pairs as (row offset, row offset x tile width + key offset), or None: from store
@@ -516,8 +515,8 @@ class _LayerPass:
             run.dist += torch.matmul(e, run.offsets[k0:k1])
         if self.v is not None:
             self._accumulate_output(run, e, k0, k1)
-        if find and (matched := self.match.gathered(e, a, b, k0, k1)) is not None:
-            run.induction += matched
+        if find:
+            self.match.add_matched(run.induction, e, a, b, k0, k1)
         run.big_a += s.mul_(e).sum(-1)  # sum exp(s - m)(s - m), s in log2 units
         if not self.keys_behind:
             distance = (torch.arange(a, b, dtype=torch.float32)[:, None] - self.positions[None, k0:k1]).abs_()
