@@ -144,7 +144,7 @@ def test_softmax_of_scores_is_pattern(toys, name):
 def test_smollm2_scores(smollm2):
     cap = capture_attention(smollm2, TEXT, layers=[3, 20], with_scores=True)
     assert cap.scaling == pytest.approx(1 / 8) and cap.head_dim == 64  # head_dim 576 / 9 = 64
-    probs = torch.softmax(torch.from_numpy(cap.scores).double(), dim=-1).numpy()
+    probs = torch.softmax(torch.tensor(cap.scores, dtype=torch.float64), dim=-1).numpy()
     assert np.allclose(probs, cap.pattern, atol=1e-6)
 
 

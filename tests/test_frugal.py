@@ -137,7 +137,7 @@ def test_a_capture_runs_its_mlps_in_blocks_and_equals_output_attentions(small_bl
     # layer 0's MLP in blocks; the pass stops after the last layer's attention, so layer 1's MLP never runs
     assert calls[0] == math.ceil(ids.shape[1] / ROWS)
     for i, layer in enumerate(own):
-        torch.testing.assert_close(torch.from_numpy(capture.pattern[i]), layer[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(capture.pattern[i]), layer[0], rtol=1e-5, atol=1e-6)
 
 
 def test_block_rows_follow_the_widest_activation():
