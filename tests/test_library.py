@@ -105,6 +105,8 @@ def test_capture_by_name_equals_output_attentions(smollm2, attention_of):
     attentions = cap.to_attentions()
     assert len(attentions) == 30 and all(a.shape == (1, 9, cap.n_tokens, cap.n_tokens) for a in attentions)
     assert np.array_equal(torch.cat(attentions).double().numpy(), reference)
+    attentions[0].zero_()  # the tensors are the caller's: the capture (maybe shared by a cache) is untouched
+    assert np.array_equal(cap.pattern.astype(np.float64), reference)
     with pytest.raises(attnviz.CaptureError, match="tokenizer= goes with a model object"):
         attnviz.capture("smollm2-135m", "The cat", tokenizer=smollm2.tokenizer)
 

@@ -203,8 +203,13 @@ class AttentionCapture:
     def to_attentions(self) -> tuple[torch.Tensor, ...]:
         """The captured layers' weights in the format of transformers' output_attentions (and bertviz's head_view
         and model_view): a tuple with one [1, head, query, key] tensor per captured layer, in order. In the qk
-        store each layer's weights are computed from q and k here (4 bytes per weight)."""
-        return tuple(torch.from_numpy(np.ascontiguousarray(self.layer_rows(layer)))[None] for layer in self.layers)
+        store each layer's weights are computed from q and k here (4 bytes per weight). The dense store's are
+        copied: its pattern is read-only and may be shared (a cached capture), and a tensor cannot be."""
+        def writable(rows: np.ndarray) -> np.ndarray:
+            rows = np.ascontiguousarray(rows)
+            return rows if rows.flags.writeable else rows.copy()
+
+        return tuple(torch.from_numpy(writable(self.layer_rows(layer)))[None] for layer in self.layers)
 
     # -- notebook views (attnviz.notebook): each draws in a notebook with no network; see its options there --
     def show(self, *, hide_sink: bool = False, gamma: float = 0.5):
