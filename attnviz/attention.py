@@ -5,6 +5,7 @@ Vaswani et al. 2017, eq. 1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -197,8 +198,9 @@ def named_rules_from_rows(visible: np.ndarray, rows: np.ndarray, n_query: int, n
 class LayerInputs:
     """What one attention layer saw: everything its softmax's logits are made of.
 
-    q: [head, n_query, d] query vectors after the positional rotation (RoPE), float32
-    k: [kv_head, n_key, d] key vectors after the rotation, before the GQA repeat, float32
+    q: [head, n_query, d] query vectors after the positional rotation (RoPE), float32 on the CPU (or, handed on
+       during a capture with DuringForward.device_inputs, where a GPU model made them, in its dtype: on_cpu())
+    k: [kv_head, n_key, d] key vectors after the rotation, before the GQA repeat, likewise
     kv_head_of: for each query head, the KV head it reads
     scaling: the factor q.k is multiplied by (1/sqrt(d) in most families)
     mask: the MaskRule the model applied
@@ -231,6 +233,12 @@ class LayerInputs:
     @property
     def head_dim(self) -> int:
         return int(self.q.shape[-1])
+
+    def on_cpu(self) -> LayerInputs:
+        """These inputs with q and k as float32 on the CPU (self where they already are)."""
+        if self.q.device.type == "cpu" and self.q.dtype == self.k.dtype == torch.float32:
+            return self
+        return dataclasses.replace(self, q=self.q.float().cpu(), k=self.k.float().cpu())
 
     def nbytes(self) -> int:
         extra = sum(x.numel() * x.element_size() for x in (self.key_bias, self.sink) if x is not None)

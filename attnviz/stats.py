@@ -116,6 +116,8 @@ def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = 
         from attnviz.views import overview_in_pass
 
         overview = overview_in_pass(len(token_ids)) if pool else None
+    from attnviz.kernels.triton_stats import kernel_runs
+
     summary: dict[int, dict] = {}
     match = InductionMatch(token_ids)  # one per text: every layer's tiles match alike
 
@@ -128,7 +130,9 @@ def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = 
         if layer not in summary:
             summary[layer] = streamed_stats(inputs, match, pool=pool, overview=overview)
 
-    return DuringForward(attend=attend, on_layer=on_layer, keep_inputs=keep_inputs, summary=summary)
+    # the statistics kernel reads q, k and v on the GPU where the model made them: no copy to the CPU and back
+    return DuringForward(attend=attend, on_layer=on_layer, keep_inputs=keep_inputs, summary=summary,
+                         device_inputs=kernel_runs())
 
 
 def stats_frame(per_layer: list[dict[str, np.ndarray]], layers, kv_head_of, n_tokens: int,
@@ -243,15 +247,17 @@ def streamed_stats(inputs, token_ids=None, *, block: int | None = None, key_bloc
     (views.mass_off_sink). Both sizes come from one max over each tile's blocks (_Pools).
     values: the layer's value vectors [kv_head, n_key, d_v]; also return "_output" [head, n, d_v] float32, the
     attention output sum_k p_k v_k, accumulated as acc <- alpha acc + exp(s - m_new) v: the layer's forward pass.
-    On CUDA with kernels.triton_stats.USE_KERNEL on, the Triton kernel computes the same (no overview yet).
+    On CUDA with kernels.triton_stats.USE_KERNEL on, the Triton kernel computes the same, and inputs on the GPU
+    stay there; otherwise they are copied to the CPU as float32 first.
     """
-    if not overview and torch.cuda.is_available():  # the Triton kernel when switched on (kernels.triton_stats)
+    if torch.cuda.is_available():  # the Triton kernel when switched on (kernels.triton_stats)
         from attnviz.kernels.triton_stats import stats_on_device
 
         ids = token_ids.token_ids if isinstance(token_ids, InductionMatch) else token_ids
-        on_gpu = stats_on_device(inputs, ids, pool=pool, values=values)
+        on_gpu = stats_on_device(inputs, ids, pool=pool, values=values, overview=overview)
         if on_gpu is not None:
             return on_gpu
+    inputs, values = inputs.on_cpu(), None if values is None else values.float().cpu()
     n = inputs.n_query
     block = _row_block(inputs, block, key_block)
     sizes = {name: size for name, size in (("_pooled", pool), ("_overview", overview)) if size}

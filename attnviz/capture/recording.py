@@ -146,7 +146,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         # a copy outlives the forward pass; inputs dropped after the layer (keep_inputs=False) may be views
         own = (lambda x: x.clone()) if rec.keep_inputs else (lambda x: x)
         rec.inputs[layer] = LayerInputs(
-            q=own(query[0].detach().float().cpu()), k=own(key[0].detach().float().cpu()),
+            q=own(rec.kept(query[0])), k=own(rec.kept(key[0])),
             kv_head_of=tuple(core.kv_head_of(n_heads, key.shape[1])), scaling=scale, mask=mask,
             softcap=float(softcap) if softcap else None,
             sink=None if sink is None else sink.detach().float().cpu().reshape(-1).clone())
@@ -161,7 +161,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     elif rec.attend is not None and layer in rec.wanted and query.shape[0] == 1:
         # the caller's blocked attention computes this layer's output from what it saw (and its statistics on the
         # way): the scores are made once, for both
-        out = rec.attend(layer, rec.inputs[layer], value[0].detach().float().cpu())  # [head, query, d_v]
+        out = rec.attend(layer, rec.inputs[layer], rec.kept(value[0]))  # [head, query, d_v]
         out = out.to(device=query.device, dtype=query.dtype).unsqueeze(0).transpose(1, 2).contiguous()
         weights = None
     elif softcap or sink is not None or isinstance(attention_mask, RuleMask):
@@ -240,6 +240,12 @@ class Recorder:
     seen: set[int] = field(default_factory=set)
     kv_head_of: tuple[int, ...] | None = None
     done: int = 0
+    device_inputs: bool = False  # q, k and v stay where a GPU model made them (DuringForward.device_inputs)
+
+    def kept(self, x: torch.Tensor) -> torch.Tensor:
+        """What the recorder hands on of a layer's q, k or v [head, n, d]: x itself on a GPU with device_inputs,
+        else a float32 copy on the CPU."""
+        return x.detach() if self.device_inputs and x.is_cuda else x.detach().float().cpu()
 
     def layer_done(self, layer: int) -> None:
         if layer in self.wanted:

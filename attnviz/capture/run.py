@@ -41,12 +41,15 @@ class DuringForward:
     computes the scores once for both. on_layer(layer, inputs) is called as soon as a wanted layer's inputs are
     recorded (every family that records them). keep_inputs=False drops each layer's q and k after that: memory
     O(one layer), and the capture has no maps, only tokens. summary: what they computed, {layer: result}; it
-    becomes capture.summary."""
+    becomes capture.summary. device_inputs (with keep_inputs=False): a model on a GPU hands attend and on_layer its
+    q, k and v where it made them, in its own dtype, instead of float32 copies on the CPU, for a caller that
+    computes on that GPU (streaming_attend with the statistics kernel: no copy out and back per layer)."""
 
     attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
     on_layer: Callable[[int, LayerInputs], None] | None = None
     keep_inputs: bool = True
     summary: dict | None = None
+    device_inputs: bool = False
 
 
 def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern", dtype=np.float32,
@@ -79,7 +82,7 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     recorder = Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, store=store,
                         layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress,
                         on_layer=during.on_layer, keep_inputs=during.keep_inputs, attend=during.attend,
-                        with_values=with_values)
+                        with_values=with_values, device_inputs=during.device_inputs and not during.keep_inputs)
     _forward(loaded, recorder, ids, attention_mask)
     capture = _assembled(loaded, modules[0], wanted, recorder, ids[0].tolist(), recorded, during.summary)
     if with_scores:

@@ -47,10 +47,10 @@ import triton.language as tl
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, LAUNCH_LOCK, UNAVAILABLE
 
 MAX_HEAD_DIM = 256
-# stats_on_device uses the kernel only while this is True. Off unless ATTNVIZ_STATS_KERNEL=1 at start, until the
-# GPU tests (pytest -m gpu tests/test_triton_stats.py) have passed on a GPU: the numbers a page shows come from a
-# path tested on the hardware that runs it. The GPU tests switch it on and off to compare the two paths.
-USE_KERNEL = os.environ.get("ATTNVIZ_STATS_KERNEL", "0") == "1"
+# stats_on_device uses the kernel only while this is True: on by default (it runs only on CUDA), off with
+# ATTNVIZ_STATS_KERNEL=0 at start. The GPU tests (pytest -m gpu tests/test_triton_stats.py) switch it on and off to
+# compare the two paths.
+USE_KERNEL = os.environ.get("ATTNVIZ_STATS_KERNEL", "1") != "0"
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # per-row outputs of _stats_fwd, in this order
@@ -352,11 +352,12 @@ def _token_arrays(token_ids, n_query: int, n_key: int):
 
 def kernel_stats(inputs, token_ids=None, *, block_m: int = 64, block_n: int = 64, pool: int | None = None,
                  values: torch.Tensor | None = None, dtype: torch.dtype | None = None, trace: bool = False,
-                 num_warps: int | None = None, num_stages: int | None = None) -> dict:
-    """stats.streamed_stats(inputs, token_ids, pool=pool, values=values) by the Triton kernel: the same per-head
-    columns (numpy [head], float64: entropy, sink_mass, mean_distance, prev_token, self, induction, and
-    learned_sink for a model with sink logits), "_pooled" / "_pooled_nosink" with pool, "_output" [head, n, d_v]
-    float32 (on the kernel's device) with values.
+                 num_warps: int | None = None, num_stages: int | None = None, overview: int | None = None) -> dict:
+    """stats.streamed_stats(inputs, token_ids, pool=pool, values=values, overview=overview) by the Triton kernel:
+    the same per-head columns (numpy [head], float64: entropy, sink_mass, mean_distance, prev_token, self,
+    induction, and learned_sink for a model with sink logits), "_pooled" / "_pooled_nosink" with pool,
+    "_overview" / "_overview_nosink" (float16) and "_kept" with overview (each a pooled pass of its own, _pool_fwd),
+    "_output" [head, n, d_v] float32 (on the kernel's device) with values.
 
     inputs: an attnviz.attention.LayerInputs, on any device (moved to the kernel's). dtype: what q, k and v are
     cast to for the kernel (default: q's own; float32 runs with exact float32 products, 16-bit types on tensor
@@ -366,7 +367,7 @@ def kernel_stats(inputs, token_ids=None, *, block_m: int = 64, block_n: int = 64
     launch = prepare_stats(inputs, token_ids, block_m=block_m, block_n=block_n, values=values, dtype=dtype,
                            num_warps=num_warps, num_stages=num_stages)
     launch.run()
-    return launch.result(pool=pool, trace=trace)
+    return launch.result(pool=pool, trace=trace, overview=overview)
 
 
 @dataclass
@@ -406,13 +407,18 @@ class StatsLaunch:
                 HAS_V=v is not None, INDUCTION=self.tokens is not None,
                 ALIGNED=bool(self.inputs.mask.causal) and self.shape_args[2] == 0, **self.common)
 
-    def result(self, *, pool: int | None = None, trace: bool = False) -> dict:
+    def result(self, *, pool: int | None = None, trace: bool = False, overview: int | None = None) -> dict:
         """kernel_stats' dictionary from the rows run() wrote."""
         result = _row_means(self.rows, self.tokens, self.sink is not None)
-        if pool:
-            scalars = (float(self.inputs.scaling), float(self.inputs.softcap or 1.0))
-            result["_pooled"], result["_pooled_nosink"] = _pooled(self.q, self.k, self.bias, self.kv_of, self.rows,
-                                                                  scalars, self.shape_args, pool, self.common)
+        scalars = (float(self.inputs.scaling), float(self.inputs.softcap or 1.0))
+        for name, size in (("_pooled", pool), ("_overview", overview)):
+            if size:
+                plain, off = _pooled(self.q, self.k, self.bias, self.kv_of, self.rows, scalars, self.shape_args,
+                                     size, self.common)
+                kind = np.float16 if name == "_overview" else np.float32  # as streamed_stats stores them
+                result[name], result[name + "_nosink"] = plain.astype(kind), off.astype(kind)
+        if overview:  # each row's weight off token 0 (views.mass_off_sink)
+            result["_kept"] = (self.rows[:, 6] - self.rows[:, 2]).cpu().numpy()
         if self.v is not None:
             result["_output"] = self.out
         if trace:
@@ -511,15 +517,22 @@ def _pooled(q, k, bias, kv_of, rows, scalars, shape_args, pool: int, common: dic
     return torch.exp2(pooled).cpu().numpy(), pooled_off.cpu().numpy()
 
 
+def kernel_runs() -> bool:
+    """Whether stats_on_device computes (USE_KERNEL on, a CUDA GPU, Triton compiling for it) rather than leaving
+    the statistics to the torch path."""
+    return USE_KERNEL and not INTERPRETED and torch.cuda.is_available()
+
+
 def stats_on_device(inputs, token_ids=None, *, pool: int | None = None, values: torch.Tensor | None = None,
-                    dtype: torch.dtype | None = None) -> dict | None:
+                    dtype: torch.dtype | None = None, overview: int | None = None) -> dict | None:
     """streamed_stats' result computed by the Triton kernel on a CUDA GPU, or None where the torch path must run:
     no CUDA (the interpreter is for tests, not for speed), USE_KERNEL off, or inputs the kernel refuses (kernel_stats'
     Unsupported). stats.streamed_stats calls it first when CUDA is available. The "_output" it returns stays on
     the GPU, where the model's forward pass wants it."""
-    if not USE_KERNEL or INTERPRETED or not torch.cuda.is_available():
+    if not kernel_runs():
         return None
     if _refusal(inputs, inputs.q.dtype if dtype is None else dtype):
         return None
     block_m, block_n = (64, 64) if inputs.head_dim <= 64 else (64, 32)
-    return kernel_stats(inputs, token_ids, pool=pool, values=values, dtype=dtype, block_m=block_m, block_n=block_n)
+    return kernel_stats(inputs, token_ids, pool=pool, values=values, dtype=dtype, block_m=block_m, block_n=block_n,
+                        overview=overview)
