@@ -9,9 +9,11 @@ measured in this one run.
            reported. Goal: statistics kernel <= 1.3x the plain kernel's time at N = 16,384, d = 128.
   models   end to end, the command line's path (python -m attnviz stats): the model's forward pass on the GPU with
            each layer's statistics and attention output from the kernel (stats.streaming_attend), for SmolLM2-135M
-           at 8,192 tokens and Gemma 3 270M at 32,768; kernel in float32 (exact products) and in bfloat16, and the
-           app's path (pool = 48, the Heads page's grid) in bfloat16. SmolLM2 is also run through the torch path
-           (the CPU) and the two tables compared. Goal: Gemma 3 at 32,768 tokens in under 5 s.
+           at 8,192 tokens and Gemma 3 270M at 32,768; kernel in float32 (exact products), again with each layer's
+           q, k and v copied to the CPU and back (what recording did before DuringForward.device_inputs), in
+           bfloat16, and the app's path (pool = 48, the Heads page's grid, and from 16,384 tokens the One head
+           overview) in bfloat16. SmolLM2 is also run through the torch path (the CPU) and the two tables compared.
+           Goal: Gemma 3 at 32,768 tokens in under 5 s.
 
     python benchmarks/gpu_stats.py                 both parts (about 4 minutes on an H100, first run included)
     python benchmarks/gpu_stats.py --part kernel   only the kernel table
@@ -40,6 +42,11 @@ CELLS = ((4096, 64, "float16"), (4096, 128, "bfloat16"), (16384, 64, "bfloat16")
 HEADS = 16
 GOAL_RATIO, GOAL_SECONDS = 1.3, 5.0
 MODELS = (("smollm2-135m", 8192), ("gemma3-270m", 32768))
+# (label, kernel dtype (None: the inputs' own, float32), pool, q/k/v copied to the CPU and back)
+RUNS = (("float32 kernel", None, None, False),
+        ("float32 kernel, q, k, v copied to the CPU and back", None, None, True),
+        ("bfloat16 kernel", torch.bfloat16, None, False),
+        ("bfloat16 kernel, pool 48 (app)", torch.bfloat16, 48, False))
 
 
 def _bench_ms(fn) -> float:
@@ -114,8 +121,9 @@ def kernel_dispatch(dtype):
     original = stats.streamed_stats
 
     def on_device(inputs, token_ids=None, *, pool=None, values=None, overview=None, **kwargs):
-        done = None if kwargs or overview else stats_on_device(inputs, token_ids, pool=pool, values=values,
-                                                               dtype=dtype)
+        ids = getattr(token_ids, "token_ids", token_ids)  # streaming_attend passes an InductionMatch
+        done = None if kwargs else stats_on_device(inputs, ids, pool=pool, values=values, dtype=dtype,
+                                                   overview=overview)
         return done if done is not None else original(inputs, token_ids, pool=pool, values=values,
                                                       overview=overview, **kwargs)
 
@@ -126,9 +134,10 @@ def kernel_dispatch(dtype):
         stats.streamed_stats, triton_stats.USE_KERNEL = original, was_on
 
 
-def one_run(loaded, text, *, pool=None):
+def one_run(loaded, text, *, pool=None, copied=False):
     """(seconds, {layer: statistics}) of the command line's path: capture in the qk store with each layer's
-    statistics and output computed during the forward pass."""
+    statistics and output computed during the forward pass. copied: each layer's q, k and v copied to the CPU as
+    float32 and back to the GPU (DuringForward.device_inputs off: what recording did before it kept them)."""
     from attnviz.capture import capture_attention
     from attnviz.stats import streaming_attend
 
@@ -136,6 +145,7 @@ def one_run(loaded, text, *, pool=None):
     torch.cuda.synchronize()
     started = time.perf_counter()
     during = streaming_attend(ids, pool=pool, keep_inputs=False)
+    during.device_inputs = during.device_inputs and not copied
     capture_attention(loaded, text, store="qk", during=during)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
@@ -157,11 +167,10 @@ def model_runs(with_torch: bool):
         text = long_text(n_tokens, loaded.tokenizer)
         warm = long_text(1024, loaded.tokenizer)
         results = {}
-        for label, dtype, pool in (("float32 kernel", None, None), ("bfloat16 kernel", torch.bfloat16, None),
-                                   ("bfloat16 kernel, pool 48 (app)", torch.bfloat16, 48)):
+        for label, dtype, pool, copied in RUNS:
             with kernel_dispatch(dtype):
-                one_run(loaded, warm, pool=pool)  # compiles this model's kernels
-                seconds, summary = one_run(loaded, text, pool=pool)
+                one_run(loaded, warm, pool=pool, copied=copied)  # compiles this model's kernels
+                seconds, summary = one_run(loaded, text, pool=pool, copied=copied)
             results[label] = summary
             goal = (f"  (goal < {GOAL_SECONDS:.0f} s: {'met' if seconds < GOAL_SECONDS else 'NOT met'})"
                     if name.startswith("gemma3") else "")
