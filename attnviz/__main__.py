@@ -1,12 +1,15 @@
 """The command line (the `attnviz` console script, or python -m attnviz): attnviz capture --model NAME --text TEXT
 --out FILE; attnviz stats --model NAME --text-file FILE --out stats.csv (every head's statistics at any length; with
---window, averaged over windows of one or several files); attnviz models; attnviz app (the Streamlit app)."""
+--window, averaged over windows of one or several files); attnviz corpus run|summary|top (statistics over a whole
+corpus, attnviz.corpus.cli); attnviz models; attnviz app (the Streamlit app)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from attnviz.corpus import cli as corpus_cli
 
 
 def _model_and_text(command) -> None:
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 64)")
     st.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
 
+    corpus_cli.add_commands(commands)
     commands.add_parser("models", help="List the models attnviz knows by name.")
     commands.add_parser("app", help="Start the Streamlit app (streamlit run app.py); any further arguments, "
                               "such as --server.port 8502, go to streamlit.")
@@ -55,15 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from attnviz.capture import CaptureError
+    from attnviz.corpus import CorpusError
     from attnviz.models import ModelError
 
     try:
         if args.command == "models":
             return _models()
+        if args.command == "corpus":
+            return corpus_cli.run(args)
         if args.command == "stats":
             return _stats(args)
         return _capture(args)
-    except (CaptureError, ModelError) as exc:
+    except (CaptureError, CorpusError, ModelError) as exc:
         detail = getattr(exc, "detail", None)  # on the command line the path and the library's words help
         print(f"error: {exc}" + (f" ({detail})" if detail else ""), file=sys.stderr)
         return 2

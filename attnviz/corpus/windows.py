@@ -22,20 +22,30 @@ def token_windows(loaded, text: str, window: int, *, max_windows: int = MAX_WIND
     """The text's tokens cut into consecutive windows of `window` tokens (the last, shorter one kept when it has at
     least half a window), each with the tokenizer's start and end tokens ([BOS], [CLS] … [SEP]) as a text of its own
     would have them. At most max_windows, from the start."""
+    return [ids for _, ids in text_windows(loaded.tokenizer, text, window)[:max_windows]]
+
+
+def text_windows(tokenizer, text: str, window: int) -> list[tuple[int, list[int]]]:
+    """Every window of token_windows, as (offset of its first token in the text's tokens without the start and end
+    tokens, the window's ids with them)."""
     if window < 2:
         raise ValueError("A window needs at least 2 tokens.")
-    prefix, suffix = special_tokens(loaded.tokenizer)
-    ids = list(loaded.tokenizer(text).input_ids)
+    prefix, suffix = special_tokens(tokenizer)
+    ids = list(tokenizer(text).input_ids)
     body = ids[len(prefix):len(ids) - len(suffix) if suffix else None]
-    out = []
-    for a in range(0, len(body), window):
-        chunk = body[a:a + window]
-        if len(chunk) < max(2, window // 2) and out:
+    return [(a, prefix + body[a:b] + suffix) for a, b in window_spans(len(body), window)]
+
+
+def window_spans(n_tokens: int, window: int) -> list[tuple[int, int]]:
+    """(start, stop) of each window over n_tokens tokens: consecutive, `window` long, the last shorter one kept when
+    it has at least half a window (and at least 2 tokens), or when it is the only one."""
+    spans = []
+    for a in range(0, n_tokens, window):
+        b = min(n_tokens, a + window)
+        if b - a < max(2, window // 2) and spans:
             break
-        out.append(prefix + chunk + suffix)
-        if len(out) == max_windows:
-            break
-    return out
+        spans.append((a, b))
+    return spans
 
 
 def corpus_stats(loaded, windows: list[list[int]], *, layers=None,
