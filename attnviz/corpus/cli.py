@@ -95,5 +95,6 @@ def _run(args) -> int:
                         field=args.field, max_windows=args.max_windows, progress=show, actors=args.actors)
     m = result.manifest
     print(f"wrote {args.out}: {m['n_windows']:,} windows of {', '.join(map(str, m['windows']))} tokens from "
-          f"{m['documents']:,} documents, {m['layers']} layers x {m['heads']} heads ({m['n_shards']} shards)")
+          f"{m['documents']:,} documents, {m['layers']} layers x {m['heads']} heads ({m['n_shards']} shard"
+          f"{'s' if m['n_shards'] != 1 else ''})")
     return 0

@@ -70,7 +70,7 @@ def lent(model, tokenizer=None) -> Iterator:
     the block and put back as it was)."""
     import attnviz.kernels  # noqa: F401  (chooses Triton's backend before a model imports triton.language)
     from attnviz.capture import borrowed
-    from attnviz.models import LoadedModel, ModelSpec, load_model
+    from attnviz.models import LoadedModel, ModelSpec, load_model, shape_of
 
     if isinstance(model, (str, Path)):
         if tokenizer is not None:
@@ -84,9 +84,7 @@ def lent(model, tokenizer=None) -> Iterator:
         name = getattr(model.config, "name_or_path", "") or type(model).__name__
         spec = ModelSpec(name, getattr(model.config, "model_type", ""), "object", True, None, "a model object")
         with borrowed(model):
-            from attnviz.shape import model_shape
-
-            yield LoadedModel(model=model, tokenizer=tokenizer, spec=spec, shape=model_shape(model))
+            yield LoadedModel(model=model, tokenizer=tokenizer, spec=spec, shape=shape_of(model, spec))
     else:
         raise CorpusError("model must be a model name, a folder, a .gguf file or a transformers model object.")
 

@@ -1,0 +1,170 @@
+"""run_on_ray: a corpus run's shards on a Ray cluster, through the local engine's own shard function.
+
+The pending shards (those not yet in the run folder) become a Ray Data data set of shard numbers, mapped by a pool
+of actors (map_batches with a callable class, one shard per batch). Each actor loads the model once, by its name,
+folder or file, checks that its weights are the manifest's, and for each shard computes
+attnviz.corpus.run.shard_rows on that shard's windows and writes the shard into the folder itself (written aside,
+then renamed): the folder must be one every node sees. Only a small record per shard comes back to the driver, which
+reports progress as they arrive.
+
+Actors are restarted when their process dies (a node lost, a worker killed), and the shard they held is run again
+on the new one; it rewrites the same whole file, so a window is never missing or written twice. Ray is the
+`cluster` extra: it is imported only here, inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from attnviz.corpus.sources import CorpusError
+from attnviz.corpus.store import RunFolder
+
+RESTARTS = 3  # tries of a dead actor and of its shard: a shard that kills its actor every time fails the run
+SPARE_CPUS = 1  # left to Ray Data's own tasks: a pool holding every CPU starves them and the run waits forever
+OBJECT_STORE_BYTES = 256 * 2**20  # a local Ray's object store: only shard numbers and small records go through it
+
+
+def run_on_ray(model, tokenizer, folder: RunFolder, *, progress=None, actors: int | None = None) -> None:
+    """Every shard of `folder` not yet there, on the Ray cluster RAY_ADDRESS names (else a local Ray started for
+    this call and stopped after it; a Ray already started in this process is used as it is). model: a name, a
+    folder or a .gguf file, which each actor loads itself. actors: the pool's size (default: one per node).
+    progress(done, total) in windows, called here as each shard is written."""
+    if tokenizer is not None or not isinstance(model, (str, Path)):
+        raise CorpusError("engine='ray' needs the model as a name, a folder or a .gguf file, which each Ray actor "
+                          "loads itself: a model object cannot be sent to the cluster.")
+    if actors is not None and actors < 1:
+        raise CorpusError("actors must be at least 1.")
+    ray = _import_ray()
+    manifest = folder.manifest()
+    size, total, n_shards = manifest["shard_windows"], manifest["n_windows"], manifest["n_shards"]
+    done = folder.done_shards()
+    pending = [shard for shard in range(n_shards) if shard not in done]
+    finished = sum(min(size, total - shard * size) for shard in done)
+    if progress is not None:
+        progress(finished, total)
+    if not pending:
+        return
+    with _cluster(ray), _quiet_data(ray):
+        resources = ray.cluster_resources()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        node_cpus = max(n["Resources"].get("CPU", 0) for n in nodes)
+        n_actors, cpus, threads = actor_sizing(resources.get("CPU", 1), node_cpus, actors or len(nodes))
+        shards = ray.data.from_items([{"shard": shard} for shard in pending], override_num_blocks=len(pending))
+        with warnings.catch_warnings():
+            # Ray 2.60 deprecates passing max_restarts and max_task_retries this way but names no other: without
+            # them Ray Data retries a dead actor forever, and a shard that kills its actor would never end the run
+            warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated", DeprecationWarning)
+            records = shards.map_batches(
+                ShardWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(n_actors, len(pending))),
+                num_cpus=cpus, max_restarts=RESTARTS, max_task_retries=RESTARTS,
+                fn_constructor_kwargs={"model": _portable(model), "folder": str(folder.path.resolve()),
+                                       "name": folder.name, "threads": threads})
+        for batch in records.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
+            finished += int(batch["windows"].sum())
+            if progress is not None:
+                progress(finished, total)
+    missing = sorted(set(pending) - folder.done_shards())
+    if missing:
+        raise CorpusError(f"The Ray run ended without {len(missing)} of its shards: run the same command again to "
+                          "compute them.")
+
+
+def actor_sizing(total_cpus: float, node_cpus: float, actors: int) -> tuple[int, float, int]:
+    """(actors, CPUs each asks Ray for, torch threads each runs) for a pool of `actors` on a cluster of total_cpus
+    whose biggest node has node_cpus. The pool shares all but SPARE_CPUS of them (half of them on a one-CPU
+    machine), so Ray Data's own tasks always find a CPU; a share of one CPU or more is a whole number no bigger
+    than a node, so that each actor fits on one, and runs that many torch threads (one below a whole CPU)."""
+    usable = max(total_cpus - SPARE_CPUS, total_cpus / 2)
+    cpus = usable / actors
+    if cpus >= 1:
+        cpus = float(min(int(cpus), int(node_cpus)))
+    return actors, cpus, max(1, int(cpus))
+
+
+class ShardWorker:
+    """One actor of the pool: the model loaded once, then shard_rows of each shard it is given, written into the
+    run folder. A batch is {"shard": [k]}; it returns {"shard": [k], "windows": [its number of windows]}."""
+
+    def __init__(self, model: str, folder: str, name: str, threads: int):
+        import torch
+
+        import attnviz.kernels  # noqa: F401  (chooses Triton's backend before a model imports triton.language)
+        from attnviz.corpus.run import model_fingerprint
+        from attnviz.models import load_model
+
+        torch.set_num_threads(threads)  # the actor's share of the node, as Ray counts it
+        self.folder = RunFolder(folder, name)
+        manifest = self.folder.manifest()
+        self.size = manifest["shard_windows"]
+        self.loaded = load_model(model)
+        if model_fingerprint(self.loaded.model) != manifest["model_fingerprint"]:
+            raise CorpusError(f"{model} loads other weights on this Ray node than where the run was planned: "
+                              "give every node the same model.")
+        self.plan = self.folder.windows(columns=["window_id", "ids"])
+
+    def __call__(self, batch: dict) -> dict:
+        from attnviz.corpus.run import shard_rows
+
+        shards, windows = [], []
+        for shard in batch["shard"]:
+            shard = int(shard)
+            part = self.plan.iloc[shard * self.size:(shard + 1) * self.size]
+            self.folder.write_shard(shard, shard_rows(self.loaded, part["window_id"].tolist(), part["ids"].tolist()))
+            shards.append(shard)
+            windows.append(len(part))
+        return {"shard": shards, "windows": windows}
+
+
+def _import_ray():
+    try:
+        import ray
+        import ray.data
+    except ImportError as exc:
+        raise CorpusError("engine='ray' needs Ray Data: pip install attnviz[cluster]") from exc
+    return ray
+
+
+@contextlib.contextmanager
+def _cluster(ray):
+    """Ray as this process has it, or attached to RAY_ADDRESS's cluster, or a small local one; what this block
+    started or attached is shut down after it."""
+    if ray.is_initialized():
+        yield
+        return
+    quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
+    address = os.environ.get("RAY_ADDRESS")
+    try:
+        if address:
+            ray.init(address=address, **quiet)
+        else:
+            ray.init(object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False, **quiet)
+    except ConnectionError as exc:
+        raise CorpusError("Cannot reach the Ray cluster that RAY_ADDRESS names: start it (ray start --head), or "
+                          "unset RAY_ADDRESS to run on a local Ray.") from exc
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _quiet_data(ray):
+    """No Ray Data progress bars or start-up lines while the block runs: the run reports its own progress."""
+    context = ray.data.DataContext.get_current()
+    saved = context.enable_progress_bars, context.print_on_execution_start
+    context.enable_progress_bars, context.print_on_execution_start = False, False
+    try:
+        yield
+    finally:
+        context.enable_progress_bars, context.print_on_execution_start = saved
+
+
+def _portable(model) -> str:
+    """The model as an actor can load it: a folder or file that exists here by its absolute path (an actor's working
+    folder is not the driver's), a name as it is."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else str(model)
