@@ -37,6 +37,9 @@ PAGES: tuple[PageInfo, ...] = (
     PageInfo("app_pages/heads.py", "Heads", "🧠", "heads",
              "Run a real or toy model on your text and explore every head's attention map and statistics.",
              state_prefix="heads_"),
+    PageInfo("app_pages/corpus.py", "Corpus", "📚", "corpus",
+             "Every head's statistics over many texts: open corpus runs, rank heads, read their top windows, compare "
+             "runs and window lengths.", state_prefix="corpus_"),
     PageInfo("app_pages/sinks.py", "Attention sinks", "🕳️", "sinks",
              "Where the first token soaks up attention, and what breaks when it is evicted from the cache.",
              state_prefix="sinks_"),
@@ -160,6 +163,17 @@ def model_roots() -> tuple[Path, ...]:
     except Exception:  # a malformed secrets file: Streamlit's own error says why in the server log
         log.exception("could not read model_roots from the secrets file")
     return allowed_roots(os.pathsep.join([os.environ.get("ATTNVIZ_MODEL_ROOTS", ""), *listed]))
+
+
+RUNS_DIR_ENV = "ATTNVIZ_RUNS_DIR"
+
+
+def runs_dir() -> Path | None:
+    """The operator's folder of corpus runs (ATTNVIZ_RUNS_DIR; each subfolder holding a manifest.json is a run made
+    by `attnviz corpus run ... --out <folder>/<name>`), or None when it is not set. The Corpus page shows its runs by
+    name; neither this path nor a run's is ever shown to a visitor."""
+    value = os.environ.get(RUNS_DIR_ENV, "").strip()
+    return Path(value).expanduser() if value else None
 
 
 def model_version(name: str | None) -> tuple:
