@@ -49,28 +49,38 @@ def run_on_ray(model, tokenizer, folder: RunFolder, *, progress=None, actors: in
     if not pending:
         return
     with _cluster(ray), _quiet_data(ray):
-        resources = ray.cluster_resources()
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        node_cpus = max(n["Resources"].get("CPU", 0) for n in nodes)
-        n_actors, cpus, threads = actor_sizing(resources.get("CPU", 1), node_cpus, actors or len(nodes))
-        shards = ray.data.from_items([{"shard": shard} for shard in pending], override_num_blocks=len(pending))
-        with warnings.catch_warnings():
-            # Ray 2.60 deprecates passing max_restarts and max_task_retries this way but names no other: without
-            # them Ray Data retries a dead actor forever, and a shard that kills its actor would never end the run
-            warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated", DeprecationWarning)
-            records = shards.map_batches(
-                ShardWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(n_actors, len(pending))),
-                num_cpus=cpus, max_restarts=RESTARTS, max_task_retries=RESTARTS,
-                fn_constructor_kwargs={"model": _portable(model), "folder": str(folder.path.resolve()),
-                                       "name": folder.name, "threads": threads})
-        for batch in records.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
-            finished += int(batch["windows"].sum())
-            if progress is not None:
-                progress(finished, total)
+        records = _shard_pool(ray, model, folder, pending, actors)
+        # closed in any case, so that the pipeline and its actors end here even when a refusal ends the loop
+        with contextlib.closing(iter(records.iter_batches(batch_size=1, batch_format="numpy",
+                                                          prefetch_batches=0))) as batches:
+            for batch in batches:
+                if batch["error"][0]:
+                    raise CorpusError(str(batch["error"][0]))
+                finished += int(batch["windows"].sum())
+                if progress is not None:
+                    progress(finished, total)
     missing = sorted(set(pending) - folder.done_shards())
     if missing:
         raise CorpusError(f"The Ray run ended without {len(missing)} of its shards: run the same command again to "
                           "compute them.")
+
+
+def _shard_pool(ray, model, folder: RunFolder, pending: list[int], actors: int | None):
+    """The data set of one record per pending shard: their numbers mapped by a pool of ShardWorker actors sized by
+    actor_sizing on this cluster, each restarted up to RESTARTS times and its shard tried again as often."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    node_cpus = max(n["Resources"].get("CPU", 0) for n in nodes)
+    n_actors, cpus, threads = actor_sizing(ray.cluster_resources().get("CPU", 1), node_cpus, actors or len(nodes))
+    shards = ray.data.from_items([{"shard": shard} for shard in pending], override_num_blocks=len(pending))
+    with warnings.catch_warnings():
+        # Ray 2.60 deprecates passing max_restarts and max_task_retries this way but names no other: without them
+        # Ray Data retries a dead actor forever, and a shard that kills its actor would never end the run
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated", DeprecationWarning)
+        return shards.map_batches(
+            ShardWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(n_actors, len(pending))),
+            num_cpus=cpus, max_restarts=RESTARTS, max_task_retries=RESTARTS,
+            fn_constructor_kwargs={"model": _portable(model), "folder": str(folder.path.resolve()),
+                                   "name": folder.name, "threads": threads})
 
 
 def actor_sizing(total_cpus: float, node_cpus: float, actors: int) -> tuple[int, float, int]:
@@ -87,36 +97,48 @@ def actor_sizing(total_cpus: float, node_cpus: float, actors: int) -> tuple[int,
 
 class ShardWorker:
     """One actor of the pool: the model loaded once, then shard_rows of each shard it is given, written into the
-    run folder. A batch is {"shard": [k]}; it returns {"shard": [k], "windows": [its number of windows]}."""
+    run folder. A batch is {"shard": [k]}; it returns {"shard": [k], "windows": [its number of windows], "error":
+    [""]}, or the message of what refused the actor in "error" (the driver raises it as a CorpusError: Ray would
+    bury it in the actor's traceback)."""
 
     def __init__(self, model: str, folder: str, name: str, threads: int):
         import torch
 
         import attnviz.kernels  # noqa: F401  (chooses Triton's backend before a model imports triton.language)
         from attnviz.corpus.run import model_fingerprint
-        from attnviz.models import load_model
+        from attnviz.models import ModelError, load_model
 
         torch.set_num_threads(threads)  # the actor's share of the node, as Ray counts it
-        self.folder = RunFolder(folder, name)
-        manifest = self.folder.manifest()
-        self.size = manifest["shard_windows"]
-        self.loaded = load_model(model)
-        if model_fingerprint(self.loaded.model) != manifest["model_fingerprint"]:
-            raise CorpusError(f"{model} loads other weights on this Ray node than where the run was planned: "
-                              "give every node the same model.")
-        self.plan = self.folder.windows(columns=["window_id", "ids"])
+        self.folder, self.refusal = RunFolder(folder, name), ""
+        try:
+            manifest = self.folder.manifest()
+            self.size = manifest["shard_windows"]
+            self.loaded = load_model(model)
+            if model_fingerprint(self.loaded.model) != manifest["model_fingerprint"]:
+                raise CorpusError("The model a Ray node loads has other weights than the one the run was planned "
+                                  "with: give every node the same model.")
+            self.plan = self.folder.windows(columns=["window_id", "ids"])
+        except (CorpusError, ModelError) as exc:
+            self.refusal = str(exc)
 
     def __call__(self, batch: dict) -> dict:
         from attnviz.corpus.run import shard_rows
 
-        shards, windows = [], []
-        for shard in batch["shard"]:
-            shard = int(shard)
-            part = self.plan.iloc[shard * self.size:(shard + 1) * self.size]
-            self.folder.write_shard(shard, shard_rows(self.loaded, part["window_id"].tolist(), part["ids"].tolist()))
-            shards.append(shard)
-            windows.append(len(part))
-        return {"shard": shards, "windows": windows}
+        records = {"shard": [], "windows": [], "error": []}
+        for shard in map(int, batch["shard"]):
+            windows, error = 0, self.refusal
+            if not error:
+                part = self.plan.iloc[shard * self.size:(shard + 1) * self.size]
+                try:
+                    self.folder.write_shard(shard, shard_rows(self.loaded, part["window_id"].tolist(),
+                                                              part["ids"].tolist()))
+                    windows = len(part)
+                except CorpusError as exc:  # a full disk, a folder that cannot be written
+                    error = str(exc)
+            records["shard"].append(shard)
+            records["windows"].append(windows)
+            records["error"].append(error)
+        return records
 
 
 def _import_ray():
@@ -153,14 +175,26 @@ def _cluster(ray):
 
 @contextlib.contextmanager
 def _quiet_data(ray):
-    """No Ray Data progress bars or start-up lines while the block runs: the run reports its own progress."""
+    """No Ray Data progress bars, nor its lines saying how it starts, runs and reports progress, while the block
+    runs: the run reports its own progress on one line. Its other warnings still show."""
     context = ray.data.DataContext.get_current()
     saved = context.enable_progress_bars, context.print_on_execution_start
     context.enable_progress_bars, context.print_on_execution_start = False, False
+    log = logging.getLogger("ray.data")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    bars = logging.getLogger("ray.data._internal.progress")
+    bars.addFilter(_no_progress_lines)
     try:
         yield
     finally:
         context.enable_progress_bars, context.print_on_execution_start = saved
+        log.setLevel(level)
+        bars.removeFilter(_no_progress_lines)
+
+
+def _no_progress_lines(record: logging.LogRecord) -> bool:
+    return "Progress bars disabled" not in record.getMessage()
 
 
 def _portable(model) -> str:
