@@ -96,17 +96,18 @@ def show_top_windows(run_name, run, model: str, stat: str, window: int, ranked) 
         source = str(row.source).replace("`", "'")
         st.markdown(f"**{rank}.** {stat} = **{figs.shown_value(stat, value)}** {units} · window "
                     f"{row.window_id:,} ({row.n_tokens} tokens) of `{source}`, from token {row.offset:,}")
-        st.code(row.text, language=None, wrap_lines=True)
+        text_col, link_col = st.columns([5, 2], vertical_alignment="center")
+        text_col.code(row.text, language=None, wrap_lines=True)
         query = corpus_ui.heads_link(model, row.text, layer, head)
         if query is not None:
-            st.page_link("app_pages/heads.py", label=f"Open this window on the Heads page (layer {layer}, head "
-                         f"{head})", icon="🧠", query_params=query)
+            link_col.page_link("app_pages/heads.py", label="Open on the Heads page", icon="🧠", query_params=query,
+                               help=f"The Heads page on this window's text, layer {layer}, head {head}")
         elif model not in corpus_ui.listed_models():
-            st.caption("No Heads-page link: the run's model is not one this server lists by name.")
+            link_col.caption("No Heads-page link: the run's model is not one this server lists by name.")
         else:
-            st.caption(f"No Heads-page link: the window's text is {len(row.text):,} characters, over the "
-                       f"{corpus_ui.HEADS_LINK_CHARS:,} a link holds. Copy it (the button at the top right of the "
-                       f"text) into the Heads page with {model}.")
+            link_col.caption(f"No Heads-page link: the text is {len(row.text):,} characters, over the "
+                             f"{corpus_ui.HEADS_LINK_CHARS:,} a link holds. Copy it (the button at its top right) "
+                             f"into the Heads page with {model}.")
     st.caption(f"The {len(top)} windows of {window} tokens on which layer {layer}, head {head} scores highest on "
                f"{stat}. A window is run on its own, with its model's start token; the Heads page runs its text "
                "again (re-tokenized, so a word cut at the window's edge may split differently).")
@@ -184,16 +185,17 @@ def show_comparison(runs: dict, run_name: str, run, summary, stat: str, window: 
                f"{other.manifest['layers']} × {other.manifest['heads']} heads)" if not corpus_ui.same_shape(run, other)
                else "the runs share no window length")
         means = {}
-        for label, rows, r in (("A", a_rows, run), ("B", b_rows, other)):
+        for label, name, rows, r in (("A", run_name, a_rows, run), ("B", other_name, b_rows, other)):
             layer_mean = layer_means(rows, stat)
-            means[f"{label}: {corpus_ui.model_shown(r.manifest['model'])}"] = (
+            means[f"{label}: {name} ({corpus_ui.model_shown(r.manifest['model'])})"] = (
                 figs.relative_depth(layer_mean.index, r.manifest["layers"]), layer_mean.to_numpy(), None)
         ui.chart(compare_figs.depth_curves(means, title=f"{stat}, mean over each layer's heads, against relative "
                                            "depth", y_title=f"mean {stat} ({units})"),
                  f"Head by head is not possible here: {why}. Each point is one layer at its place in the stack "
                  "(0 the first, 1 the last), so models of different depths line up.")
     ui.chart(figs.run_distributions({f"A: {run_name}": a_rows[stat], f"B: {other_name}": b_rows[stat]}, stat,
-                                    title=f"{stat} of every head, run A against run B"),
+                                    title=f"{stat} of every head, run A against run B"
+                                    + ("" if window_b == window else f" ({window} against {window_b} tokens)")),
              "Each point is one head's mean over its run's windows; the box spans the middle half of the heads, the "
              "line in it is the median. Runs of any shape compare here.")
     return other_name
