@@ -26,13 +26,29 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def server():
-    """A fresh Streamlit server (tests.servers), stopped by its own PID when the module's tests are done."""
+def runs_dir(tmp_path_factory):
+    """The Corpus page's runs folder: one small run of toy-gpt2 over the shipped text at two window lengths."""
+    from attnviz import streaming
+    from attnviz.corpus import corpus_run
+
+    root = tmp_path_factory.mktemp("runs")
+    data = root.parent / "declaration.txt"
+    data.write_text(streaming.shipped_text()[:6000], encoding="utf-8")
+    corpus_run("toy-gpt2", data, window=[32, 128], out=root / "declaration-toy-gpt2", max_windows=24)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(runs_dir):
+    """A fresh Streamlit server (tests.servers) with the runs folder set (ATTNVIZ_RUNS_DIR), stopped by its own PID
+    when the module's tests are done."""
     log = open(ROOT / ".pytest_cache" / "streamlit-browser-test.log", "w") if (ROOT / ".pytest_cache").is_dir() \
         else subprocess.DEVNULL
     try:
-        with streamlit_server(log=log) as (url, _):
-            yield url
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("ATTNVIZ_RUNS_DIR", str(runs_dir))  # the server process inherits it
+            with streamlit_server(log=log) as (url, _):
+                yield url
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
