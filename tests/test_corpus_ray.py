@@ -98,11 +98,12 @@ def assert_same_run(run: CorpusRun, reference: CorpusRun) -> None:
 
 
 def test_actors_share_all_but_one_cpu():
-    assert actor_sizing(2, 2, 2) == (2, 0.5, 1)  # this machine: one CPU left to Ray Data's tasks
-    assert actor_sizing(2, 2, 1) == (1, 1.0, 1)
+    assert actor_sizing(2, 2, 2) == (2, 0.5, 1)  # this machine: one CPU left to Ray Data's tasks, a core each
+    assert actor_sizing(2, 2, 1) == (1, 1.0, 2)  # one actor: Ray holds one CPU for it, it runs on both cores
     assert actor_sizing(1, 1, 1) == (1, 0.5, 1)
-    assert actor_sizing(64, 16, 4) == (4, 15.0, 15)  # whole CPUs, each actor on one node
-    assert actor_sizing(32, 16, 1) == (1, 16.0, 16)  # never more than a node holds
+    assert actor_sizing(64, 16, 4, nodes=4) == (4, 15.0, 16)  # whole CPUs, each actor on a node of its own
+    assert actor_sizing(32, 16, 1, nodes=2) == (1, 16.0, 16)  # never more than a node holds
+    assert actor_sizing(16, 16, 4) == (4, 3.0, 4)  # four actors on one node split its cores
 
 
 def test_a_ray_run_equals_the_local_run(local_ray, data, reference, tmp_path):

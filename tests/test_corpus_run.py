@@ -284,3 +284,23 @@ def test_command_line_run_summary_and_top(tmp_path, txt_folder, capsys):
     assert main(["corpus", "run", "--model", "toy-gpt2", "--data", str(tmp_path / "nope.txt"), "--window", "24",
                  "--out", str(tmp_path / "r2")]) == 2
     assert "nope.txt: no such file or folder" in capsys.readouterr().err
+
+
+def test_a_model_folder_is_recorded_by_its_own_name(tmp_path):
+    from attnviz.corpus.run import display_name
+
+    folder = tmp_path / "models" / "my-model"
+    folder.mkdir(parents=True)
+    assert display_name(str(folder)) == "my-model" and display_name("smollm2-135m") == "smollm2-135m"
+
+
+def test_files_a_killed_writer_left_aside_are_cleared_when_the_run_starts_again(tmp_path, txt_folder, gpt2):
+    out = tmp_path / "run"
+    corpus_run(gpt2, txt_folder, window=24, out=out, max_windows=3)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = out / "shards" / f".shard-00001.parquet.{dead.stdout.strip()}.tmp"
+    left.write_bytes(b"half a shard")
+    mine = out / "shards" / f".shard-00002.parquet.{os.getpid()}.tmp"  # a live writer's: left alone
+    mine.write_bytes(b"being written")
+    corpus_run(gpt2, txt_folder, window=24, out=out, max_windows=3)
+    assert not left.exists() and mine.exists()

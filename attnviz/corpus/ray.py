@@ -70,7 +70,8 @@ def _shard_pool(ray, model, folder: RunFolder, pending: list[int], actors: int |
     actor_sizing on this cluster, each restarted up to RESTARTS times and its shard tried again as often."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     node_cpus = max(n["Resources"].get("CPU", 0) for n in nodes)
-    n_actors, cpus, threads = actor_sizing(ray.cluster_resources().get("CPU", 1), node_cpus, actors or len(nodes))
+    n_actors, cpus, threads = actor_sizing(ray.cluster_resources().get("CPU", 1), node_cpus, actors or len(nodes),
+                                           len(nodes))
     shards = ray.data.from_items([{"shard": shard} for shard in pending], override_num_blocks=len(pending))
     with warnings.catch_warnings():
         # Ray 2.60 deprecates passing max_restarts and max_task_retries this way but names no other: without them
@@ -83,16 +84,19 @@ def _shard_pool(ray, model, folder: RunFolder, pending: list[int], actors: int |
                                    "name": folder.name, "threads": threads})
 
 
-def actor_sizing(total_cpus: float, node_cpus: float, actors: int) -> tuple[int, float, int]:
-    """(actors, CPUs each asks Ray for, torch threads each runs) for a pool of `actors` on a cluster of total_cpus
-    whose biggest node has node_cpus. The pool shares all but SPARE_CPUS of them (half of them on a one-CPU
-    machine), so Ray Data's own tasks always find a CPU; a share of one CPU or more is a whole number no bigger
-    than a node, so that each actor fits on one, and runs that many torch threads (one below a whole CPU)."""
+def actor_sizing(total_cpus: float, node_cpus: float, actors: int, nodes: int = 1) -> tuple[int, float, int]:
+    """(actors, CPUs each asks Ray for, torch threads each runs) for a pool of `actors` on a cluster of `nodes`
+    nodes and total_cpus CPUs, whose biggest node has node_cpus. The pool asks Ray for all but SPARE_CPUS of them
+    (half of them on a one-CPU machine), so Ray Data's own tasks always find a CPU to be scheduled on; a share of
+    one CPU or more is a whole number no bigger than a node, so that each actor fits on one. Threads are counted
+    from the cores, not from that reservation: Ray Data's tasks here only hand out shard numbers, so an actor alone
+    on a node runs on all of its cores (the local engine's speed), and actors sharing a node split its cores."""
     usable = max(total_cpus - SPARE_CPUS, total_cpus / 2)
     cpus = usable / actors
     if cpus >= 1:
         cpus = float(min(int(cpus), int(node_cpus)))
-    return actors, cpus, max(1, int(cpus))
+    per_node = -(-actors // max(1, nodes))
+    return actors, cpus, max(1, int(node_cpus) // per_node)
 
 
 class ShardWorker:
@@ -108,7 +112,7 @@ class ShardWorker:
         from attnviz.corpus.run import model_fingerprint
         from attnviz.models import ModelError, load_model
 
-        torch.set_num_threads(threads)  # the actor's share of the node, as Ray counts it
+        torch.set_num_threads(threads)  # the actor's share of the node's cores (actor_sizing)
         self.folder, self.refusal = RunFolder(folder, name), ""
         try:
             manifest = self.folder.manifest()

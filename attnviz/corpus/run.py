@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,7 +33,7 @@ ENGINES = ("local", "ray")
 def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | Sequence[int], out: str | Path,
                engine: str = "local", field: str = "text", max_windows: int | None = None, tokenizer=None,
                progress: Callable[[int, int], None] | None = None, names: Sequence[str] | None = None,
-               shard_windows: int = SHARD_WINDOWS, actors: int | None = None):
+               shard_windows: int = SHARD_WINDOWS, actors: int | None = None, name: str | None = None):
     """Every head's statistics on every window of `data`, written to the run folder `out`; returns the finished
     run (attnviz.corpus.results.CorpusRun: summary, top, sql, compare).
 
@@ -42,18 +44,22 @@ def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | 
     most this many windows per length, in document order. A run killed and started again with the same arguments
     goes on from its last whole shard; other arguments into the same folder are refused. progress(done, total)
     in windows. names: how the data is named in messages and in the run (default: each file or folder's own
-    name). actors: Ray's actor pool size (engine="ray")."""
+    name). actors: Ray's actor pool size (engine="ray"). name: how messages call the run folder (default: `out`
+    as given; a page passes the run's name)."""
     from attnviz.corpus.results import CorpusRun
 
     if engine not in ENGINES:
         raise CorpusError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}.")
+    if engine == "ray" and not isinstance(model, (str, Path)):
+        raise CorpusError("engine='ray' needs the model as a name, a folder or a .gguf file, which each Ray actor "
+                          "loads itself: a model object cannot be sent to the cluster.")
     paths = [data] if isinstance(data, (str, Path)) else list(data)
     lengths = sorted({int(w) for w in ([window] if isinstance(window, int) else window)})
     with lent(model, tokenizer) as loaded:
         _check_windows(loaded, lengths, max_windows)
         documents = read_documents(paths, field=field, names=names)
         plan = window_plan(loaded.tokenizer, documents, lengths, max_windows)
-        folder = RunFolder(out)
+        folder = RunFolder(out, name)
         folder.start(_manifest(loaded, documents, lengths, max_windows, field, len(plan), shard_windows), plan)
         if engine == "ray":
             from attnviz.corpus.ray import run_on_ray
@@ -61,7 +67,7 @@ def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | 
             run_on_ray(model, tokenizer, folder, progress=progress, actors=actors)
         else:
             run_local(loaded, folder, progress=progress)
-    return CorpusRun(out)
+    return CorpusRun(out, name)
 
 
 @contextlib.contextmanager
@@ -106,14 +112,14 @@ def window_plan(tokenizer, documents, lengths: list[int], max_windows: int | Non
     decoded), ids (the window's token ids, int32)."""
     rows = []
     for length in lengths:
-        taken = 0
+        left = max_windows if max_windows is not None else sys.maxsize
         for doc, document in enumerate(documents):
-            for offset, ids in text_windows(tokenizer, document.text, length):
-                if max_windows is not None and taken == max_windows:
-                    break
+            if left == 0:
+                break  # the documents after the last window taken are not tokenized
+            for offset, ids in text_windows(tokenizer, document.text, length)[:left]:
                 rows.append((length, doc, document.source, offset, len(ids),
                              tokenizer.decode(ids, skip_special_tokens=True), np.asarray(ids, dtype=np.int32)))
-                taken += 1
+                left -= 1
     if not rows:
         raise CorpusError("The documents hold no window: each is shorter than 2 tokens.")
     plan = pd.DataFrame(rows, columns=["window", "doc", "source", "offset", "n_tokens", "text", "ids"])
@@ -126,7 +132,7 @@ def _manifest(loaded, documents, lengths, max_windows, field, n_windows: int, sh
 
     return {
         "format": FORMAT, "attnviz": attnviz.__version__,
-        "model": loaded.spec.name, "model_fingerprint": model_fingerprint(loaded.model),
+        "model": display_name(loaded.spec.name), "model_fingerprint": model_fingerprint(loaded.model),
         "family": loaded.spec.family, "layers": loaded.shape.layers, "heads": loaded.shape.heads,
         "tokenizer": type(loaded.tokenizer).__name__, "tokenizer_fingerprint": tokenizer_fingerprint(loaded.tokenizer),
         "windows": lengths, "max_windows": max_windows, "field": field,
@@ -134,6 +140,12 @@ def _manifest(loaded, documents, lengths, max_windows, field, n_windows: int, sh
         "documents": len(documents), "data_fingerprint": fingerprint(documents),
         "n_windows": n_windows, "shard_windows": shard_windows, "n_shards": -(-n_windows // shard_windows),
     }
+
+
+def display_name(model: str) -> str:
+    """A model's name as a run records and shows it: a registry name as it is, a folder or file by its own name
+    (the manifest may be read by a page's visitors, who see no place on the server)."""
+    return Path(model).name if ("/" in model or os.sep in model) and Path(model).exists() else model
 
 
 def model_fingerprint(model) -> str:

@@ -51,6 +51,7 @@ class RunFolder:
     def start(self, manifest: dict, windows: pd.DataFrame) -> None:
         """Makes the folder this run's: writes the plan and the manifest, or checks that the manifest there is this
         run's (CorpusError naming what differs otherwise)."""
+        self._clear_aside()
         existing = self.manifest()
         if existing is not None:
             different = [k for k in IDENTITY if existing.get(k) != manifest.get(k)]
@@ -66,6 +67,14 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         self.write(WINDOWS, windows)
         self.write(MANIFEST, manifest)
+
+    def _clear_aside(self) -> None:
+        """Removes the files a killed writer left aside (.NAME.PID.tmp) whose process is gone from this machine."""
+        for folder in (self.path, self.path / SHARDS):
+            for aside in folder.glob(".*.tmp") if folder.is_dir() else ():
+                pid = aside.name.rsplit(".", 2)[-2]
+                if pid.isdigit() and not _alive(int(pid)):
+                    aside.unlink(missing_ok=True)
 
     def windows(self, columns=None) -> pd.DataFrame:
         return pd.read_parquet(self.path / WINDOWS, columns=columns)
@@ -110,3 +119,13 @@ class RunFolder:
                 raise CorpusError(f"No space left on the disk while writing {self.name}/{relative}: free some space "
                                   "and run the same command again; it goes on from there.") from exc
             raise CorpusError(f"Cannot write {self.name}/{relative} ({exc.strerror or 'write error'}).") from exc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
