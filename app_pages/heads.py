@@ -47,6 +47,9 @@ n_model_layers = loaded.shape.layers
 layers = None
 links.check_asked(cache.LINK, "heads_layer_range", range(n_model_layers))
 if n_model_layers > 12:
+    if st.session_state.get("heads_layer_range_for", model) != model:  # the last model's range: not asked for
+        st.session_state.pop("heads_layer_range", None)
+    st.session_state["heads_layer_range_for"] = model
     asked_range = st.session_state.get("heads_layer_range")
     if asked_range and not (0 <= asked_range[0] <= asked_range[1] < n_model_layers):
         st.warning(f"The link asked for layers {asked_range[0]}–{asked_range[1]}; this model has layers 0–"
@@ -65,9 +68,10 @@ key = (model, version, text, layers)  # what every cached view of this capture i
 with st.spinner("Computing the statistics of every head…"):
     stats, pooled_grid = cache.stats_of(*key, capture)
 n = capture.n_tokens
+n_kv = len(set(capture.kv_head_of))
 st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads} heads captured"
-           + (f"; query heads share {len(set(capture.kv_head_of))} key/value heads" if
-              len(set(capture.kv_head_of)) < capture.n_heads else "") + ".")
+           + (f"; its {capture.n_heads} query heads share {n_kv} key/value head{'s' if n_kv > 1 else ''}"
+              if n_kv < capture.n_heads else "") + ".")
 kinds = loaded.shape.kinds_summary()
 if kinds:
     st.caption(f"Its layers attend two ways. {kinds}. A local layer's maps are zero beyond its window.")

@@ -200,3 +200,22 @@ def test_a_repeated_unregistered_model_is_one_warning_and_the_button_goes_once_p
     at.button(key="exp_link_model_confirm").click().run()
     assert not at.exception and not at.warning and at.error
     assert not any(b.key == "exp_link_model_confirm" for b in at.button)
+
+
+@pytest.mark.parametrize("tab", ["token", "Where a token looks", "where a TOKEN looks"])
+def test_a_tab_is_named_by_its_code_or_by_what_the_page_shows(tab):
+    at = _page("heads", {"text": "abcdef", "tab": tab})
+    assert at.session_state["heads_tab"] == "Where a token looks" and not at.warning
+
+
+@pytest.mark.slow
+def test_switching_models_resets_the_layer_range_without_a_link_warning():
+    # SmolLM2's slider left layers 0-29; Gemma 3 has 18: no link asked for anything, so nothing is said
+    at = AppTest.from_file(PAGES["heads"], default_timeout=TIMEOUT_S)
+    at.session_state["heads_model"] = "gemma3-270m"
+    at.session_state["heads_text"] = "The cat sat on the mat."
+    at.session_state["heads_layer_range"] = (0, 29)
+    at.session_state["heads_layer_range_for"] = "smollm2-135m"
+    at.run()
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
+    assert at.slider(key="heads_layer_range").value == (0, 17)

@@ -118,9 +118,11 @@ def _apply(link: Link, name: str, param: Param, raw: str, asked: dict) -> str | 
     if param.kind == "model":
         return _model(link, name, param, value)
     if param.kind == "choice":
-        if value not in param.choices:
+        # a choice by its code (tab=stats) or by what the page shows (tab=Statistics, any case)
+        by_label = {str(label).casefold(): label for label in param.choices.values()}
+        if value not in param.choices and value.casefold() not in by_label:
             return f"The link's {shown(name, raw)} is not one of {', '.join(param.choices)}: ignored."
-        _set(param, param.choices[value])
+        _set(param, param.choices[value] if value in param.choices else by_label[value.casefold()])
         return None
     if param.kind == "float":
         return _float(name, param, raw)
