@@ -255,8 +255,8 @@ if section == "Measured on models":
                         help=f"Up to {MAX_MEASURE_CHARS:,} characters.")
     c1, c2 = st.columns([1, 3])
     go_measure = c1.button("Measure", key="pos_meas_go", type="primary")
-    c2.caption("The first smollm2-135m load converts its GGUF file once (about 20 s); later loads take about a "
-               "second.")
+    c2.caption("The first load of a bundled GGUF model converts its file to float32 once, with its progress shown; "
+               "later loads read the converted copy in seconds.")
     if go_measure:
         st.session_state["pos_meas_done"] = (model_name, text)
     done = st.session_state.get("pos_meas_done")

@@ -353,11 +353,13 @@ def show_experiment() -> None:
     smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing",
                                  persist_state="session")
     if not ui.started_by_button("Run the eviction experiment", "sinks_run",
-                                "Press the button to run it: three forward passes over the 2,886 tokens of the "
-                                "shipped text, from under a minute to several on a 2-core CPU, depending on how busy "
-                                "it is; each shows its progress. Every result is kept for every visitor: full "
-                                "attention is computed once for all windows, and a setting already run is "
-                                "instant.", type="primary"):
+                                f"Press the button to run it: three forward passes of {EXPERIMENT_MODEL} (this "
+                                "section's model, whatever model is chosen above) over the "
+                                f"{sink_ui.shipped_tokens(EXPERIMENT_MODEL):,} tokens it makes of the shipped text, "
+                                "from under a minute to several on a 2-core CPU, depending on how busy it is; each "
+                                "shows its progress. Every result is kept for every visitor: full attention is "
+                                "computed once for all windows, and a setting already run is instant.",
+                                type="primary"):
         return
     loaded = ui.get_model(EXPERIMENT_MODEL)
     if loaded is None:

@@ -248,7 +248,7 @@ elif not text.strip():
     st.warning("Type some text to run the model on.")
 elif st.session_state.get("softmax_request") != request:
     st.caption("Press the button to run the model on the text. The first load of smollm2-135m converts its "
-               "GGUF file once (about 20 s); later runs are cached.")
+               "GGUF file once, with its progress shown; later runs are cached.")
 else:
     cap = ui.get_capture(model_name, text, layers=None)  # shows its own error on failure
     if cap is not None and not cap.inputs:

@@ -328,6 +328,20 @@ def _package_dir(package: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def pending_conversion_bytes(name: str) -> int | None:
+    """The size of a bundled model's GGUF file while its first load has still to convert it (None once it is
+    converted, and for models that are not GGUF files)."""
+    if name not in _BUNDLED or name == "minilm-l6":
+        return None
+    try:
+        pieces, folder_name, _ = _bundled_gguf(name)
+    except ModelError:
+        return None
+    if gguf.converted_folder(folder_name) is not None:
+        return None
+    return sum(p.stat().st_size for p in pieces)
+
+
 def _bundled_spec(name: str) -> ModelSpec:
     return next(s for s in available_models() if s.name == name)
 

@@ -118,3 +118,18 @@ def test_two_models_of_different_shapes_compared(short_shipped_text):
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     assert any("α₀ of every (text, layer, head)" in t for t in titles)
     assert any("against relative depth" in t for t in titles)
+
+
+def test_the_eviction_experiment_says_which_model_it_runs_on_and_counts_its_tokens(smollm2):
+    """With another model chosen above, the experiment's note still names its own model and gives the number of
+    tokens that model's tokenizer makes of the shipped text, counted here independently."""
+    from attnviz import streaming
+
+    at = AppTest.from_file(PAGE, default_timeout=600)
+    at.session_state["sinks_model"] = "toy-gpt2"
+    at.session_state["sinks_text"] = "The cat sat on the mat."
+    at.run()
+    assert not at.exception, at.exception
+    count = len(smollm2.tokenizer(streaming.shipped_text()).input_ids)
+    note = next(i.value for i in at.info if "three forward passes" in i.value)
+    assert "three forward passes of smollm2-135m (this section's model" in note and f"{count:,} tokens" in note

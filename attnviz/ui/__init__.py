@@ -289,13 +289,16 @@ def _get_model(name: str, version: tuple):
 
 
 def _first_load_note(name: str) -> str:
-    """What a GGUF model's first load costs: its weights are dequantized to float32 once, then read in seconds."""
-    if name == "smollm2-135m":
-        return " The first load of smollm2-135m converts its GGUF once (about 20 s)."
-    if name == "gemma3-270m":
-        return " The first load of gemma3-270m converts its GGUF once (about 90 s)."
+    """What a GGUF model's first load costs: its weights are dequantized to float32 once, then read in seconds. The
+    size is read from the files, with no promise of time (it depends on the machine and how busy it is)."""
+    from attnviz.models import pending_conversion_bytes
+
+    size = pending_conversion_bytes(name)
+    if size:
+        return (f" Its first load converts its {size / 1e6:,.0f} MB GGUF file to float32, once for every visitor; "
+                "later loads read the converted copy in seconds.")
     if name.lower().endswith(".gguf"):
-        return " The first load of a GGUF file converts it once (a minute or more for a large file)."
+        return " The first load of a GGUF file converts it to float32 once; later loads read the converted copy."
     return ""
 
 

@@ -143,3 +143,12 @@ def sink_scores(name: str, text: str, capture):
     key = ("alpha", name, ui.model_version(name), _digest(text), capture.store, tuple(capture.layers))
     return ui.computed_once(_RESULTS, key, "Averaging the attention each key receives, layer by layer",
                             lambda progress: sinks.capture_sink_scores(capture, progress=progress))
+
+
+def shipped_tokens(name: str) -> int:
+    """How many tokens model `name`'s tokenizer makes of the eviction experiment's shipped text (0 when the model
+    cannot be loaded: its page has said why)."""
+    from attnviz import streaming, ui
+
+    loaded = ui.get_model(name)
+    return len(loaded.tokenizer(streaming.shipped_text()).input_ids) if loaded is not None else 0
