@@ -427,10 +427,14 @@ with left:
     view = st.radio("Experiment", VIEWS, key="exp_view", persist_state="session")
 with right:
     text = ui.text_input("exp_text", DEFAULT_TEXT, height=80) if view not in ("Generation", "Patching") else None
-if model is None or not links.model_confirmed(LINK, model):  # a link's folder or hub id loads once confirmed
+if model is None:
+    links.forget_model(LINK)
+    st.stop()
+if not links.model_confirmed(LINK, model):  # a link's folder or hub id loads once confirmed
     st.stop()
 loaded = ui.get_model(model)
 if loaded is None:
+    links.forget_model(LINK)
     st.stop()
 decoder = loaded.shape.causal
 if not decoder and view in ("Generation", "Knock-outs", "Patching", "QK attribution"):

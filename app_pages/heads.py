@@ -36,11 +36,13 @@ with left:
 with right:
     text = ui.text_input("heads_text", DEFAULT_TEXT, height=80)
 if model is None:
+    links.forget_model(cache.LINK)
     st.stop()
 if not links.model_confirmed(cache.LINK, model):  # a link's folder or hub id loads once the visitor confirms
     st.stop()
 loaded = ui.get_model(model)
 if loaded is None:
+    links.forget_model(cache.LINK)
     st.stop()
 
 n_model_layers = loaded.shape.layers

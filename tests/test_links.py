@@ -219,3 +219,18 @@ def test_switching_models_resets_the_layer_range_without_a_link_warning():
     at.run()
     assert not at.exception and not at.warning, [w.value for w in at.warning]
     assert at.slider(key="heads_layer_range").value == (0, 17)
+
+
+@pytest.mark.parametrize("name", ["heads", "experiments"])
+def test_a_refused_other_path_takes_the_last_model_out_of_the_url(name, tmp_path, monkeypatch):
+    from attnviz.ui import CUSTOM_MODEL
+
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
+    key = {"heads": "heads_model", "experiments": "exp_model"}[name]
+    at = _page(name, {"model": "toy-gpt2", "text": "abc"})
+    assert at.query_params["model"] == ["toy-gpt2"] or at.query_params["model"] == "toy-gpt2"
+    at.session_state[key] = CUSTOM_MODEL
+    at.session_state[f"{key}_custom"] = "/etc"  # outside the server's model folders: refused
+    at.run()
+    assert not at.exception and at.error
+    assert "model" not in at.query_params

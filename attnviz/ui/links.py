@@ -273,3 +273,12 @@ def write(link: Link, view: Mapping[str, object]) -> None:
     if link_key(link, st.query_params.to_dict()) != link_key(link, view):
         st.query_params.from_dict(view)
     st.session_state[link.state("seen")] = link_key(link, view)
+
+
+def forget_model(link: Link) -> None:
+    """Takes the model out of the URL when the page could not open the one chosen (a refused folder, a model that
+    failed to load): a copied link then names no model rather than the last one that worked."""
+    if "model" in st.query_params:
+        query = {k: v for k, v in st.query_params.to_dict().items() if k != "model"}
+        st.query_params.from_dict(query)
+        st.session_state[link.state("seen")] = link_key(link, query)
