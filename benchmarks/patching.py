@@ -58,7 +58,7 @@ def speed(loaded, args) -> None:
     runs = {"shared": [], "full": [], "atp": []}
     for _ in range(args.repeat):  # interleaved, so that other programs' load falls on every method alike
         runs["shared"].append(timed(P.activation_patching, loaded, pair, "heads", batch=args.batch))
-        with mock.patch.object(ko, "_prefix_ok", lambda model, ids: False):
+        with mock.patch.object(ko, "prefix_ok", lambda model, ids: False):
             runs["full"].append(timed(P.activation_patching, loaded, pair, "heads", batch=args.batch))
         runs["atp"].append(timed(P.attribution_patching, loaded, pair))
     (shared_s, shared), (full_s, full), (atp_s, atp) = (
