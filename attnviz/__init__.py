@@ -20,7 +20,8 @@ __version__ = "0.1.0"
 # name -> the module it lives in (attnviz.capture is itself callable: the front door)
 _EXPORTS = {"capture": "attnviz.capture", "AttentionCapture": "attnviz.capture", "CaptureError": "attnviz.capture",
             "from_attentions": "attnviz.capture", "load_capture": "attnviz.capture",
-            "corpus_run": "attnviz.corpus", "CorpusRun": "attnviz.corpus", "CorpusError": "attnviz.corpus"}
+            "corpus_run": "attnviz.corpus", "CorpusRun": "attnviz.corpus", "CorpusError": "attnviz.corpus",
+            "AttnvizError": "attnviz.errors"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -17,8 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from attnviz.errors import AttnvizError
 
-class OverBudget(ValueError):
+
+class OverBudget(AttnvizError, ValueError):
     """The work needs more memory than the whole budget: it can never run here."""
 
 

@@ -26,6 +26,7 @@ import networkx as nx
 import numpy as np
 from networkx.algorithms.flow import boykov_kolmogorov, build_residual_network
 
+from attnviz.errors import AttnvizError
 from attnviz.rollout import layer_matrix
 
 SCALE = 2**40  # capacities are rounded to multiples of 1 / SCALE (networkx's max-flow is exact on integers)
@@ -40,7 +41,7 @@ MAX_FLOW_TOKENS = 32
 FLOW_WORK = 30 * MAX_FLOW_TOKENS**3  # sum over the layers asked for of (layer + 1) x tokens^3, at the limit
 
 
-class FlowError(ValueError):
+class FlowError(AttnvizError, ValueError):
     """Attention flow cannot be computed as asked; the message says why."""
 
 

@@ -17,13 +17,14 @@ import torch
 
 from attnviz import lm
 from attnviz.capture import MAX_TOKENS, recording_forward
+from attnviz.errors import AttnvizError
 from attnviz.tokenizer import readable_tokens
 
 MAX_NEW_TOKENS = 64
 TOP_K = 5
 
 
-class GenerationError(ValueError):
+class GenerationError(AttnvizError, ValueError):
     """Generation cannot be done; the message says why and what to do."""
 
 

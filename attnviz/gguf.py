@@ -27,6 +27,7 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from attnviz import paths
+from attnviz.errors import AttnvizError
 
 Progress = Callable[[str], None]
 
@@ -48,7 +49,7 @@ _UNQUANTIZED = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantiza
                 GGMLQuantizationType.F64}
 
 
-class GGUFError(ValueError):
+class GGUFError(AttnvizError, ValueError):
     """A file attnviz cannot read as a GGUF model. The message says why without naming the file (a server shows it
     to its visitors); `detail` holds the specifics, for the log."""
 

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from attnviz.capture import SharedHooks, decoder_layers
+from attnviz.errors import AttnvizError
 
 
-class NotALanguageModel(ValueError):
+class NotALanguageModel(AttnvizError, ValueError):
     """The model has no language-model head (an encoder such as BERT / MiniLM): it predicts no next token."""
 
 
@@ -107,7 +108,7 @@ def block_predictions(logits: torch.Tensor, following, k: int) -> tuple[np.ndarr
 BLOCK_ROWS = 256  # positions per block of the LM head: 256 x 49,152 (SmolLM2's vocabulary) float64 = 96 MiB
 
 
-class PredictionError(ValueError):
+class PredictionError(AttnvizError, ValueError):
     """The model's predictions cannot be computed here; the message says why."""
 
 

@@ -25,12 +25,13 @@ import torch
 
 from attnviz import knockout as ko
 from attnviz import patching
+from attnviz.errors import AttnvizError
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 SANDWICH = ("post_attention_layernorm", "post_feedforward_layernorm")  # Gemma 2 / 3: norms on what blocks add
 
 
-class LogitAttributionError(ValueError):
+class LogitAttributionError(AttnvizError, ValueError):
     """Direct logit attribution cannot be done for this model or input; the message says why."""
 
 

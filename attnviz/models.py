@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from attnviz import gguf, paths
+from attnviz.errors import AttnvizError
 
 log = logging.getLogger("attnviz")
 
@@ -46,7 +47,7 @@ TOY_SEED = 0
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
-class ModelError(ValueError):
+class ModelError(AttnvizError, ValueError):
     """A model cannot be found or loaded. The message says why and what to do, and never names a file or folder of
     the machine nor quotes a library's exception (a server shows it to every visitor); `detail` holds those, for
     the server's log and the command line."""

@@ -19,10 +19,11 @@ import numpy as np
 import torch
 
 from attnviz.capture import CaptureError, capture_attention
+from attnviz.errors import AttnvizError
 from attnviz.projection import KnockoutError, output_projection, projection_weight
 
 
-class NormError(ValueError):
+class NormError(AttnvizError, ValueError):
     """Norm-based attention cannot be computed for this model; the message says why."""
 
 

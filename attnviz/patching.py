@@ -36,6 +36,7 @@ from attnviz import knockout as ko
 from attnviz import lm
 from attnviz.capture import attention_modules
 from attnviz.capture import SharedHooks
+from attnviz.errors import AttnvizError
 
 KINDS = ("heads", "resid", "attn", "mlp")
 METRICS = ("logit_diff", "loss")
@@ -44,7 +45,7 @@ MLP_NAMES = ("mlp", "feed_forward", "ffn")
 Site = tuple[str, int, int]  # (kind, layer, head or position)
 
 
-class PatchingError(ValueError):
+class PatchingError(AttnvizError, ValueError):
     """A patching experiment cannot be run as asked; the message says why and what to do."""
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import torch
 
 from attnviz.capture import attention_modules
+from attnviz.errors import AttnvizError
 
 PROJECTION_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo", "o", "out_lin", "proj")
 
 
-class KnockoutError(ValueError):
+class KnockoutError(AttnvizError, ValueError):
     """A knock-out (or anything else that needs a head's output columns) cannot be done; the message says why and
     what to do."""
 

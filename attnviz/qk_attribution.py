@@ -32,12 +32,13 @@ from attnviz import knockout as ko
 from attnviz import patching
 from attnviz.capture import attention_modules, capture_attention
 from attnviz.capture import SharedHooks
+from attnviz.errors import AttnvizError
 from attnviz.logit_attribution import layer_parts, freeze
 
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "input_norm")
 
 
-class QKAttributionError(ValueError):
+class QKAttributionError(AttnvizError, ValueError):
     """QK attribution cannot be done for this model or input; the message says why."""
 
 

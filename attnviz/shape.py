@@ -10,8 +10,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from attnviz.errors import AttnvizError
 
-class ShapeError(ValueError):
+
+class ShapeError(AttnvizError, ValueError):
     """A configuration does not say one of the facts attnviz needs."""
 
 

@@ -114,3 +114,33 @@ def test_only_attnviz_ui_imports_streamlit():
             if any(n == "streamlit" or n.startswith("streamlit.") for n in names):
                 importers.append(name)
     assert importers and all(n == "attnviz.ui" or n.startswith("attnviz.ui.") for n in importers), importers
+
+
+def _errors_outside_the_base(trees: dict[str, ast.Module]) -> list[str]:
+    """Every class named *Error (and the other exceptions attnviz raises for its users) whose bases reach
+    AttnvizError neither directly nor through another such class."""
+    bases = {}
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+    wanted = {c for c in bases if c.endswith("Error") and c != "AttnvizError"} | (
+        {"Unsupported", "OverBudget", "StorageRefused", "NotALanguageModel"} & set(bases))
+
+    def reaches(c, seen=()):
+        return c == "AttnvizError" or (c in bases and c not in seen and any(reaches(b, (*seen, c)) for b in bases[c]))
+
+    return sorted(c for c in wanted if not reaches(c))
+
+
+def test_every_attnviz_error_derives_from_attnviz_error():
+    import attnviz
+
+    assert _errors_outside_the_base(_modules()) == []
+    assert attnviz.AttnvizError is attnviz.CaptureError.__mro__[1]
+
+
+def test_an_error_outside_the_base_is_found():
+    made_up = {"a": ast.parse("class AttnvizError(Exception): pass\nclass GoodError(AttnvizError, ValueError): pass\n"
+                              "class ChildError(GoodError): pass\nclass LoneError(ValueError): pass\n")}
+    assert _errors_outside_the_base(made_up) == ["LoneError"]

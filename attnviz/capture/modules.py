@@ -8,8 +8,10 @@ import sys
 
 import torch
 
+from attnviz.errors import AttnvizError
 
-class CaptureError(ValueError):
+
+class CaptureError(AttnvizError, ValueError):
     """A capture cannot be done; the message says why and what to do."""
 
 

@@ -16,13 +16,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnviz.errors import AttnvizError
+
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 BINARY_PROBE = 8192  # bytes read to tell a binary file: a NUL byte in them
 
 
-class CorpusError(ValueError):
+class CorpusError(AttnvizError, ValueError):
     """A corpus input or run that cannot go on, with a message for the user (naming the file and line or
     document, never more of the machine than the caller named)."""
 

@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attnviz.errors import AttnvizError
+
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, LAUNCH_LOCK, UNAVAILABLE
 
 MAX_HEAD_DIM = 256
@@ -57,7 +59,7 @@ LN2 = 0.6931471805599453
 ROW_FIELDS = ("entropy", "distance", "p0", "self", "prev", "induction", "mass", "lse2")
 
 
-class Unsupported(ValueError):
+class Unsupported(AttnvizError, ValueError):
     """The kernel cannot compute these inputs' statistics (an explicit mask, a head dim over MAX_HEAD_DIM, no
     usable Triton backend): the caller uses attnviz.stats.streamed_stats instead."""
 

@@ -25,6 +25,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from attnviz.errors import AttnvizError
 from attnviz.paths import cache_dir, trained_dir
 
 LAB_FILE = "lab.json"  # beside a toy-lab model's weights: its config (positional scheme, attention) and history
@@ -44,7 +45,7 @@ MAX_BYTES_TOTAL = 1000 * MB
 _SUFFIXES = 999        # "<name>-2" .. "<name>-999": the free names an automatic save may take
 
 
-class StorageRefused(ValueError):
+class StorageRefused(AttnvizError, ValueError):
     """A save or delete refused for a reason the visitor can act on; the message says which and is safe to show."""
 
 

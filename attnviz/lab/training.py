@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from attnviz.errors import AttnvizError
 from attnviz.lab.config import MAX_SECONDS, LabConfig
 from attnviz.lab.storage import StorageRefused, check_name, save_folder
 from attnviz.lab.tasks import make_batch, make_probe, probe_lengths, text_probe
@@ -96,7 +97,7 @@ class RunSnapshot:
         return self.step / self.config.steps
 
 
-class LabBusyError(RuntimeError):
+class LabBusyError(AttnvizError, RuntimeError):
     """Raised when MAX_CONCURRENT_RUNS runs are already training."""
 
 

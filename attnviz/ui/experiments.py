@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import ui
+from attnviz.errors import AttnvizError
 from attnviz.once import ComputeOnce
 
 _GENERATIONS = ComputeOnce(max_items=16)
@@ -125,14 +126,14 @@ def rollout(name: str, text: str):
 def token_pair(name: str, clean: str, corrupted: str, answer: str, wrong: str, label: str = "yours"):
     """The prompt pair in the model's tokens (attnviz.patching.TokenPair), or None after a message saying what to
     change (lengths that differ, one answer token for both, an encoder)."""
-    from attnviz.patching import PatchingError, PromptPair, tokenize_pair
+    from attnviz.patching import PromptPair, tokenize_pair
 
     loaded = ui.get_model(name)
     if loaded is None:
         return None
     try:
         return tokenize_pair(loaded, PromptPair(label, clean, corrupted, answer, wrong, ""))
-    except (PatchingError, ValueError) as exc:
+    except AttnvizError as exc:  # PatchingError, KnockoutError, ...: messages written for the page
         st.error(str(exc))
         return None
 
@@ -203,8 +204,7 @@ def flow(name: str, text: str, capture, query: int, layer: int):
 
 def qk_attribution(name: str, text: str, layer: int, head: int, query: int, key: int):
     """attnviz.qk_attribution.qk_attribution of one head's score, or None after a message."""
-    from attnviz.knockout import KnockoutError
-    from attnviz.qk_attribution import QKAttributionError, qk_attribution as attribute
+    from attnviz.qk_attribution import qk_attribution as attribute
 
     loaded = ui.get_model(name)
     if loaded is None:
@@ -213,7 +213,7 @@ def qk_attribution(name: str, text: str, layer: int, head: int, query: int, key:
     try:
         with st.spinner("Splitting the score (two forward passes)…"):
             return _QK.get(cache_key, lambda: attribute(loaded, text, int(layer), int(head), int(query), int(key)))
-    except (QKAttributionError, KnockoutError, ValueError) as exc:
+    except AttnvizError as exc:  # QKAttributionError, KnockoutError, ...: messages written for the page
         st.error(str(exc))
         return None
 
