@@ -15,9 +15,10 @@ What this module does about it:
 - lean_forward(model): for the block, this thread's forward passes run each decoder layer's MLP over blocks of
   positions (exact: an MLP is position-wise; only the matmul's row count changes, so results agree within float32
   rounding) and give freed memory back to the system after a layer whose hidden states are mapped (over
-  HEAP_BYTES) or once the heap's freed memory grew by RETAIN_BYTES, and when the pass ends; over a text of
-  LONG_TEXT tokens or more, each layer's weights read from a mapped file are then paged out (MADV_PAGEOUT: their values
-  stay; a later read maps them again from the page cache or the file), so only the layer running is resident.
+  HEAP_BYTES) or once the heap's freed memory grew by RETAIN_BYTES (read from HEAP_CHECK_TOKENS tokens on), and
+  when the pass ends; over a text of LONG_TEXT tokens or more, each layer's weights read from a mapped file are
+  then paged out (MADV_PAGEOUT: their values stay; a later read maps them again from the page cache or the file),
+  so only the layer running is resident.
   Other threads, and the model afterwards, are untouched.
 - slim_tokenizer(tokenizer): drops the build-only copies of the vocabulary and merges (the Rust tokenizer that
   encodes and decodes holds its own).
@@ -43,7 +44,6 @@ import ctypes.util
 import mmap
 import threading
 from collections.abc import Iterator
-from functools import partial
 from contextvars import ContextVar
 
 import torch
@@ -58,6 +58,10 @@ RETAIN_BYTES = 128 * 2**20  # a lean pass gives freed heap memory back after a l
 MIN_ROWS = 256  # never fewer rows per block: below it the matmuls lose speed
 POSITION_WISE = ("mlp", "feed_forward")  # a decoder layer's child that acts on each position alone
 LONG_TEXT = 4096  # from this many tokens on, a lean pass pages out each layer's mapped weights after the layer
+# from this many tokens on, a lean pass reads the heap's freed memory after each layer (_heap_grew): glibc's
+# mallinfo2 walks every free chunk of every arena, 1-3 ms a call, which cost a 256-token SmolLM2 capture 10% of its
+# time for layers that free a few MB each (the pass's end gives those back)
+HEAP_CHECK_TOKENS = 1024
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (file-backed ones are read again when next touched)
 
 _LEAN: ContextVar[bool] = ContextVar("attnviz_lean_forward", default=False)
@@ -230,19 +234,21 @@ def page_out(ranges: list[tuple[int, int]]) -> bool:
     return all(madvise(start, length, MADV_PAGEOUT) == 0 for start, length in ranges)
 
 
-def _after_layer(ranges, module, args, kwargs, output) -> None:
-    """After a decoder layer in a lean pass over a long text: over a text of LONG_TEXT tokens the layer's mapped
-    weights are paged out, and freed memory goes back to the system where the hidden states are larger than
-    HEAP_BYTES (activations that size are mapped afresh each time, so the heap's freed memory would sit unused) or
-    the heap's freed memory grew by more than RETAIN_BYTES since the last release (or cannot be told): what a
-    layer frees is then not what the next one takes. Otherwise the next layer's activations reuse it, and
-    lean_forward gives it back at the end."""
+def _after_layer(module, args, kwargs, output) -> None:
+    """After a decoder layer in a lean pass: over a text of LONG_TEXT tokens the layer's mapped weights are paged
+    out (found then: reading /proc/self/maps for every layer at the start of every pass cost a short capture a
+    tenth of its time), and freed memory goes back to the system where the hidden states are larger than
+    HEAP_BYTES (activations that size are mapped afresh each time, so the heap's freed memory would sit unused) or,
+    over a text of HEAP_CHECK_TOKENS, the heap's freed memory grew by more than RETAIN_BYTES since the last release
+    (or cannot be told): what a layer frees is then not what the next one takes. Otherwise the next layer's
+    activations reuse it, and lean_forward gives it back at the end."""
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     if not _LEAN.get() or not isinstance(hidden, torch.Tensor) or hidden.dim() < 2:
         return
     if hidden.shape[-2] >= LONG_TEXT:
-        page_out(ranges)
-    if hidden.numel() * hidden.element_size() > HEAP_BYTES or _heap_grew():
+        page_out(mapped_weight_ranges(module))
+    if hidden.numel() * hidden.element_size() > HEAP_BYTES or (hidden.shape[-2] >= HEAP_CHECK_TOKENS
+                                                               and _heap_grew()):
         release_free_memory()
 
 
@@ -263,8 +269,7 @@ def _install(model) -> list:
         layers = decoder_layers(model)
     except ValueError:
         layers = []
-    handles.extend(layer.register_forward_hook(partial(_after_layer, mapped_weight_ranges(layer)), with_kwargs=True)
-                   for layer in layers)
+    handles.extend(layer.register_forward_hook(_after_layer, with_kwargs=True) for layer in layers)
     return handles
 
 
