@@ -322,3 +322,18 @@ def test_token_ids_instead_of_a_text_equal_the_texts_own_tokens(toys):
     assert by_ids.tokens == by_text.tokens and by_ids.token_ids == by_text.token_ids
     odd = capture_attention(loaded, "", token_ids=[256, 255, 0, 255])
     assert odd.token_ids == [256, 255, 0, 255] and odd.pattern.shape[-1] == 4
+
+
+@pytest.mark.parametrize("store", ["pattern", "qk"])
+def test_each_mask_is_read_once_per_capture(monkeypatch, store):
+    """Every layer gets the same mask object from transformers: its rule is read once, not once per layer, and each
+    layer's captured rule is that one."""
+    import importlib
+
+    recording = importlib.import_module("attnviz.capture.recording")  # attnviz.capture.recording is also a function
+    reads = []
+    real = recording._mask_rule
+    monkeypatch.setattr(recording, "_mask_rule", lambda *args: reads.append(args[0]) or real(*args))
+    capture = capture_attention(load_model("toy-llama-gqa"), "a mask read once", store=store)
+    assert len(capture.layers) == 2 and len(reads) == 1
+    assert capture.inputs[0].mask is capture.inputs[1].mask

@@ -141,7 +141,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if layer in rec.wanted:
         n_query, n_key = query.shape[-2], key.shape[-2]
         causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
-        mask = _mask_rule(attention_mask, n_query, n_key, causal and n_query > 1)
+        mask = rec.mask_rule(attention_mask, n_query, n_key, causal and n_query > 1)
         n_heads = query.shape[1]
         # a copy outlives the forward pass; inputs dropped after the layer (keep_inputs=False) may be views
         own = (lambda x: x.clone()) if rec.keep_inputs else (lambda x: x)
@@ -241,6 +241,16 @@ class Recorder:
     kv_head_of: tuple[int, ...] | None = None
     done: int = 0
     device_inputs: bool = False  # q, k and v stay where a GPU model made them (DuringForward.device_inputs)
+    mask_rules: dict = field(default_factory=dict)  # (id(mask), n_query, n_key, causal) -> (mask, its MaskRule)
+
+    def mask_rule(self, attention_mask, n_query: int, n_key: int, causal_if_none: bool) -> MaskRule:
+        """_mask_rule, read once per mask: transformers hands every layer of a kind the same mask object, and
+        reading an N x N mask for each of them cost a short capture 2% of its time. The mask is kept with its
+        rule, so its id is not reused while the recorder lives."""
+        key = (id(attention_mask), n_query, n_key, causal_if_none)
+        if key not in self.mask_rules:
+            self.mask_rules[key] = (attention_mask, _mask_rule(attention_mask, n_query, n_key, causal_if_none))
+        return self.mask_rules[key][1]
 
     def kept(self, x: torch.Tensor) -> torch.Tensor:
         """What the recorder hands on of a layer's q, k or v [head, n, d]: x itself on a GPU with device_inputs,
@@ -269,6 +279,7 @@ class Recorder:
         self.inputs.clear()
         self.values.clear()
         self.seen.clear()
+        self.mask_rules.clear()
         self.done = 0
 
 
