@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +138,7 @@ def test_a_second_load_reads_the_converted_folder(files, lab_cache, monkeypatch,
     file = tmp_path / "mine.gguf"
     file.write_bytes(files["f32"].read_bytes())
     first = load_model(str(file), device="cpu")
-    start = time.perf_counter()
     again = load_model(str(file), device="cpu")
-    assert time.perf_counter() - start < 5
     assert len(calls) == 1
     assert sorted(p.name for p in paths.converted_dir().iterdir() if p.is_dir()) == [gguf.folder_name(file)]
     assert not [p for p in paths.converted_dir().iterdir() if p.name.startswith(".")]  # no temporary folder left
@@ -392,11 +389,7 @@ def test_gemma3_loads_from_its_converted_folder(gemma3, monkeypatch):
 
     monkeypatch.setattr(gguf, "_dequantize", no_conversion)
     monkeypatch.setattr(gguf, "join", no_conversion)
-    start = time.perf_counter()
-    again = load_model("gemma3-270m", device="cpu")
-    # 2-4 s on 2 idle cores, most of it the tokenizer's 262,144-entry vocabulary; the first load converts for
-    # about 90 s. The bound only catches a conversion (or a join of the pieces) creeping back into later loads.
-    assert time.perf_counter() - start < 60
+    again = load_model("gemma3-270m", device="cpu")  # no_conversion raises if a conversion or a join creeps back
     assert again.spec.description == gemma3.spec.description
     assert models.load_bytes("gemma3-270m") == models._folder_bytes(gguf.converted_folder(
         models._bundled_gguf("gemma3-270m")[1]))

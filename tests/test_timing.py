@@ -78,30 +78,36 @@ def test_one_cpu_thread_restores_the_count_when_sessions_overlap():
 
 
 def test_measure_times_warm_calls_only_and_keeps_the_first_output(monkeypatch):
-    import time
+    """On a clock of its own that only the timed functions move, so load on the machine cannot change a number."""
+    from types import SimpleNamespace
 
     from attnviz.kernels import timing
 
+    clock = [0.0]
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     syncs = []
     monkeypatch.setattr(timing, "_sync", lambda: syncs.append(1))
     calls = []
 
     def cold_then_warm():  # the first call is a slow "compile", later calls are fast
         calls.append(1)
-        if len(calls) == 1:
-            time.sleep(0.3)
-            return "first"
-        return "later"
+        clock[0] += 0.3 if len(calls) == 1 else 0.01
+        return "first" if len(calls) == 1 else "later"
 
     seconds, out = timing.measure(cold_then_warm, repeats=3)
     assert out == "first"  # the warm-up's output is the one checked
-    assert seconds < 0.1  # the 0.3 s cold call is not the time
+    assert seconds == pytest.approx(0.01)  # the 0.3 s cold call is not the time
     assert len(calls) == 1 + 1 + 3  # warm-up, one warm probe, then a median of 3
     assert len(syncs) == 2 * 4  # synchronised before and after each of the 4 timed calls
 
     slow_calls = []
-    seconds, _ = timing.measure(lambda: slow_calls.append(time.sleep(0.25)), repeats=3)
-    assert seconds >= 0.25 and len(slow_calls) == 2  # a slow warm call is timed once, after the warm-up
+
+    def slow():
+        slow_calls.append(1)
+        clock[0] += timing.SLOW_CALL_S + 0.05
+
+    seconds, _ = timing.measure(slow, repeats=3)
+    assert seconds == pytest.approx(timing.SLOW_CALL_S + 0.05) and len(slow_calls) == 2  # timed once, after warm-up
 
 
 @pytest.mark.parametrize("name,dtype,peak", [
