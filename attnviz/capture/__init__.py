@@ -7,7 +7,8 @@ The package, from the bottom up (no module imports one above it):
   recording  the function registered in transformers' attention interface, the hooks of the other families, the
              per-thread recorder they report to, mask rules named without building an N x N mask
   loading    making a model capturable (attn_implementation="attnviz"), lending a model object and putting it back
-  store      AttentionCapture (both stores, one API) and from_attentions
+  words      tokens cut into words, and attention merged into words (Clark et al. 2019) and over sets of queries
+  store      AttentionCapture (both stores, one API; by_words, span_attention) and from_attentions
   run        capture_attention: the checks, the forward pass under a recorder, the capture assembled once
   files      capture files (npz / safetensors), written and read a block of rows at a time
 

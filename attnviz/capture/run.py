@@ -24,6 +24,7 @@ from attnviz.capture.loading import records_inputs
 from attnviz.capture.modules import CaptureError, attention_modules, input_device, is_causal, uses_interface
 from attnviz.capture.recording import Recorder, StopForward, recording, wanted_layers
 from attnviz.capture.store import AttentionCapture
+from attnviz.capture.words import token_words
 from attnviz.tokenizer import readable_tokens
 
 MAX_TOKENS = 2048  # the pattern store's default limit; the "qk" store goes to the model's own maximum
@@ -72,7 +73,7 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     during: work done inside the forward pass (qk store; DuringForward).
     """
     during = DuringForward() if during is None else during
-    ids, attention_mask = _encoded(loaded, text, token_ids)
+    ids, attention_mask, words = _encoded(loaded, text, token_ids)
     modules = attention_modules(loaded.model)
     wanted = wanted_layers(layers, len(modules))
     dtype = np.dtype(dtype)
@@ -84,7 +85,7 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
                         on_layer=during.on_layer, keep_inputs=during.keep_inputs, attend=during.attend,
                         with_values=with_values, device_inputs=during.device_inputs and not during.keep_inputs)
     _forward(loaded, recorder, ids, attention_mask)
-    capture = _assembled(loaded, modules[0], wanted, recorder, ids[0].tolist(), recorded, during.summary)
+    capture = _assembled(loaded, modules[0], wanted, recorder, ids[0].tolist(), recorded, during.summary, words)
     if with_scores:
         capture.scores  # computed now, while the caller waits for the capture anyway
     return capture
@@ -114,20 +115,28 @@ def _check_request(loaded, module, store: str, dtype, recorded: bool, with_score
         raise CaptureError("attend= goes with store='qk'.")
 
 
-def _encoded(loaded, text: str, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1, n] input ids and attention mask: token_ids as given, else the text tokenized."""
+def _encoded(loaded, text: str, token_ids) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
+    """[1, n] input ids, attention mask, and each token's word (attnviz.capture.words.token_words, from a fast
+    tokenizer's offsets; None for token_ids given or a tokenizer without offsets): token_ids as given, else the text
+    tokenized."""
+    words = None
     if token_ids is not None:
         ids = torch.as_tensor([int(t) for t in token_ids], dtype=torch.long).reshape(1, -1)
         attention_mask = torch.ones_like(ids)
     elif not isinstance(text, str) or not text.strip():
         raise CaptureError("The text is empty: type some text to run the model on.")
     else:
-        encoded = loaded.tokenizer(text, return_tensors="pt")
+        tokenizer = loaded.tokenizer
+        fast = bool(getattr(tokenizer, "is_fast", False))
+        encoded = tokenizer(text, return_tensors="pt", return_offsets_mapping=fast)
         ids, attention_mask = encoded.input_ids, encoded.attention_mask
+        if fast:
+            special = set(tokenizer.all_special_ids)
+            words = token_words(text, encoded["offset_mapping"][0].tolist(), [i in special for i in ids[0].tolist()])
     if ids.shape[1] == 0:
         raise CaptureError(f"{loaded.spec.name}'s tokenizer turned the text into no tokens; try another text or "
                            "check the model folder's tokenizer files.")
-    return ids, attention_mask
+    return ids, attention_mask, words
 
 
 def _check_size(loaded, n_layers: int, n: int, store: str, itemsize: int, max_tokens: int | None) -> None:
@@ -169,7 +178,7 @@ def _forward(loaded, recorder: Recorder, ids: torch.Tensor, attention_mask: torc
 
 
 def _assembled(loaded, module, wanted: list[int], recorder: Recorder, ids: list[int], recorded: bool,
-               summary: dict | None) -> AttentionCapture:
+               summary: dict | None, words: list[int] | None) -> AttentionCapture:
     """The AttentionCapture of what the recorder kept, once every wanted layer reported."""
     store, config = recorder.store, loaded.model.config
     got = recorder.pattern if store == "pattern" else recorder.seen
@@ -185,7 +194,7 @@ def _assembled(loaded, module, wanted: list[int], recorder: Recorder, ids: list[
         pattern=np.stack([recorder.pattern[i] for i in wanted]) if store == "pattern" else None,
         inputs={i: recorder.inputs[i] for i in wanted} if recorded and recorder.keep_inputs else None,
         values={i: recorder.values[i] for i in wanted} if recorder.with_values else None,
-        summary=summary)
+        summary=summary, token_words=words)
 
 
 def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None) -> tuple[str, str]:

@@ -19,6 +19,8 @@ import torch
 
 from attnviz import attention as core
 from attnviz.attention import LayerInputs
+from attnviz.capture.words import (merged_layer, merged_queries, query_positions, runs, word_spans, word_strings,
+                                   words_from_tokens)
 from attnviz.capture.modules import CaptureError
 
 @dataclass
@@ -36,6 +38,9 @@ class AttentionCapture:
     inputs:     {model layer: attnviz.attention.LayerInputs}: what each layer's attention saw (every family: BLOOM,
                 Falcon and GPT-J have theirs rebuilt by hooks), or None when the capture was asked not to keep them
                 (keep_inputs=False)
+    token_words: list[int], each token's word number (attnviz.capture.words.token_words, from the tokenizer's
+                offsets at capture time), or None where they were not known
+    word_spans: in a by_words capture, each word's tokens in the capture it was merged from, (start, stop); else None
     Read maps with head_pattern / head_scores / layer_rows, which work in both stores; `layer` is always the
     model's layer number.
     """
@@ -53,11 +58,14 @@ class AttentionCapture:
     values: dict[int, torch.Tensor] | None = None
     # the logits [layer, head, query, key], once computed (the scores property) or read from a file
     computed_scores: np.ndarray | None = field(default=None, repr=False)
-    # scaling, head_dim and the model's head numbers ("heads") of a capture read from a file that kept no inputs
+    # scaling, head_dim and the model's head numbers ("heads") of a capture that kept no inputs (read from a file,
+    # or merged into words)
     file_facts: dict = field(default_factory=dict, repr=False)
     # {layer: attnviz.stats.streamed_stats result}, when the statistics were computed during the forward pass
     summary: dict | None = field(default=None, repr=False)
     _sink: np.ndarray | None = field(default=None, repr=False)
+    token_words: list[int] | None = field(default=None, repr=False)
+    word_spans: list[tuple[int, int]] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         for array in (self.pattern, self.computed_scores):
@@ -148,6 +156,8 @@ class AttentionCapture:
     def learned_sink(self) -> np.ndarray | None:
         """[layer, head, query]: the weight each query gives the model's learned sink logit (gpt-oss), or None for
         a model without one. Each row of the pattern plus its learned_sink sums to 1."""
+        if self._sink is not None:
+            return self._sink
         if not self.inputs or all(x.sink is None for x in self.inputs.values()):
             return None
         if self._sink is None:
@@ -177,7 +187,81 @@ class AttentionCapture:
             computed_scores=None if self.computed_scores is None else self.computed_scores[index],
             file_facts=dict(self.file_facts),
             summary=None if self.summary is None else {i: self.summary[i] for i in layers},
-            _sink=None if self._sink is None else self._sink[index])
+            _sink=None if self._sink is None else self._sink[index],
+            token_words=self.token_words, word_spans=self.word_spans)
+
+    # -- words and spans --
+    def by_words(self, words=None) -> "AttentionCapture":
+        """The capture with its tokens merged into words, as Clark et al. 2019 ("What Does BERT Look At?", §4)
+        merge them: for each head, the attention TO a word is the SUM of its tokens' columns (keys summed), and the
+        attention FROM a word is the MEAN of its tokens' rows (queries averaged). Each merged row therefore still
+        sums to 1 (a token's row sums to 1, summing keys keeps that, averaging rows keeps it); with a learned sink,
+        each row plus the word's mean learned_sink sums to 1.
+
+        Causal models: a word's row averages its tokens' rows as they were, so inside a word the earlier tokens did
+        not see the later ones (the word's weight on itself is the mean of what each of its tokens gave the word's
+        tokens up to itself); across words the map stays causal.
+
+        words: one word number per token, as transformers' `encoding.word_ids()` gives them (consecutive tokens of
+        one number are a word; None, a special token, is a word of its own). Default: the words the tokenizer's
+        offsets gave at capture time (token_words), else the words read from the tokens' space markers; the rule is
+        attnviz.capture.words's docstring (a run of letters and digits, or one punctuation character; whitespace
+        joins the word after it; special tokens stay words of their own).
+
+        Returns a pattern-store AttentionCapture whose tokens are the words (their tokens' strings joined), whose
+        token_ids number distinct words (equal token sequences, equal ids: not vocabulary ids), and whose word_spans
+        give each word's tokens here; every view, head_stats, save and span_attention take it. Its scores, inputs
+        and values are None: a sum of softmax weights is no softmax of any q.k. In the qk store each layer is read a
+        block of query rows at a time from q and k (no N x N array); refused with a CaptureError when the words' map
+        [layer, head, word, word] would pass the pattern store's MAX_CAPTURE_BYTES (narrow it with select)."""
+        from attnviz.capture.run import MAX_CAPTURE_BYTES
+
+        if self.pattern is None and not self.inputs:
+            raise CaptureError("This capture kept neither its weights nor its q and k, so it has no words to merge.")
+        if words is None:
+            words = self.token_words if self.token_words is not None else words_from_tokens(self.tokens)
+        words = list(words)
+        if len(words) != self.n_tokens:
+            raise CaptureError(f"{len(words)} word numbers for {self.n_tokens} tokens: give one per token.")
+        spans = word_spans(words)
+        n_words = len(spans)
+        need = self.n_layers * self.n_heads * n_words**2 * 4
+        if need > MAX_CAPTURE_BYTES:
+            raise CaptureError(f"{self.n_layers} layers x {self.n_heads} heads x {n_words:,}² word weights need "
+                               f"{need / 2**30:.1f} GiB (limit {MAX_CAPTURE_BYTES / 2**30:.0f} GiB): merge fewer "
+                               "layers (capture.select(layers).by_words()).")
+        block = max(1, 2**22 // max(1, self.n_heads * self.n_tokens))  # [head, block, key] float64: 32 MiB
+        pattern = np.stack([merged_layer(lambda a, b, layer=layer: self.layer_rows(layer, a, b), self.n_tokens,
+                                         spans, block).astype(np.float32) for layer in self.layers])
+        sink = self.learned_sink
+        first: dict[tuple[int, ...], int] = {}
+        ids = [first.setdefault(tuple(self.token_ids[a:b]), len(first)) for a, b in spans]
+        return AttentionCapture(
+            tokens=word_strings(self.tokens, spans), token_ids=ids, layers=list(self.layers),
+            kv_head_of=list(self.kv_head_of), model_name=self.model_name, causal=self.causal, store="pattern",
+            pattern=pattern,
+            file_facts={**self.file_facts, "scaling": self.scaling, "head_dim": self.head_dim},
+            _sink=None if sink is None else merged_queries(sink, spans).astype(np.float32),
+            token_words=list(range(n_words)), word_spans=spans)
+
+    def span_attention(self, layer: int, head: int, queries, how: str = "sum") -> np.ndarray:
+        """The attention of a set of queries over every key, one head: [key] float64.
+
+        queries: a span (start, stop) as a tuple of two ints (queries start .. stop - 1), one int, a slice, a boolean
+        mask, or any collection of positions (a list, set, range or array; each position counted once).
+        how="sum": the sum of their rows (key j gets the total weight the set gives it; the row sums to the number of
+        queries, less their learned-sink weight); how="mean": the mean of their rows (sums to 1, less the mean sink
+        weight). Read from the dense pattern, or computed from q and k a run of consecutive queries at a time in the
+        qk store. On a by_words capture the positions are words and the keys are words."""
+        if how not in ("sum", "mean"):
+            raise CaptureError(f"how must be 'sum' or 'mean'; got {how!r}.")
+        positions = query_positions(queries, self.n_tokens)
+        total = np.zeros(self.n_tokens)
+        for a, b in runs(positions):
+            for start in range(a, b, 256):
+                rows = self.head_pattern(layer, head, (start, min(b, start + 256)))  # [rows, key]
+                total += rows.astype(np.float64).sum(0)
+        return total / len(positions) if how == "mean" else total
 
     @property
     def head_numbers(self) -> list[int]:
