@@ -9,10 +9,12 @@ layer's time (best of 3), the time its q·k and p·v FLOPs take at the second ra
 the statistics' elementwise work, which no FLOP count includes.
 
     python benchmarks/attention_layer.py
+    python benchmarks/attention_layer.py --quick    toy-llama-gqa's layer 1 at 256 tokens, a 256³ matmul rate
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ import torch
 
 from benchmarks.longcontext import long_text, matmul_rate
 
-N_TOKENS, LAYER, ROWS = 8192, 15, 128
+MODEL, N_TOKENS, LAYER, ROWS = "smollm2-135m", 8192, 15, 128
 
 
 def best_of(fn, repeats: int = 3) -> float:
@@ -59,27 +61,32 @@ def main() -> None:
     from attnviz.models import load_model
     from attnviz.stats import KEY_BLOCK, InductionMatch, streamed_stats
 
-    loaded = load_model("smollm2-135m")
-    text = long_text(N_TOKENS, loaded.tokenizer)
-    cap = capture_attention(loaded, text, store="qk", layers=[LAYER])
-    x, ids = cap.inputs[LAYER], cap.token_ids
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the smallest case: a toy model, 256 tokens")
+    args = parser.parse_args()
+    name, n_tokens, layer_index, size = ("toy-llama-gqa", 256, 1, 256) if args.quick else (MODEL, N_TOKENS, LAYER,
+                                                                                            2048)
+    loaded = load_model(name)
+    text = long_text(n_tokens, loaded.tokenizer)
+    cap = capture_attention(loaded, text, store="qk", layers=[layer_index])
+    x, ids = cap.inputs[layer_index], cap.token_ids
     n, heads, n_kv, d = x.n_query, x.n_heads, x.k.shape[0], x.head_dim
     values = torch.randn(n_kv, n, d)
-    peak = matmul_rate()
+    peak = matmul_rate(size)
     split = tile_rate(n_kv, heads // n_kv * ROWS, KEY_BLOCK, d, per_core=False)
     at_tiles = tile_rate(n_kv, heads // n_kv * ROWS, KEY_BLOCK, d, per_core=True)
     match = InductionMatch(ids)  # as in a capture: found on the first layer, kept for the others
     layer = best_of(lambda: streamed_stats(x, match, values=values))
     flops = 2 * 2 * d * heads * n * (n + 1) / 2  # q·k and p·v over the causal pairs
     products = flops / at_tiles
-    print(f"smollm2-135m layer {LAYER}, {n:,} tokens, {heads} heads / {n_kv} KV heads, head dim {d}, "
+    print(f"{name} layer {layer_index}, {n:,} tokens, {heads} heads / {n_kv} KV heads, head dim {d}, "
           f"{torch.get_num_threads()} threads")
-    print(f"float32 matmul rate at 2,048³: {peak / 1e9:.0f} GFLOP/s; at the pass's tile shapes, each product split "
-          f"over {torch.get_num_threads()} threads: {split / 1e9:.0f} GFLOP/s ({split / peak:.0%}); a tile per core on "
-          f"every core at once, as the pass runs them: {at_tiles / 1e9:.0f} GFLOP/s ({at_tiles / peak:.0%})")
+    print(f"float32 matmul rate at {size:,}³: {peak / 1e9:.0f} GFLOP/s; at the pass's tile shapes, each product "
+          f"split over {torch.get_num_threads()} threads: {split / 1e9:.0f} GFLOP/s ({split / peak:.0%}); a tile per "
+          f"core on every core at once, as the pass runs them: {at_tiles / 1e9:.0f} GFLOP/s ({at_tiles / peak:.0%})")
     print(f"layer (statistics and output): {layer:.3f} s; its q·k and p·v ({flops / 1e9:.1f} GFLOP) at the tile "
           f"rate: {products:.3f} s ({products / layer:.0%}); the rest (elementwise): {layer - products:.3f} s")
-    print(f"the layer against the 2,048³ limit: {layer / (flops / peak):.2f}x; its products alone at the tile "
+    print(f"the layer against the {size:,}³ limit: {layer / (flops / peak):.2f}x; its products alone at the tile "
           f"rate: {products / (flops / peak):.2f}x")
 
 

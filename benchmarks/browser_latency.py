@@ -21,6 +21,9 @@ what a person at the page waits for.
   Kernel: the "Step" slider moved one step on (the page builds the next step's figures while the browser draws)
 
     python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--only heads-dense] [--only sinks] ...
+    python benchmarks/browser_latency.py --quick    one action (the Positional page's slider), once
+
+A page that fails is reported with a screenshot, the others are still measured, and the run exits 1.
 """
 
 from __future__ import annotations
@@ -234,14 +237,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=["heads-dense", "heads-qk", "sinks", "positional", "softmax", "kernel"],
                         action="append")
+    parser.add_argument("--quick", action="store_true", help="one action, once: the Positional page's slider")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat, args.only, args.port = 1, ["positional"], None  # None: a free port
     from playwright.sync_api import sync_playwright
 
     from tests.servers import CHROMIUM_ARGS, streamlit_server  # the browser tests' server and Chromium flags
 
     # --server.fileWatcherType none: a file saved during the run must not reload modules under it
     with streamlit_server(port=args.port, options=("--server.fileWatcherType", "none")) as (url, _):
-        rows = []
+        rows, failed = [], []
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
             context = browser.new_context(viewport={"width": 1400, "height": 1300})
@@ -258,6 +264,7 @@ def main() -> None:
                         print(f"{row[0]}: driver {', '.join(f'{t[0]:.2f}' for t in row[1])} s; input "
                               f"{', '.join(f'{t[1]:.2f}' for t in row[1])} s", file=sys.stderr, flush=True)
                 except Exception as exc:  # the other pages are still measured
+                    failed.append(name)
                     page.screenshot(path=f"browser-latency-{name}-failed.png", full_page=True)
                     print(f"{name}: failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); screenshot "
                           f"browser-latency-{name}-failed.png", file=sys.stderr, flush=True)
@@ -268,6 +275,8 @@ def main() -> None:
     for name, times in rows:
         print(f"| {name} | {statistics.median(t[1] for t in times):.2f} | "
               f"{statistics.median(t[0] for t in times):.2f} | {', '.join(f'{t[1]:.2f}' for t in times)} |")
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

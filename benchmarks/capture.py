@@ -9,10 +9,13 @@
    later load of the converted safetensors folder.
 
 Run: python benchmarks/capture.py
+     python benchmarks/capture.py --quick    the smallest case of each (toy-llama-gqa, 64 tokens, 2 repeats; the
+                                             load of a toy written as a GGUF file): seconds, not figures
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -23,7 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # attnviz, and tests.gguf_files for --quick
 
 from attnviz.capture import capture_attention
 from attnviz.figures.heads import head_detail
@@ -70,24 +73,36 @@ def overhead(loaded, n_tokens: int = 256, repeats: int = 7) -> dict[str, float]:
     return {key: min(values) for key, values in times.items()}
 
 
-def bytes_per_cell(loaded, n_tokens: int = 1024) -> tuple[float, float]:
-    capture = capture_attention(loaded, text_of(loaded, n_tokens), layers=[20])
+def bytes_per_cell(loaded, n_tokens: int = 1024, layer: int = 20) -> tuple[float, float]:
+    capture = capture_attention(loaded, text_of(loaded, n_tokens), layers=[layer])
     p = capture.pattern[0, 0]
-    ours = len(head_detail(p, capture.tokens, title="layer 20, head 0").to_json())
+    ours = len(head_detail(p, capture.tokens, title=f"layer {layer}, head 0").to_json())
     default = len(go.Figure(go.Heatmap(z=p)).to_json())
     return ours / p.size, default / p.size
 
 
-def load_times() -> tuple[float, float]:
+def toy_gguf(folder: Path) -> str:
+    """toy-llama-gqa written as a float32 GGUF file in `folder` (tests/gguf_files.py): a file that load_model
+    converts as it converts a bundled model's."""
+    from tests.gguf_files import write_llama
+
+    toy = load_model("toy-llama-gqa")
+    return str(write_llama(folder / "toy-llama-gqa.gguf", toy.model, toy.tokenizer))
+
+
+def load_times(name: str = "smollm2-135m") -> tuple[float, float]:
+    """(first load, converting into a fresh cache folder; a later load of the converted folder) of `name`, or with
+    name None of toy_gguf's file."""
     with tempfile.TemporaryDirectory() as tmp:
         previous = os.environ.get("ATTNVIZ_CACHE_DIR")
         os.environ["ATTNVIZ_CACHE_DIR"] = tmp
         try:
+            name = name or toy_gguf(Path(tmp))
             start = time.perf_counter()
-            load_model("smollm2-135m")
+            load_model(name)
             first = time.perf_counter() - start
             start = time.perf_counter()
-            load_model("smollm2-135m")
+            load_model(name)
             cached = time.perf_counter() - start
         finally:
             if previous is None:
@@ -98,20 +113,27 @@ def load_times() -> tuple[float, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the smallest case of each part")
+    args = parser.parse_args()
+    name, n_tokens, repeats, map_tokens, layer = (("toy-llama-gqa", 64, 2, 64, 1) if args.quick
+                                                   else ("smollm2-135m", 256, 7, 1024, 20))
     torch.manual_seed(0)
-    first, cached = load_times()
-    loaded = load_model("smollm2-135m")
-    t = overhead(loaded)
-    ours_b, default_b = bytes_per_cell(loaded)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
+    first, cached = load_times(None if args.quick else name)
+    loaded = load_model(name)
+    t = overhead(loaded, n_tokens, repeats)
+    ours_b, default_b = bytes_per_cell(loaded, map_tokens, layer)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for clock in ("cpu", "wall"):
         ours, plain = t[f"ours {clock}"], t[f"plain {clock}"]
-        print(f"capture overhead, smollm2-135m, 256 tokens, {clock} time (fastest of 7): capture {ours * 1e3:.0f} ms "
-              f"vs eager forward with output_attentions {plain * 1e3:.0f} ms -> ratio {ours / plain:.2f} "
-              "(goal <= 1.10)")
-    print(f"bytes to the browser per cell, 1024 x 1024 map: palette PNG figure {ours_b:.2f} B vs plotly default "
-          f"heatmap {default_b:.1f} B -> {default_b / ours_b:.0f}x smaller (goal <= 1 B)")
-    print(f"load smollm2-135m: first (GGUF -> safetensors) {first:.1f} s vs cached {cached:.2f} s -> "
+        print(f"capture overhead, {name}, {n_tokens} tokens, {clock} time (fastest of {repeats}): capture "
+              f"{ours * 1e3:.0f} ms vs eager forward with output_attentions {plain * 1e3:.0f} ms -> ratio "
+              f"{ours / plain:.2f} (goal <= 1.10)")
+    print(f"bytes to the browser per cell, {map_tokens} x {map_tokens} map: palette PNG figure {ours_b:.2f} B vs "
+          f"plotly default heatmap {default_b:.1f} B -> {default_b / ours_b:.0f}x smaller (goal <= 1 B)")
+    loaded_name = "toy-llama-gqa as a GGUF file" if args.quick else name
+    print(f"load {loaded_name}: first (GGUF -> safetensors) {first:.1f} s vs cached {cached:.2f} s -> "
           f"{first / cached:.0f}x faster (goal >= 20x)")
 
 

@@ -4,7 +4,10 @@ float32, so every number is the quantized model's).
 
     .venv/bin/python benchmarks/gemma3.py [--windows 32] [--window-tokens 64] [--text-tokens 512]
         [--stream-windows 256,1024] [--sinks 4] [--induction-length 50] [--seeds 3] [--rolling-tokens 32]
-        [--rolling-window 16]
+        [--rolling-window 16] [--stream-tokens N] [--references 8] [--reference-tokens 64]
+    .venv/bin/python benchmarks/gemma3.py --quick    every part at its smallest: 2 windows of 16 tokens, a
+        32-token text, 2 reference texts of 16, StreamingLLM over the text's first 48 tokens with a window of 16,
+        one seed of 8 tokens
 
 Prints, from this one run, each number computed by attnviz:
 (1) per layer, with its kind read from the model's config: Sink_0^0.3 and the mean alpha_0 over --windows windows
@@ -15,8 +18,9 @@ Prints, from this one run, each number computed by attnviz:
 (3) the intervention: token 0's massive dimensions set to zero or to their mean over 8 windows of 64 tokens (as
     the Sinks page does), after the layer where they have all appeared and after each full-attention layer but the
     last: perplexity on the --text-tokens window and the sink mass of the layers after the edit;
-(4) the StreamingLLM experiment over the whole shipped text (attnviz.streaming: full attention, a window of the
-    last W tokens, the window plus --sinks first tokens) for each W;
+(4) the StreamingLLM experiment over the whole shipped text, or its first --stream-tokens tokens
+    (attnviz.streaming: full attention, a window of the last W tokens, the window plus --sinks first tokens) for
+    each W;
 (5) the induction test (attnviz.diagnostics: a random sequence of --induction-length tokens repeated, --seeds
     seeds): the top heads by prefix-matching score and the loss on each copy;
 (6) cross-checks of those numbers against transformers' own outputs of the same weights with its eager attention
@@ -122,13 +126,13 @@ def run_interventions(loaded, text, hidden, refs, kinds, dims):
     return runs
 
 
-def print_interventions(runs, hidden, dims) -> None:
+def print_interventions(runs, hidden, dims, n_references: int = REFERENCE_WINDOWS) -> None:
     print(f"intervention at token 0, dimensions {', '.join(map(str, dims))}: perplexity on the text, sink mass "
           "(mean over heads of the attention queries 1..n-1 give token 0) of the layers after the edit")
     print(f"{'after layer':>11} {'set to':<28}{'values':>18}{'perplexity':>12}{'x':>8}{'sink mass':>20}")
     for layer, mode, r in runs:
         after = slice(layer + 1, None)
-        label = "zero" if mode == "zero" else f"mean over {REFERENCE_WINDOWS} texts"
+        label = "zero" if mode == "zero" else f"mean over {n_references} texts"
         values = ", ".join(f"{v:.0f}" for v in r.edit.values)
         print(f"{layer:>11} {label:<28}{values:>18}{r.edited_perplexity:>12.2f}"
               f"{r.edited_perplexity / r.perplexity:>8.2f}{r.sink_mass[after].mean():>10.3f} -> "
@@ -263,7 +267,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rolling-tokens", type=int, default=32)
     parser.add_argument("--rolling-window", type=int, default=16)
+    parser.add_argument("--stream-tokens", type=int, default=None, help="StreamingLLM over this many tokens only")
+    parser.add_argument("--references", type=int, default=REFERENCE_WINDOWS, help="texts the mean edit averages")
+    parser.add_argument("--reference-tokens", type=int, default=REFERENCE_TOKENS, help="their length")
+    parser.add_argument("--quick", action="store_true", help="every part at its smallest")
     args = parser.parse_args()
+    if args.quick:
+        args.windows, args.window_tokens, args.text_tokens = 2, 16, 32
+        args.stream_windows, args.stream_tokens, args.rolling_tokens, args.rolling_window = "16", 48, 16, 8
+        args.induction_length, args.seeds, args.references, args.reference_tokens = 8, 1, 2, 16
     start = time.perf_counter()
     loaded = load_model("gemma3-270m")
     config, tok, text = loaded.model.config, loaded.tokenizer, streaming.shipped_text()
@@ -291,12 +303,12 @@ def main() -> None:
     print_massive(hidden, tokens)
     dims = np.flatnonzero(massive_mask(hidden)[:, 0].any(axis=0)).tolist()  # token 0's massive dimensions
     refs = [massive.layer_outputs(loaded.model, tok(t)["input_ids"])
-            for t in sinks.text_windows(text, tok, n_tokens=REFERENCE_TOKENS, n_windows=REFERENCE_WINDOWS)]
+            for t in sinks.text_windows(text, tok, n_tokens=args.reference_tokens, n_windows=args.references)]
     runs = run_interventions(loaded, middle, hidden, refs, kinds, dims)
     print(f"\n(3) unedited perplexity {runs[0][2].perplexity:.2f}")
-    print_interventions(runs, hidden, dims)
+    print_interventions(runs, hidden, dims, args.references)
 
-    ids = torch.as_tensor(tok(text)["input_ids"])
+    ids = torch.as_tensor(tok(text)["input_ids"][:args.stream_tokens])
     stream = run_streaming(loaded, ids, [int(w) for w in args.stream_windows.split(",")], args.sinks)
     print("\n(4) ", end="")
     print_streaming(stream, ids, args.sinks, stream[0].seconds.get(streaming.SETTINGS[0], float("nan")))

@@ -14,6 +14,8 @@ functional simulation, not a speed), then naive vs SDPA wall time and measured p
     python benchmarks/kernel.py --sizes 4096 --head-dims 64 --dtypes float16    a part of the GPU table
     python benchmarks/kernel.py --step-view      the Tiled kernel page's step view: one step redrawn, figures
                                                  built afresh vs taken from attnviz.ui.kernel's per-step cache
+    python benchmarks/kernel.py --quick          the smallest case of the run: on a GPU N = 256, d = 64, float16;
+                                                 on the CPU the interpreter at N = 64 and the tables at N = 256
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ TUNE_CONFIGS = [c for c in itertools.product((64, 128), (32, 64, 128), (4, 8), (
 NAIVE_BYTES_PER_SCORE = 14
 
 
-def cpu_benchmark(threads=1):
+def cpu_benchmark(threads=1, interpreted_n=256, blocks=(16, 32, 64), sizes=(256, 512, 1024, 2048, 4096)):
     # one thread: on a small shared machine two torch threads wait on each other and times swing by 10x and more
     torch.set_num_threads(threads)
     print(f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s); "
@@ -60,18 +62,19 @@ def cpu_benchmark(threads=1):
     print("  N    d  BLOCK_M x BLOCK_N  causal  steps  seconds  ms/step")
     q, k, v = make_inputs(16, 16)
     flash_attention(q, k, v, block_m=16, block_n=16)  # first call sets up the interpreter
-    for block in (16, 32, 64):
+    n = interpreted_n
+    for block in blocks:
         for causal in (False, True):
-            q, k, v = make_inputs(256, 64)
-            steps = tile_steps(256, 256, block_m=block, block_n=block, causal=causal)
+            q, k, v = make_inputs(n, 64)
+            steps = tile_steps(n, n, block_m=block, block_n=block, causal=causal)
             seconds = time_call(lambda: flash_attention(q, k, v, causal=causal, block_m=block, block_n=block),
                                 repeats=1, warmup=0)
-            print(f"{256:>4} {64:>3}  {block:>7} x {block:<7}  {causal!s:>6} {steps:>6} {seconds:>8.2f} "
+            print(f"{n:>4} {64:>3}  {block:>7} x {block:<7}  {causal!s:>6} {steps:>6} {seconds:>8.2f} "
                   f"{seconds / steps * 1e3:>8.2f}")
 
     print("\nNaive vs torch SDPA on the CPU, float32, d = 64, one head, median of 5 (causal)")
     print("     N  naive ms   SDPA ms  naive/SDPA")
-    for n in (256, 512, 1024, 2048, 4096):
+    for n in sizes:
         q, k, v = make_inputs(n, 64)
         naive = time_call(lambda: naive_attention(q, k, v, causal=True), repeats=5)
         fused = time_call(lambda: sdpa(q, k, v, is_causal=True), repeats=5)
@@ -79,7 +82,7 @@ def cpu_benchmark(threads=1):
 
     print("\nPeak memory (torch CPU allocator, torch.profiler), float32, d = 64, one head, causal")
     print("     N   naive MiB    SDPA MiB  two-pass tiled 64x64 MiB  naive/tiled")
-    for n in (256, 512, 1024, 2048, 4096):
+    for n in sizes:
         q, k, v = make_inputs(n, 64)
         peaks = [peak_cpu_bytes(fn) / 2**20 for fn in (
             lambda: naive_attention(q, k, v, causal=True), lambda: sdpa(q, k, v, is_causal=True),
@@ -297,7 +300,10 @@ def main(argv=None):
     parser.add_argument("--dtypes", nargs="+", default=DTYPES, choices=("float16", "bfloat16"))
     parser.add_argument("--csv", help="also write every GPU cell to this CSV file")
     parser.add_argument("--step-view", action="store_true", help="time one step of the page's step view")
+    parser.add_argument("--quick", action="store_true", help="the smallest case of the run")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.head_dims, args.dtypes = (256,), (64,), ("float16",)
     if args.step_view:
         return step_view()
     if args.plan:
@@ -309,6 +315,8 @@ def main(argv=None):
         return tune(args)
     if gpu:
         gpu_benchmark(args)
+    elif args.quick:
+        cpu_benchmark(interpreted_n=64, blocks=(32,), sizes=(256,))
     else:
         cpu_benchmark()
 

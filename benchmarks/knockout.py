@@ -2,6 +2,7 @@
 against batched, and the effect of sharing the untouched first layers of a batch.
 
     .venv/bin/python benchmarks/knockout.py [--tokens 64] [--batch 16] [--single 2]
+    .venv/bin/python benchmarks/knockout.py --quick    toy-gpt2's 8 heads on 16 tokens, batches of 4
 
 Three ways, timed batch by batch in turn so that the load other programs put on the machine falls on all three
 alike: (a) one forward pass per head (every --single-th batch's first head, extrapolated to all 270); (b) batches
@@ -47,14 +48,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--single", type=int, default=2,
                         help="time one head alone in every SINGLE-th batch (extrapolated to all heads)")
+    parser.add_argument("--quick", action="store_true", help="the smallest case: toy-gpt2, 16 tokens, batch 4")
     args = parser.parse_args()
+    name, title = "smollm2-135m", "SmolLM2-135M"
+    if args.quick:
+        name, title, args.tokens, args.batch = "toy-gpt2", "toy-gpt2", 16, 4
 
-    loaded = load_model("smollm2-135m")
+    loaded = load_model(name)
     ids = loaded.tokenizer(TEXT).input_ids[:args.tokens]
     rows = ko.every_head(loaded)
-    print(f"SmolLM2-135M, {len(ids)} tokens, {len(rows)} heads, batch {args.batch}, "
-          f"{torch.get_num_threads()} torch threads")
-    ko.knocked_logits(loaded, ids, rows[9:11])  # warm up, and the once-per-model check of shared first layers
+    print(f"{title}, {len(ids)} tokens, {len(rows)} heads, batch {args.batch}, {torch.get_num_threads()} torch "
+          "threads")
+    # two heads of layer 1: a warm-up, and the once-per-model check of shared first layers
+    ko.knocked_logits(loaded, ids, rows[loaded.shape.heads:][:2])
     load_before = os.getloadavg()[0]
 
     seconds = {"a": 0.0, "b": 0.0, "c": 0.0}

@@ -5,10 +5,12 @@ one CPU thread and stops it when the best layer-1 head's induction score passes 
 fixed probe). Prints steps, seconds, the loss then, and each scheme's steps relative to RoPE, all from one run.
 
     python benchmarks/lab.py [max_steps]
+    python benchmarks/lab.py --quick    10 steps per scheme, a checkpoint every 5 (the table, not a finding)
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from dataclasses import replace
@@ -40,8 +42,12 @@ def steps_to_induction(config: lab.LabConfig) -> tuple[int | None, float, float]
 
 
 def main() -> None:
-    max_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
-    base = replace(lab.LabConfig(), steps=min(max_steps, lab.MAX_STEPS), eval_every=25)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("max_steps", nargs="?", type=int, default=1500)
+    parser.add_argument("--quick", action="store_true", help="10 steps per scheme, a checkpoint every 5")
+    args = parser.parse_args()
+    steps, eval_every = (10, 5) if args.quick else (min(args.max_steps, lab.MAX_STEPS), 25)
+    base = replace(lab.LabConfig(), steps=steps, eval_every=eval_every)
     print(f"induction task, {base.n_letters} letters, L = {base.segment_len}, {base.n_layers} layers x {base.n_heads} "
           f"heads, d_model {base.d_model}, batch {base.batch_size}, lr {base.lr:g}, seed {base.seed}, "
           f"up to {base.steps} steps; chance loss {lab.chance_loss(base.n_letters):.2f} nats")

@@ -19,6 +19,9 @@ It reports, per visitor and in sum:
     python benchmarks/load.py                       # the machine's default budget
     python benchmarks/load.py --budget-mb 1000      # a small budget: refusals with messages, no crash
     python benchmarks/load.py --tight               # just the model and the long capture: it queues, and is told
+    python benchmarks/load.py --quick               # one short visitor: the same server, browser and checks
+
+The run exits 1 when a visitor saw another's result, timed out, or met an exception box or a console error.
 """
 
 from __future__ import annotations
@@ -174,15 +177,15 @@ async def run_visitor(browser, base: str, visitor: Visitor, long_text: str, time
         await context.close()
 
 
-async def run_all(base: str, timeout_s: float) -> list[Visitor]:
+async def run_all(base: str, timeout_s: float, quick: bool = False) -> list[Visitor]:
     from playwright.async_api import async_playwright
 
     from attnviz.models import load_model
     from benchmarks.longcontext import long_text
 
-    text = long_text(LONG_TOKENS, load_model(MODEL).tokenizer)
-    visitors = ([Visitor(f"short-{i + 1}", "short", m) for i, m in enumerate(MARKERS)]
-                + [Visitor("long", "long"), Visitor("toy-lab", "lab")])
+    visitors = ([Visitor(f"short-{i + 1}", "short", m) for i, m in enumerate(MARKERS[:1] if quick else MARKERS)]
+                + ([] if quick else [Visitor("long", "long"), Visitor("toy-lab", "lab")]))
+    text = "" if quick else long_text(LONG_TOKENS, load_model(MODEL).tokenizer)
     async with async_playwright() as p:
         from tests.servers import CHROMIUM_ARGS
 
@@ -251,7 +254,10 @@ def main() -> None:
                              "the toy-lab run's estimate: the long visitor must queue while that run trains")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each visitor may take")
     parser.add_argument("--server-log", type=Path, default=None, help="write the server's output to this file")
+    parser.add_argument("--quick", action="store_true", help="one short visitor, on a free port")
     args = parser.parse_args()
+    if args.quick:
+        args.port, args.timeout = None, 300.0  # None: a free port
     from attnviz.budget import default_budget_bytes
 
     if args.tight:
@@ -264,10 +270,13 @@ def main() -> None:
     log = subprocess.DEVNULL if args.server_log is None else open(args.server_log, "w")
     start = time.perf_counter()
     with streamlit_server(port=args.port, options=("--server.fileWatcherType", "none"), log=log) as (url, server):
-        visitors = asyncio.run(run_all(url, args.timeout))
+        visitors = asyncio.run(run_all(url, args.timeout, args.quick))
         peak = peak_rss_bytes(server.pid)
-    print(f"8 visitors at once, budget {budget_bytes / 2**20:,.0f} MiB, {os.cpu_count()} cores")
+    print(f"{len(visitors)} visitors at once, budget {budget_bytes / 2**20:,.0f} MiB, {os.cpu_count()} cores")
     report(visitors, peak, budget_bytes, time.perf_counter() - start)
+    wrong = [v.name for v in visitors if v.own_result is False or v.timed_out or v.exceptions or v.console_errors]
+    if wrong:
+        sys.exit(f"visitors with a wrong result, a timeout, an exception or a console error: {', '.join(wrong)}")
 
 
 if __name__ == "__main__":

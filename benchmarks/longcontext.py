@@ -18,6 +18,8 @@ are measured under the same load.
 
     python benchmarks/longcontext.py
     python benchmarks/longcontext.py --repeat 5 "smol stats 8k"   one case 5 times, the rate measured before each
+    python benchmarks/longcontext.py --quick    each kind of case once, on toy-llama-gqa at 1,100 tokens (long
+                                                enough for the Heads page's zoom window; seconds, not figures)
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def _child(case: str, model: str, n_tokens: int) -> dict:
         capture_attention(loaded, text, store="qk", during=during)
         assert len(during.summary) == loaded.shape.layers
     elif case == "sdpa":
-        out.update(_sdpa_forward(model, ids))
+        out.update(_sdpa_forward(loaded, ids))
     elif case == "page":
         out.update(_page(text, model))
     elif case in ("dense", "qk"):
@@ -106,17 +108,25 @@ def _child(case: str, model: str, n_tokens: int) -> dict:
     return out
 
 
-def _sdpa_forward(model: str, ids: list[int]) -> dict:
-    """transformers' forward pass of the same weights (the converted folder attnviz loads) with SDPA attention and
-    no attention output, through the decoder stack only (as the statistics' pass; no LM head). Timed alone."""
+def _sdpa_forward(loaded, ids: list[int]) -> dict:
+    """transformers' forward pass of the same weights (the converted folder attnviz loads; a toy's, saved to a
+    temporary folder) with SDPA attention and no attention output, through the decoder stack only (as the
+    statistics' pass; no LM head). Timed alone."""
+    import tempfile
+
     import torch
     from transformers import AutoModelForCausalLM
 
     from attnviz import gguf, models
 
-    folder = gguf.converted_folder(models._bundled_gguf(model)[1])  # the folder attnviz itself loads
-    peer = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
-                                                attn_implementation="sdpa").eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        if loaded.spec.source == "toy":
+            loaded.model.save_pretrained(tmp)
+            folder = tmp
+        else:
+            folder = gguf.converted_folder(models._bundled_gguf(loaded.spec.name)[1])  # the folder attnviz loads
+        peer = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
+                                                    attn_implementation="sdpa").eval()
     started = time.perf_counter()
     with torch.no_grad():
         peer.model(input_ids=torch.tensor([ids]), use_cache=False)
@@ -126,6 +136,8 @@ def _sdpa_forward(model: str, ids: list[int]) -> dict:
 def _page(text: str, model: str) -> dict:
     """The Heads page itself, run by Streamlit's AppTest (script time on the server, without the browser)."""
     from streamlit.testing.v1 import AppTest
+
+    from attnviz.models import load_model
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=3600)
     at.run()
@@ -140,9 +152,10 @@ def _page(text: str, model: str) -> dict:
     if not any(b.key == "heads_head" for b in at.selectbox):
         raise SystemExit(f"the Heads page drew no head picker: {said}")
     reruns = []
-    for change in (lambda: at.selectbox(key="heads_head").set_value(2),
-                   lambda: at.selectbox(key="heads_layer").set_value(5),
-                   lambda: at.slider(key="heads_zoom_q").set_value(4000),
+    shape = load_model(model).shape  # a toy (--quick) has fewer heads, layers and tokens than these
+    for change in (lambda: at.selectbox(key="heads_head").set_value(min(2, shape.heads - 1)),
+                   lambda: at.selectbox(key="heads_layer").set_value(min(5, shape.layers - 1)),
+                   lambda: at.slider(key="heads_zoom_q").set_value(min(4000, at.slider(key="heads_zoom_q").max)),
                    lambda: at.toggle(key="heads_hide_sink").set_value(True)):
         change()
         t = time.perf_counter()
@@ -180,16 +193,26 @@ CASES = (  # (key, case, model, tokens, label)
 )
 
 
-def main() -> None:
+QUICK_MODEL, QUICK_TOKENS = "toy-llama-gqa", 1100  # --quick: the first case of each kind, on this model at this length
+
+
+def main(quick: bool = False) -> None:
     from attnviz.capture import MAX_CAPTURE_BYTES
 
-    rate = matmul_rate()
+    rate = matmul_rate(256 if quick else 2048)
     dense_n = int((MAX_CAPTURE_BYTES / (30 * 9 * 4)) ** 0.5) // 100 * 100
     print(f"float32 matmul rate measured first: {rate / 1e9:.0f} GFLOP/s; limit = FLOPs / that rate; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+          + (f"; --quick: each kind of case once, on {QUICK_MODEL} at {QUICK_TOKENS:,} tokens" if quick else ""))
     print(f"{'case':44} {'tokens':>7} {'TFLOP':>7} {'seconds':>8} {'peak GiB':>8} {'x limit':>9}", flush=True)
     c = {}
+    kinds = set()
     for key, case, model, n, label in CASES:
+        if quick:
+            if case in kinds:
+                continue
+            kinds.add(case)
+            model, n, label = QUICK_MODEL, QUICK_TOKENS, label.replace(model, QUICK_MODEL)
         c[key] = run(case, model, n or dense_n)
         if c[key] is not None:
             print(_row(label, c[key], rate), flush=True)
@@ -197,6 +220,8 @@ def main() -> None:
                 print("    reruns after a head, layer, zoom and sink change: "
                       + ", ".join(f"{x:.2f} s" for x in c[key]["reruns_s"]), flush=True)
     _goals(c, rate)
+    if None in c.values():
+        sys.exit(f"{sum(r is None for r in c.values())} case(s) failed")
 
 
 def _goals(c: dict, rate: float) -> None:
@@ -245,4 +270,4 @@ if __name__ == "__main__":
     elif len(sys.argv) == 4 and sys.argv[1] == "--repeat":
         repeat(sys.argv[3], int(sys.argv[2]))
     else:
-        main()
+        main(quick=sys.argv[1:] == ["--quick"])

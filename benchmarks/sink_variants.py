@@ -9,6 +9,7 @@ metric, the final loss, and the load of the machine while it ran.
 
     .venv/bin/python benchmarks/sink_variants.py [--task text] [--steps 1000] [--seconds 120] [--eval-every 25]
         [--layers 2] [--heads 4] [--width 64] [--lr 3e-3] [--weight-decay 0.01] [--text-len 64]
+    .venv/bin/python benchmarks/sink_variants.py --quick    10 steps per variant, the metric every 5 (the table only)
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def main() -> None:
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--text-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="10 steps per variant, the metric every 5")
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.eval_every = 10, 5
     base = lab.LabConfig(task=args.task, positional="rope", steps=args.steps, eval_every=args.eval_every,
                          n_layers=args.layers, n_heads=args.heads, d_model=args.width, lr=args.lr,
                          weight_decay=args.weight_decay, text_len=args.text_len, seed=args.seed)

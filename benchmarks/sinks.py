@@ -2,6 +2,7 @@
 would cost instead.
 
     .venv/bin/python benchmarks/sinks.py [--window 256] [--sinks 4] [--rolling-tokens N]
+    .venv/bin/python benchmarks/sinks.py --quick    toy-llama-gqa on the text's first 96 tokens, window 16
 
 Prints (a) full attention, (b) a window of the last W tokens, (c) the window plus the first sink tokens, each as
 perplexity over the whole text with the wall time of its single masked forward pass; then times the literal
@@ -32,13 +33,16 @@ def main() -> None:
     parser.add_argument("--rolling-tokens", type=int, default=None,
                         help="tokens decoded one by one for the timing (default: window + sinks + 64, so the cache "
                              "fills up and evicts)")
+    parser.add_argument("--quick", action="store_true", help="the smallest case: a toy model, 96 tokens")
     args = parser.parse_args()
+    name, title, tokens = "smollm2-135m", "SmolLM2-135M", None
+    if args.quick:
+        name, title, tokens, args.window = "toy-llama-gqa", "toy-llama-gqa", 96, 16
 
-    loaded = load_model("smollm2-135m")
-    ids = torch.as_tensor(loaded.tokenizer(streaming.shipped_text())["input_ids"])
+    loaded = load_model(name)
+    ids = torch.as_tensor(loaded.tokenizer(streaming.shipped_text())["input_ids"][:tokens])
     n = len(ids)
-    print(f"SmolLM2-135M on {streaming.STREAMING_TEXT.name}: {n} tokens, window {args.window}, "
-          f"{args.sinks} sink tokens, "
+    print(f"{title} on {streaming.STREAMING_TEXT.name}: {n} tokens, window {args.window}, {args.sinks} sink tokens, "
           f"{torch.get_num_threads()} torch threads")
 
     result = streaming.streaming_experiment(loaded.model, ids, window=args.window, n_sinks=args.sinks)
@@ -53,7 +57,7 @@ def main() -> None:
     rows.append(("(c') as (c), sinks at their text positions", streaming.perplexity(original), original_s))
     for label, ppl, seconds in rows:
         print(f"{label:<48}{ppl:>12.2f}{ppl / full:>9.2f}{seconds:>10.1f}")
-    print(streaming.describe_experiment(result, "SmolLM2-135M"))
+    print(streaming.describe_experiment(result, title))
 
     m = min(n, args.rolling_tokens or args.window + args.sinks + 64)
     w, s = args.window, args.sinks

@@ -8,10 +8,12 @@
    after changing the number of keys, the seed or the temperature (changing d_k alone reuses the cached sweep).
 
 Each timing is the median of alternating repeats. Run: python benchmarks/softmax.py
+(--quick: the smallest case of each, 8 keys, d_k = 16, one repeat)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -38,16 +40,16 @@ def median_times(fns: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def jacobian_norms(n: int) -> tuple[float, float]:
+def jacobian_norms(n: int, repeats: int | None = None) -> tuple[float, float]:
     p = sm.softmax(np.random.default_rng(0).standard_normal((ROWS, n)) * 3)
     fro, spectral = sm.jacobian_norm(p), sm.jacobian_norm(p, ord="spectral")
     assert np.all(spectral <= fro + 1e-12) and np.all(fro <= np.sqrt(n - 1) * spectral + 1e-12)
     t = median_times({"fro": lambda: sm.jacobian_norm(p), "spectral": lambda: sm.jacobian_norm(p, ord="spectral")},
-                     repeats=5 if n <= 32 else 3)
+                     repeats=repeats or (5 if n <= 32 else 3))
     return t["fro"], t["spectral"]
 
 
-def gradients(n_keys: int = 512, d_k: int = 1024) -> tuple[float, float]:
+def gradients(n_keys: int = 512, d_k: int = 1024, repeats: int = 7) -> tuple[float, float]:
     q, k = sm.random_qk(ROWS, n_keys, d_k, seed=0)
     rng = np.random.default_rng(2)
     v, g = rng.standard_normal((n_keys, 16)), rng.standard_normal((ROWS, 16))
@@ -55,29 +57,34 @@ def gradients(n_keys: int = 512, d_k: int = 1024) -> tuple[float, float]:
     np.testing.assert_allclose(sm.query_gradient_chain_rule(q, k, v, g, scale=scale),
                                sm.query_gradient(q, k, v, g, scale=scale), rtol=1e-8, atol=1e-12)
     t = median_times({"chain": lambda: sm.query_gradient_chain_rule(q, k, v, g, scale=scale),
-                      "autograd": lambda: sm.query_gradient(q, k, v, g, scale=scale)}, repeats=7)
+                      "autograd": lambda: sm.query_gradient(q, k, v, g, scale=scale)}, repeats=repeats)
     return t["chain"], t["autograd"]
 
 
-def sweep_seconds(n_keys: int) -> float:
+def sweep_seconds(n_keys: int, repeats: int = 3) -> float:
     dims = sm.log_spaced_dims(1, 1024, per_octave=2)
     return median_times({"sweep": lambda: sm.saturation_sweep(dims, n_queries=ROWS, n_keys=n_keys, seed=0)},
-                        repeats=3)["sweep"]
+                        repeats=repeats)["sweep"]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the smallest case of each, one repeat")
+    args = parser.parse_args()
+    keys, (n_keys, d_k), sweep_keys, repeats = (((8,), (32, 16), (32,), 1) if args.quick
+                                                else ((8, 32, 128), (512, 1024), (32, 512), None))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of alternating repeats, one run")
     print(f"\n1. per-row softmax Jacobian norm, {ROWS} rows")
-    for n in (8, 32, 128):
-        fro, spectral = jacobian_norms(n)
+    for n in keys:
+        fro, spectral = jacobian_norms(n, repeats)
         print(f"   n = {n:4d} keys: Frobenius closed form {fro * 1e3:8.3f} ms, spectral (eigvalsh) "
               f"{spectral * 1e3:9.1f} ms, spectral / Frobenius = {spectral / fro:8.0f}x")
-    chain, auto = gradients()
-    print(f"\n2. gradient reaching q, {ROWS} queries x 512 keys, d_k = 1024: chain rule {chain * 1e3:.1f} ms, "
+    chain, auto = gradients(n_keys, d_k, repeats or 7)
+    print(f"\n2. gradient reaching q, {ROWS} queries x {n_keys} keys, d_k = {d_k}: chain rule {chain * 1e3:.1f} ms, "
           f"autograd {auto * 1e3:.1f} ms, autograd / chain rule = {auto / chain:.2f}x")
     print(f"\n3. the page's d_k sweep (20 values of d_k, {ROWS} queries, scaled and unscaled)")
-    for n in (32, 512):
-        print(f"   n = {n:4d} keys: {sweep_seconds(n):.2f} s")
+    for n in sweep_keys:
+        print(f"   n = {n:4d} keys: {sweep_seconds(n, repeats or 3):.2f} s")
 
 
 if __name__ == "__main__":
