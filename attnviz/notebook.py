@@ -4,7 +4,8 @@ Each view is a View: its _repr_html_ is self-contained, so it draws in JupyterLa
 no network. plotly's JavaScript is inlined once per output (plotly.offline.get_plotlyjs(); its bundle sets
 window.Plotly itself and calls neither define nor require, so classic Jupyter's require.js does not take it over),
 and nothing is loaded from a CDN. View.to_html(path) writes the same view as a standalone page;
-AttentionCapture.to_html(path) (page_view) writes all four views on one page.
+AttentionCapture.to_html(path) (page_view) writes all four views on one page. View.save(path) writes .html, or its
+charts as .svg, .pdf or .png for a paper (attnviz.export: plotly's exporter in the print style).
 
     grid_view(cap)                    the grid of all heads                 cap.show()
     head_view(cap, layer, head)       one head (overview + zoom when long)  cap.head_view(layer, head)
@@ -79,6 +80,24 @@ class View:
                 f"<title>{html.escape(self.title)}</title></head>\n<body>\n{self.html()}\n</body></html>\n")
         path.write_text(page, encoding="utf-8")
         return path
+
+    def save(self, path, *, print_style: bool = True) -> list[Path]:
+        """Writes the view in the format its suffix names and returns the files written: .html, the page (to_html);
+        .svg, .pdf or .png, each chart drawn by plotly's exporter (attnviz.export: Chromium, in the print style
+        unless print_style=False, a PNG at 300 dpi), the first at `path` and the next at <name>-2<suffix>, ...
+        Notes are left out of those. Another suffix, a view without charts, or no browser: ExportError."""
+        from attnviz import export
+
+        path = Path(os.fspath(path))
+        fmt = export.format_of(path)
+        if fmt == "html":
+            return [self.to_html(path)]
+        if not self.figures:
+            raise export.ExportError(f"{self.title} has no chart to draw as {fmt.upper()}: save it as .html.")
+        if export.unavailable():
+            raise export.ExportError(export.NO_BROWSER)
+        paths = [path] + [path.with_name(f"{path.stem}-{i}{path.suffix}") for i in range(2, len(self.figures) + 1)]
+        return [export.write_figure(fig, target, styled=print_style) for fig, target in zip(self.figures, paths)]
 
 
 def _figure_html(fig) -> str:
