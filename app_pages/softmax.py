@@ -15,7 +15,7 @@ MAX_TOKENS = 256  # every head's three softmaxes are computed for the per-head g
 MAX_CHARS = 1000
 DIMS = ui_softmax.DIMS
 REAL_TEXT = "The cat sat on the mat because it was warm. The cat"
-TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]
+TEMPERATURES = ui_softmax.TEMPERATURES
 
 
 def logit_formula(factor: str, bias: bool, softcap) -> str:
@@ -168,7 +168,12 @@ def random_logits_section() -> None:
                       help="Rows whose largest weight exceeds 0.99.")
     charts = ui_softmax.section_figures(d_k, n_keys, seed, temperature, ROWS_SHOWN)
     st.plotly_chart(charts["variants"], width="stretch", key="softmax_variants")
+    dims = charts["variants_stops"]
     st.caption(
+        "**Instant:** the d_k slider in this chart redraws it in the browser, no server ("
+        + (f"all {len(DIMS)} values of d_k" if len(dims) == len(DIMS) else f"d_k = {', '.join(map(str, dims))}")
+        + "); the controls above recompute on the server, and the numbers above and the charts below follow them, "
+        "not this slider. "
         "The dashed curves are the normal density with the predicted variance (1 scaled, d_k unscaled, both divided "
         "by T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the "
         "same variance. Unscaled, the rows turn into single bright cells as d_k grows: one key takes all the weight."
@@ -187,6 +192,8 @@ def random_logits_section() -> None:
     st.subheader("Against d_k")
     st.plotly_chart(charts["sweeps"], width="stretch", key="softmax_sweeps")
     st.caption(
+        f"**Instant:** the T slider in this chart redraws it in the browser, no server (all {len(TEMPERATURES)} "
+        "temperatures); the controls above recompute on the server. "
         f"Same seed, {N_QUERIES} queries and {n_keys} keys at every d_k. The scaled curves stay flat; the unscaled "
         "ones leave them as soon as d_k grows past a few: the logit variance follows the d_k line, rows saturate and "
         "the Jacobian collapses by orders of magnitude."

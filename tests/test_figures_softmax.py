@@ -135,3 +135,77 @@ def test_head_patterns_draw_each_softmax_of_a_head_on_one_scale():
         assert len(set(trace.x)) == 5
     assert [t.showscale for t in fig.data] == [False, False, True]
     assert [t.xaxis for t in fig.data] == ["x", "x2", "x3"]
+
+
+def _traces_on(state: dict, kind: str) -> list[dict]:
+    return [t for t in state["data"] if t["type"] == kind]
+
+
+def test_the_variants_charts_d_k_slider_draws_the_librarys_logits_and_rows_at_every_stop():
+    """Each stop of the in-chart d_k slider, replayed as plotly.js applies its frame, draws softmax.scores_and_pattern
+    of that d_k's random q and k: the first rows exactly, the logits binned, the predicted normal density."""
+    from attnviz import softmax as sm
+    from attnviz.figures import instant
+    from attnviz.ui import softmax as ui_softmax
+
+    n_keys, seed, temperature, rows = 32, 0, 2.0, 12
+    fig, dims = ui_softmax.variants_chart(64, n_keys, seed, temperature, rows)
+    assert dims == ui_softmax.DIMS  # at 32 keys per query every value of the d_k control fits
+    assert instant.json_bytes(fig) < 1_000_000
+    for i, d_k in enumerate(dims):
+        state = instant.drawn(fig, [(0, i)])
+        q, k = sm.random_qk(ui_softmax.N_QUERIES, n_keys, d_k, seed)
+        bars, maps, curves = (_traces_on(state, kind) for kind in ("bar", "heatmap", "scatter"))
+        curves = [c for c in curves if "normal" in c["name"]]
+        for scaled, bar, heat, curve in zip((True, False), bars, maps, curves):
+            scores, pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
+            np.testing.assert_array_equal(instant.array(heat["z"]), pattern[:rows])
+            density, edges = np.histogram(scores.ravel(), bins=figs.LOGIT_BINS, density=True)
+            np.testing.assert_array_equal(instant.array(bar["y"]), density)
+            np.testing.assert_array_equal(instant.array(bar["x"]), (edges[:-1] + edges[1:]) / 2)
+            sd = np.sqrt((1.0 if scaled else d_k) / temperature**2)
+            x = instant.array(curve["x"])
+            np.testing.assert_allclose(instant.array(curve["y"]),
+                                       np.exp(-0.5 * (x / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), rtol=1e-12)
+        assert f"Logits, scaled: q·k / √{d_k}" in [a["text"] for a in state["layout"]["annotations"]]
+
+
+def test_the_variants_chart_thins_its_d_k_stops_to_stay_small_at_512_keys():
+    from attnviz.figures import instant
+    from attnviz.ui import softmax as ui_softmax
+
+    fig, dims = ui_softmax.variants_chart(64, 512, 0, 1.0, 12)
+    assert instant.json_bytes(fig) < 2_000_000
+    assert {1, 64, 1024} <= set(dims) and len(dims) < len(ui_softmax.DIMS)
+    assert [s.label for s in fig.layout.sliders[0].steps] == [str(d) for d in dims]
+
+
+def test_the_sweeps_charts_temperature_slider_draws_the_librarys_sweep_at_every_temperature():
+    """Each stop of the in-chart T slider draws softmax.saturation_sweep at that temperature in every panel, and the
+    theory lines d_k / T² and 1 / T²; the current d_k stays marked."""
+    from attnviz import softmax as sm
+    from attnviz.figures import instant
+    from attnviz.ui import softmax as ui_softmax
+
+    n_keys, seed = 16, 3
+    fig = ui_softmax.sweeps_chart(64, n_keys, seed, 1.0)
+    assert [s.label for s in fig.layout.sliders[0].steps] == [instant.stop_label(t) for t in ui_softmax.TEMPERATURES]
+    columns = ["logit_var", "max_weight", "entropy", "saturated_share", "jac_p50", "grad_q_p50"]
+    logged = {"logit_var", "jac_p50", "grad_q_p50"}
+    dims = np.array(ui_softmax.DIMS, dtype=float)
+    for i, temperature in enumerate(ui_softmax.TEMPERATURES):
+        state = instant.drawn(fig, [(0, i)])
+        table = sm.saturation_sweep(ui_softmax.DIMS, n_queries=ui_softmax.N_QUERIES, n_keys=n_keys, seed=seed,
+                                    temperature=temperature)
+        lines = {(t["name"], t["xaxis"]): t for t in state["data"] if t.get("mode") == "lines+markers"}
+        for panel, column in enumerate(columns):
+            axis = "x" if panel == 0 else f"x{panel + 1}"
+            for variant in ("scaled", "unscaled"):
+                want = table[table.variant == variant].sort_values("d_k")[column].to_numpy(float)
+                want = np.maximum(want, figs.NORM_FLOOR) if column in logged else want
+                np.testing.assert_allclose(instant.array(lines[(variant, axis)]["y"]), want, rtol=1e-12, atol=0)
+        theory = {t["name"]: instant.array(t["y"]) for t in state["data"] if t["name"].startswith("theory")}
+        np.testing.assert_allclose(theory["theory: d_k / T²"], dims / temperature**2, rtol=1e-12)
+        np.testing.assert_allclose(theory["theory: 1 / T²"], np.full(len(dims), 1 / temperature**2), rtol=1e-12)
+        assert sum(s["x0"] == 64 for s in state["layout"]["shapes"]) == len(columns)
+    assert instant.json_bytes(fig) < 500_000

@@ -5,27 +5,27 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from attnviz import softmax as sm
+from attnviz.figures import instant
 from attnviz.figures import softmax as figs
 from attnviz.ui import build_in_background
 
 N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
 DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)
+TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]  # the temperature sliders
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def sample(d_k: int, n_keys: int, seed: int, temperature: float):
-    q, k = sm.random_qk(N_QUERIES, n_keys, d_k, seed)
-    out = {}
-    for variant, scaled in ((sm.SCALED, True), (sm.UNSCALED, False)):
-        scores, pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
-        out[variant] = (scores, pattern, sm.row_stats(pattern))
+    out = {variant: (scores, pattern, sm.row_stats(pattern))
+           for variant, (scores, pattern) in _variant_logits(d_k, n_keys, seed, temperature).items()}
     return out, sm.gradient_demo(d_k, n_keys, n_queries=N_QUERIES, seed=seed, temperature=temperature)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
+@st.cache_data(show_spinner=False, max_entries=64)
 def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
     return sm.saturation_sweep(DIMS, n_queries=N_QUERIES, n_keys=n_keys, seed=seed, temperature=temperature)
 
@@ -40,26 +40,90 @@ def predicted_variance(d_k: int, temperature: float) -> dict[str, float]:
     return {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
 
 
+def _variant_logits(d_k: int, n_keys: int, seed: int, temperature: float) -> dict:
+    """{variant: (scores [N_QUERIES, n_keys], pattern)} for the seeded random q and k, scaled and unscaled."""
+    q, k = sm.random_qk(N_QUERIES, n_keys, d_k, seed)
+    return {variant: sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
+            for variant, scaled in ((sm.SCALED, True), (sm.UNSCALED, False))}
+
+
+def _variants_figure(logits: dict, d_k: int, temperature: float, rows_shown: int):
+    text, variance = scale_text(d_k), predicted_variance(d_k, temperature)
+    return figs.variants_figure({variant: {"scores": scores, "pattern": pattern, "predicted_var": variance[variant],
+                                           "title": text[variant]} for variant, (scores, pattern) in logits.items()},
+                                rows_shown=rows_shown)
+
+
+# one d_k's variants figure as plain dicts (a stop of the chart's d_k slider): binned logits and the shown rows only
+@st.cache_resource(show_spinner=False, max_entries=128)
+def _variants_stop(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> dict:
+    return instant.figure_dict(_variants_figure(_variant_logits(d_k, n_keys, seed, temperature), d_k, temperature,
+                                                rows_shown))
+
+
+def sweep_figure(n_keys: int, seed: int, temperature: float, d_k: int | None):
+    """The curves against d_k at this temperature, the current d_k marked in every panel (None: unmarked)."""
+    log_n = float(np.log(n_keys))
+    return figs.sweep_panels(sweep(n_keys, seed, temperature), [
+        {"column": "logit_var", "title": "Variance of the logits", "y_title": "variance (nats², log scale)",
+         "log_y": True, "reference": True},
+        {"column": "max_weight", "title": "Mean max weight", "y_title": "mean largest weight (0 to 1)"},
+        {"column": "entropy", "title": f"Mean entropy (max {log_n:.2f})", "y_title": "mean entropy (nats)"},
+        {"column": "saturated_share", "title": "Saturated rows (max weight > 0.99)",
+         "y_title": "share of rows (0 to 1)"},
+        {"column": "jac_p50", "title": "Jacobian norm, median and 10–90 %",
+         "y_title": "‖J‖_F per row (log scale)", "log_y": True, "band": ("jac_p10", "jac_p90")},
+        {"column": "grad_q_p50", "title": "Gradient reaching q, median", "y_title": "‖∂L/∂q‖ (log scale)",
+         "log_y": True},
+    ], current_d_k=d_k, reference={"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
+                                   "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))})
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _sweep_stop(n_keys: int, seed: int, temperature: float) -> dict:
+    return instant.figure_dict(sweep_figure(n_keys, seed, temperature, None))
+
+
+def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> tuple:
+    """(figure, d_ks): the variants figure at d_k with an in-chart slider over the d_k values d_ks, each a frame the
+    browser draws: all of DIMS while their frames fit instant.FRAME_BUDGET, else every k-th counted from d_k (k = 2,
+    one per doubling, at 256 keys per query; 3 at 512), with the first and last."""
+    stop_bytes = instant.json_bytes({"data": _variants_stop(d_k, n_keys, seed, temperature, rows_shown)["data"]})
+    dims = [DIMS[i] for i in instant.thinned(len(DIMS), DIMS.index(d_k), stop_bytes)]
+    chart = go.Figure(_variants_stop(d_k, n_keys, seed, temperature, rows_shown))
+    instant.add_frame_slider(chart, [_variants_stop(d, n_keys, seed, temperature, rows_shown) for d in dims],
+                             [str(d) for d in dims], dims.index(d_k), parameter="d_k")
+    return chart, dims
+
+
+def sweeps_chart(d_k: int, n_keys: int, seed: int, temperature: float):
+    """The curves against d_k at this temperature, d_k marked, with an in-chart slider over every one of
+    TEMPERATURES (a frame each: the curves at that temperature)."""
+    chart = sweep_figure(n_keys, seed, temperature, d_k)
+    return instant.add_frame_slider(chart, [_sweep_stop(n_keys, seed, t) for t in TEMPERATURES],
+                                    [instant.stop_label(t) for t in TEMPERATURES], TEMPERATURES.index(temperature),
+                                    parameter="T")
+
+
 # the figures are kept as objects (plotly reads a figure only to draw it), so a slider moved back to a value it had
 # draws them again without building them
 @st.cache_resource(show_spinner=False, max_entries=32)
 def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> dict:
     """The random-logits section's four figures for one setting of its sliders: "variants" (logits and first rows
-    of both variants), "rows" (every row's statistics), "sweeps" (against d_k) and "gradients" (‖∂L/∂q‖ per row)."""
+    of both variants, with an in-chart slider over the d_k values "variants_stops": variants_chart), "rows" (every
+    row's statistics), "sweeps" (against d_k, with an in-chart slider over TEMPERATURES: sweeps_chart) and
+    "gradients" (‖∂L/∂q‖ per row)."""
     variants, grads = sample(d_k, n_keys, seed, temperature)
-    curves = sweep(n_keys, seed, temperature)
-    text, variance = scale_text(d_k), predicted_variance(d_k, temperature)
-    log_n = float(np.log(n_keys))
     stats = {variant: variants[variant][2] for variant in (sm.SCALED, sm.UNSCALED)}
+    log_n = float(np.log(n_keys))
 
     def per_variant(field: str) -> dict:
         return {variant: getattr(s, field) for variant, s in stats.items()}
 
+    chart, dims = variants_chart(d_k, n_keys, seed, temperature, rows_shown)
     return {
-        "variants": figs.variants_figure(
-            {variant: {"scores": variants[variant][0], "pattern": variants[variant][1],
-                       "predicted_var": variance[variant], "title": text[variant]} for variant in stats},
-            rows_shown=rows_shown),
+        "variants": chart,
+        "variants_stops": dims,
         "rows": figs.row_distributions([
             {"values": per_variant("max_weight"), "title": "Max weight per row",
              "y_title": "largest weight in the row (0 to 1)"},
@@ -68,19 +132,7 @@ def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_s
             {"values": per_variant("jacobian_norm"), "title": "Jacobian norm per row",
              "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
         ]),
-        "sweeps": figs.sweep_panels(curves, [
-            {"column": "logit_var", "title": "Variance of the logits", "y_title": "variance (nats², log scale)",
-             "log_y": True, "reference": True},
-            {"column": "max_weight", "title": "Mean max weight", "y_title": "mean largest weight (0 to 1)"},
-            {"column": "entropy", "title": f"Mean entropy (max {log_n:.2f})", "y_title": "mean entropy (nats)"},
-            {"column": "saturated_share", "title": "Saturated rows (max weight > 0.99)",
-             "y_title": "share of rows (0 to 1)"},
-            {"column": "jac_p50", "title": "Jacobian norm, median and 10–90 %",
-             "y_title": "‖J‖_F per row (log scale)", "log_y": True, "band": ("jac_p10", "jac_p90")},
-            {"column": "grad_q_p50", "title": "Gradient reaching q, median", "y_title": "‖∂L/∂q‖ (log scale)",
-             "log_y": True},
-        ], current_d_k=d_k, reference={"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
-                                       "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}),
+        "sweeps": sweeps_chart(d_k, n_keys, seed, temperature),
         "gradients": figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
                                            y_title="gradient norm reaching q (log scale)"),
     }
