@@ -125,6 +125,11 @@ def _slider(fig: go.Figure, steps: list[dict], active: int, parameter: str) -> d
                                   font=dict(size=14, color="#212529")))
 
 
+def _sliders(fig: go.Figure) -> list[dict]:
+    """The figure's sliders as plain dicts, to be assigned again with a new one."""
+    return [slider.to_plotly_json() for slider in fig.layout.sliders or ()]
+
+
 def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[str], active: int, *,
                      parameter: str, name: str = "") -> go.Figure:
     """Adds one frame per stop and a plotly slider over them to fig, the figure drawn at stops[active].
@@ -145,16 +150,16 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
     layout_keys = _varying([{k: v for k, v in s.get("layout", {}).items() if k != "sliders"} for s in stops]) \
         if len(stops) > 1 else []
     traces = sorted(varying)
-    frames, steps = list(fig.frames or ()), []
+    frames, steps = [f.to_plotly_json() for f in fig.frames or ()], []
     for stop, label in zip(stops, labels):
         frame_name = f"{name}{label}"
-        frames.append(go.Frame(
+        frames.append(dict(  # plain dicts: plotly checks them once, when they are set on the figure
             name=frame_name, traces=traces,
             data=[{"type": stop["data"][i]["type"], **{k: stop["data"][i][k] for k in varying[i]}} for i in traces],
             layout={k: stop["layout"][k] for k in layout_keys}))
         steps.append(dict(method="animate", label=label, args=[[frame_name], _ANIMATE]))
-    sliders = list(fig.layout.sliders or ())
-    fig.update_layout(sliders=sliders + [_slider(fig, steps, active, parameter)])
+    new = _slider(fig, steps, active, parameter)
+    fig.layout.sliders = _sliders(fig) + [new]  # assigned: plotly's update would merge into the old ones, slowly
     fig.frames = frames
     return fig
 
@@ -174,8 +179,8 @@ def add_group_slider(fig: go.Figure, groups: Sequence[Sequence[int]], labels: Se
                           args=[{"visible": visible}, dict(layouts[j]) if layouts else {}, members]))
     for i in members:
         fig.data[i].visible = i in set(groups[active])
-    sliders = list(fig.layout.sliders or ())
-    fig.update_layout(sliders=sliders + [_slider(fig, steps, active, parameter)])
+    new = _slider(fig, steps, active, parameter)
+    fig.layout.sliders = _sliders(fig) + [new]  # assigned: plotly's update would merge into the old ones, slowly
     return fig
 
 
@@ -189,14 +194,16 @@ def slider_over(build: Callable[[object], go.Figure], values: Sequence, active, 
     return add_frame_slider(build(active), stops, labels, values.index(active), parameter=parameter)
 
 
-def drawn(fig: go.Figure, moves: Sequence[tuple[int, int]] = ()) -> dict:
+def drawn(fig: go.Figure | Mapping, moves: Sequence[tuple[int, int]] = ()) -> dict:
     """What plotly.js draws after the slider moves (slider index, step index), in order, as figure_dict: an animate
     step merges its frame's data into the listed traces and its layout keys into the layout; an update step restyles
-    its traces' `visible` and relayouts its dotted keys. Numpy arrays are read from the frames as they are."""
-    state = copy.deepcopy(figure_dict(fig))
-    frames = {f.name: f.to_plotly_json() for f in fig.frames}
+    its traces' `visible` and relayouts its dotted keys. fig: a figure, or its figure_dict (to replay many moves of
+    a large figure, convert it once)."""
+    figure = figure_dict(fig) if isinstance(fig, go.Figure) else fig
+    state = {"data": copy.deepcopy(figure["data"]), "layout": copy.deepcopy(figure["layout"])}
+    frames = {f["name"]: f for f in figure.get("frames", ())}
     for slider, step in moves:
-        method, args = (fig.layout.sliders[slider].steps[step][k] for k in ("method", "args"))
+        method, args = (figure["layout"]["sliders"][slider]["steps"][step][k] for k in ("method", "args"))
         if method == "animate":
             frame = frames[args[0][0]]
             for i, data in zip(frame["traces"], frame["data"]):
