@@ -11,6 +11,9 @@ from attnviz.figures import positional as F
 
 BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
 HEAD_DIMS = [8, 16, 32, 64, 128, 256]
+D_MODELS = [8, 16, 32, 64, 128, 256, 512]
+POSITIONS = list(range(201))  # the query and key position sliders' range, every one a stop of the RoPE charts
+SLOPES = [2.0 ** -e for e in range(1, 9)]
 MEASURE_TEXT = (
     "The old lighthouse keeper climbed the spiral stairs every evening. He lit the lamp, wound the clockwork, and "
     "watched the ships pass far out at sea. One stormy night a small boat drifted toward the rocks, and the keeper "
@@ -47,8 +50,7 @@ if section == "Sinusoidal":
              r"\omega_i = \mathrm{base}^{-2i/d}")
     c1, c2, c3 = st.columns(3)
     n_pos = c1.slider("Positions", 8, 512, 100, step=4, key="pos_sin_n", persist_state="session")
-    d_model = c2.select_slider("d_model", options=[8, 16, 32, 64, 128, 256, 512], value=64, key="pos_sin_d",
-                               persist_state="session")
+    d_model = c2.select_slider("d_model", options=D_MODELS, value=64, key="pos_sin_d", persist_state="session")
     base_sin = c3.select_slider("Base", options=BASES, value=10000.0, key="pos_sin_base", persist_state="session")
     pe = P.sinusoidal_encoding(n_pos, d_model, base_sin)
     left, right = st.columns(2)
@@ -57,8 +59,11 @@ if section == "Sinusoidal":
                                       "gets its own pattern of phases.")
     with right:
         offsets = np.arange(n_pos)
-        ui.chart(F.dot_by_offset(offsets, P.sinusoidal_dot(offsets, d_model, base_sin), d_model=d_model),
-              "PE_p · PE_(p+k) = Σ cos(k ω_i) depends on the offset k only, not on p, and mostly falls as k grows.")
+        ui.chart(F.dot_by_offset_instant(offsets, {d: P.sinusoidal_dot(offsets, d, base_sin) for d in D_MODELS},
+                                         d_model),
+                 "PE_p · PE_(p+k) = Σ cos(k ω_i) depends on the offset k only, not on p, and mostly falls as k grows. "
+                 "**Instant:** its own d_model slider (drawn by the browser, no server); the controls above "
+                 "recompute.")
 
     st.subheader("PE at p + k is a fixed rotation of PE at p")
     c1, c2, c3 = st.columns(3)
@@ -94,8 +99,8 @@ if section == "RoPE":
     pair = c3.slider("Feature pair i", 0, d_rope // 2 - 1, key="pos_rope_pair", persist_state="session")
     seed = c4.number_input("Random seed for q, k", 0, 10_000, 0, key="pos_rope_seed", persist_state="session")
     c1, c2 = st.columns(2)
-    m_pos = c1.slider("Query position m", 0, 200, 3, key="pos_rope_m", persist_state="session")
-    n_pos_k = c2.slider("Key position n", 0, 200, 10, key="pos_rope_n", persist_state="session")
+    m_pos = c1.slider("Query position m", POSITIONS[0], POSITIONS[-1], 3, key="pos_rope_m", persist_state="session")
+    n_pos_k = c2.slider("Key position n", POSITIONS[0], POSITIONS[-1], 10, key="pos_rope_n", persist_state="session")
     rng = np.random.default_rng(int(seed))
     q, k = rng.standard_normal((2, d_rope))
     theta = P.rope_frequencies(d_rope, base_rope)
@@ -103,9 +108,14 @@ if section == "RoPE":
     left, right = st.columns(2)
     with left:
         plane = slice(2 * pair, 2 * pair + 2)
-        ui.chart(F.rope_pair_rotation(q[plane], k[plane], theta[pair], m_pos, n_pos_k),
-              f"Pair {pair} turns by θ_{pair} = {theta[pair]:.3g} rad per position; the angle between R_m q and "
-              f"R_n k changes only when n − m does.")
+        ui.chart(F.rope_pair_rotation_instant(
+            q[plane], k[plane], {b: P.rope_pair_at(q, pair, POSITIONS, b) for b in BASES},
+            {b: P.rope_pair_at(k, pair, [n_pos_k], b)[0] for b in BASES}, POSITIONS, m_pos, n_pos_k, base_rope,
+            {b: f"Pair {pair} turns by θ_{pair} = {P.rope_frequencies(d_rope, b)[pair]:.3g} rad per position"
+             for b in BASES}),
+            "The angle between R_m q and R_n k changes only when n − m does. **Instant:** the chart's query "
+            "position and base sliders (drawn by the browser, no server); the controls above recompute, and the "
+            "table beside it follows them.")
     with right:
         ident = P.rope_identity(q, k, m_pos, n_pos_k, base_rope)
         st.markdown("**The relative-position identity, with these numbers** (all d_head dimensions):")
@@ -135,30 +145,27 @@ if section == "RoPE":
     factor = c5.select_slider("Scale factor s", options=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], value=4.0,
                               key="pos_bound_factor", persist_state="session", disabled=scaling == "none")
     log_x = st.toggle("Log distance axis", value=False, key="pos_bound_logx", persist_state="session")
-    distances, curves = ui_pos.decay_curves(max_dist, d_bound, base_bound, scaling, factor)
-    ui.chart(F.decay_bound_chart(distances if not log_x else np.maximum(distances, 0.5), curves, log_x=log_x),
-          f"Starts at (d/2+1)/2 = {(d_bound / 2 + 1) / 2:g} and falls with distance, with ripples; a larger base or "
-          "context scaling stretches the decay over more tokens." +
-          (" Above 4000 tokens the curve is sampled at 4001 evenly spaced distances." if max_dist > 4000 else ""))
+    bounds = {b: ui_pos.decay_curves(max_dist, d_bound, b, scaling, factor) for b in BASES}
+    distances = bounds[base_bound][0]
+    ui.chart(F.decay_bound_instant(distances if not log_x else np.maximum(distances, 0.5),
+                                   {b: curves for b, (_, curves) in bounds.items()}, base_bound, log_x=log_x),
+             f"Starts at (d/2+1)/2 = {(d_bound / 2 + 1) / 2:g} and falls with distance, with ripples; a larger base "
+             "or context scaling stretches the decay over more tokens." +
+             (" Above 4000 tokens the curve is sampled at 4001 evenly spaced distances." if max_dist > 4000 else "") +
+             " **Instant:** the chart's base slider (no server); the controls above recompute.")
 
     st.subheader("Two layouts of the same rotation")
     d_small = 8
     perm = P.interleaved_to_half_permutation(d_small)
     x = np.random.default_rng(int(seed)).standard_normal((1, d_small))
-    c1, c2, c3 = st.columns(3)
-    with c1:
-        ui.chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope, interleaved=True),
-                               title=f"Paper layout R_m, m = {m_pos}"),
-              "Pairs (x_2i, x_2i+1): 2×2 blocks on the diagonal.")
-    with c2:
-        ui.chart(F.matrix_heatmap(P.rope_rotation_matrix(m_pos, d_small, base_rope),
-                               title=f"rotate_half layout R_m, m = {m_pos}"),
-              "Pairs (x_i, x_i+d/2), as transformers' rotate_half: the same rotations, spread over four diagonals.")
-    with c3:
-        ui.chart(F.matrix_heatmap(np.eye(d_small)[perm], title="Permutation P: interleaved → rotate_half",
-                               x_title="interleaved index", y_title="rotate_half index"),
-              f"Reorder the features by {perm.tolist()}: what transformers does to each head's W_q, W_k rows "
-              "when it loads a llama.cpp GGUF file.")
+    paper = [P.rope_rotation_matrix(p, d_small, base_rope, interleaved=True) for p in POSITIONS]
+    half = [P.rope_rotation_matrix(p, d_small, base_rope) for p in POSITIONS]
+    ui.chart(F.rope_layouts_instant(paper, half, np.eye(d_small)[perm], POSITIONS, m_pos),
+             "The paper pairs (x_2i, x_2i+1): 2×2 blocks on the diagonal; transformers' rotate_half pairs (x_i, "
+             "x_i+d/2): the same rotations, spread over four diagonals. P reorders the features by "
+             f"{perm.tolist()}: what transformers does to each head's W_q, W_k rows when it loads a llama.cpp GGUF "
+             f"file. **Instant:** the chart's query position slider (no server); the base (here {base_rope:g}) and "
+             "the controls above recompute.")
     st.markdown(f"With that reordering the two layouts give the same vector: "
                 f"max |rotate_half(Px) − P·interleaved(x)| = **{P.layouts_agree(x, m_pos, base_rope):.1e}** "
                 f"(d = {d_small}).")
@@ -210,7 +217,7 @@ if section == "Compare":
     n_cmp = c2.slider("Sequence length", 8, 1024, 128, step=8, key="pos_cmp_n", persist_state="session")
     base_cmp = c3.select_slider("Base (sinusoidal, RoPE)", options=BASES, value=10000.0, key="pos_cmp_base",
                                 persist_state="session")
-    slope_cmp = c4.select_slider("ALiBi slope m", options=[2.0 ** -e for e in range(1, 9)], value=2.0 ** -4,
+    slope_cmp = c4.select_slider("ALiBi slope m", options=SLOPES, value=2.0 ** -4,
                                  format_func=lambda s: f"1/{int(round(1 / s))}", key="pos_cmp_slope",
                                  persist_state="session")
     seed_cmp = c5.number_input("Seed", 0, 10_000, 0, key="pos_cmp_seed", persist_state="session")
@@ -218,19 +225,14 @@ if section == "Compare":
     rng = np.random.default_rng(int(seed_cmp))
     q_c = rng.standard_normal(d_cmp)
     k_c = q_c.copy() if same else rng.standard_normal(d_cmp)
-    scores_by = P.compare_schemes(q_c, k_c, n_cmp, base=base_cmp, alibi_slope=slope_cmp)
-    r = np.arange(n_cmp)
-    left, right = st.columns(2)
-    with left:
-        ui.chart(F.scheme_lines(r, scores_by, title="Score against distance", y_title="score q·k/√d (unitless)"),
-              "RoPE's score decays and oscillates, ALiBi's falls in a straight line, sinusoidal wobbles around "
-              "the content score plus PE·PE.")
-    with right:
-        ui.chart(F.scheme_lines(r, {name: P.softmax_over_distance(s) for name, s in scores_by.items()},
-                             title="Attention of the last query against distance",
-                             y_title="attention weight (fraction)", log_y=True),
-              "After the softmax: without position the weight is flat at 1/n; the schemes tilt it toward nearby "
-              "tokens by different amounts.")
+    scores_by = {s: P.compare_schemes(q_c, k_c, n_cmp, base=base_cmp, alibi_slope=s) for s in SLOPES}
+    weights_by = {s: {name: P.softmax_over_distance(x) for name, x in scores.items()}
+                  for s, scores in scores_by.items()}
+    ui.chart(F.scheme_panels_instant(np.arange(n_cmp), scores_by, weights_by, slope_cmp),
+             "RoPE's score decays and oscillates, ALiBi's falls in a straight line, sinusoidal wobbles around the "
+             "content score plus PE·PE; after the softmax, without position the weight is flat at 1/n and the schemes "
+             "tilt it toward nearby tokens by different amounts. **Instant:** the chart's ALiBi slope slider (no "
+             "server); the controls above recompute.")
 
 # ---------------------------------------------------------------- measured
 if section == "Measured on models":

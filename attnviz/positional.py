@@ -182,6 +182,16 @@ def rope_decay_bound(distances, d_head: int = 128, base: float = 10000.0, *, sca
     return np.abs(rope_partial_sums(distances, d_head, base, scaling=scaling, factor=factor)).mean(axis=-1)
 
 
+def rope_pair_at(x, pair: int, positions, base: float = 10000.0) -> np.ndarray:
+    """Feature pair `pair` of x [d_head] (features 2 pair and 2 pair + 1, the paper's layout) after RoPE at each
+    position: apply_rope(x, positions, base, interleaved=True)[:, 2 pair : 2 pair + 2]. Returns [len(positions), 2]."""
+    x = np.asarray(x, dtype=np.float64)
+    positions = np.asarray(positions, dtype=np.float64).reshape(-1)
+    rotated = apply_rope(np.broadcast_to(x, (len(positions), len(x))).copy(), positions=positions, base=base,
+                         interleaved=True)
+    return rotated[:, 2 * pair: 2 * pair + 2]
+
+
 def rope_score(q, k, distances, base: float = 10000.0) -> np.ndarray:
     """RoPE score of a query r positions after its key: <R_p q, R_(p-r) k> = <q, R_(-r) k> (RoFormer eq. 16).
 

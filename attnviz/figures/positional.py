@@ -9,7 +9,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.common import DIVERGING_SCALE, PALETTE, apply_layout, heatmap, legend_below, line_chart
+from attnviz.figures import instant
+from attnviz.figures.common import (
+    DIVERGING_SCALE, PALETTE, apply_layout, grid_layout, heatmap, legend_below, line_chart,
+)
 
 
 def _log_ticks(fig: go.Figure, **kwargs) -> go.Figure:
@@ -34,6 +37,13 @@ def dot_by_offset(offsets, dots, *, d_model: int) -> go.Figure:
     return fig
 
 
+def dot_by_offset_instant(offsets, dots_by_d: Mapping[int, Sequence[float]], d_model: int) -> go.Figure:
+    """dot_by_offset with an in-chart slider over d_model: dots_by_d {d_model: PE_p . PE_(p+k) at the offsets}
+    (attnviz.positional.sinusoidal_dot). Drawn at d_model."""
+    return instant.slider_over(lambda d: dot_by_offset(offsets, dots_by_d[d], d_model=d), list(dots_by_d), d_model,
+                               parameter="d_model")
+
+
 def matrix_heatmap(m: np.ndarray, *, title: str, x_title: str = "input dimension",
                    y_title: str = "output dimension") -> go.Figure:
     """A small signed matrix (rotation, permutation) with a symmetric colour range."""
@@ -42,35 +52,112 @@ def matrix_heatmap(m: np.ndarray, *, title: str, x_title: str = "input dimension
                    colorbar_title="entry", height=380)
 
 
-def rope_pair_rotation(q_pair, k_pair, theta: float, m: float, n: float) -> go.Figure:
-    """One feature pair of q (at position m) and k (at position n) as 2-D arrows before and after rotation.
+def _arrow(name: str, v, color: str, dash: str) -> dict:
+    """A 2-D vector as an arrow from the origin (a plain trace dict)."""
+    return dict(type="scatter", x=np.array([0.0, v[0]]), y=np.array([0.0, v[1]]), mode="lines+markers", name=name,
+                line=dict(color=color, dash=dash, width=3 if dash == "solid" else 1.5),
+                marker=dict(size=[0, 10], symbol="arrow", angleref="previous"))
 
-    q_pair, k_pair: [2]; the rotated vectors are the pair turned by m*theta and n*theta radians.
-    """
-    def rot(v, a):
-        c, s = np.cos(a), np.sin(a)
-        return np.array([c * v[0] - s * v[1], s * v[0] + c * v[1]])
 
-    q_pair, k_pair = np.asarray(q_pair, float), np.asarray(k_pair, float)
-    arrows = [("q", q_pair, PALETTE[0], "dot"), ("k", k_pair, PALETTE[1], "dot"),
-              (f"R_m q (m = {m:g})", rot(q_pair, m * theta), PALETTE[0], "solid"),
-              (f"R_n k (n = {n:g})", rot(k_pair, n * theta), PALETTE[1], "solid")]
-    fig = go.Figure()
-    for name, v, color, dash in arrows:
-        fig.add_trace(go.Scatter(x=[0, v[0]], y=[0, v[1]], mode="lines+markers", name=name,
-                                 line=dict(color=color, dash=dash, width=3 if dash == "solid" else 1.5),
-                                 marker=dict(size=[0, 10], symbol="arrow", angleref="previous")))
+def _rotation_layout(q_pair, k_pair, title: str) -> tuple[list[dict], dict]:
+    """The parts of a pair-rotation figure that no position changes: q and k dotted, the circles their rotations
+    stay on, equal axes."""
+    traces = [_arrow("q", q_pair, PALETTE[0], "dot"), _arrow("k", k_pair, PALETTE[1], "dot")]
     t = np.linspace(0, 2 * np.pi, 100)
     for v, color in ((q_pair, PALETTE[0]), (k_pair, PALETTE[1])):
         radius = float(np.linalg.norm(v))
-        fig.add_trace(go.Scatter(x=radius * np.cos(t), y=radius * np.sin(t), mode="lines", showlegend=False,
-                                 hoverinfo="skip", line=dict(color=color, width=0.5)))
+        traces.append(dict(type="scatter", x=radius * np.cos(t), y=radius * np.sin(t), mode="lines",
+                           showlegend=False, hoverinfo="skip", line=dict(color=color, width=0.5)))
     lim = 1.15 * max(np.linalg.norm(q_pair), np.linalg.norm(k_pair), 1e-9)
-    fig.update_xaxes(range=[-lim, lim], zeroline=True)
-    fig.update_yaxes(range=[-lim, lim], zeroline=True, scaleanchor="x", scaleratio=1)
-    apply_layout(fig, title="One feature pair rotated by position", x_title="first coordinate (unitless)",
-                 y_title="second coordinate (unitless)", height=460)
-    return legend_below(fig, y=-0.22, bottom=90)
+    return traces, dict(title=title, xaxis=dict(range=[-lim, lim], zeroline=True),
+                        yaxis=dict(range=[-lim, lim], zeroline=True, scaleanchor="x", scaleratio=1))
+
+
+def _finish_rotation(fig: go.Figure) -> go.Figure:
+    apply_layout(fig, title=fig.layout.title.text, x_title="first coordinate (unitless)",
+                 y_title="second coordinate (unitless)", height=480)
+    return legend_below(fig, y=-0.22, bottom=115)  # two rows of legend in a half-width column
+
+
+def rope_pair_rotation(q_pair, k_pair, rotated_q, rotated_k, m: float, n: float, *,
+                       title: str = "One feature pair rotated by position") -> go.Figure:
+    """One feature pair of q (at position m) and k (at position n) as 2-D arrows before and after rotation.
+
+    q_pair, k_pair: [2]; rotated_q, rotated_k: [2], the pair turned by m theta and n theta radians (RoPE of that
+    pair, attnviz.positional.apply_rope).
+    """
+    q_pair, k_pair = np.asarray(q_pair, float), np.asarray(k_pair, float)
+    traces, layout = _rotation_layout(q_pair, k_pair, title)
+    traces += [_arrow(f"R_m q (m = {m:g})", np.asarray(rotated_q, float), PALETTE[0], "solid"),
+               _arrow(f"R_n k (n = {n:g})", np.asarray(rotated_k, float), PALETTE[1], "solid")]
+    return _finish_rotation(go.Figure(data=traces, layout=layout))
+
+
+def rope_pair_rotation_instant(q_pair, k_pair, rotated_q: Mapping[float, np.ndarray],
+                               rotated_k: Mapping[float, np.ndarray], positions: Sequence[int], m: int, n: int,
+                               base: float, titles: Mapping[float, str]) -> go.Figure:
+    """rope_pair_rotation with two in-chart sliders: the query position m over `positions` (frames) and the base
+    over the keys of rotated_q (a group of traces per base, one visible at a time).
+
+    rotated_q: {base: [len(positions), 2]}, the q pair at each position; rotated_k: {base: [2]}, the k pair at
+    position n; titles: {base: the chart's title at that base}. Drawn at (m, base)."""
+    q_pair, k_pair = np.asarray(q_pair, float), np.asarray(k_pair, float)
+    bases, positions = list(rotated_q), list(positions)
+    shared, layout = _rotation_layout(q_pair, k_pair, titles[base])
+
+    def traces(i: int) -> list[dict]:
+        out = list(shared)
+        for b in bases:
+            out += [_arrow(f"R_m q (m = {positions[i]})", rotated_q[b][i], PALETTE[0], "solid"),
+                    _arrow(f"R_n k (n = {n})", rotated_k[b], PALETTE[1], "solid")]
+        return out
+
+    fig = _finish_rotation(go.Figure(data=traces(positions.index(m)), layout=layout))
+    stops = [{"data": traces(i), "layout": {}} for i in range(len(positions))]
+    instant.add_frame_slider(fig, stops, [str(p) for p in positions], positions.index(m),
+                             parameter="query position m")
+    groups = [[len(shared) + 2 * j, len(shared) + 2 * j + 1] for j in range(len(bases))]
+    return instant.add_group_slider(fig, groups, [f"{b:,.0f}" for b in bases], bases.index(base),
+                                    parameter="base",
+                                    layouts=[{"title.text": titles[b]} for b in bases])
+
+
+def _rope_layouts_parts(paper, half, permutation, m: int) -> tuple[list[dict], dict]:
+    """rope_layouts' traces and layout as plain dicts (a stop of its slider is built without plotly's checks)."""
+    layout = grid_layout(1, 3, [f"Paper layout R_m, m = {m}", f"rotate_half layout R_m, m = {m}",
+                                "Permutation P: interleaved → rotate_half"], horizontal_spacing=0.09)
+    traces = []
+    for i, z in enumerate((paper, half, permutation)):
+        suffix = "" if i == 0 else str(i + 1)
+        traces.append(dict(type="heatmap", z=np.asarray(z, dtype=float), colorscale=DIVERGING_SCALE, zmin=-1.0,
+                           zmax=1.0, showscale=i == 2, colorbar=dict(title=dict(text="entry")),
+                           xaxis=f"x{suffix}", yaxis=f"y{suffix}",
+                           hovertemplate="row %{y}<br>column %{x}<br>entry %{z:.4f}<extra></extra>"))
+        layout[f"xaxis{suffix}"].update(title=dict(text="interleaved index" if i == 2 else "input dimension"))
+        layout[f"yaxis{suffix}"].update(autorange="reversed", title=dict(text="rotate_half index" if i == 2 else
+                                                                         "output dimension"))
+    return traces, layout
+
+
+def rope_layouts(paper, half, permutation, m: int) -> go.Figure:
+    """The RoPE rotation R_m [d, d] at position m in the paper's layout and in rotate_half's, and the permutation
+    matrix [d, d] that turns one into the other, side by side on one signed colour scale (-1 to 1)."""
+    traces, layout = _rope_layouts_parts(paper, half, permutation, m)
+    fig = go.Figure(data=traces, layout=layout)
+    apply_layout(fig, height=380)
+    return fig.update_layout(margin=dict(t=60))
+
+
+def rope_layouts_instant(paper_by_m: Sequence, half_by_m: Sequence, permutation, positions: Sequence[int],
+                         m: int) -> go.Figure:
+    """rope_layouts with an in-chart slider over the position m: paper_by_m[i], half_by_m[i] are R_m [d, d] at
+    positions[i] in the two layouts (attnviz.positional.rope_rotation_matrix). Drawn at m."""
+    positions = list(positions)
+    stops = [dict(zip(("data", "layout"), _rope_layouts_parts(paper_by_m[i], half_by_m[i], permutation, p)))
+             for i, p in enumerate(positions)]
+    i = positions.index(m)
+    return instant.add_frame_slider(rope_layouts(paper_by_m[i], half_by_m[i], permutation, m), stops,
+                                    [str(p) for p in positions], i, parameter="query position m")
 
 
 def decay_bound_chart(distances, curves: Mapping[str, Sequence[float]], *, log_x: bool = False) -> go.Figure:
@@ -80,6 +167,15 @@ def decay_bound_chart(distances, curves: Mapping[str, Sequence[float]], *, log_x
                      x_title="relative distance (tokens)", y_title="relative upper bound (unitless)", log_x=log_x,
                      dashed=names[1:], height=420)
     return legend_below(fig, y=-0.22, bottom=90)
+
+
+def decay_bound_instant(distances, curves_by_base: Mapping[float, Mapping[str, Sequence[float]]], base: float, *,
+                        log_x: bool = False) -> go.Figure:
+    """decay_bound_chart with an in-chart slider over the RoPE base: {base: {name: bound at the distances}}
+    (attnviz.positional.rope_decay_bound), the same curves in the same order at every base. Drawn at `base`."""
+    return instant.slider_over(lambda b: decay_bound_chart(distances, curves_by_base[b], log_x=log_x),
+                               list(curves_by_base), base, parameter="base",
+                               labels=[f"{b:,.0f}" for b in curves_by_base])
 
 
 def slopes_bar(slopes: np.ndarray, n_geometric: int | None = None) -> go.Figure:
@@ -177,11 +273,34 @@ def distance_profile(per_layer: np.ndarray, *, layers: Sequence[int], title: str
     return legend_below(fig, y=-0.22, bottom=90)
 
 
-def scheme_lines(distances, curves: Mapping[str, Sequence[float]], *, title: str, y_title: str,
-                 log_y: bool = False) -> go.Figure:
-    """The schemes side by side against distance (scores or attention weights)."""
-    fig = line_chart(distances, curves, title=title, x_title="query − key distance (tokens)", y_title=y_title,
-                     height=420)
-    if log_y:
-        _log_ticks(fig)
-    return legend_below(fig, y=-0.22, bottom=90)
+def scheme_panels(distances, scores: Mapping[str, Sequence[float]],
+                  weights: Mapping[str, Sequence[float]]) -> go.Figure:
+    """The schemes against distance in one figure, one line per scheme and one legend: left their scores, right the
+    attention weight of the last query after the softmax (log scale)."""
+    layout = grid_layout(1, 2, ["Score against distance", "Attention of the last query against distance"],
+                         horizontal_spacing=0.1)
+    x = np.asarray(distances)
+    traces = []
+    for panel, (curves, suffix) in enumerate(((scores, ""), (weights, "2"))):
+        for i, (name, y) in enumerate(curves.items()):
+            traces.append(go.Scatter(x=x, y=np.asarray(y, dtype=float), mode="lines", name=name, legendgroup=name,
+                                     showlegend=panel == 0, line=dict(color=PALETTE[i % len(PALETTE)]),
+                                     xaxis=f"x{suffix}", yaxis=f"y{suffix}"))
+        layout[f"xaxis{suffix}"]["title"] = dict(text="query − key distance (tokens)")
+    layout["yaxis"]["title"] = dict(text="score q·k/√d (unitless)")
+    layout["yaxis2"].update(title=dict(text="attention weight (fraction, log scale)"), type="log", dtick=1,
+                            tickformat=".0e")
+    fig = go.Figure(data=traces, layout=layout)
+    apply_layout(fig, height=440)
+    fig.update_layout(margin=dict(t=60))
+    return legend_below(fig, y=-0.2, bottom=100)
+
+
+def scheme_panels_instant(distances, scores_by_slope: Mapping[float, Mapping[str, Sequence[float]]],
+                          weights_by_slope: Mapping[float, Mapping[str, Sequence[float]]], slope: float) -> go.Figure:
+    """scheme_panels with an in-chart slider over the ALiBi slope: {slope: {scheme: scores}} and {slope: {scheme:
+    attention weights}} (attnviz.positional.compare_schemes, softmax_over_distance). Drawn at `slope`."""
+    slopes = list(scores_by_slope)
+    return instant.slider_over(lambda s: scheme_panels(distances, scores_by_slope[s], weights_by_slope[s]), slopes,
+                               slope, parameter="ALiBi slope m",
+                               labels=[f"1/{1 / s:.4g}" if s < 1 else f"{s:.4g}" for s in slopes])

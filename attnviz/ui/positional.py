@@ -11,7 +11,7 @@ from attnviz.once import ComputeOnce
 _PROFILES = ComputeOnce(max_items=8)  # shared by every session; a long text's profile takes a pass over its capture
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=40, show_spinner=False)
 def decay_curves(max_distance: int, d_head: int, base: float, scaling: str, factor: float):
     """RoFormer's decay bound at up to 4,001 distances, with and without context scaling."""
     distances = np.arange(max_distance + 1, dtype=float) if max_distance <= 4000 else \
