@@ -73,31 +73,12 @@ def _rotation_layout(q_pair, k_pair, title: str) -> tuple[list[dict], dict]:
                         yaxis=dict(range=[-lim, lim], zeroline=True, scaleanchor="x", scaleratio=1))
 
 
-def _finish_rotation(fig: go.Figure) -> go.Figure:
-    apply_layout(fig, title=fig.layout.title.text, x_title="first coordinate (unitless)",
-                 y_title="second coordinate (unitless)", height=480)
-    return legend_below(fig, y=-0.22, bottom=115)  # two rows of legend in a half-width column
-
-
-def rope_pair_rotation(q_pair, k_pair, rotated_q, rotated_k, m: float, n: float, *,
-                       title: str = "One feature pair rotated by position") -> go.Figure:
-    """One feature pair of q (at position m) and k (at position n) as 2-D arrows before and after rotation.
-
-    q_pair, k_pair: [2]; rotated_q, rotated_k: [2], the pair turned by m theta and n theta radians (RoPE of that
-    pair, attnviz.positional.apply_rope).
-    """
-    q_pair, k_pair = np.asarray(q_pair, float), np.asarray(k_pair, float)
-    traces, layout = _rotation_layout(q_pair, k_pair, title)
-    traces += [_arrow(f"R_m q (m = {m:g})", np.asarray(rotated_q, float), PALETTE[0], "solid"),
-               _arrow(f"R_n k (n = {n:g})", np.asarray(rotated_k, float), PALETTE[1], "solid")]
-    return _finish_rotation(go.Figure(data=traces, layout=layout))
-
-
 def rope_pair_rotation_instant(q_pair, k_pair, rotated_q: Mapping[float, np.ndarray],
                                rotated_k: Mapping[float, np.ndarray], positions: Sequence[int], m: int, n: int,
                                base: float, titles: Mapping[float, str]) -> go.Figure:
-    """rope_pair_rotation with two in-chart sliders: the query position m over `positions` (frames) and the base
-    over the keys of rotated_q (a group of traces per base, one visible at a time).
+    """One feature pair of q (at position m) and k (at position n) as 2-D arrows before and after RoPE's rotation,
+    with two in-chart sliders: the query position m over `positions` (frames) and the base over the keys of rotated_q
+    (a group of traces per base, one visible at a time).
 
     rotated_q: {base: [len(positions), 2]}, the q pair at each position; rotated_k: {base: [2]}, the k pair at
     position n; titles: {base: the chart's title at that base}. Drawn at (m, base)."""
@@ -112,13 +93,14 @@ def rope_pair_rotation_instant(q_pair, k_pair, rotated_q: Mapping[float, np.ndar
                     _arrow(f"R_n k (n = {n})", rotated_k[b], PALETTE[1], "solid")]
         return out
 
-    fig = _finish_rotation(go.Figure(data=traces(positions.index(m)), layout=layout))
+    fig = apply_layout(go.Figure(data=traces(positions.index(m)), layout=layout), title=titles[base],
+                       x_title="first coordinate (unitless)", y_title="second coordinate (unitless)", height=480)
+    legend_below(fig, y=-0.22, bottom=115)  # two rows of legend in a half-width column
     stops = [{"data": traces(i), "layout": {}} for i in range(len(positions))]
     instant.add_frame_slider(fig, stops, [str(p) for p in positions], positions.index(m),
                              parameter="query position m")
     groups = [[len(shared) + 2 * j, len(shared) + 2 * j + 1] for j in range(len(bases))]
-    return instant.add_group_slider(fig, groups, [f"{b:,.0f}" for b in bases], bases.index(base),
-                                    parameter="base",
+    return instant.add_group_slider(fig, groups, [f"{b:,.0f}" for b in bases], bases.index(base), parameter="base",
                                     layouts=[{"title.text": titles[b]} for b in bases])
 
 
