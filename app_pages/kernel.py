@@ -129,40 +129,37 @@ def step_view():
     else:
         index = 0
     step = steps[index]
-    fig = uk.step_figures(*settings, window, index)
-    st.plotly_chart(fig["step"], width="stretch")
-    st.caption("Left, the whole score matrix by tiles: orange is the tile this step computes; blue tiles are done, "
-               "grey ones to do; yellow ones run masked: the causal diagonal cuts them, or they hold the ragged last "
-               "keys. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which is where "
-               "causal attention saves half the work." + (" Lilac tiles lie wholly left of every query's sliding "
-               f"window of {window} keys: never loaded either, so the work grows as N·W, not N²."
+    fig, shown = uk.step_view(*settings, window, index)
+    st.plotly_chart(fig, width="stretch")
+    every = "every step" if len(shown) == len(steps) else f"steps {shown.start}–{shown.stop - 1}"
+    st.caption(f"**Instant:** the step slider inside the chart walks {every} in the browser, no server; the Step "
+               "slider above (and every setting) recomputes, and the counters below follow it.")
+    st.caption("Top left, the whole score matrix by tiles: orange is the tile this step computes; blue tiles are "
+               "done, grey ones to do; yellow ones run masked: the causal diagonal cuts them, or they hold the ragged "
+               "last keys. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which is "
+               "where causal attention saves half the work." + (" Lilac tiles lie wholly left of every query's "
+               f"sliding window of {window} keys: never loaded either, so the work grows as N·W, not N²."
                if window else "") + " Each query block runs its whole tiles first with no mask at "
                "all (stage 1), then the yellow ones with masks (stage 2)" + (", after the yellow tiles the window's "
-               "edge cuts" if window else "") + ". Right, the scores q·k/√d of this tile "
-               "only: the one piece of the N × N matrix that exists right now. Blank cells are hidden by the causal "
-               "mask" + (" (a whole blank row is fine: its m_i keeps the previous value)." if step.partial else "."))
+               "edge cuts" if window else "") + ". Top right, the scores q·k/√d of this tile only: the one piece of "
+               "the N × N matrix that exists right now; blank cells are hidden by the causal mask (a whole blank row "
+               "is fine: its m_i keeps the previous value). Middle: where a row's max grows, alpha < 1 shrinks the "
+               "old sum and accumulator before this tile's terms are added; where it does not, alpha = 1. Bottom: "
+               "the accumulator is an unnormalised weighted sum of value rows; rescaling keeps every term relative "
+               "to the current max. On a block's first key tile the old acc is all zeros. Both sides share one "
+               "colour scale. O = acc / l_i is taken after a query block's last key tile.")
 
     traffic_counters(steps[:index + 1])
 
-    st.plotly_chart(fig["state"], width="stretch")
     gap_m, gap_l = kn.trace_difference(run.trace, step)
-    st.caption("Where a row's max grows, alpha < 1 shrinks the old sum and accumulator before this tile's terms are "
-               "added; where it does not, alpha = 1. The Triton kernel wrote its own m_i and l_i for this step to a "
-               f"debug buffer: they differ from the torch stepper's by at most "
-               f"{gap_m:.1e} (m_i) and {gap_l:.1e} (l_i).")
-
-    st.plotly_chart(fig["acc"], width="stretch")
-    st.caption("The accumulator is an unnormalised weighted sum of value rows; rescaling keeps every term relative "
-               "to the current max. On a block's first key tile the old acc is all zeros. Both sides share one "
-               "colour scale.")
+    st.caption(f"At step {index}, the Triton kernel wrote its own m_i and l_i to a debug buffer: they differ from the "
+               f"torch stepper's by at most {gap_m:.1e} (m_i) and {gap_l:.1e} (l_i).")
     if step.last:
-        st.success(f"Last key block of this query block: O = acc / l_i, max |O − float64 reference| = "
-                   f"{run.out_error[index]:.1e}.")
+        st.success(f"Step {index} is the last key block of its query block: O = acc / l_i, max |O − float64 "
+                   f"reference| = {run.out_error[index]:.1e}.")
         if index == len(steps) - 1:
             st.success(f"Done. The whole Triton output differs from the float64 reference by at most "
                        f"{run.kernel_error:.1e}.")
-    else:
-        st.caption("O = acc / l_i is taken after this block's last key tile.")
     uk.prefetch_step(*settings, window, index + 1)
 
 

@@ -90,3 +90,47 @@ def test_accumulator_figure_puts_before_and_after_on_one_scale():
     limit = max(np.abs(np.asarray(step.acc_rescaled)).max(), np.abs(np.asarray(step.acc)).max())
     assert before.zmin == after.zmin == -limit and before.zmax == after.zmax == limit
     assert [before.showscale, after.showscale] == [False, True]  # one colour bar for both
+
+
+def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
+    """Each stop of the step view's in-chart slider, replayed as plotly.js applies its frame, draws that step of
+    kernels.tiled_steps: the tile states, the tile's scores (masked ones blank), m_i, l_i and alpha before and after,
+    and the accumulator before and after."""
+    from attnviz.figures import instant
+
+    q, k, v = make_inputs(40, 16)
+    steps = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))
+    codes = tile_map(40, 40, block_m=16, block_n=16, causal=True)
+    states = [figs.tile_states(codes, [(s.q_block, s.k_block) for s in steps[:i]], (step.q_block, step.k_block))
+              for i, step in enumerate(steps)]
+    edges = [0, 16, 32, 40]
+    fig = figs.step_view_figure(steps, states, [f"Step {s.index}" for s in steps], 2, q_edges=edges, k_edges=edges,
+                                causal=True)
+    assert fig.layout.title.text == "Step 2" and fig.layout.sliders[0].active == 2
+    figure = instant.figure_dict(fig)
+
+    def finite(x):
+        x = np.asarray(x, dtype=float)
+        return np.where(np.isfinite(x), x, np.nan)
+
+    for i, step in enumerate(steps):
+        state = instant.drawn(figure, [(0, i)])
+        tiles, scores, before, after = (t for t in state["data"] if t["type"] == "heatmap")
+        np.testing.assert_array_equal(instant.array(tiles["z"]), states[i])
+        np.testing.assert_array_equal(instant.array(scores["z"]), finite(step.scores))
+        assert list(scores["x"]) == [str(step.k_start + j) for j in range(step.k_stop - step.k_start)]
+        assert list(scores["y"]) == [str(step.q_start + r) for r in range(step.q_stop - step.q_start)]
+        np.testing.assert_array_equal(instant.array(before["z"]), np.asarray(step.acc_rescaled, dtype=float))
+        np.testing.assert_array_equal(instant.array(after["z"]), np.asarray(step.acc, dtype=float))
+        lines = {(t["name"], t["xaxis"]): t for t in state["data"] if t.get("legend") == "legend2"}
+        for (name, axis), want in {("before", "x3"): step.m_prev, ("after", "x3"): step.m_i,
+                                   ("before", "x4"): step.l_prev, ("after", "x4"): step.l_i,
+                                   ("alpha", "x5"): step.alpha}.items():
+            np.testing.assert_array_equal(instant.array(lines[(name, axis)]["y"]), finite(want))
+            np.testing.assert_array_equal(instant.array(lines[(name, axis)]["x"]), np.arange(step.q_start,
+                                                                                              step.q_stop))
+        assert state["layout"]["title"]["text"] == f"Step {step.index}"
+        assert figs._scores_title(step.scores, step.q_start, step.k_start) in \
+            [a["text"] for a in state["layout"]["annotations"]]
+    axes = [figure["layout"][a] for a in figure["layout"] if a.startswith(("xaxis", "yaxis"))]
+    assert len(axes) == 14 and all(a["title"]["text"] for a in axes)

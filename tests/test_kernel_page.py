@@ -200,3 +200,22 @@ def test_a_sliding_window_on_the_kernel_page():
     assert (states == 6).sum() == 36 - 6 - 5 - 15  # 36 tiles: 15 right of the diagonal, 10 left of the window
     at.slider(key="kernel_step").set_value(tiles - 1).run()
     assert any("Done." in s.value for s in at.success)
+
+
+def test_the_step_view_carries_a_window_of_steps_that_fits_its_budget():
+    """Every step at the page's defaults (10 steps); at N = 256 (136 steps) a window of consecutive steps around the
+    chosen one, at most STEP_STOPS, the figure under 2 MB, its slider labelled by step index and starting there."""
+    import streamlit as st
+
+    from attnviz.figures import instant
+    from attnviz.ui import kernel as uk
+
+    fig, shown = uk.step_view(64, 32, 16, 16, True, "float32", 0, None, 3)
+    assert shown == range(10) and fig.layout.sliders[0].active == 3
+    fig, shown = uk.step_view(256, 32, 16, 16, True, "float32", 0, None, 100)
+    assert 100 in shown and 1 < len(shown) <= uk.STEP_STOPS
+    assert instant.json_bytes(fig) < 2_000_000
+    slider = fig.layout.sliders[0]
+    assert [s.label for s in slider.steps] == [str(i) for i in shown] and slider.steps[slider.active].label == "100"
+    assert fig.layout.title.text.startswith("Step 100 of 135:")
+    st.cache_resource.clear()

@@ -8,6 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from . import instant
 from .common import DIVERGING_SCALE, PALETTE, apply_layout, label_margins, line_chart
 
 # Tile states, indexed by the values of tile_states(): what the map colours and its legend say.
@@ -30,47 +31,97 @@ def tile_states(codes, done: Sequence[tuple[int, int]], current: tuple[int, int]
     return states
 
 
+def _tile_map_traces(states, q_edges, k_edges, *, causal: bool, window: int | None) -> list[dict]:
+    """The tile map as plain trace dicts: states [n_query_blocks, n_key_blocks] (TILE_STATES indices) between the
+    tiles' boundaries, one legend entry per state, the causal diagonal and a sliding window's left edge."""
+    states = np.asarray(states, dtype=float)
+    n_query, n_key = q_edges[-1], k_edges[-1]
+    n_states = len(TILE_STATES)
+    colourscale = []
+    for i, colour in enumerate(TILE_COLOURS):
+        colourscale += [[i / n_states, colour], [(i + 1) / n_states, colour]]
+    traces = [dict(type="heatmap", z=states, x=np.asarray(k_edges, dtype=float), y=np.asarray(q_edges, dtype=float),
+                   colorscale=colourscale, zmin=-0.5, zmax=n_states - 0.5, xgap=1, ygap=1, showscale=False,
+                   customdata=np.array(TILE_STATES, dtype=object)[states.astype(int)],
+                   hovertemplate="queries from %{y}, keys from %{x}<br>%{customdata}<extra></extra>")]
+    for name, colour in zip(TILE_STATES, TILE_COLOURS):  # the states as legend entries
+        traces.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
+                           marker=dict(symbol="square", size=12, color=colour, line=dict(color="#adb5bd", width=1))))
+    if causal:
+        offset = n_key - n_query
+        traces.append(dict(type="scatter", x=[max(offset, 0), n_key], y=[max(-offset, 0), n_query], mode="lines",
+                           line=dict(color=PALETTE[7], dash="dot"), name="causal diagonal", hoverinfo="skip"))
+        if window:  # the window's left edge, key = query + offset - window + 1 (drawn to the chart's edge)
+            x0 = max(offset - window + 1, 0)
+            traces.append(dict(type="scatter", x=[x0, n_key],
+                               y=[x0 - offset + window - 1, n_key - offset + window - 1], mode="lines",
+                               line=dict(color="#7048e8", dash="dash"), name=f"window edge ({window} keys)",
+                               hoverinfo="skip"))
+    return traces
+
+
+def _scores_trace(scores, q_start: int, k_start: int) -> dict:
+    """The current tile's scores [rows, cols] from query q_start and key k_start, masked entries (-inf) blank, on a
+    diverging scale centred on 0."""
+    scores = np.asarray(scores, dtype=float)
+    shown = np.where(np.isneginf(scores), np.nan, scores)
+    rows, cols = scores.shape
+    return dict(type="heatmap", z=shown, x=[str(k_start + j) for j in range(cols)],
+                y=[str(q_start + i) for i in range(rows)], colorscale=DIVERGING_SCALE,
+                colorbar=dict(title=dict(text="score")), **_symmetric(shown),
+                hovertemplate="query %{y}<br>key %{x}<br>score %{z:.4g}<extra></extra>")
+
+
+def _scores_title(scores, q_start: int, k_start: int) -> str:
+    rows, cols = np.shape(scores)
+    return f"S tile: queries {q_start}–{q_start + rows - 1}, keys {k_start}–{k_start + cols - 1}"
+
+
+def _state_traces(rows, m_prev, m_i, l_prev, l_i, alpha) -> list[tuple[int, dict]]:
+    """(panel 1-3, trace dict) for the online-softmax state per query row: m_i and l_i before and after, alpha."""
+    rows = np.asarray(rows)
+    panels = ((1, ("before", m_prev), ("after", m_i)), (2, ("before", l_prev), ("after", l_i)), (3, ("alpha", alpha),))
+    traces = []
+    for col, *series in panels:
+        for i, (name, y) in enumerate(series):
+            y = np.asarray(y, dtype=float)
+            traces.append((col, dict(
+                type="scatter", x=rows, y=np.where(np.isfinite(y), y, np.nan), mode="markers+lines", name=name,
+                legendgroup=name, showlegend=col == 1 or name == "alpha",
+                marker=dict(color=PALETTE[2] if name == "alpha" else PALETTE[i], size=6),
+                line=dict(dash="dot" if name == "before" else "solid", width=1))))
+    return traces
+
+
+STATE_TITLES = ("running max m_i", "running sum l_i", "alpha = exp(m_before - m_after)")
+STATE_Y_TITLES = ("max score (logit units)", "sum of exp(score - m_i) (unitless)", "rescale factor (unitless)")
+ACC_TITLES = ("acc · alpha (old acc, rescaled)", "acc after + p v (this tile's values)")
+
+
+def _acc_traces(acc_rescaled, acc, q_start: int) -> list[dict]:
+    """The accumulator tile [rows, d] before this tile's values are added (rescaled by alpha) and after, on one
+    colour scale with one colour bar."""
+    acc_rescaled, acc = np.asarray(acc_rescaled, dtype=float), np.asarray(acc, dtype=float)
+    limits = _symmetric(np.concatenate([acc_rescaled.ravel(), acc.ravel()]))
+    y = [str(q_start + i) for i in range(acc.shape[0])]
+    return [dict(type="heatmap", z=values, x=list(range(values.shape[1])), y=y, colorscale=DIVERGING_SCALE,
+                 showscale=i == 1, colorbar=dict(title=dict(text="value")), **limits,
+                 hovertemplate="query %{y}<br>channel %{x}<br>value %{z:.4g}<extra></extra>")
+            for i, values in enumerate((acc_rescaled, acc))]
+
+
 def step_figure(states, q_edges, k_edges, scores, q_start: int, k_start: int, *, causal: bool,
                 title: str, window: int | None = None) -> go.Figure:
     """One step of the kernel in one figure (one chart to draw per step, not two): left, the [N_query, N_key] score
     matrix by tiles, states [n_query_blocks, n_key_blocks] (TILE_STATES indices) between the tiles' boundaries
     q_edges and k_edges (positions), its states in the legend; right, the current tile's scores [rows, cols]
     (q k^T * scale) from query q_start and key k_start, masked entries (-inf) blank."""
-    states = np.asarray(states, dtype=float)
-    scores = np.asarray(scores, dtype=float)
-    shown = np.where(np.isneginf(scores), np.nan, scores)
-    rows, cols = scores.shape
     n_query, n_key = q_edges[-1], k_edges[-1]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        "Score matrix by tiles",
-        f"S tile: queries {q_start}–{q_start + rows - 1}, keys {k_start}–{k_start + cols - 1}"))
-    n_states = len(TILE_STATES)
-    colourscale = []
-    for i, colour in enumerate(TILE_COLOURS):
-        colourscale += [[i / n_states, colour], [(i + 1) / n_states, colour]]
-    fig.add_trace(go.Heatmap(
-        z=states, x=np.asarray(k_edges, dtype=float), y=np.asarray(q_edges, dtype=float),
-        colorscale=colourscale, zmin=-0.5, zmax=n_states - 0.5, xgap=1, ygap=1, showscale=False,
-        customdata=np.array(TILE_STATES, dtype=object)[states.astype(int)],
-        hovertemplate="queries from %{y}, keys from %{x}<br>%{customdata}<extra></extra>"), row=1, col=1)
-    for name, colour in zip(TILE_STATES, TILE_COLOURS):  # the states as legend entries
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=12, color=colour,
-                                             line=dict(color="#adb5bd", width=1))), row=1, col=1)
-    if causal:
-        offset = n_key - n_query
-        fig.add_trace(go.Scatter(x=[max(offset, 0), n_key], y=[max(-offset, 0), n_query], mode="lines",
-                                 line=dict(color=PALETTE[7], dash="dot"), name="causal diagonal",
-                                 hoverinfo="skip"), row=1, col=1)
-        if window:  # the window's left edge, key = query + offset - window + 1 (drawn to the chart's edge)
-            x0 = max(offset - window + 1, 0)
-            fig.add_trace(go.Scatter(x=[x0, n_key], y=[x0 - offset + window - 1, n_key - offset + window - 1],
-                                     mode="lines", line=dict(color="#7048e8", dash="dash"),
-                                     name=f"window edge ({window} keys)", hoverinfo="skip"), row=1, col=1)
-    fig.add_trace(go.Heatmap(
-        z=shown, x=[str(k_start + j) for j in range(cols)], y=[str(q_start + i) for i in range(rows)],
-        colorscale=DIVERGING_SCALE, colorbar=dict(title=dict(text="score")), **_symmetric(shown),
-        hovertemplate="query %{y}<br>key %{x}<br>score %{z:.4g}<extra></extra>"), row=1, col=2)
+        "Score matrix by tiles", _scores_title(scores, q_start, k_start)))
+    for trace in _tile_map_traces(states, q_edges, k_edges, causal=causal, window=window):
+        fig.add_trace(trace, row=1, col=1)
+    fig.add_trace(_scores_trace(scores, q_start, k_start), row=1, col=2)
     fig.update_xaxes(range=[0, n_key], row=1, col=1)
     fig.update_yaxes(range=[n_query, 0], row=1, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=2)
@@ -83,16 +134,9 @@ def step_figure(states, q_edges, k_edges, scores, q_start: int, k_start: int, *,
 def accumulator_figure(acc_rescaled, acc, q_start: int) -> go.Figure:
     """The accumulator tile [rows, d] before this tile's values are added (rescaled by alpha) and after, side by
     side on one colour scale (one chart to draw per step): one row per query, one column per head-dim channel."""
-    acc_rescaled, acc = np.asarray(acc_rescaled, dtype=float), np.asarray(acc, dtype=float)
-    limits = _symmetric(np.concatenate([acc_rescaled.ravel(), acc.ravel()]))
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
-        "acc · alpha (old acc, rescaled)", "acc after + p v (this tile's values)"))
-    y = [str(q_start + i) for i in range(acc.shape[0])]
-    for col, values in ((1, acc_rescaled), (2, acc)):
-        fig.add_trace(go.Heatmap(z=values, x=list(range(values.shape[1])), y=y, colorscale=DIVERGING_SCALE,
-                                 showscale=col == 2, colorbar=dict(title=dict(text="value")), **limits,
-                                 hovertemplate="query %{y}<br>channel %{x}<br>value %{z:.4g}<extra></extra>"),
-                      row=1, col=col)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=ACC_TITLES)
+    for col, trace in enumerate(_acc_traces(acc_rescaled, acc, q_start), start=1):
+        fig.add_trace(trace, row=1, col=col)
     fig.update_yaxes(autorange="reversed")
     apply_layout(fig, title="The accumulator before and after this tile", x_title="head-dim channel (index)",
                  y_title="query position (token index)", height=340)
@@ -101,25 +145,88 @@ def accumulator_figure(acc_rescaled, acc, q_start: int) -> go.Figure:
 
 def state_figure(rows, m_prev, m_i, l_prev, l_i, alpha) -> go.Figure:
     """The online-softmax state of one step per query row: m_i and l_i before and after, and alpha."""
-    rows = np.asarray(rows)
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1,
-                        subplot_titles=("running max m_i", "running sum l_i", "alpha = exp(m_before - m_after)"))
-    panels = ((1, ("before", m_prev), ("after", m_i)), (2, ("before", l_prev), ("after", l_i)), (3, ("alpha", alpha),))
-    for col, *series in panels:
-        for i, (name, y) in enumerate(series):
-            y = np.asarray(y, dtype=float)
-            fig.add_trace(go.Scatter(
-                x=rows, y=np.where(np.isfinite(y), y, np.nan), mode="markers+lines", name=name,
-                legendgroup=name, showlegend=col == 1 or name == "alpha",
-                marker=dict(color=PALETTE[2] if name == "alpha" else PALETTE[i], size=6),
-                line=dict(dash="dot" if name == "before" else "solid", width=1)), row=1, col=col)
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1, subplot_titles=STATE_TITLES)
+    for col, trace in _state_traces(rows, m_prev, m_i, l_prev, l_i, alpha):
+        fig.add_trace(trace, row=1, col=col)
     apply_layout(fig, title="Online-softmax state per query row (before and after this tile)", height=360)
     fig.update_layout(margin=dict(t=90, b=110), legend=dict(y=-0.35, yanchor="top", x=0.5, xanchor="center"))
     fig.update_xaxes(title_text="query position (token index)")
-    fig.update_yaxes(title_text="max score (logit units)", row=1, col=1)
-    fig.update_yaxes(title_text="sum of exp(score - m_i) (unitless)", row=1, col=2)
-    fig.update_yaxes(title_text="rescale factor (unitless)", range=[0, 1.05], row=1, col=3)
+    for col, y_title in enumerate(STATE_Y_TITLES, start=1):
+        fig.update_yaxes(title_text=y_title, row=1, col=col, **(dict(range=[0, 1.05]) if col == 3 else {}))
     return fig
+
+
+# The step view's panels, top to bottom (fractions of the plot area's height): the tile map and the S tile, the
+# online-softmax state, the accumulator; each row's x-axis title and legend sit in the gap under it.
+_VIEW_ROWS = ((0.64, 1.0), (0.31, 0.49), (0.0, 0.2))
+_VIEW_COLS = (((0.0, 0.44), (0.56, 1.0)), ((0.0, 0.27), (0.365, 0.635), (0.73, 1.0)), ((0.0, 0.44), (0.56, 1.0)))
+VIEW_HEIGHT, _VIEW_TOP, _VIEW_BOTTOM = 1150, 80, 70
+
+
+def _step_view_parts(step, states, title: str, q_edges, k_edges, *, causal: bool,
+                     window: int | None) -> tuple[list[dict], dict]:
+    """step_view_figure's traces and layout for one step, as plain dicts (a stop of its slider)."""
+    axes = {}
+    notes = []
+    titles = (("Score matrix by tiles", _scores_title(step.scores, step.q_start, step.k_start)), STATE_TITLES,
+              ACC_TITLES)
+    panel = 0
+    for (y0, y1), cols, row_titles in zip(_VIEW_ROWS, _VIEW_COLS, titles):
+        for (x0, x1), text in zip(cols, row_titles):
+            panel += 1
+            suffix = "" if panel == 1 else str(panel)
+            axes[f"xaxis{suffix}"] = dict(anchor=f"y{suffix}", domain=[x0, x1])
+            axes[f"yaxis{suffix}"] = dict(anchor=f"x{suffix}", domain=[y0, y1])
+            notes.append(dict(text=text, x=(x0 + x1) / 2, y=y1, xref="paper", yref="paper", xanchor="center",
+                              yanchor="bottom", showarrow=False, font=dict(size=16)))
+
+    def on(trace: dict, panel: int) -> dict:
+        suffix = "" if panel == 1 else str(panel)
+        return dict(trace, xaxis=f"x{suffix}", yaxis=f"y{suffix}")
+
+    traces = [on(t, 1) for t in _tile_map_traces(states, q_edges, k_edges, causal=causal, window=window)]
+    score_bar = dict(title=dict(text="score"), y=sum(_VIEW_ROWS[0]) / 2, len=_VIEW_ROWS[0][1] - _VIEW_ROWS[0][0])
+    traces.append(on(dict(_scores_trace(step.scores, step.q_start, step.k_start), colorbar=score_bar), 2))
+    rows = np.arange(step.q_start, step.q_stop)
+    traces += [on(dict(t, legend="legend2"), 2 + col)
+               for col, t in _state_traces(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha)]
+    acc_bar = dict(title=dict(text="value"), y=sum(_VIEW_ROWS[2]) / 2, len=_VIEW_ROWS[2][1] - _VIEW_ROWS[2][0])
+    before, after = _acc_traces(step.acc_rescaled, step.acc, step.q_start)
+    traces += [on(before, 6), on(dict(after, colorbar=acc_bar), 7)]
+    n_query, n_key = q_edges[-1], k_edges[-1]
+    axes["xaxis"].update(range=[0, n_key], title=dict(text="key position (token index)"))
+    axes["yaxis"].update(range=[n_query, 0], title=dict(text="query position (token index)"))
+    axes["xaxis2"].update(title=dict(text="key position (token index)"))
+    axes["yaxis2"].update(autorange="reversed", title=dict(text="query position (token index)"))
+    for panel, y_title in zip((3, 4, 5), STATE_Y_TITLES):
+        axes[f"xaxis{panel}"].update(title=dict(text="query position (token index)"))
+        axes[f"yaxis{panel}"].update(title=dict(text=y_title), **(dict(range=[0, 1.05]) if panel == 5 else {}))
+    for panel in (6, 7):
+        axes[f"xaxis{panel}"].update(title=dict(text="head-dim channel (index)"))
+        axes[f"yaxis{panel}"].update(autorange="reversed", title=dict(text="query position (token index)"))
+    plot_h = VIEW_HEIGHT - _VIEW_TOP - _VIEW_BOTTOM
+    below = 50 / plot_h  # under a row's tick labels and x-axis title
+    legends = dict(legend=dict(orientation="h", yanchor="top", y=_VIEW_ROWS[0][0] - below, xanchor="left", x=0.0),
+                   legend2=dict(orientation="h", yanchor="top", y=_VIEW_ROWS[1][0] - below, xanchor="left", x=0.0))
+    return traces, dict(axes, annotations=notes, title=dict(text=title, x=0.0, xanchor="left"), **legends)
+
+
+def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], active: int, *, q_edges, k_edges,
+                     causal: bool, window: int | None = None) -> go.Figure:
+    """The kernel's whole state at each of `steps` in one figure, with an in-chart slider over them (one frame per
+    step, drawn by the browser): top, the score matrix by tiles (states[i], TILE_STATES indices, between q_edges and
+    k_edges) and the current tile's scores; middle, m_i, l_i and alpha per query row; bottom, the accumulator
+    before and after the tile. steps: TileStep-like (scores, q_start, q_stop, k_start, m_prev, m_i, l_prev, l_i,
+    alpha, acc_rescaled, acc; attnviz.kernels.tiled_steps); titles[i]: the chart's title at steps[i]; drawn at
+    steps[active]. Steps are labelled by their index."""
+    parts = [_step_view_parts(s, st, t, q_edges, k_edges, causal=causal, window=window)
+             for s, st, t in zip(steps, states, titles)]
+    traces, layout = parts[active]
+    fig = go.Figure(data=traces, layout=layout)
+    apply_layout(fig, height=VIEW_HEIGHT)  # sets one legend's place: the view's two are set again after it
+    fig.update_layout(margin=dict(t=_VIEW_TOP, b=_VIEW_BOTTOM), legend=layout["legend"], legend2=layout["legend2"])
+    return instant.add_frame_slider(fig, [{"data": t, "layout": lay} for t, lay in parts],
+                                    [str(s.index) for s in steps], active, parameter="step")
 
 
 def peak_memory_figure(sizes, peaks: Mapping[str, Sequence[float | None]]) -> go.Figure:

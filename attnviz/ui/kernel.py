@@ -9,6 +9,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
+from attnviz.figures import instant
 from attnviz.figures import kernel as figs
 from attnviz.ui import build_in_background
 
@@ -62,32 +63,48 @@ def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> Kern
         return None
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
-def step_figures(n, d, block_m, block_n, causal, dtype, seed, window, index) -> dict:
-    """The step view's figures for step `index` of a run: "step" (the tile map and this tile's scores), "state",
-    "acc" (the accumulator before and after). Kept as objects (a plotly figure is only read when drawn), so moving
-    back to a step costs no rebuild."""
-    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
+STEP_STOPS = 64  # the most steps the step view's in-chart slider carries
+
+
+def step_title(run: KernelRun, index: int) -> str:
+    """The step view's title at step `index`: the tile it computes, and on a query block's last key tile, the error
+    of its output."""
     step = run.steps[index]
-    done = [(s.q_block, s.k_block) for s in run.steps[:index]]
-    states = figs.tile_states(run.codes, done, (step.q_block, step.k_block))
-    rows = np.arange(step.q_start, step.q_stop)
-    return {
-        "step": figs.step_figure(states, run.q_edges, run.k_edges, step.scores, step.q_start, step.k_start,
-                                 causal=causal, window=window,
-                                 title=f"Step {index}: query block {step.q_block}, key block {step.k_block}"),
-        "state": figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha),
-        "acc": figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start),
-    }
+    title = f"Step {index} of {len(run.steps) - 1}: query block {step.q_block}, key block {step.k_block}"
+    if step.last:
+        title += f"; the block's last, O = acc / l_i: max |O − float64| = {run.out_error[index]:.1e}"
+    return title
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def step_view(n, d, block_m, block_n, causal, dtype, seed, window, index) -> tuple:
+    """(figure, steps) of the step view at step `index`: figures.kernel.step_view_figure over a window of
+    consecutive steps around it (`steps`, a range: at most STEP_STOPS, and as many as fit the frame budget), each a
+    frame of its in-chart slider. Kept as an object (plotly reads a figure only to draw it)."""
+    run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
+
+    def states(i: int):
+        step = run.steps[i]
+        return figs.tile_states(run.codes, [(s.q_block, s.k_block) for s in run.steps[:i]],
+                                (step.q_block, step.k_block))
+
+    def view(indices, active):
+        return figs.step_view_figure([run.steps[i] for i in indices], [states(i) for i in indices],
+                                     [step_title(run, i) for i in indices], active, q_edges=run.q_edges,
+                                     k_edges=run.k_edges, causal=causal, window=window)
+
+    stop_bytes = instant.json_bytes({"data": view([index], 0).to_plotly_json()["data"]})
+    shown = instant.window(len(run.steps), index, stop_bytes, most=STEP_STOPS)
+    return view(shown, index - shown.start), shown
 
 
 def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) -> None:
-    """Builds step `index`'s figures in the background (into step_figures' cache) while the browser draws the
-    current step: the Step slider is mostly moved one step on, and then its figures are ready. Any session's
-    prefetch fills the shared cache; a step already cached costs nothing."""
+    """Builds the step view at step `index` in the background (into step_view's cache) while the browser draws the
+    current one: the Step slider is mostly moved one step on, and then its figure is ready. Any session's prefetch
+    fills the shared cache; a step already cached costs nothing."""
     run = _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
     if 0 <= index < len(run.steps):
-        build_in_background(step_figures, [(n, d, block_m, block_n, causal, dtype, seed, window, index)],
+        build_in_background(step_view, [(n, d, block_m, block_n, causal, dtype, seed, window, index)],
                             "attnviz-kernel-prefetch")
 
 
