@@ -197,3 +197,53 @@ def test_a_text_over_the_limit_is_refused_with_a_message_not_dropped(server, bro
         assert not page.query_selector_all('[data-testid="stException"]')
     finally:
         context.close()
+
+
+def test_an_instant_slider_redraws_its_chart_without_a_word_to_the_server(server, browser):
+    """The Softmax page's logits chart carries every d_k as plotly frames: a click on a stop of its own slider
+    redraws it in the browser, with that d_k's numbers (the library's attention rows), and sends nothing to the
+    server: no frame on Streamlit's websocket (/_stcore/stream), no request."""
+    import numpy as np
+
+    from attnviz import softmax as sm
+    from attnviz.ui import softmax as ui_softmax
+
+    context = browser.new_context(viewport={"width": 1400, "height": 1300})
+    page = context.new_page()
+    sent: list = []
+    requests: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload))
+            if "/_stcore/stream" in ws.url else None)
+    page.on("request", lambda r: requests.append(r.url))
+    rows = """g => g._fullData.filter(t => t.type === 'heatmap').map(t => Array.from(t.z, r => Array.from(r)))"""
+    try:
+        page.goto(f"{server}/softmax", wait_until="domcontentloaded")
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        chart = page.query_selector_all('[data-testid="stPlotlyChart"] .js-plotly-plot')[0]
+        assert chart.evaluate("g => g.layout.sliders[0].currentvalue.prefix") == "d_k (in this chart) = "
+        labels = [e.text_content() for e in chart.query_selector_all(".slider-label-group .slider-label")]
+        assert labels == [str(d) for d in ui_softmax.DIMS]
+        before = chart.evaluate(rows)
+        time.sleep(1.0)  # the page is quiet: anything sent from here on is the slider's doing
+        assert sent, "the listener saw none of the page's own messages to the server: it would see none at all"
+        n_sent, n_requests = len(sent), len(requests)
+        stop = chart.query_selector_all(".slider-label-group .slider-label")[labels.index("1024")]
+        stop.scroll_into_view_if_needed()
+        box = stop.bounding_box()
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_function("g => g.layout.sliders[0].active === %d" % labels.index("1024"), arg=chart,
+                               timeout=10_000)
+        time.sleep(1.0)
+        assert sent[n_sent:] == [], f"the in-chart slider sent {len(sent) - n_sent} websocket frames"
+        assert requests[n_requests:] == [], requests[n_requests:]
+        after = chart.evaluate(rows)
+        assert after != before, "the chart's drawn data did not change"
+        # the page's defaults: 32 keys per query, seed 0, T = 1; the chart shows the first 12 rows of each variant
+        q, k = sm.random_qk(ui_softmax.N_QUERIES, 32, 1024, 0)
+        for scaled, drawn in zip((True, False), after):
+            pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=1.0)[1]
+            np.testing.assert_allclose(np.array(drawn, dtype=float), pattern[:12], rtol=1e-12, atol=0)
+        assert "d_k (in this chart) = 1024" in chart.text_content()
+        assert not page.query_selector_all('[data-testid="stException"]')
+    finally:
+        context.close()
