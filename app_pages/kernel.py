@@ -55,8 +55,9 @@ run = uk.kernel_run(*settings, window)  # None after the reason it cannot run he
 steps = None if run is None else run.steps
 if run is not None:
     st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
-                f"**{len(steps)} tile steps** for {run.codes.shape[0]} query blocks; move the slider to walk through "
-                "them in the order one program runs them (key blocks left to right, then the next query block).")
+                f"**{len(steps)} tile steps** for {run.codes.shape[0]} query blocks; move a step slider to walk "
+                "through them in the order one program runs them (key blocks left to right, then the next query "
+                "block).")
 
 
 def traffic_counters(done_steps=None):
@@ -70,9 +71,9 @@ def traffic_counters(done_steps=None):
         m2.metric("Keys read by all query blocks (L)", f"{traffic.keys_read:,}",
                   help="Each query block reads every key block it visits, K and V alike.")
     else:
-        m1.metric("FLOPs so far", f"{sum(s.flops for s in done_steps):,}",
+        m1.metric(f"FLOPs, steps 0–{len(done_steps) - 1}", f"{sum(s.flops for s in done_steps):,}",
                   help="4 · rows · cols · d per tile: q kᵀ and p v, a multiply-add counted as 2.")
-        m2.metric("Bytes loaded so far", kib(sum(s.bytes_loaded for s in done_steps)),
+        m2.metric(f"Bytes loaded, steps 0–{len(done_steps) - 1}", kib(sum(s.bytes_loaded for s in done_steps)),
                   help="K and V tiles each step, the Q tile on a block's first step.")
     m3.metric("Tiled, all steps: bytes moved", kib(traffic.tiled),
               help="Q once, K and V once per query block, O once.")
@@ -130,10 +131,10 @@ def step_view():
         index = 0
     step = steps[index]
     fig, shown = uk.step_view(*settings, window, index)
-    st.plotly_chart(fig, width="stretch")
     every = "every step" if len(shown) == len(steps) else f"steps {shown.start}–{shown.stop - 1}"
-    st.caption(f"**Instant:** the step slider inside the chart walks {every} in the browser, no server; the Step "
-               "slider above (and every setting) recomputes, and the counters below follow it.")
+    st.caption(f"**Instant:** the step slider inside the chart below walks {every} in the browser, no server; the "
+               "Step slider above (and every setting) recomputes, and the counters under the chart follow it.")
+    st.plotly_chart(fig, width="stretch")
     st.caption("Top left, the whole score matrix by tiles: orange is the tile this step computes; blue tiles are "
                "done, grey ones to do; yellow ones run masked: the causal diagonal cuts them, or they hold the ragged "
                "last keys. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which is "
