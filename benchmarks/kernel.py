@@ -248,9 +248,10 @@ def tune(args):
 
 
 def step_view(repeats=5):
-    """What one move of the page's Step slider costs in the step view: its three figures built and serialised as
-    st.plotly_chart does (plotly.io.to_json), against serialising the figures attnviz.ui.kernel.step_figures kept
-    for that step. Medians over the steps of one run, at the page's default and at a large setting."""
+    """What one step costs in the step view's figures, built and serialised as st.plotly_chart does
+    (plotly.io.to_json), against serialising figures already built for that step. Medians over the steps of one
+    run, at the page's default and at a large setting. (The page now draws the step view as one figure whose
+    in-chart slider moves over the computed steps with no rerun: attnviz.figures.kernel.step_view_figure.)"""
     import statistics
 
     import numpy as np
