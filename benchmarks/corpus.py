@@ -83,10 +83,11 @@ def peer_seconds(loaded, folder, *, sample: int) -> float:
     kept, config._attn_implementation = config._attn_implementation, "sdpa"
     try:
         with torch.inference_mode():
-            loaded.model.model(torch.tensor([list(ids[0])]))  # warm
+            base = loaded.model.base_model  # the decoder stack, without the LM head (as forward_flops counts)
+            base(torch.tensor([list(ids[0])]))  # warm
             started = time.perf_counter()
             for window in ids:
-                loaded.model.model(torch.tensor([list(window)]))
+                base(torch.tensor([list(window)]))
             return (time.perf_counter() - started) / len(ids)
     finally:
         config._attn_implementation = kept

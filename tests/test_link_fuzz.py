@@ -26,7 +26,7 @@ from attnviz.ui import CUSTOM_MODEL, MAX_TEXT_CHARS, PAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 2024
-N_CASES = 204
+N_CASES = 260
 TIMEOUT_S = 120
 TOYS = ("toy-gpt2", "toy-llama-gqa", "toy-bloom-alibi")
 REGISTERED = {*TOYS, "minilm-l6", "smollm2-135m"}
@@ -41,6 +41,8 @@ READS = {
     "experiments": {"model": "model", "text": "text", "prompt": "text", "layer": "index", "head": "index",
                     "query": "index", "step": "index", "new": (1, 64), "seed": (0, 1_000_000),
                     "temperature": "temperature", "view": VIEWS, "mode": ("zero", "mean")},
+    "corpus": {"run": "text", "b": "text", "stat": ("entropy", "sink_mass", "induction"), "window": (1, 10**9),
+               "layer": "index", "head": "index", "order": ("high", "low")},
 }
 WIDGETS = {"heads": {"layer": "heads_layer", "head": "heads_head", "query": "heads_query"},
            "experiments": {"layer": "exp_layer", "head": "exp_head", "query": "exp_query"}}
@@ -206,7 +208,7 @@ def _check(page, raw: str, query: dict[str, list[str]], at: AppTest) -> None:
     for key, values in query.items():
         if key in reads and (len(values) > 1 or _odd(reads[key], values[-1])):
             assert any(f"`{key}" in w for w in warnings), f"{where}: nothing said about {key}={values[-1][:50]!r}"
-    for key, widget_key in WIDGETS[page.url_path].items():
+    for key, widget_key in WIDGETS.get(page.url_path, {}).items():
         asked = query.get(key, [""])[-1].strip()
         boxes = [b for b in at.selectbox if b.key == widget_key]
         if not re.fullmatch(r"[0-9]+", asked) or not boxes:
