@@ -3,6 +3,7 @@ sample of texts, and the massive-activation intervention, each computed once for
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import streamlit as st
@@ -147,8 +148,15 @@ def sink_scores(name: str, text: str, capture):
 
 def shipped_tokens(name: str) -> int:
     """How many tokens model `name`'s tokenizer makes of the eviction experiment's shipped text (0 when the model
-    cannot be loaded: its page has said why)."""
+    cannot be loaded: its page has said why), counted once per model and version, not on every rerun."""
     from attnviz import streaming, ui
 
     loaded = ui.get_model(name)
-    return len(loaded.tokenizer(streaming.shipped_text()).input_ids) if loaded is not None else 0
+    if loaded is None:
+        return 0
+    return _token_count(name, ui.model_version(name), loaded.tokenizer, streaming.shipped_text())
+
+
+@functools.lru_cache(maxsize=16)
+def _token_count(name: str, version: tuple, tokenizer, text: str) -> int:
+    return len(tokenizer(text).input_ids)
