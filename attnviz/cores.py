@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -66,7 +67,7 @@ def run_each(fn: Callable, items: Iterable, n_workers: int | None = None) -> Non
     raised by fn is raised here once every started item has ended."""
     items = list(items)
     n_workers = min(workers() if n_workers is None else n_workers, len(items))
-    if n_workers <= 1 or _thread_controls() is None:
+    if n_workers <= 1 or _thread_controls() is None or getattr(_IN_WORKER, "active", False):
         for item in items:
             fn(item)
         return
@@ -76,7 +77,39 @@ def run_each(fn: Callable, items: Iterable, n_workers: int | None = None) -> Non
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             fn(item)
 
-    with ThreadPoolExecutor(n_workers, initializer=_one_thread, initargs=(_thread_controls(),)) as pool:
-        done = [pool.submit(one, item) for item in items]
+    done = [_pool(n_workers).submit(one, item) for item in items]
+    wait(done)
     for future in done:
         future.result()
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+_IN_WORKER = threading.local()
+
+
+def _pool(n_workers: int) -> ThreadPoolExecutor:
+    """The process's pool of n_workers single-core threads, started once: a thread started per call cost more than
+    a layer's tiles at 512 tokens (starting it, and torch's per-thread set-up on its first operator). Callers on
+    several threads (a page's sessions) share it; a worker's own run_each runs in place (see run_each)."""
+    with _POOLS_LOCK:
+        if n_workers not in _POOLS:
+            _POOLS[n_workers] = ThreadPoolExecutor(n_workers, thread_name_prefix="attnviz-core",
+                                                   initializer=_worker_start, initargs=(_thread_controls(),))
+        return _POOLS[n_workers]
+
+
+def _worker_start(setters) -> None:
+    _IN_WORKER.active = True
+    _one_thread(setters)
+
+
+def _forget_pools() -> None:
+    """A forked child has none of its parent's threads: it starts pools of its own."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)

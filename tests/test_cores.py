@@ -60,6 +60,39 @@ def test_workers_keep_the_callers_inference_mode_and_its_first_error_is_raised()
         cores.run_each(fails, range(8), n_workers=2)
 
 
+def test_the_workers_are_started_once_and_a_workers_own_run_each_runs_in_place():
+    """A pool per call started two threads a layer (more than a layer's tiles cost at 512 tokens); the pool is
+    kept, and the corpus engine's windows, each on a worker, run their own streamed pass there."""
+    if cores.workers() == 1 and sys.platform != "linux":
+        pytest.skip("the items run in the calling thread where a worker cannot be held to one core")
+    first, second, inner = set(), set(), []
+    cores.run_each(lambda i: (time.sleep(0.002), first.add(threading.get_ident())), range(8), n_workers=2)
+    cores.run_each(lambda i: (time.sleep(0.002), second.add(threading.get_ident())), range(8), n_workers=2)
+    assert first == second and len(first) == 2 and threading.get_ident() not in first
+
+    def nested(i):
+        seen = set()
+        cores.run_each(lambda j: seen.add(threading.get_ident()), range(4), n_workers=2)
+        inner.append(seen == {threading.get_ident()})
+
+    cores.run_each(nested, range(4), n_workers=2)
+    assert inner == [True] * 4
+
+
+def test_an_error_is_raised_only_once_every_item_has_ended():
+    ended = []
+
+    def item(i):
+        if i == 0:
+            raise ValueError("item 0")
+        time.sleep(0.05)
+        ended.append(i)
+
+    with pytest.raises(ValueError, match="item 0"):
+        cores.run_each(item, range(5), n_workers=2)
+    assert sorted(ended) == [1, 2, 3, 4]
+
+
 def _layer(n: int = 300, heads: int = 6, kv: int = 2, d: int = 16):
     g = torch.Generator().manual_seed(11)
     x = LayerInputs(q=torch.randn(heads, n, d, generator=g) * 2, k=torch.randn(kv, n, d, generator=g) * 2,

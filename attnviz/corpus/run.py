@@ -188,12 +188,22 @@ def run_local(loaded, folder: RunFolder, *, progress=None) -> None:
 def shard_rows(loaded, window_ids: Sequence[int], windows: Sequence[Sequence[int]]) -> pd.DataFrame:
     """Every head's statistics on each window (its token ids): one row per (window, layer, head) with window_id,
     layer, head, kv_head and the columns of attnviz.stats.COLUMNS (learned_sink too for a model that has sink
-    logits). What both engines compute for a shard."""
-    tables = []
-    for window_id, ids in zip(window_ids, windows):
-        table = window_stats(loaded, [int(i) for i in ids])
-        table.insert(0, "window_id", np.int64(window_id))
-        tables.append(table)
+    logits). What both engines compute for a shard.
+
+    On a CPU the windows run side by side, one per core (attnviz.cores.run_each, longest first): a 512-token
+    window's products are too small to split well over cores (SmolLM2 on 2 cores: 0.70 s a window this way,
+    0.92 s one window at a time on both cores; benchmarks/corpus.py). On a GPU they run one after another."""
+    from attnviz.capture import input_device
+    from attnviz.cores import run_each
+
+    tables: list[pd.DataFrame | None] = [None] * len(windows)
+
+    def one(i: int) -> None:
+        tables[i] = window_stats(loaded, [int(t) for t in windows[i]])
+        tables[i].insert(0, "window_id", np.int64(window_ids[i]))
+
+    order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))
+    run_each(one, order, n_workers=None if input_device(loaded.model).type == "cpu" else 1)
     return pd.concat(tables, ignore_index=True)
 
 
