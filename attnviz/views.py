@@ -8,12 +8,15 @@ block of query rows at a time with attnviz.attention.layer_pattern and keep only
 Both can hide the first-token sink the way the Heads page does (sink_hidden: column 0 zeroed, rows rescaled to 1, rows
 with under MIN_REMAINING of their weight off token 0 blank). The page's other arithmetic on maps lives here too:
 mass_off_sink (what hiding the sink rescales), blank_rows, and map_difference (largest difference and total
-variation between two maps, Compare).
+variation between two maps, Compare). PooledMaxima pools every head in attnviz.streamed's pass over the scores.
 """
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+import torch
 
 from attnviz import attention as core
 from attnviz.pooling import MIN_REMAINING, pool_edges
@@ -155,3 +158,68 @@ def head_window(inputs: core.LayerInputs, head: int, rows: tuple[int, int], keys
     if hide_sink:
         w = sink_hidden(w)
     return w[0, :, k0:k1]
+
+
+class PooledMaxima:
+    """Every head max-pooled to one or more sizes ({result name: pixels}) in streamed_stats's pass.
+
+    The key edges of every size, and key 0 alone, make one set of fine key blocks: each tile's raw scores are
+    max-reduced over those once, and each size's blocks (and its first block without key 0, for the hidden sink)
+    are maxima of fine blocks. Exp is monotone, so the largest weight of a block is exp(max s - m) / l, made once
+    per row block from the row's final m and l."""
+
+    def __init__(self, sizes: dict[str, int], n: int, n_keys: int, n_heads: int):
+        edges = {name: (pool_edges(n, size), pool_edges(n_keys, size)) for name, size in sizes.items()}
+        self.fine = np.unique(np.concatenate([k for _, k in edges.values()] + [[0, min(1, n_keys)]]))
+        self.sizes = {}
+        for name, (rows, keys) in edges.items():
+            plain = np.full((n_heads, len(rows) - 1, len(keys) - 1), np.nan, dtype=np.float32)
+            self.sizes[name] = (rows, np.searchsorted(self.fine, keys), plain, plain.copy())
+        self.lock = threading.Lock()  # blocks of rows run at once, and a pooled row bin may span two of them
+
+    def start(self, n_heads: int, rows: int) -> torch.Tensor:
+        """A new block of query rows: its fine maxima, no score seen yet."""
+        return torch.full((n_heads, rows, len(self.fine) - 1), float("-inf"))
+
+    def tile(self, fine_max: torch.Tensor, s: torch.Tensor, k0: int, k1: int) -> None:
+        """Keeps in fine_max the largest raw score of each fine block of the tile s [head, rows, k1 - k0] (before
+        it is shifted)."""
+        first = int(np.searchsorted(self.fine, k0, side="right")) - 1
+        last = int(np.searchsorted(self.fine, k1 - 1, side="right")) - 1
+        starts = np.maximum(self.fine[first:last + 1], k0) - k0
+        tile_max = torch.from_numpy(np.maximum.reduceat(s.numpy(), starts, axis=-1))
+        torch.maximum(fine_max[..., first:last + 1], tile_max, out=fine_max[..., first:last + 1])
+
+    def finish(self, fine_max: torch.Tensor, a: int, b: int, m: torch.Tensor, total: torch.Tensor,
+               kept: np.ndarray) -> None:
+        """Rows a .. b - 1, whose final max m and normaliser total [head, rows] are known, pooled into each size;
+        kept [head, rows]: each row's weight off token 0."""
+        fine = (torch.exp(fine_max - m[..., None]) / total[..., None]).numpy()
+        with self.lock:
+            self._pool(fine, a, b, kept)
+
+    def _pool(self, fine: np.ndarray, a: int, b: int, kept: np.ndarray) -> None:
+        for rows_e, at, plain, off in self.sizes.values():
+            w = np.maximum.reduceat(fine, at[:-1], axis=-1)  # [head, rows, blocks]: each block's largest weight
+            # hiding the sink: key 0 out of the first block, each row divided by the weight it keeps off key 0
+            hidden = w.copy()
+            hidden[..., 0] = fine[..., 1:at[1]].max(-1) if at[1] > 1 else 0.0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                hidden /= kept[..., None]
+            hidden[kept < MIN_REMAINING] = np.nan
+            first_bin = int(np.searchsorted(rows_e, a, side="right")) - 1
+            for i in range(first_bin, len(rows_e) - 1):
+                lo, hi = max(a, int(rows_e[i])), min(b, int(rows_e[i + 1]))
+                if lo >= hi:
+                    break
+                plain[:, i] = np.fmax(plain[:, i], w[:, lo - a:hi - a].max(1))
+                with np.errstate(invalid="ignore"):
+                    off[:, i] = np.fmax(off[:, i], np.fmax.reduce(hidden[:, lo - a:hi - a], axis=1))
+
+    def result(self) -> dict[str, np.ndarray]:
+        """{name: pooled, name + "_nosink": with the sink hidden}; the overview's as float16."""
+        out = {}
+        for name, (_, _, plain, off) in self.sizes.items():
+            dtype = np.float16 if name == "_overview" else np.float32
+            out[name], out[name + "_nosink"] = plain.astype(dtype, copy=False), off.astype(dtype, copy=False)
+        return out

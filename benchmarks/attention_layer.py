@@ -59,7 +59,7 @@ def tile_rate(n_kv: int, rows: int, keys: int, d: int, per_core: bool) -> float:
 def main() -> None:
     from attnviz.capture import capture_attention
     from attnviz.models import load_model
-    from attnviz.stats import KEY_BLOCK, InductionMatch, streamed_stats
+    from attnviz.streamed import KEY_BLOCK, InductionMatch, streamed_stats
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the smallest case: a toy model, 256 tokens")

@@ -17,6 +17,7 @@ from transformers import masking_utils as mu
 
 from attnviz import attention as core
 from attnviz import stats as S
+from attnviz import streamed
 from attnviz.attention import LayerInputs, MaskRule
 from attnviz.capture import named_rule
 
@@ -99,8 +100,8 @@ def test_the_running_shift_moves_only_when_weights_would_outgrow_it(monkeypatch,
     x = LayerInputs(q=x.q, k=x.k, kv_head_of=x.kv_head_of, scaling=x.scaling, mask=rule,
                     key_bias=slope * torch.arange(N, dtype=torch.float32).expand(4, N))
     moves, blocks = [], -(-N // 32)
-    shift_for = S._Running.shift_for
-    monkeypatch.setattr(S._Running, "shift_for", lambda run, m: moves.append(shift_for(run, m)) or moves[-1])
+    shift_for = streamed._Running.shift_for
+    monkeypatch.setattr(streamed._Running, "shift_for", lambda run, m: moves.append(shift_for(run, m)) or moves[-1])
     ids = np.random.default_rng(1).integers(0, 20, N)
     v = torch.randn(2, N, 8, generator=torch.Generator().manual_seed(2))
     got = S.streamed_stats(x, ids, block=32, key_block=48, values=v)
