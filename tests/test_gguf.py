@@ -391,7 +391,7 @@ def test_gemma3_loads_from_its_converted_folder(gemma3, monkeypatch):
     monkeypatch.setattr(gguf, "join", no_conversion)
     again = load_model("gemma3-270m", device="cpu")  # no_conversion raises if a conversion or a join creeps back
     assert again.spec.description == gemma3.spec.description
-    assert models.load_bytes("gemma3-270m") == models._folder_bytes(gguf.converted_folder(
+    assert models.load_bytes("gemma3-270m") == models.folder_bytes(gguf.converted_folder(
         models._bundled_gguf("gemma3-270m")[1]))
 
 
