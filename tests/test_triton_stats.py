@@ -187,7 +187,7 @@ def test_sliding_window_skips_the_tiles_left_of_every_window():
 
 @pytest.mark.parametrize("block_m,block_n,pool", [(16, 32, 6), (32, 16, 2), (16, 16, 3)])
 def test_other_block_shapes_and_pooling_blocks_wider_than_a_tile(block_m, block_n, pool):
-    # pool 2 and 3: pooling blocks of 25 and 37 keys, wider than every tile, so _pool_fwd's 2 x 2 path runs
+    # pool 2 and 3: pooling blocks of 25 and 37 keys, wider than every tile, so pool_fwd's 2 x 2 path runs
     inputs, _, ids = make_inputs(75, heads=2, kv=1, mask=MaskRule(75, 75, causal=True, window=40), sink=True)
     got = kernel_stats(inputs, ids, block_m=block_m, block_n=block_n, pool=pool, trace=True)
     assert_close(got, dense_reference(inputs, None, ids, pool=pool), TOLERANCE,
@@ -284,12 +284,12 @@ for dtype, d, bm, bn, flags in [("fp16", 64, 64, 64, (1, 0, 0, 0, 0, 0, 1, 1)),
     common = dict(HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), BLOCK_M=bm, BLOCK_N=bn,
                   PRECISION="ieee" if dtype == "fp32" else "tf32")
     for arch in (80, 90) if dtype == "fp16" else (90,):
-        kernel = build(ts._stats_fwd, dtype, {**values, **common, "V_DIM": d, "DV_PAD": triton.next_power_of_2(d)},
+        kernel = build(ts.stats_fwd, dtype, {**values, **common, "V_DIM": d, "DV_PAD": triton.next_power_of_2(d)},
                        arch, 8 if d > 64 else 4, 2 if d > 128 else 3)
         if dtype != "fp32":
             assert ("wgmma" if arch == 90 else "mma.sync") in kernel.asm["ptx"], (dtype, d, arch)
         pool_values = {k: v for k, v in values.items() if k not in ("HAS_SINK", "HAS_V", "INDUCTION", "ALIGNED")}
-        build(ts._pool_fwd, dtype, {**pool_values, **common}, arch, 4, 2)
+        build(ts.pool_fwd, dtype, {**pool_values, **common}, arch, 4, 2)
 print("compiled")
 """
 
@@ -381,7 +381,7 @@ def test_gpu_kernel_matches_float64(case, dtype):
 
 @needs_gpu
 def test_gpu_pooled_fast_path_and_dispatch_match_the_torch_path(monkeypatch):
-    """n = 7,000: pooling blocks (146 keys) are wider than a tile, so every tile takes _pool_fwd's 2 x 2 path;
+    """n = 7,000: pooling blocks (146 keys) are wider than a tile, so every tile takes pool_fwd's 2 x 2 path;
     stats_on_device (what streamed_stats calls on CUDA) against the torch path on the same inputs."""
     inputs, values, ids = make_inputs(7000, d=64, heads=2, kv=1, vocab=300, sink=True)
     monkeypatch.setattr(triton_stats, "USE_KERNEL", True)
