@@ -1,5 +1,5 @@
-"""GGUF files: what a file's header says (its architecture, its tensors and how each one is stored), whether
-transformers can read it, and its one-time conversion into a float32 safetensors folder in attnviz's cache.
+"""GGUF files: what a file's header says (its architecture, its tensors and how each one is stored) and whether
+transformers can read it; attnviz.gguf_convert converts it once into a float32 safetensors folder.
 
 The header is read here in one forward pass over the bytes rather than with gguf.GGUFReader, which makes a numpy
 view of every entry of every array: Gemma 3's vocabulary is three arrays of 262,144 entries, 18 s on a 2-core
@@ -10,13 +10,9 @@ model shipped in pieces without joining them first. tests/test_gguf.py checks it
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
-import os
 import re
 import struct
-import tempfile
-import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +22,6 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, LlamaFileType
 
-from attnviz import paths
 from attnviz.errors import AttnvizError
 
 Progress = Callable[[str], None]
@@ -40,7 +35,7 @@ KEEP_ARRAY = 64  # longer arrays (vocabularies, merges, scores) are skipped and 
 _MAX_STRING = 1 << 24  # 16 MiB: larger than any key, value or token; a larger length is a corrupt header
 _MAX_COUNT = 1 << 32  # entries in one array, key/value pairs, tensors
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-_READ = 4 << 20  # bytes read from the file at a time
+READ_BYTES = 4 << 20  # bytes read from the file at a time
 _SCALAR = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
            GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
            GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
@@ -222,7 +217,7 @@ class _Stream:
         while self._pieces:
             if self._file is None:
                 self._file = self._files.enter_context(open(self._pieces[0], "rb"))
-            block = self._file.read(_READ)
+            block = self._file.read(READ_BYTES)
             if block:
                 self._buffer += block
                 return True
@@ -364,100 +359,3 @@ def check_readable(h: Header) -> None:
                         f"tokenizer.ggml.model {tokenizer!r}: {exc}") from exc
 
 
-def file_key(path: Path) -> str:
-    """16 hex digits that change when the file does: a hash of its resolved path, size and modification time."""
-    resolved = Path(path).resolve()
-    info = resolved.stat()
-    return hashlib.sha256(f"{resolved}\0{info.st_size}\0{info.st_mtime_ns}".encode()).hexdigest()[:16]
-
-
-def folder_name(path: Path) -> str:
-    """The converted folder's name for a user's GGUF file: its stem (for whoever looks in the cache) and file_key."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem)[:40].strip(".-") or "model"
-    return f"gguf-{stem}-{file_key(path)}"
-
-
-def converted_folder(name: str) -> Path | None:
-    """converted_dir()/name once a conversion has finished there, else None."""
-    target = paths.converted_dir() / name
-    return target if (target / "config.json").exists() else None
-
-
-_convert_lock = threading.Lock()
-
-
-def converted(pieces: Sequence[Path], name: str, report: Progress, sha256: str | None = None) -> Path:
-    """The safetensors folder converted_dir()/name made from the GGUF file `pieces` (one file, or its pieces in
-    order, joined first; sha256: what the joined bytes must hash to): every weight dequantized to float32 by
-    transformers, saved with the tokenizer. Made once and shared: a lock between threads and a file lock between
-    processes; written in a temporary folder beside it and renamed into place, so no one reads half a folder."""
-    if (done := converted_folder(name)) is not None:
-        return done
-    target = paths.converted_dir() / name
-    with _convert_lock, _file_lock(target.parent / f"{name}.lock"):
-        if (done := converted_folder(name)) is not None:  # another process converted it while we waited
-            return done
-        with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as work:
-            work = Path(work)
-            file = Path(pieces[0])
-            if len(pieces) > 1 or sha256 is not None:
-                file = join(pieces, work / "model.gguf", report, sha256)
-            _dequantize(file, work / "model", report)
-            os.replace(work / "model", target)
-    return target
-
-
-def join(pieces: Sequence[Path], out: Path, report: Progress, sha256: str | None = None) -> Path:
-    """Writes the pieces one after another to `out`, a block at a time, and checks the result's sha256."""
-    report(f"Joining the model's {len(pieces)} package files into one GGUF file…")
-    digest = hashlib.sha256()
-    with open(out, "wb") as sink:
-        for piece in pieces:
-            with open(piece, "rb") as source:
-                while block := source.read(_READ):
-                    digest.update(block)
-                    sink.write(block)
-    if sha256 is not None and digest.hexdigest() != sha256:
-        raise GGUFError("The model's package files are damaged: joined, they are not the file they should be. "
-                        "Reinstall the package.", f"sha256 {digest.hexdigest()}, expected {sha256}")
-    return out
-
-
-def _dequantize(file: Path, out: Path, report: Progress) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    report("Dequantizing the GGUF to float32…")
-    common: dict[str, Any] = dict(gguf_file=file.name, local_files_only=True, trust_remote_code=False)
-    # dequantize=True: transformers' newer GGUF loader would otherwise keep some weights in their quantized blocks
-    model, info = AutoModelForCausalLM.from_pretrained(str(file.parent), dtype=torch.float32,
-                                                       quantization_config=GgufConfig(dequantize=True),
-                                                       output_loading_info=True, **common)
-    if info["missing_keys"]:  # transformers would fill them with random weights, and warn only
-        raise GGUFError("That GGUF file lacks some of the weights its architecture needs.",
-                        f"missing: {sorted(info['missing_keys'])}")
-    tokenizer = AutoTokenizer.from_pretrained(str(file.parent), **common)
-    report("Saving the converted model as safetensors…")
-    # The weights are plain float32 now; the GGUF quantizer left on the model is only bookkeeping, and
-    # save_pretrained refuses to write while it is attached.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """An exclusive lock between processes (fcntl where it exists; elsewhere only the in-process lock applies)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

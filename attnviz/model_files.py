@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnviz import gguf
+from attnviz import gguf, gguf_convert
 from attnviz.errors import AttnvizError
 
 log = logging.getLogger("attnviz")
@@ -80,8 +80,9 @@ def gguf_header(pieces: list[Path]) -> gguf.Header:
 
 
 def converted(pieces: list[Path], folder_name: str, report: Progress, first: str, sha256: str | None = None) -> Path:
-    """gguf.converted, with the progress sentence of a first load and its failures as ModelErrors naming no file."""
-    if (done := gguf.converted_folder(folder_name)) is not None:
+    """gguf_convert.converted, with the progress sentence of a first load and its failures as ModelErrors naming
+    no file."""
+    if (done := gguf_convert.converted_folder(folder_name)) is not None:
         return done
     header = gguf_header(pieces)
     try:
@@ -91,7 +92,7 @@ def converted(pieces: list[Path], folder_name: str, report: Progress, first: str
     size = f"{header.size / 2**20:,.0f} MB"
     report(f"{first}: converting its {size} GGUF file to float32 safetensors, only this once…")
     try:
-        return gguf.converted(pieces, folder_name, report, sha256)
+        return gguf_convert.converted(pieces, folder_name, report, sha256)
     except gguf.GGUFError as exc:
         raise ModelError(str(exc), detail=f"{pieces[0]}: {exc.detail}") from exc
     except Exception as exc:  # transformers raises anything from KeyError to RuntimeError on a file it cannot map
@@ -249,7 +250,7 @@ def gguf_note(header: gguf.Header) -> str:
 
 def gguf_load_bytes(pieces: list[Path], folder_name: str) -> int:
     """The converted folder's weights once it exists; before, the GGUF's weights twice (dequantized and saved)."""
-    folder = gguf.converted_folder(folder_name)
+    folder = gguf_convert.converted_folder(folder_name)
     return folder_bytes(folder) if folder is not None else 2 * gguf_bytes(pieces)
 
 

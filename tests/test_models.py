@@ -207,11 +207,11 @@ def test_a_gated_lab_model_keeps_its_gate_wherever_it_is_loaded_from(tmp_path, m
 
 
 def test_smollm2_converted_once_then_loads_fast(smollm2, monkeypatch):
-    from attnviz import gguf
+    from attnviz import gguf_convert
 
     converted = []
-    monkeypatch.setattr(gguf, "_dequantize", lambda *args: converted.append(args))
-    monkeypatch.setattr(gguf, "join", lambda *args: converted.append(args))
+    monkeypatch.setattr(gguf_convert, "dequantize", lambda *args: converted.append(args))
+    monkeypatch.setattr(gguf_convert, "join", lambda *args: converted.append(args))
     again = load_model("smollm2-135m")
     assert converted == []  # the converted folder is read: no GGUF is joined or dequantized again
     cfg = again.model.config
@@ -237,24 +237,24 @@ def test_smollm2_weights_equal_the_dequantized_gguf(smollm2):
 def test_conversion_runs_once_when_many_threads_ask(tmp_path, monkeypatch):
     """Three threads load one GGUF at once from an empty cache: the (slowed) conversion runs once, every thread
     gets the same complete folder, and no temporary folder is left behind. The bundled models and a user's file
-    share this one conversion path (attnviz.gguf.converted)."""
+    share this one conversion path (attnviz.gguf_convert.converted)."""
     import threading
 
-    from attnviz import gguf
+    from attnviz import gguf_convert
     from tests.gguf_files import write_llama
 
     monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path / "cache"))
     toy = load_model("toy-llama-gqa")
     file = write_llama(tmp_path / "toy.gguf", toy.model, toy.tokenizer)
     calls = []
-    real = gguf._dequantize
+    real = gguf_convert.dequantize
 
     def slow(*args):
         calls.append(args[0])
         time.sleep(0.5)
         real(*args)
 
-    monkeypatch.setattr(gguf, "_dequantize", slow)
+    monkeypatch.setattr(gguf_convert, "dequantize", slow)
     results = []
     threads = [threading.Thread(target=lambda: results.append(load_model(str(file), device="cpu")))
                for _ in range(3)]
@@ -265,7 +265,7 @@ def test_conversion_runs_once_when_many_threads_ask(tmp_path, monkeypatch):
     assert calls == [file]
     assert len(results) == 3
     folders = [p for p in paths.converted_dir().iterdir() if p.is_dir()]
-    assert [p.name for p in folders] == [gguf.folder_name(file)]
+    assert [p.name for p in folders] == [gguf_convert.folder_name(file)]
     assert (folders[0] / "config.json").exists() and any(folders[0].glob("*.safetensors"))
     # transformers' loading swaps process-wide state: loads at once used to leave every later load on the meta
     # device ("Cannot copy out of meta tensor")

@@ -102,14 +102,14 @@ def test_an_export_is_admitted_by_the_memory_budget_while_it_is_written(monkeypa
 def test_a_first_load_note_gives_the_gguf_size_and_no_time(monkeypatch):
     """The note before a bundled GGUF's first load names the file's size (read from its pieces) and promises no
     duration; once converted, nothing is said."""
-    from attnviz import gguf, models, ui
+    from attnviz import gguf_convert, models, ui
 
     pieces, _, _ = models._bundled_gguf("gemma3-270m")
     size = sum(p.stat().st_size for p in pieces)
-    monkeypatch.setattr(gguf, "converted_folder", lambda name: None)
+    monkeypatch.setattr(gguf_convert, "converted_folder", lambda name: None)
     note = ui._first_load_note("gemma3-270m")
     assert f"{size / 1e6:,.0f} MB GGUF file" in note and " s)" not in note and "about" not in note
     monkeypatch.undo()
-    if gguf.converted_folder(models._bundled_gguf("gemma3-270m")[1]) is not None:
+    if gguf_convert.converted_folder(models._bundled_gguf("gemma3-270m")[1]) is not None:
         assert ui._first_load_note("gemma3-270m") == ""
     assert ui._first_load_note("toy-gpt2") == ""
