@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import streaming
+from attnviz import streaming, streaming_pass
 from attnviz.streaming import (cache_positions, perplexity, rolling_cache_token_losses, rolling_mean,
                                streaming_experiment, streaming_token_losses, window_mask)
 
@@ -241,6 +241,6 @@ def test_the_models_rope_rotation_equals_attnviz_positional_apply_rope(tiny_llam
     x = torch.randn(1, 4, 10, 8, generator=torch.Generator().manual_seed(4))  # [b, head, n, d_head]
     positions = torch.tensor([[0, 3, 1, 7, 2, 9, 5, 4, 8, 6]])
     cos, sin = tiny_llama.model.rotary_emb(x, positions)
-    ours = streaming._rotate(x, cos, sin)
+    ours = streaming_pass.rotate(x, cos, sin)
     theirs = apply_rope(x.double(), positions[0].double(), base=100.0)
     torch.testing.assert_close(ours.double(), theirs, atol=1e-5, rtol=0)
