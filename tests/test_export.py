@@ -142,7 +142,7 @@ def _page_with_two_charts():
 
 
 def test_the_app_offers_each_chart_as_files_drawn_on_demand(monkeypatch):
-    from attnviz import ui
+    from attnviz.ui import chart_files
     from attnviz.once import ComputeOnce
 
     at = AppTest.from_function(_page_with_two_charts).run()
@@ -153,9 +153,10 @@ def test_the_app_offers_each_chart_as_files_drawn_on_demand(monkeypatch):
     at.toggle[0].set_value(False).run()  # one choice for every chart of the visitor
     assert not at.exception and not any(t.value for t in at.toggle)
 
-    monkeypatch.setattr(ui, "_FIGURE_FILES", ComputeOnce(max_items=4))
+    monkeypatch.setattr(chart_files, "_FIGURE_FILES", ComputeOnce(max_items=4))
     drawn = []
     monkeypatch.setattr(export, "figure_bytes", lambda fig, fmt, styled: drawn.append(fmt) or b"%PDF")
     fig = _chart()
-    assert ui._figure_file(fig, "pdf", True) == ui._figure_file(go.Figure(fig), "pdf", True) == b"%PDF"
+    drawn_twice = chart_files._figure_file(go.Figure(fig), "pdf", True)
+    assert chart_files._figure_file(fig, "pdf", True) == drawn_twice == b"%PDF"
     assert drawn == ["pdf"]  # kept by figure: the same figure again is not drawn again

@@ -179,8 +179,8 @@ def test_a_capture_that_fits_only_without_its_model_is_refused_not_left_waiting(
 
     limit = models.load_bytes("toy-gpt2")  # the model's load just fits
     monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(limit))
-    monkeypatch.setattr(ui, "_MODELS", None)  # the caches of a server started with that budget
-    monkeypatch.setattr(ui, "_CAPTURES", None)
+    monkeypatch.setattr(ui.loaded, "_MODELS", None)  # the caches of a server started with that budget
+    monkeypatch.setattr(ui.loaded, "_CAPTURES", None)
     kept = budget.held_bytes(ui.cached_model("toy-gpt2", ()))
     assert 0 < kept < limit and budget.BUDGET.held == kept
     need = limit - kept + 1_000  # fits the budget alone, never next to the model
@@ -188,7 +188,7 @@ def test_a_capture_that_fits_only_without_its_model_is_refused_not_left_waiting(
 
     def capture():
         try:
-            ui._cached_capture("toy-gpt2", (), "too big with its model", None, False, need=need, timeout=30)
+            ui.loaded._cached_capture("toy-gpt2", (), "too big with its model", None, False, need=need, timeout=30)
         except budget.OverBudget as exc:
             outcome.append(str(exc))
 
@@ -261,8 +261,8 @@ def test_the_page_says_a_load_cannot_fit(monkeypatch):
     from attnviz import ui
 
     monkeypatch.setattr(budget, "BUDGET", budget.MemoryBudget(models.TOY_BYTES - 1))
-    monkeypatch.setattr(ui, "_MODELS", None)
-    monkeypatch.setattr(ui, "_CAPTURES", None)
+    monkeypatch.setattr(ui.loaded, "_MODELS", None)
+    monkeypatch.setattr(ui.loaded, "_CAPTURES", None)
     at = AppTest.from_function(_picker_app, default_timeout=60)
     at.session_state["m"] = "toy-llama-gqa"
     at.run()

@@ -67,8 +67,8 @@ def test_narrowing_the_layers_slices_the_capture_already_made(monkeypatch):
     calls = []
     real = cap.capture_attention
     monkeypatch.setattr(cap, "capture_attention", lambda *a, **k: calls.append(k.get("layers")) or real(*a, **k))
-    whole = ui._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", None, False)
-    part = ui._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", (1,), False)
+    whole = ui.loaded._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", None, False)
+    part = ui.loaded._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", (1,), False)
     assert part.layers == [1] and np.array_equal(part.pattern[0], whole.pattern[1])
     assert calls == [None]  # one forward pass, for the whole capture
 
@@ -107,9 +107,9 @@ def test_a_first_load_note_gives_the_gguf_size_and_no_time(monkeypatch):
     pieces, _, _ = models._bundled_gguf("gemma3-270m")
     size = sum(p.stat().st_size for p in pieces)
     monkeypatch.setattr(gguf_convert, "converted_folder", lambda name: None)
-    note = ui._first_load_note("gemma3-270m")
+    note = ui.loaded._first_load_note("gemma3-270m")
     assert f"{size / 1e6:,.0f} MB GGUF file" in note and " s)" not in note and "about" not in note
     monkeypatch.undo()
     if gguf_convert.converted_folder(models._bundled_gguf("gemma3-270m")[1]) is not None:
-        assert ui._first_load_note("gemma3-270m") == ""
-    assert ui._first_load_note("toy-gpt2") == ""
+        assert ui.loaded._first_load_note("gemma3-270m") == ""
+    assert ui.loaded._first_load_note("toy-gpt2") == ""
