@@ -7,6 +7,7 @@ from attnviz.generation import MAX_NEW_TOKENS
 from attnviz.tokenizer import readable_tokens
 from attnviz.ui import experiments as cache
 from attnviz.ui import links
+from attnviz.ui.patching_panel import patching_panel
 
 VIEWS = ("Generation", "Knock-outs", "Patching", "Rollout", "QK attribution", "Norm-based attention")
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
@@ -34,10 +35,6 @@ LINK = links.Link("exp_", {
     "answer": links.Param("exp_pair_answer", "text", "answer"),
     "wrong": links.Param("exp_pair_wrong", "text", "wrong answer"),
 })
-PAIR_NAMES = {"ioi": "Names (IOI): who gets the drink", "factual": "Facts: a landmark's city", "yours": "Your own pair"}
-SITE_NAMES = {"heads": "each head (layer x head)", "resid": "the residual stream (layer x position)",
-              "attn": "each layer's attention output (layer x position)", "mlp": "each MLP's output (layer x position)"}
-METRIC_NAMES = {"logit_diff": "logit difference, answer − wrong", "loss": "loss of the clean answer"}
 
 
 def choice_box(label, options, key, default=None):
@@ -96,8 +93,8 @@ def generation_view(model, loaded):
 
 
 def knockout_view(model, loaded, text):
+    """Head knock-outs: which heads to remove and how, the target token, then their effects."""
     from attnviz.knockout import KnockoutError, check_text
-    from attnviz.stats import COLUMNS, head_stats
 
     ids = tuple(loaded.tokenizer(text).input_ids) if text.strip() else ()
     try:
@@ -106,35 +103,15 @@ def knockout_view(model, loaded, text):
         st.warning(str(exc) if ids else "The text is empty: type some text to run the model on.")
         return {}
     heads = [(layer, head) for layer in range(loaded.shape.layers) for head in range(loaded.shape.heads)]
-    c1, c2 = st.columns(2)
-    which = c1.radio("Knock out", ["Each head in turn", "A chosen set of heads together"], key="exp_ko_which",
-                     persist_state="session")
-    mode = c2.radio("Replace the head's output with", ["zero", "mean"], key="exp_ko_mode", persist_state="session",
-                    format_func=lambda m: {"zero": "zeros", "mean": "its mean over the text's positions"}[m])
-    labels = [f"L{layer}H{head}" for layer, head in heads]
-    if which == "Each head in turn":
-        rows = tuple(((layer, head),) for layer, head in heads)
-    else:
-        chosen = st.multiselect("Heads to knock out together", labels, default=labels[:1], key="exp_ko_set",
-                                persist_state="session")
-        if not chosen:
-            st.warning("Pick at least one head to knock out.")
-            return {"mode": mode}
-        rows = (tuple(heads[labels.index(c)] for c in chosen),)
+    rows, mode = _knockout_rows(heads)
+    if rows is None:
+        return {"mode": mode}
     position = choice_box("Target position (its next token is the target)", list(range(len(ids) - 1)),
                           "exp_query", len(ids) - 2)
-    actual = ids[position + 1]
-    typed = st.text_input("Target token (empty: the token that actually follows)", key="exp_ko_target",
-                          persist_state="session").strip("\n")
-    target_id = actual
-    if typed:
-        pieces = loaded.tokenizer(typed, add_special_tokens=False).input_ids
-        if len(pieces) != 1:
-            st.error(f"{typed!r} is {len(pieces)} tokens for this model; the target must be one token.")
-            return {"mode": mode, "query": position}
-        target_id = pieces[0]
+    target_id = _target_token(loaded, ids[position + 1])
+    if target_id is None:
+        return {"mode": mode, "query": position}
     target = (position, int(target_id))
-    shown = readable_tokens(loaded.tokenizer, [target_id])[0]
     work = len(rows) * len(ids)
     if work * loaded.shape.d_model * loaded.shape.layers > 5e6 and not cache.knockouts_done(model, ids, rows, mode,
                                                                                            target):
@@ -143,8 +120,49 @@ def knockout_view(model, loaded, text):
         if not st.button("Run the knock-outs", key="exp_ko_run"):
             return {"mode": mode, "query": position}
     result = cache.knockouts(model, ids, rows, mode, target)
-    if result is None:
-        return {"mode": mode, "query": position}
+    if result is not None:
+        _knockout_results(model, loaded, text, ids, rows, result, target)
+    return {"mode": mode, "query": position}
+
+
+def _knockout_rows(heads):
+    """(the knock-out rows: each head alone, or the chosen set together; None when none is chosen, the mode)."""
+    c1, c2 = st.columns(2)
+    which = c1.radio("Knock out", ["Each head in turn", "A chosen set of heads together"], key="exp_ko_which",
+                     persist_state="session")
+    mode = c2.radio("Replace the head's output with", ["zero", "mean"], key="exp_ko_mode", persist_state="session",
+                    format_func=lambda m: {"zero": "zeros", "mean": "its mean over the text's positions"}[m])
+    labels = [f"L{layer}H{head}" for layer, head in heads]
+    if which == "Each head in turn":
+        return tuple(((layer, head),) for layer, head in heads), mode
+    chosen = st.multiselect("Heads to knock out together", labels, default=labels[:1], key="exp_ko_set",
+                            persist_state="session")
+    if not chosen:
+        st.warning("Pick at least one head to knock out.")
+        return None, mode
+    return (tuple(heads[labels.index(c)] for c in chosen),), mode
+
+
+def _target_token(loaded, actual: int) -> int | None:
+    """The target token's id: the one typed (one token, else an error and None), or the one that actually follows."""
+    typed = st.text_input("Target token (empty: the token that actually follows)", key="exp_ko_target",
+                          persist_state="session").strip("\n")
+    if not typed:
+        return actual
+    pieces = loaded.tokenizer(typed, add_special_tokens=False).input_ids
+    if len(pieces) != 1:
+        st.error(f"{typed!r} is {len(pieces)} tokens for this model; the target must be one token.")
+        return None
+    return pieces[0]
+
+
+def _knockout_results(model, loaded, text, ids, rows, result, target):
+    """The knock-outs' effects: the grids and the scatter against a head statistic (every head), or two numbers
+    (one set), then the table."""
+    from attnviz.stats import COLUMNS, head_stats
+
+    position, target_id = target
+    shown = readable_tokens(loaded.tokenizer, [target_id])[0]
     st.write(f"Without a knock-out: mean next-token loss {result.base_loss:.3f} nats over {len(ids) - 1} "
              f"predictions; log p({shown} after position {position}) = {result.base_target_logprob:.3f}.")
     stats = None
@@ -174,116 +192,6 @@ def knockout_view(model, loaded, text):
     st.caption("Click a column's title to sort the heads by it: their knock-out effects beside their statistics.")
     st.download_button("Knock-out table (.csv)", data=table.to_csv(index=False),
                        file_name=f"{model.replace('/', '_')}-knockouts.csv", mime="text/csv", key="exp_dl_ko")
-    return {"mode": mode, "query": position}
-
-
-def patching_view(model, loaded):
-    """Activation patching beside its attribution estimate, and the clean prompt's direct logit attribution."""
-    from attnviz.patching import READY_PAIRS
-
-    c1, c2, c3 = st.columns(3)
-    which = c1.radio("Prompt pair", list(PAIR_NAMES), format_func=PAIR_NAMES.get, key="exp_pair",
-                     persist_state="session")
-    kind = c2.radio("Patch", list(SITE_NAMES), format_func=SITE_NAMES.get, key="exp_patch_kind",
-                    persist_state="session")
-    metric = c3.radio("Metric", list(METRIC_NAMES), format_func=METRIC_NAMES.get, key="exp_patch_metric",
-                      persist_state="session")
-    shown = {"pair": which, "site": kind, "metric": metric}
-    ready = READY_PAIRS.get(which, READY_PAIRS["ioi"])
-    if which == "yours":
-        a, b = st.columns(2)
-        fields = (("clean", a, "Clean prompt", ready.clean),
-                  ("corrupted", b, "Corrupted prompt (same number of tokens)", ready.corrupted),
-                  ("answer", a, "Answer (one token)", ready.answer),
-                  ("wrong", b, "Wrong answer (one token)", ready.wrong))
-        typed = {}
-        for name, column, label, default in fields:
-            st.session_state.setdefault(f"exp_pair_{name}", default)  # a link may have set it already
-            typed[name] = column.text_input(label, key=f"exp_pair_{name}", persist_state="session")
-        pair = cache.token_pair(model, typed["clean"], typed["corrupted"], typed["answer"], typed["wrong"])
-        if all(len(v) <= URL_TEXT_LIMIT for v in typed.values()):
-            shown.update(typed)
-    else:
-        st.caption(f"Clean: “{ready.clean}” → {ready.answer!r}; corrupted: “{ready.corrupted}” → {ready.wrong!r}. "
-                   + ready.note)
-        pair = cache.token_pair(model, ready.clean, ready.corrupted, ready.answer, ready.wrong, label=which)
-    if pair is None:
-        return shown
-    attributed = cache.attribution_patching(model, pair, metric)
-    if attributed is None:
-        return shown
-    columns = [str(h) for h in range(loaded.shape.heads)] if kind == "heads" else pair.position_labels()
-    x_title = "head" if kind == "heads" else "position: clean / corrupted token"
-    ui.chart(figs.patching_grid(attributed[kind], columns, x_title=x_title,
-                                title=f"Attribution patching: {SITE_NAMES[kind]}, one forward and one backward pass"),
-             "A linear estimate (Nanda 2023; Syed et al.): each site's clean-minus-corrupted activation times the "
-             "metric's gradient at the corrupted run, as a share of the clean-minus-corrupted metric. 1 means "
-             "patching this site alone would restore the clean answer; red sites carry the difference.")
-    patched = _real_patching(model, loaded, pair, kind, metric)
-    if patched is not None:
-        _patching_result(patched, attributed[kind], columns, x_title, kind)
-    _logit_attribution(model, pair)
-    return shown
-
-
-def _real_patching(model, loaded, pair, kind, metric):
-    """The real patching of every site, on a button when it is more than a moment's work."""
-    n_sites = pair.n * loaded.shape.layers if kind != "heads" else loaded.shape.heads * loaded.shape.layers
-    work = n_sites * pair.n * loaded.shape.d_model * loaded.shape.layers
-    if work > 5e7 and not cache.patching_done(model, pair, kind, metric):
-        slot = st.empty()  # the offer goes once the button is pressed
-        with slot.container():
-            st.info(f"Real patching runs the corrupted prompt once per site ({n_sites:,} runs of {pair.n} tokens, "
-                    f"{cache.KNOCKOUT_BATCH} at a time).")
-            pressed = st.button("Patch every site", key="exp_patch_run")
-        if not pressed:
-            return None
-        slot.empty()
-    return cache.activation_patching(model, pair, kind, metric)
-
-
-def _patching_result(patched, estimate, columns, x_title, kind):
-    from attnviz.patching import compare
-
-    ui.chart(figs.patching_grid(patched.normalised, columns, x_title=x_title,
-                                title=f"Activation patching: {SITE_NAMES[kind]}, clean into corrupted"),
-             f"Each cell is a run of the corrupted prompt with one site taken from the clean run: 0 is the corrupted "
-             f"run's {patched.metric} ({patched.corrupted_value:+.3f}), 1 the clean run's "
-             f"({patched.clean_value:+.3f}). Checked against a hand-patched copy of the model in the tests.")
-    result = compare(patched, estimate)
-    rows = range(patched.values.shape[0])
-    labels = [f"L{r} {c}" for r in rows for c in columns]
-    ui.chart(figs.patching_against_attribution(patched.normalised, estimate, labels, pearson=result.pearson),
-             "Points on the dotted line are sites the linear estimate gets right; far from it, the model is not "
-             "linear between the two runs there (saturated attention, a norm).")
-    st.dataframe([{"site": f"L{r} {columns[c]}", "patched": round(real, 4), "estimate": round(est, 4)}
-                  for r, c, real, est in result.disagreements], hide_index=True)
-    st.caption("The sites where the estimate and real patching disagree most.")
-    st.download_button("Patching grids (.npz)", data=cache.npz_bytes(
-        patched=patched.normalised, attribution=estimate, clean_ids=np.array(patched.pair.clean_ids),
-        corrupted_ids=np.array(patched.pair.corrupted_ids)), file_name=f"patching-{kind}.npz", key="exp_dl_patch")
-
-
-def _logit_attribution(model, pair):
-    st.subheader("What each head writes toward the answer (direct logit attribution, clean prompt)")
-    parts = cache.logit_attribution(model, pair)
-    if parts is None:
-        return
-    ui.chart(figs.effect_grid(parts.heads, what="Direct logit attribution", unit="logits").update_layout(
-        title_text="Each head's output through the frozen final norm and the unembedding, onto answer − wrong"),
-        "Red heads push the answer over the wrong token at the last position, blue ones against it. The final "
-        "norm's scale is frozen at the clean run" + (f" (and {', '.join(parts.frozen)})" if parts.frozen else "")
-        + ", so every part is linear and the parts add up.")
-    layers = range(parts.heads.shape[0])
-    labels = ["embeddings"] + [x for i in layers for x in (f"L{i} heads", f"L{i} MLP")] + ["biases"]
-    values = [parts.embeddings] + [x for i in layers for x in (parts.heads[i].sum() + parts.attn_bias[i],
-                                                                parts.mlp[i])] + [parts.final_bias]
-    ui.chart(figs.logit_parts(labels, values, total=parts.logit_diff),
-             f"The sum of every part is {parts.total:+.4f}; the model's own logit difference is "
-             f"{parts.logit_diff:+.4f} (checked on every run).")
-    st.download_button("Logit attribution (.csv)", data="part,logits\n" + "\n".join(
-        f"{label},{value:.6g}" for label, value in parts.terms()), file_name="logit-attribution.csv",
-        mime="text/csv", key="exp_dl_dla")
 
 
 def rollout_view(model, text):
@@ -447,7 +355,7 @@ elif view == "Generation":
 elif view == "Knock-outs":
     shown = knockout_view(model, loaded, text)
 elif view == "Patching":
-    shown = patching_view(model, loaded)
+    shown = patching_panel(model, loaded)
 elif view == "Rollout":
     shown = rollout_view(model, text)
 elif view == "QK attribution":
