@@ -20,6 +20,9 @@ pass. A zero tensor that requires grad is added at every site, so the gradient i
 every later layer; the model's weights stay untouched and need no grad.
 
 Threads. Hooks act only for the thread whose plan is set (ContextVar), as in attnviz.knockout.
+
+Called, this module is the front door: attnviz.patching(model, clean, corrupted, answer=..., wrong=...) is
+attnviz.front.patching (attnviz.doors).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from attnviz import lm
 from attnviz.capture import attention_modules
 from attnviz.capture import SharedHooks
 from attnviz.errors import AttnvizError
+from attnviz.doors import open_door
 
 KINDS = ("heads", "resid", "attn", "mlp")
 METRICS = ("logit_diff", "loss")
@@ -414,3 +418,6 @@ def patching_with_attribution(loaded, pair: TokenPair, kind: str = "heads", metr
     """Real activation patching of every site of `kind` and its AtP estimate, compared."""
     patched = activation_patching(loaded, pair, kind, metric, batch=batch, progress=progress)
     return compare(patched, attribution_patching(loaded, pair, metric)[kind], top=top)
+
+
+open_door(__name__, "patching")  # attnviz.patching(...) is attnviz.front.patching(...)
