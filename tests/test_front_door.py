@@ -6,6 +6,8 @@ decompositions adding up to the model's own output, the notebook views and the r
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -276,3 +278,41 @@ def test_refusals_say_what_to_change(held):
         attnviz.qk_attribution(model, TEXT, layer=0, head=9, tokenizer=byte_tokenizer())
     after = _state(model)
     assert after[:3] == before[:3] and torch.equal(after[3], before[3])
+
+
+def test_an_encoder_is_refused_with_the_experiment_named_and_put_back():
+    from transformers import AutoModel, BertConfig
+
+    torch.manual_seed(0)
+    model = AutoModel.from_config(BertConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=64))
+    implementation = model.config._attn_implementation
+    with pytest.raises(ExperimentError, match="is an encoder: it predicts no next token, so direct logit attribution"):
+        attnviz.logit_attribution(model, TEXT, answer="a", wrong="b", tokenizer=byte_tokenizer())
+    assert model.config._attn_implementation == implementation and model.training
+    # rollout needs no next token: an encoder's rollout, against the formula on its own output_attentions
+    got = attnviz.rollout(model, TEXT, tokenizer=byte_tokenizer())
+    ids = byte_tokenizer()(TEXT).input_ids
+    eager = AutoModel.from_config(copy.deepcopy(model.config), attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        a = eager(input_ids=torch.tensor([ids]), output_attentions=True).attentions[0][0].double().mean(0).numpy()
+    m = 0.5 * a + 0.5 * np.eye(len(ids))
+    np.testing.assert_allclose(got.rollout[0], m / m.sum(-1, keepdims=True), rtol=0, atol=1e-6)
+    assert model.config._attn_implementation == implementation and model.training
+
+
+def test_reaching_the_front_door_imports_neither_plotly_nor_streamlit():
+    """The experiments compute without the app's drawing libraries; the views import plotly when drawn."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, attnviz\n"
+            "[getattr(attnviz, n) for n in ('knockout', 'patching', 'logit_attribution', 'qk_attribution', "
+            "'attention_flow', 'rollout', 'generate')]\n"
+            "print(sorted(m for m in ('plotly', 'streamlit') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "[]"

@@ -121,8 +121,9 @@ class KnockoutResults(Result):
 class PatchingResults(Result):
     """The corrupted prompt with each site patched from the clean one (method "activation": measured, one run per
     site; "attribution": the AtP first-order estimate of every site from one backward pass). share [layer, head or
-    position]: 0 = the corrupted run's metric, 1 = the clean run's. values: the raw metric of each patched run
-    (activation patching only). pair: the attnviz.patching.TokenPair."""
+    position]: 0 = the corrupted run's metric, 1 = the clean run's. values, clean_value, corrupted_value: the raw
+    metric of each patched run and of the two unpatched runs (activation patching only; None otherwise). pair: the
+    attnviz.patching.TokenPair."""
 
     method: str
     site: str
