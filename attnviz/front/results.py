@@ -117,6 +117,10 @@ class KnockoutResults(Result):
 
 # -- patching --------------------------------------------------------------------------------------------------------
 
+SITE_WORDS = {"heads": "Each head's output", "resid": "The residual stream entering each layer, by position",
+              "attn": "Each attention output, by position", "mlp": "Each MLP output, by position"}
+
+
 @dataclass(repr=False)
 class PatchingResults(Result):
     """The corrupted prompt with each site patched from the clean one (method "activation": measured, one run per
@@ -156,9 +160,9 @@ class PatchingResults(Result):
     def view(self):
         from attnviz.figures import experiments as figs
 
-        what = "head" if self.site == "heads" else f"{self.site} at each position"
-        how = "patched" if self.method == "activation" else "estimated by attribution patching"
-        fig = figs.patching_grid(self.share, self.columns, title=f"Each {what} {how} from the clean run",
+        what = SITE_WORDS[self.site]
+        how = "patched from the clean run" if self.method == "activation" else "attribution patching's estimate"
+        fig = figs.patching_grid(self.share, self.columns, title=f"{what}, {how}",
                                  x_title="head" if self.site == "heads" else "position (clean / corrupted token)")
         note = (f"1 = the clean run's {self.metric}, 0 = the corrupted run's: red sites carry the difference "
                 "between the prompts.")
