@@ -14,12 +14,12 @@ and .save(path).
     attnviz.generate(model, text, max_new_tokens=)               attention at each step   GenerationResults
 
 The package, from the bottom up: inputs (checks, ExperimentError, the model lent), results (the result objects and
-their views), doors (the seven functions, each a wrapper of its module's own function: the maths stays there).
+their views), experiments (the seven functions, each a wrapper of its module's own function: the maths stays there).
 attnviz.knockout, .patching, .logit_attribution, .qk_attribution and .rollout are those modules, made callable
 (attnviz.doors)."""
 
-from attnviz.front.doors import (attention_flow, generate, knockout, logit_attribution, patching, qk_attribution,
-                                 rollout)
+from attnviz.front.experiments import (attention_flow, generate, knockout, logit_attribution, patching,
+                                       qk_attribution, rollout)
 from attnviz.front.inputs import ExperimentError
 from attnviz.front.results import (FlowResults, GenerationResults, KnockoutResults, LogitAttributionResults,
                                    PatchingResults, QKAttributionResults, Result, RolloutResults)
