@@ -8,6 +8,8 @@ From a notebook or a script:
     cap = attnviz.capture("smollm2-135m", "The cat sat on the mat.")   # or (model, text, tokenizer=tokenizer)
     cap.head_pattern(3, 0); cap.stats(); cap.save("cap.npz"); cap.to_attentions()
     attnviz.from_attentions(outputs.attentions, tokens)                # any tool's output_attentions
+    attnviz.knockout("smollm2-135m", text, layer=9, answer=" Paris").to_frame()   # and patching, logit_attribution,
+    # qk_attribution, attention_flow, rollout, generate: attnviz.front
 
 `import attnviz` itself imports nothing else (not torch, triton nor streamlit) and changes no environment variable:
 the names below are imported on first use. Triton's backend is chosen by attnviz.kernels, when it is imported.
@@ -17,11 +19,15 @@ import importlib
 
 __version__ = "0.1.0"
 
-# name -> the module it lives in (attnviz.capture is itself callable: the front door)
+# name -> the module it lives in. attnviz.capture, and the experiments' modules knockout, patching,
+# logit_attribution, qk_attribution and rollout, are themselves callable: the front door (attnviz.front, attnviz.doors)
+_CALLABLE_MODULES = ("capture", "knockout", "patching", "logit_attribution", "qk_attribution", "rollout")
 _EXPORTS = {"capture": "attnviz.capture", "AttentionCapture": "attnviz.capture", "CaptureError": "attnviz.capture",
             "from_attentions": "attnviz.capture", "load_capture": "attnviz.capture",
             "corpus_run": "attnviz.corpus", "CorpusRun": "attnviz.corpus", "CorpusError": "attnviz.corpus",
-            "AttnvizError": "attnviz.errors"}
+            "AttnvizError": "attnviz.errors",
+            **{name: f"attnviz.{name}" for name in _CALLABLE_MODULES[1:]},
+            "attention_flow": "attnviz.front", "generate": "attnviz.front", "ExperimentError": "attnviz.front"}
 __all__ = sorted(_EXPORTS)
 
 
@@ -29,7 +35,7 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'attnviz' has no attribute {name!r}")
     module = importlib.import_module(_EXPORTS[name])
-    return module if name == "capture" else getattr(module, name)
+    return module if name in _CALLABLE_MODULES else getattr(module, name)
 
 
 def __dir__() -> list[str]:

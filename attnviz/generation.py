@@ -9,7 +9,7 @@ rows are those one forward pass over the whole generated text gives at the same 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,18 +93,22 @@ def cache_bytes(cache) -> int:
                    if getattr(layer, "keys", None) is not None))
 
 
-def generate(loaded, prompt: str, max_new_tokens: int = 16, *, temperature: float = 0.0, seed: int = 0,
+def generate(loaded, prompt: str | Sequence[int], max_new_tokens: int = 16, *, temperature: float = 0.0, seed: int = 0,
              k: int = TOP_K, stop_at_eos: bool = True, on_step: Callable[[Generation], None] | None = None,
              should_stop: Callable[[], bool] | None = None) -> Generation:
-    """Continues `prompt` by up to max_new_tokens tokens (temperature 0: greedy; else sampled from
-    softmax(logits / temperature) with torch.Generator seeded by `seed`), recording each step's attention row.
+    """Continues `prompt` (a text, or token ids taken as they are) by up to max_new_tokens tokens (temperature 0:
+    greedy; else sampled from softmax(logits / temperature) with torch.Generator seeded by `seed`), recording each
+    step's attention row.
 
     on_step(generation so far) is called after each step; should_stop() is asked before each step, and a True
     ends the generation there (ended = "stopped")."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise GenerationError("The prompt is empty: type a prompt to continue.")
     model, tokenizer = loaded.model, loaded.tokenizer
-    prompt_ids = tokenizer(prompt).input_ids
+    if isinstance(prompt, str) and prompt.strip():
+        prompt_ids = tokenizer(prompt).input_ids
+    elif not isinstance(prompt, str) and prompt is not None:
+        prompt_ids = [int(i) for i in prompt]  # token ids as they are
+    else:
+        raise GenerationError("The prompt is empty: type a prompt to continue.")
     check_settings(loaded, prompt_ids, max_new_tokens, temperature)
     device = model.get_input_embeddings().weight.device
     generator = torch.Generator().manual_seed(int(seed))

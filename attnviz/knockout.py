@@ -16,6 +16,8 @@ against a plain forward pass; a family where that does not hold gets full batche
 
 Threads. The hooks read the plan of the current thread from a ContextVar and do nothing without one: sessions
 sharing one cached model stay independent.
+
+Called, this module is the front door: attnviz.knockout(model, text, ...) is attnviz.front.knockout (attnviz.doors).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from attnviz import lm
 from attnviz.capture import attention_modules
 from attnviz.capture import SharedHooks, decoder_layers
 from attnviz.projection import KnockoutError, head_width, output_projection, projection_weight  # noqa: F401
+from attnviz.doors import open_door
 
 MODES = ("zero", "mean")
 
@@ -283,3 +286,6 @@ def knockout_effects(loaded, token_ids, rows: Sequence[Iterable[tuple[int, int]]
 def every_head(loaded) -> list[Heads]:
     """One row per head of the model, layer by layer."""
     return [((layer, head),) for layer in range(loaded.shape.layers) for head in range(loaded.shape.heads)]
+
+
+open_door(__name__, "knockout")  # attnviz.knockout(...) is attnviz.front.knockout(...)

@@ -14,6 +14,9 @@ Gemma 2 / 3 blocks normalise what attention and the MLP write before adding it (
 post_feedforward_layernorm): those scales are frozen at the run as well, so each head's share of the attention
 output goes through the same frozen norm. Families that soft-cap their logits (Gemma 2) are refused: the cap is not
 linear. A family whose blocks add something else to the residual stream fails the check and is refused.
+
+Called, this module is the front door: attnviz.logit_attribution(model, text, answer=..., wrong=...) is
+attnviz.front.logit_attribution (attnviz.doors).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from attnviz import knockout as ko
 from attnviz import patching
 from attnviz.errors import AttnvizError
+from attnviz.doors import open_door
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 SANDWICH = ("post_attention_layernorm", "post_feedforward_layernorm")  # Gemma 2 / 3: norms on what blocks add
@@ -194,3 +198,6 @@ def pair_attribution(loaded, pair: patching.TokenPair, prompt: str = "clean") ->
     """DLA of a prompt pair's clean (or corrupted) prompt onto its answer minus its wrong answer, last position."""
     ids = pair.clean_ids if prompt == "clean" else pair.corrupted_ids
     return direct_logit_attribution(loaded, ids, pair.answer, pair.wrong)
+
+
+open_door(__name__, "logit_attribution")  # attnviz.logit_attribution(...) is attnviz.front.logit_attribution(...)

@@ -20,6 +20,9 @@ pass. A zero tensor that requires grad is added at every site, so the gradient i
 every later layer; the model's weights stay untouched and need no grad.
 
 Threads. Hooks act only for the thread whose plan is set (ContextVar), as in attnviz.knockout.
+
+Called, this module is the front door: attnviz.patching(model, clean, corrupted, answer=..., wrong=...) is
+attnviz.front.patching (attnviz.doors).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 from attnviz import knockout as ko
 from attnviz.capture import attention_modules
 from attnviz.capture import SharedHooks
+from attnviz.doors import open_door
 from attnviz.prompt_pairs import (  # noqa: F401  (the experiment's names: pairs are what it takes)
     READY_PAIRS, PatchingError, PromptPair, TokenPair, ready_pair, tokenize_pair)
 
@@ -339,3 +343,6 @@ def patching_with_attribution(loaded, pair: TokenPair, kind: str = "heads", metr
     """Real activation patching of every site of `kind` and its AtP estimate, compared."""
     patched = activation_patching(loaded, pair, kind, metric, batch=batch, progress=progress)
     return compare(patched, attribution_patching(loaded, pair, metric)[kind], top=top)
+
+
+open_door(__name__, "patching")  # attnviz.patching(...) is attnviz.front.patching(...)

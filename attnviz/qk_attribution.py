@@ -17,6 +17,9 @@ attnviz.capture) and the terms add up to the model's own score; QKAttributionErr
 does something attnviz does not decompose). Soft-capped scores (Gemma 2) and additive position biases are refused:
 they are not linear. Only the families with separate q_proj and k_proj modules and the Llama rotary convention
 (Llama, Mistral, Qwen 2 / 3, Gemma, OLMo 2, ...) are decomposed.
+
+Called, this module is the front door: attnviz.qk_attribution(model, text, layer=..., head=...) is
+attnviz.front.qk_attribution (attnviz.doors).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from attnviz.capture import attention_modules, capture_attention
 from attnviz.capture import SharedHooks
 from attnviz.errors import AttnvizError
 from attnviz.logit_attribution import layer_parts, freeze
+from attnviz.doors import open_door
 
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "input_norm")
 
@@ -267,3 +271,6 @@ def qk_attribution(loaded, text_or_ids, layer: int, head: int, query: int = -1, 
     _check(loaded, "the score", torch.tensor(out.total), torch.tensor(score, dtype=torch.float64),
            size=float(np.abs(out.terms).max()))
     return out
+
+
+open_door(__name__, "qk_attribution")  # attnviz.qk_attribution(...) is attnviz.front.qk_attribution(...)

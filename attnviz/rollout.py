@@ -7,11 +7,15 @@ R_l = A'_l R_(l-1), R_0 = A'_0. R_l[q, k] reads as the share of token k's inform
 What it assumes: information mixes linearly, every head counts equally, and the residual stream carries exactly
 half. It misleads where heads differ in how much their output matters (a sink head's large weights move almost
 nothing, see attnviz.norms), and where the MLPs or layer norms reweight tokens: rollout sees neither.
+
+Called, this module is the front door: attnviz.rollout(model, text) is attnviz.front.rollout (attnviz.doors).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from attnviz.doors import open_door
 
 
 def layer_matrix(pattern: np.ndarray, residual: float = 0.5) -> np.ndarray:
@@ -41,3 +45,6 @@ def capture_rollout(capture, residual: float = 0.5) -> np.ndarray:
     if list(capture.layers) != list(range(len(capture.layers))):
         raise ValueError(f"Rollout needs every layer from 0 up; the capture holds layers {capture.layers}.")
     return rollout((capture.layer_rows(layer) for layer in capture.layers), residual)
+
+
+open_door(__name__, "rollout")  # attnviz.rollout(...) is attnviz.front.rollout(...)

@@ -7,6 +7,7 @@ The package, from the bottom up (no module imports one above it):
   recording  the function registered in transformers' attention interface, the hooks of the other families, the
              per-thread recorder they report to, mask rules named without building an N x N mask
   loading    making a model capturable (attn_implementation="attnviz"), lending a model object and putting it back
+  lending    the model a caller hands in (name, folder, GGUF file, LoadedModel or model object) as a LoadedModel
   words      tokens cut into words, and attention merged into words (Clark et al. 2019) and over sets of queries
   store      AttentionCapture (both stores, one API; by_words, span_attention) and from_attentions
   run        capture_attention: the checks, the forward pass under a recorder, the capture assembled once
@@ -19,14 +20,13 @@ transformers model object that is lent back unchanged.
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 
-import torch
 
 from attnviz.capture.files import load_capture, save_capture
 from attnviz.capture.hooks import SharedHooks
+from attnviz.capture.lending import lent
 from attnviz.capture.loading import borrowed, prepare_model, records_inputs
 from attnviz.capture.modules import (CaptureError, attention_modules, decoder_layers, input_device, is_causal,
                                      uses_interface)
@@ -39,7 +39,7 @@ from attnviz.capture.store import AttentionCapture, from_attentions
 __all__ = ["ATTN_IMPLEMENTATION", "MAX_CAPTURE_BYTES", "MAX_TOKENS", "STORES", "AttentionCapture", "CaptureError",
            "DuringForward", "Recorder", "SharedHooks", "attention_modules", "borrowed", "capture", "capture_attention",
            "choose_store",
-           "decoder_layers", "from_attentions", "input_device", "inputs_bytes", "is_causal", "load_capture",
+           "decoder_layers", "from_attentions", "input_device", "inputs_bytes", "is_causal", "lent", "load_capture",
            "named_rule", "pattern_bytes", "prepare_model", "records_inputs", "recording", "recording_forward",
            "save_capture", "uses_interface", "wanted_layers"]
 
@@ -51,27 +51,12 @@ def capture(model, text: str, *, tokenizer=None, layers=None, store: str = "auto
     model: a registry name (attnviz.models.available_models()), a folder, a .gguf file or a cached hub id, loaded
     by attnviz.models.load_model; an attnviz LoadedModel; or a transformers model object, with its `tokenizer`. A
     model object is lent, not changed: afterwards its attention implementation, its training flags and so its
-    outputs are what they were (attnviz.capture.loading.borrowed).
+    outputs are what they were (attnviz.capture.lending.lent).
     store: "pattern" (the dense weights), "qk" (only q and k, for any length) or "auto": the pattern while it fits
     (MAX_TOKENS tokens, MAX_CAPTURE_BYTES), else "qk" where the family records q and k (choose_store). The limits
     live in attnviz.capture.run (patch them there)."""
-    from attnviz.models import LoadedModel, ModelSpec, load_model
-
-    if isinstance(model, (str, os.PathLike)):
-        if tokenizer is not None:
-            raise CaptureError("tokenizer= goes with a model object: a model given by name brings its own.")
-        return _capture_loaded(load_model(os.fspath(model)), text, layers, store)
-    if isinstance(model, LoadedModel):
-        return _capture_loaded(model, text, layers, store)
-    if not hasattr(model, "config") or not isinstance(model, torch.nn.Module):
-        raise CaptureError("model must be a model name, a folder, a .gguf file or a transformers model object.")
-    if tokenizer is None:
-        raise CaptureError("A model object needs its tokenizer: attnviz.capture(model, text, tokenizer=tokenizer).")
-    name = getattr(model.config, "name_or_path", "") or type(model).__name__
-    spec = ModelSpec(name, getattr(model.config, "model_type", ""), "object", True, None,
-                     "a model object handed to attnviz.capture")
-    with borrowed(model):
-        return _capture_loaded(LoadedModel(model=model, tokenizer=tokenizer, spec=spec), text, layers, store)
+    with lent(model, tokenizer) as loaded:
+        return _capture_loaded(loaded, text, layers, store)
 
 
 def _capture_loaded(loaded, text: str, layers, store: str) -> AttentionCapture:

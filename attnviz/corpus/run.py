@@ -10,18 +10,18 @@ family records q and k (streaming_attend), from the dense pattern otherwise.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from attnviz.capture.lending import lent
 from attnviz.corpus.sources import CorpusError, fingerprint, read_documents
 from attnviz.corpus.store import FORMAT, RunFolder
 from attnviz.corpus.windows import text_windows
@@ -55,7 +55,8 @@ def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | 
                           "loads itself: a model object cannot be sent to the cluster.")
     paths = [data] if isinstance(data, (str, Path)) else list(data)
     lengths = sorted({int(w) for w in ([window] if isinstance(window, int) else window)})
-    with lent(model, tokenizer) as loaded:
+    with lent(model, tokenizer, usage="corpus_run(model, data, tokenizer=tokenizer, ...)", error=CorpusError,
+              kernels=True) as loaded:
         _check_windows(loaded, lengths, max_windows)
         documents = read_documents(paths, field=field, names=names)
         plan = window_plan(loaded.tokenizer, documents, lengths, max_windows)
@@ -68,31 +69,6 @@ def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | 
         else:
             run_local(loaded, folder, progress=progress)
     return CorpusRun(out, name)
-
-
-@contextlib.contextmanager
-def lent(model, tokenizer=None) -> Iterator:
-    """The LoadedModel for `model` as capture takes it (a name, folder or GGUF file loaded; a model object lent for
-    the block and put back as it was)."""
-    import attnviz.kernels  # noqa: F401  (chooses Triton's backend before a model imports triton.language)
-    from attnviz.capture import borrowed
-    from attnviz.models import LoadedModel, ModelSpec, load_model, shape_of
-
-    if isinstance(model, (str, Path)):
-        if tokenizer is not None:
-            raise CorpusError("tokenizer= goes with a model object: a model given by name brings its own.")
-        yield load_model(str(model))
-    elif isinstance(model, LoadedModel):
-        yield model
-    elif isinstance(model, torch.nn.Module) and hasattr(model, "config"):
-        if tokenizer is None:
-            raise CorpusError("A model object needs its tokenizer: corpus_run(model, data, tokenizer=tokenizer, ...).")
-        name = getattr(model.config, "name_or_path", "") or type(model).__name__
-        spec = ModelSpec(name, getattr(model.config, "model_type", ""), "object", True, None, "a model object")
-        with borrowed(model):
-            yield LoadedModel(model=model, tokenizer=tokenizer, spec=spec, shape=shape_of(model, spec))
-    else:
-        raise CorpusError("model must be a model name, a folder, a .gguf file or a transformers model object.")
 
 
 def _check_windows(loaded, lengths: list[int], max_windows: int | None) -> None:
