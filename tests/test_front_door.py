@@ -23,7 +23,8 @@ from attnviz import qk_attribution as qk
 from attnviz import rollout as ro
 from attnviz.capture import capture_attention
 from attnviz.front import ExperimentError
-from attnviz.models import TOY_SEED, load_model, toy_config
+from attnviz.models import load_model
+from attnviz.toys import TOY_SEED, toy_config
 from attnviz.tokenizer import byte_tokenizer
 
 NAME = "toy-llama-gqa"
