@@ -1,7 +1,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import budget, ui
+from attnviz import budget, snippets, ui
 from attnviz.capture import CaptureError
 from attnviz.capture.files import MAX_EXPORT_BYTES, export_bytes
 from attnviz.corpus import compare_heads, layer_means
@@ -13,6 +13,7 @@ from attnviz.pooling import MIN_REMAINING
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import links
+from attnviz.ui import snippets as snippet_ui
 
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
@@ -484,6 +485,8 @@ if tabs["head"].open:
                 blank = int((kept < MIN_REMAINING).sum())
                 st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of "
                          f"{n:,} rows have under {MIN_REMAINING:.0%} and are blank in the map above.")
+        snippet_ui.show(snippets.heads_head(model, text, layer, head, gamma=gamma, hide_sink=hide_sink,
+                                            layers=layers))
 
 
 for name, panel in (("token", token_panel), ("predict", predictions_panel), ("induction", induction_panel),

@@ -4,11 +4,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import sinks, streaming, ui, views
+from attnviz import sinks, snippets, streaming, ui, views
 from attnviz.figures import compare as compare_figs
 from attnviz.figures import sinks as figs
 from attnviz.pooling import MIN_REMAINING
 from attnviz.ui import sinks as sink_ui
+from attnviz.ui import snippets as snippet_ui
 
 DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
@@ -88,6 +89,7 @@ def show_sink_scores(model: str, text: str) -> None:
     ui.chart(figs.sink_score_grid(alpha[..., 0], capture.layers, threshold=sinks.SINK_THRESHOLD),
           "Each cell is one head: the mean attention its queries give token 0. Bright rows are layers where almost "
           "every head parks its attention on the first token, whatever that token says." + relation)
+    snippet_ui.show(snippets.sinks_grid(model, text))
     ui.chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")

@@ -1,0 +1,104 @@
+"""The code behind a page's figure: a few library calls that draw it again in a notebook, with the page's settings.
+
+Each function takes what the page has set and returns Python source. Run as it is, the source defines `fig`, the
+plotly figure the page draws (tests/test_snippets.py runs every page's snippet and compares its `fig` with the
+page's chart); its last line, a comment, saves it for a paper (View.save or attnviz.export.write_figure: .svg, .pdf,
+.png at 300 dpi; a View also .html). Values are written with repr, so any text comes back exactly as typed.
+
+    heads_head(model, text, layer, head, ...)      the Heads page's One head map (notebook.head_view)
+    sinks_grid(model, text)                        the Sinks page's sink score of every head on token 0
+    positional_encoding(n_positions, d_model, base)  the Positional page's sinusoidal encoding
+    variants_sharing(n_heads, n_kv)                the Variants page's who-reads-which-KV-head figure
+    worked_example(q, k, v, scaled=..., causal=..., digits=...)  the Worked example's scores and weights
+"""
+
+from __future__ import annotations
+
+SAVE = "# {target}.save({name!r})  # or .pdf, .png (300 dpi), .html"
+EXPORT = "# from attnviz.export import write_figure; write_figure(fig, {name!r})  # or .pdf, .png (300 dpi)"
+
+
+def _capture_line(model: str, text: str, layers=None) -> str:
+    """The capture every model page starts from, as the page makes it (store="auto": the long-text store when the
+    dense pattern would not fit)."""
+    cut = "" if layers is None else f", layers={list(layers)!r}"
+    return f"cap = attnviz.capture({model!r}, {text!r}{cut}, store=\"auto\")"
+
+
+def _file_name(*parts) -> str:
+    return "-".join(str(p).replace("/", "_") for p in parts) + ".svg"
+
+
+def heads_head(model: str, text: str, layer: int, head: int, *, gamma: float = 1.0, hide_sink: bool = False,
+               layers=None) -> str:
+    """The Heads page's One head map: notebook.head_view's first chart (the map itself; a long text's max-pooled
+    overview, as the page draws it)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import notebook",
+        "",
+        _capture_line(model, text, layers),
+        f"view = notebook.head_view(cap, {int(layer)}, {int(head)}, gamma={float(gamma)!r}, "
+        f"hide_sink={bool(hide_sink)!r})",
+        "fig = view.figures[0]  # view shows every chart of it in a notebook",
+        SAVE.format(target="view", name=_file_name(model, f"L{layer}H{head}")),
+    ])
+
+
+def sinks_grid(model: str, text: str) -> str:
+    """The Sinks page's first chart: every head's sink score alpha_0 (the mean attention its queries give token 0)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import sinks",
+        "from attnviz.figures import sinks as figs",
+        "",
+        _capture_line(model, text),
+        "alpha = sinks.capture_sink_scores(cap)  # [layer, head, key]: the mean attention each key receives",
+        "fig = figs.sink_score_grid(alpha[..., 0], cap.layers, threshold=sinks.SINK_THRESHOLD)",
+        EXPORT.format(name=_file_name(model, "sink-scores")),
+    ])
+
+
+def positional_encoding(n_positions: int, d_model: int, base: float) -> str:
+    """The Positional page's sinusoidal encoding PE[position, dimension]."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import positional",
+        "from attnviz.figures import positional as figs",
+        "",
+        f"pe = positional.sinusoidal_encoding({int(n_positions)}, {int(d_model)}, {float(base)!r})  "
+        "# [position, dimension]",
+        "fig = figs.encoding_heatmap(pe)",
+        EXPORT.format(name=_file_name("sinusoidal", n_positions, d_model)),
+    ])
+
+
+def variants_sharing(n_heads: int, n_kv: int) -> str:
+    """The Variants page's first chart: which key/value head each query head reads in MHA, the chosen GQA and MQA."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import variants",
+        "from attnviz.attention import kv_head_of",
+        "from attnviz.figures import cost as figs",
+        "",
+        f"layouts = {{name: kv_head_of({int(n_heads)}, k) "
+        f"for name, k in variants.variant_kv_heads({int(n_heads)}, {int(n_kv)}).items()}}",
+        f"fig = figs.head_sharing_figure({int(n_heads)}, layouts)",
+        EXPORT.format(name=_file_name("head-sharing", n_heads, n_kv)),
+    ])
+
+
+def worked_example(q: str, k: str, v: str, *, scaled: bool, causal: bool, digits: int) -> str:
+    """The Worked example's scores and weights, from Q, K and V as typed on the page (rows on lines)."""
+    scale_text = 'f"× {steps.scale:.4f}"' if scaled else '"(unscaled)"'
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import worked_example as we",
+        "from attnviz.figures.worked import scores_and_pattern_figure",
+        "",
+        f"q, k, v = (we.parse_matrix(t, name) for t, name in (({q!r}, 'Q'), ({k!r}, 'K'), ({v!r}, 'V')))",
+        f"steps = we.worked_steps(q, k, v, scaled={bool(scaled)!r}, causal={bool(causal)!r})",
+        f"fig = scores_and_pattern_figure(steps.masked, steps.pattern, digits={int(digits)}, "
+        f"scale_text={scale_text})",
+        EXPORT.format(name=_file_name("worked-example")),
+    ])
