@@ -10,6 +10,7 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     positional_encoding(n_positions, d_model, base)  the Positional page's sinusoidal encoding
     variants_sharing(n_heads, n_kv)                the Variants page's who-reads-which-KV-head figure
     worked_example(q, k, v, scaled=..., causal=..., digits=...)  the Worked example's scores and weights
+    head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
 """
 
 from __future__ import annotations
@@ -101,4 +102,29 @@ def worked_example(q: str, k: str, v: str, *, scaled: bool, causal: bool, digits
         f"fig = scores_and_pattern_figure(steps.masked, steps.pattern, digits={int(digits)}, "
         f"scale_text={scale_text})",
         EXPORT.format(name=_file_name("worked-example")),
+    ])
+
+
+def head_stats(model: str, text: str, *, layers=None) -> str:
+    """Every captured head's statistics (attnviz.stats.head_stats), the Heads page's Statistics table."""
+    return "\n".join([
+        "import attnviz",
+        "",
+        _capture_line(model, text, layers),
+        "stats = cap.stats()  # one row per (layer, head): entropy, sink_mass, mean_distance, prev_token, ...",
+        f"# stats.to_csv({_file_name(model, 'stats')[:-4] + '.csv'!r}, index=False)",
+    ])
+
+
+def knockout(model: str, text: str, heads, *, mode: str = "zero") -> str:
+    """Each head knocked out alone, the text's mean next-token loss with and without it (attnviz.knockout)."""
+    rows = [[(int(layer), int(head))] for layer, head in heads]
+    return "\n".join([
+        "from attnviz.knockout import knockout_effects",
+        "from attnviz.models import load_model",
+        "",
+        f"loaded = load_model({model!r})",
+        f"ids = loaded.tokenizer({text!r}).input_ids",
+        f"result = knockout_effects(loaded, ids, {rows!r}, mode={mode!r})",
+        "print(result.base_loss, result.delta_loss)  # nats: the loss without a knock-out, and each row's change",
     ])
