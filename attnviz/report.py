@@ -38,6 +38,10 @@ def default_heads(stats: pd.DataFrame | None, cap) -> list[tuple[int, int]]:
     return chosen or [(cap.layers[0], 0)]
 
 
+def _heading(text: str) -> str:
+    return f'<h3 style="margin:1.4rem 0 0.4rem">{html.escape(text)}</h3>'
+
+
 def _code(code: str, what: str = "Reproduce in Python") -> str:
     return f"<details><summary>{html.escape(what)}</summary><pre><code>{html.escape(code)}</code></pre></details>"
 
@@ -52,16 +56,16 @@ def _settings(model: str, text: str, cap, settings: Mapping | None) -> list[str]
             "heads per layer": str(cap.n_heads), "store": cap.store, **{k: str(v) for k, v in (settings or {}).items()}}
     shown = text if len(text) <= MAX_TEXT_SHOWN else text[:MAX_TEXT_SHOWN] + "…"
     cut = (f" (the first {MAX_TEXT_SHOWN:,} of its {len(text):,} characters)" if len(text) > MAX_TEXT_SHOWN else "")
-    return [notebook._heading("The model and the settings"), _table(pd.DataFrame(rows.items(),
+    return [_heading("The model and the settings"), _table(pd.DataFrame(rows.items(),
                                                                                  columns=["setting", "value"])),
-            notebook._heading("The text" + cut), f'<pre style="white-space:pre-wrap">{html.escape(shown)}</pre>']
+            _heading("The text" + cut), f'<pre style="white-space:pre-wrap">{html.escape(shown)}</pre>']
 
 
 def _experiment(name: str, result) -> list[str]:
     """An experiment's result as a table: a DataFrame, or any result with .to_frame(); its code when it has one."""
     frame = result if isinstance(result, pd.DataFrame) else result.to_frame()
     code = getattr(result, "attrs", {}).get("snippet") if isinstance(result, pd.DataFrame) else None
-    return [notebook._heading(name), _table(frame)] + ([_code(code)] if code else [])
+    return [_heading(name), _table(frame)] + ([_code(code)] if code else [])
 
 
 def report(cap, text: str, *, heads: Sequence[tuple[int, int]] | None = None, settings: Mapping | None = None,
@@ -81,12 +85,12 @@ def report(cap, text: str, *, heads: Sequence[tuple[int, int]] | None = None, se
     parts = [STYLE, f"<h2>{html.escape(model)}: what its attention heads do on this text</h2>"]
     parts += _settings(model, text, cap, settings)
     for layer, head in heads:
-        parts.append(notebook._heading(f"Layer {layer}, head {head}"))
+        parts.append(_heading(f"Layer {layer}, head {head}"))
         parts += notebook.head_view(cap, layer, head, hide_sink=hide_sink, gamma=gamma).parts
         parts.append(_code(snippets.heads_head(model, text, layer, head, gamma=gamma, hide_sink=hide_sink,
                                                layers=layers)))
     if stats is not None:
-        parts += [notebook._heading("Every head's statistics"), _table(stats),
+        parts += [_heading("Every head's statistics"), _table(stats),
                   _code(snippets.head_stats(model, text, layers=layers))]
     for name, result in (experiments or {}).items():
         parts += _experiment(name, result)
