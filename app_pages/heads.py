@@ -10,6 +10,7 @@ from attnviz.figures import compare as compare_figs
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
+from attnviz.report import default_heads
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import links
@@ -432,6 +433,15 @@ def export_panel():
                    + (", computed from the layer's q and k when you press the button." if long_text else "."))
     st.download_button("Statistics table (.csv)", data=stats.to_csv(index=False), file_name=f"{stem}-stats.csv",
                        mime="text/csv", key="heads_dl_csv")
+    report_heads = list(dict.fromkeys([(layer, head), *default_heads(stats, capture)]))
+    snippet_ui.report_button(capture, text, model, report_heads, stats=stats, gamma=gamma, hide_sink=hide_sink,
+                             settings={"layers": "all" if layers is None else f"{layers[0]}–{layers[-1]}",
+                                       "boost small weights": "on" if boost else "off",
+                                       "hide the sink": "on" if hide_sink else "off"}, key="heads_dl_report")
+    st.caption(f"The report: one HTML file that opens offline, with the model, the text, these settings, layer "
+               f"{layer} head {head} and the best head of each role ({len(report_heads)} maps), the statistics table "
+               "and the code behind each. The command line writes one too, with knock-outs: `python -m attnviz "
+               f"report --model {model} --text-file text.txt --heads {layer}.{head} --knockout --out report.html`.")
     st.write(f"{link}; the command line writes every layer's file (`python -m attnviz capture --model {model} "
              f"--text-file text.txt --out {stem}.npz`) and, at any length, the statistics (`python -m attnviz "
              f"stats --model {model} --text-file text.txt --out {stem}-stats.csv`).")

@@ -161,3 +161,24 @@ def test_the_report_draws_offline_in_chromium_with_no_console_error(toy, tmp_pat
         assert not errors, errors
     finally:
         page.close()
+
+
+def test_the_heads_pages_report_button_writes_the_chosen_head_first_with_the_pages_settings(monkeypatch):
+    from attnviz.ui import snippets as snippet_ui
+    from tests.test_heads_page import heads_page, open_tab
+
+    asked = []
+    monkeypatch.setattr(snippet_ui, "report_button", lambda *a, **kw: asked.append((a, kw)))
+    at = heads_page({"model": "toy-gpt2", "layer": "1", "head": "2", "text": TEXT, "boost": "1", "sink": "1"})
+    open_tab(at, "Export")
+    assert not at.exception and len(asked) == 1
+    (cap, text, model, heads), options = asked[0]
+    assert (text, model, heads[0]) == (TEXT, "toy-gpt2", (1, 2)) and len(set(heads)) == len(heads)
+    assert options["settings"]["boost small weights"] == "on" and options["hide_sink"] is True
+    assert options["gamma"] == 0.5
+    page = snippet_ui.report_bytes(cap, text, model, heads, **{k: v for k, v in options.items() if k != "key"})
+    page = page.decode("utf-8")
+    rest = _self_contained(page)
+    assert rest.index("Layer 1, head 2</h3>") < rest.index("statistics</h3>")
+    assert _code_blocks(page)[0] == snippets.heads_head("toy-gpt2", TEXT, 1, 2, gamma=0.5, hide_sink=True)
+    assert any("report --model toy-gpt2" in c.value for c in at.caption)

@@ -12,3 +12,26 @@ def show(code: str) -> None:
         st.code(code, language="python")
         st.caption("Run it in a notebook or a script: it draws the figure above with the settings now on this page. "
                    "Uncomment the last line to save it as SVG, PDF or PNG.")
+
+
+def report_button(capture, text: str, model: str, heads: list[tuple[int, int]], *, stats, settings: dict,
+                  gamma: float, hide_sink: bool, key: str) -> None:
+    """A download button for one offline HTML report (attnviz.report) of `heads` and the statistics table, built
+    when pressed."""
+    st.download_button("Report (.html)", data=lambda: report_bytes(capture, text, model, heads, stats=stats,
+                                                                   settings=settings, gamma=gamma,
+                                                                   hide_sink=hide_sink),
+                       file_name=f"attention-report-{model.replace('/', '_')}.html", mime="text/html", key=key,
+                       on_click="ignore", icon=":material/description:")
+
+
+def report_bytes(capture, text: str, model: str, heads, **options) -> bytes:
+    """attnviz.report.report(...) as the bytes of its standalone page."""
+    import tempfile
+    from pathlib import Path
+
+    from attnviz import report
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = report.write_report(Path(folder) / "report.html", capture, text, heads=heads, model=model, **options)
+        return path.read_bytes()
