@@ -15,6 +15,7 @@ from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import links
 from attnviz.ui import snippets as snippet_ui
+from attnviz.ui import spans
 
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
@@ -179,6 +180,7 @@ def token_panel():
     st.caption("Each token is shaded by the weight this query gives it, relative to the row's largest weight, so a "
                "spread-out row still shows; hover a token for its position and exact weight, pick another query "
                "above." + (" Later tokens are faint: a causal query cannot see them." if capture.causal else ""))
+    spans.span_panel(capture, layer, head, model=model, text=text, layers=layers)
     if str(query) != st.query_params.get("query"):  # a rerun of this panel alone keeps the link up to date
         links.write(cache.LINK, {**st.query_params.to_dict(), "query": str(query)})
 

@@ -10,6 +10,7 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     positional_encoding(n_positions, d_model, base)  the Positional page's sinusoidal encoding
     variants_sharing(n_heads, n_kv)                the Variants page's who-reads-which-KV-head figure
     worked_example(q, k, v, scaled=..., causal=..., digits=...)  the Worked example's scores and weights
+    span_attention(model, text, layer, head, queries, how=...)  the Heads page's span chart
     head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
 """
 
@@ -127,4 +128,22 @@ def knockout(model: str, text: str, heads, *, mode: str = "zero") -> str:
         f"ids = loaded.tokenizer({text!r}).input_ids",
         f"result = knockout_effects(loaded, ids, {rows!r}, mode={mode!r})",
         "print(result.base_loss, result.delta_loss)  # nats: the loss without a knock-out, and each row's change",
+    ])
+
+
+def span_attention(model: str, text: str, layer: int, head: int, queries, *, how: str = "sum", layers=None) -> str:
+    """The Heads page's span chart: the attention a set of queries gives every key in one head, summed or averaged
+    over them (AttentionCapture.span_attention); a run of consecutive queries is written as a span (start, stop)."""
+    queries = [int(q) for q in queries]
+    span = queries == list(range(queries[0], queries[-1] + 1))
+    chosen = f"({queries[0]}, {queries[-1] + 1})" if span else repr(queries)
+    return "\n".join([
+        "import attnviz",
+        "from attnviz.figures import heads as figs",
+        "",
+        _capture_line(model, text, layers),
+        f"queries = {chosen}  # a span (start, stop), or a list of positions",
+        f"weights = cap.span_attention({int(layer)}, {int(head)}, queries, how={how!r})  # [key]",
+        f"fig = figs.span_bars(weights, cap.tokens, {int(layer)}, {int(head)}, {queries!r}, {how!r})",
+        EXPORT.format(name=_file_name(model, f"L{layer}H{head}-span")),
     ])

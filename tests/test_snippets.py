@@ -128,3 +128,46 @@ def test_a_snippet_writes_any_text_back_exactly():
     code = snippets.heads_head("toy-gpt2", text, 0, 0)
     literal = code.split("attnviz.capture(", 1)[1].split(", store=")[0]
     assert eval(literal.split(", ", 1)[1]) == text  # the second argument is exactly the text
+
+
+def _span_chart(at: AppTest) -> dict | None:
+    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    found = [c for c in charts if "the attention of" in (c["layout"].get("title", {}).get("text") or "")]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def test_the_heads_pages_span_attention_sums_or_averages_the_chosen_rows(attention_of):
+    """Against transformers' own weights: the default span (the last four queries) summed, then two tokens picked
+    one by one and averaged; the rules are on screen, an empty selection draws nothing and says why, and the shown
+    code draws the chart."""
+    from attnviz.models import load_model
+
+    text = "The cat sat on the mat. The cat sat."
+    loaded = load_model("toy-gpt2")
+    ids = loaded.tokenizer(text).input_ids
+    own = attention_of(loaded.model, ids)[1, 2]  # layer 1, head 2: [query, key] float64
+    n = len(ids)
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    for key, value in dict(model="toy-gpt2", text=text, layer="1", head="2", tab="token").items():
+        at.query_params[key] = value
+    at.switch_page("app_pages/heads.py").run()
+    assert not at.exception, at.exception
+    assert any("**sum** of their columns" in c.value and "**mean** of their rows" in c.value for c in at.caption)
+    chart = _span_chart(at)
+    np.testing.assert_allclose(chart["data"][0]["y"], own[n - 4:].sum(0), atol=1e-5)
+    code = [c.value for c in at.code if "span_attention" in c.value]
+    assert len(code) == 1
+    _same(_plain(json.loads(pio.to_json(_run_snippet(code[0])))), chart)
+
+    at.radio(key="heads_span_mode").set_value("Tokens one by one").run()
+    assert not at.exception and _span_chart(at) is None
+    assert any("No query token is selected" in i.value for i in at.info)
+    at.multiselect(key="heads_span_tokens").set_value([5, 1]).run()
+    at.radio(key="heads_span_how").set_value("Mean over the queries").run()
+    chart = _span_chart(at)
+    np.testing.assert_allclose(chart["data"][0]["y"], own[[1, 5]].mean(0), atol=1e-5)
+    assert sum(chart["data"][0]["y"]) == pytest.approx(1.0, abs=1e-5)
+    code = [c.value for c in at.code if "span_attention" in c.value]
+    _same(_plain(json.loads(pio.to_json(_run_snippet(code[0])))), chart)
