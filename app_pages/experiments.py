@@ -1,12 +1,13 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import ui
+from attnviz import snippets, ui
 from attnviz.figures import experiments as figs
 from attnviz.generation import MAX_NEW_TOKENS
 from attnviz.tokenizer import readable_tokens
 from attnviz.ui import experiments as cache
 from attnviz.ui import links
+from attnviz.ui import snippets as snippet_ui
 
 VIEWS = ("Generation", "Knock-outs", "Patching", "Rollout", "QK attribution", "Norm-based attention")
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
@@ -155,6 +156,7 @@ def knockout_view(model, loaded, text):
         ui.chart(figs.effect_grid(grid, what="Change in mean next-token loss", unit="nats"),
                  "Red heads carry the loss: removing them makes the model worse at predicting this text; blue ones "
                  "were hurting it. Most heads barely matter on their own.")
+        snippet_ui.show(snippets.knockout_grid(model, text, mode=mode, target=target))
         ui.chart(figs.effect_grid(result.grid(result.delta_target, loaded.shape.layers, loaded.shape.heads),
                                   what=f"Change in log p({shown}) at position {position}", unit="nats"),
                  "Blue heads support the target token at this position: knocking them out lowers its log-probability.")

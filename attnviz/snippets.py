@@ -11,6 +11,7 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     variants_sharing(n_heads, n_kv)                the Variants page's who-reads-which-KV-head figure
     worked_example(q, k, v, scaled=..., causal=..., digits=...)  the Worked example's scores and weights
     span_attention(model, text, layer, head, queries, how=...)  the Heads page's span chart
+    knockout_grid(model, text, mode=..., target=...)  the Experiments page's knock-outs, each head in turn
     head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
 """
 
@@ -146,4 +147,25 @@ def span_attention(model: str, text: str, layer: int, head: int, queries, *, how
         f"weights = cap.span_attention({int(layer)}, {int(head)}, queries, how={how!r})  # [key]",
         f"fig = figs.span_bars(weights, cap.tokens, {int(layer)}, {int(head)}, {queries!r}, {how!r})",
         EXPORT.format(name=_file_name(model, f"L{layer}H{head}-span")),
+    ])
+
+
+def knockout_grid(model: str, text: str, *, mode: str = "zero", target: tuple[int, int] | None = None) -> str:
+    """The Experiments page's knock-outs, each head in turn: the change in the text's mean next-token loss per head
+    (attnviz.knockout.knockout_effects, figures.experiments.effect_grid)."""
+    aim = "" if target is None else f", target={(int(target[0]), int(target[1]))!r}"
+    return "\n".join([
+        "import attnviz",
+        "from attnviz.figures import experiments as figs",
+        "from attnviz.knockout import knockout_effects",
+        "from attnviz.models import load_model",
+        "",
+        f"loaded = load_model({model!r})",
+        f"ids = loaded.tokenizer({text!r}).input_ids",
+        "layers, heads = loaded.shape.layers, loaded.shape.heads",
+        "rows = [[(layer, head)] for layer in range(layers) for head in range(heads)]  # each head alone",
+        f"result = knockout_effects(loaded, ids, rows, mode={mode!r}{aim})",
+        "fig = figs.effect_grid(result.grid(result.delta_loss, layers, heads), what=\"Change in mean next-token "
+        "loss\", unit=\"nats\")",
+        EXPORT.format(name=_file_name(model, "knockouts")),
     ])

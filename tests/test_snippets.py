@@ -171,3 +171,15 @@ def test_the_heads_pages_span_attention_sums_or_averages_the_chosen_rows(attenti
     assert sum(chart["data"][0]["y"]) == pytest.approx(1.0, abs=1e-5)
     code = [c.value for c in at.code if "span_attention" in c.value]
     _same(_plain(json.loads(pio.to_json(_run_snippet(code[0])))), chart)
+
+
+def test_the_experiments_pages_knockout_snippet_draws_its_grid():
+    text = "The cat sat on the mat. The cat sat."
+    at = AppTest.from_file(str(ROOT / "app_pages" / "experiments.py"), default_timeout=300)
+    for key, value in dict(model="toy-llama-gqa", view="Knock-outs", text=text, mode="mean", query="3").items():
+        at.query_params[key] = value
+    at.run()
+    from attnviz.models import load_model
+
+    ids = load_model("toy-llama-gqa").tokenizer(text).input_ids
+    _check_page(at, snippets.knockout_grid("toy-llama-gqa", text, mode="mean", target=(3, ids[4])))
