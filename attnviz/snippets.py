@@ -12,6 +12,7 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     worked_example(q, k, v, scaled=..., causal=..., digits=...)  the Worked example's scores and weights
     span_attention(model, text, layer, head, queries, how=...)  the Heads page's span chart
     knockout_grid(model, text, mode=..., target=...)  the Experiments page's knock-outs, each head in turn
+    corpus_grid(run, stat, window)                 the Corpus page's mean of every head over a run's windows
     head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
 """
 
@@ -168,4 +169,22 @@ def knockout_grid(model: str, text: str, *, mode: str = "zero", target: tuple[in
         "fig = figs.effect_grid(result.grid(result.delta_loss, layers, heads), what=\"Change in mean next-token "
         "loss\", unit=\"nats\")",
         EXPORT.format(name=_file_name(model, "knockouts")),
+    ])
+
+
+def corpus_grid(run: str, stat: str, window: int) -> str:
+    """The Corpus page's grid of every head's mean over a run's windows (CorpusRun.summary, figures.corpus.mean_grid).
+    The run is named, not located: RUNS is the folder `attnviz corpus run --out` wrote it in, on the reader's side."""
+    return "\n".join([
+        "from pathlib import Path",
+        "",
+        "from attnviz.corpus import CorpusRun",
+        "from attnviz.figures import corpus as figs",
+        "",
+        "RUNS = Path(\"runs\")  # the folder that holds the run (attnviz corpus run ... --out runs/NAME)",
+        f"summary = CorpusRun(RUNS / {run!r}, name={run!r}).summary()  # one row per (window length, layer, head)",
+        f"n_windows = int(summary.loc[summary[\"window\"] == {int(window)}, \"n_windows\"].max())",
+        f"fig = figs.mean_grid(summary, {stat!r}, {int(window)}, "
+        f"title=f\"{stat}: each head's mean over {{n_windows:,}} windows of {int(window)} tokens\")",
+        EXPORT.format(name=_file_name(run, stat, window)),
     ])

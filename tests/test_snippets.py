@@ -183,3 +183,31 @@ def test_the_experiments_pages_knockout_snippet_draws_its_grid():
 
     ids = load_model("toy-llama-gqa").tokenizer(text).input_ids
     _check_page(at, snippets.knockout_grid("toy-llama-gqa", text, mode="mean", target=(3, ids[4])))
+
+
+def test_the_corpus_pages_snippet_draws_its_grid_from_the_run(tmp_path, monkeypatch):
+    """The code names the run, not where this server keeps it: RUNS is set to the runs folder before it runs."""
+    from attnviz.corpus import corpus_run
+
+    data = tmp_path / "texts.txt"
+    data.write_text("The cat sat on the mat; the cat sat on the mat again. " * 6, encoding="utf-8")
+    runs = tmp_path / "runs"
+    corpus_run("toy-gpt2", data, window=[16, 32], out=runs / "a-gpt2", max_windows=4)
+    monkeypatch.setenv("ATTNVIZ_RUNS_DIR", str(runs))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    for key, value in dict(run="a-gpt2", stat="sink_mass", window="32").items():
+        at.query_params[key] = value
+    at.switch_page("app_pages/corpus.py").run()
+    expected = snippets.corpus_grid("a-gpt2", "sink_mass", 32)
+    assert str(tmp_path) not in expected
+    at_code = [c.value for c in at.code if "CorpusRun" in c.value]
+    assert at_code == [expected]
+    rooted = expected.replace('RUNS = Path("runs")', f"RUNS = Path({str(runs)!r})")
+    assert rooted != expected
+    fig = _run_snippet(rooted)
+    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    mine = _plain(json.loads(pio.to_json(fig)))
+    same = [c for c in charts if c["layout"]["title"]["text"] == mine["layout"]["title"]["text"]]
+    assert len(same) == 1 and "sink_mass: each head's mean over" in mine["layout"]["title"]["text"]
+    _same(same[0], mine)
