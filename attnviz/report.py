@@ -23,6 +23,7 @@ from attnviz.stats import ROLES, top_heads
 
 STYLE = ("<style>.attnviz-report table{border-collapse:collapse;font-size:0.85rem;margin:0.4rem 0 1rem}"
          ".attnviz-report th,.attnviz-report td{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+         ".attnviz-report table.settings td{text-align:left}"
          ".attnviz-report pre{background:#f6f6f6;padding:0.6rem;overflow-x:auto;font-size:0.8rem}"
          ".attnviz-report details{margin:0.2rem 0 1.2rem}</style>")
 MAX_TEXT_SHOWN = 20_000  # characters of the text written out in full; a longer one is cut, with its length said
@@ -46,9 +47,10 @@ def _code(code: str, what: str = "Reproduce in Python") -> str:
     return f"<details><summary>{html.escape(what)}</summary><pre><code>{html.escape(code)}</code></pre></details>"
 
 
-def _table(frame: pd.DataFrame) -> str:
+def _table(frame: pd.DataFrame, classes: str | None = None) -> str:
     """A table as escaped HTML (pandas escapes every cell), floats to 4 significant digits."""
-    return frame.to_html(index=False, escape=True, float_format=lambda x: f"{x:.4g}", na_rep="", border=0)
+    return frame.to_html(index=False, escape=True, float_format=lambda x: f"{x:.4g}", na_rep="", border=0,
+                         classes=classes)
 
 
 def _settings(model: str, text: str, cap, settings: Mapping | None) -> list[str]:
@@ -56,8 +58,8 @@ def _settings(model: str, text: str, cap, settings: Mapping | None) -> list[str]
             "heads per layer": str(cap.n_heads), "store": cap.store, **{k: str(v) for k, v in (settings or {}).items()}}
     shown = text if len(text) <= MAX_TEXT_SHOWN else text[:MAX_TEXT_SHOWN] + "…"
     cut = (f" (the first {MAX_TEXT_SHOWN:,} of its {len(text):,} characters)" if len(text) > MAX_TEXT_SHOWN else "")
-    return [_heading("The model and the settings"), _table(pd.DataFrame(rows.items(),
-                                                                                 columns=["setting", "value"])),
+    return [_heading("The model and the settings"),
+            _table(pd.DataFrame(rows.items(), columns=["setting", "value"]), classes="settings"),
             _heading("The text" + cut), f'<pre style="white-space:pre-wrap">{html.escape(shown)}</pre>']
 
 
