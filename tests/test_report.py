@@ -16,6 +16,7 @@ import torch
 from attnviz import report, snippets
 from attnviz.__main__ import main
 from attnviz.capture import capture
+from attnviz.errors import AttnvizError
 from attnviz.models import load_model
 
 TEXT = "The cat <b>sat</b> on the mat. The cat sat on the mat."  # markup in the text must stay text
@@ -182,3 +183,16 @@ def test_the_heads_pages_report_button_writes_the_chosen_head_first_with_the_pag
     assert rest.index("Layer 1, head 2</h3>") < rest.index("statistics</h3>")
     assert _code_blocks(page)[0] == snippets.heads_head("toy-gpt2", TEXT, 1, 2, gamma=0.5, hide_sink=True)
     assert any("report --model toy-gpt2" in c.value for c in at.caption)
+
+
+def test_a_long_text_store_report_draws_each_head_as_an_overview_and_a_zoom(toy, tmp_path):
+    loaded, _, _ = toy
+    cap = capture(loaded, TEXT, store="qk")  # q and k only: the maps are computed a block of rows at a time
+    path = report.write_report(tmp_path / "qk.html", cap, TEXT, heads=[(1, 2)], stats=cap.stats(),
+                               model="toy-gpt2")
+    rest = _self_contained(path.read_text(encoding="utf-8"))
+    assert rest.count("Plotly.newPlot(") == 2 and "max-pooled" in rest and "<td>qk</td>" in rest
+    with pytest.raises(AttnvizError, match="must end in .html"):
+        report.write_report(tmp_path / "qk.pdf", cap, TEXT, heads=[(1, 2)])
+    with pytest.raises(AttnvizError, match="No head chosen"):
+        report.report(cap, TEXT, heads=[])
