@@ -3,12 +3,13 @@ the operator's runs folder) or from a small run started here."""
 
 import streamlit as st
 
-from attnviz import streaming, ui
+from attnviz import snippets, streaming, ui
 from attnviz.corpus import layer_means
 from attnviz.figures import compare as compare_figs
 from attnviz.figures import corpus as figs
 from attnviz.ui import corpus as corpus_ui
 from attnviz.ui import links
+from attnviz.ui import snippets as snippet_ui
 
 DEFAULT_PASTE = streaming.shipped_text()[:3000].rsplit("\n\n", 1)[0]  # whole paragraphs
 SOURCES = ("Paste texts", "Upload a file")
@@ -263,6 +264,7 @@ ui.chart(figs.mean_grid(summary, stat, window, title=f"{stat}: each head's mean 
          f"Each cell is one head's mean {stat} over the run's windows, ± its standard deviation from window to "
          "window (hover for the 10th, 50th and 90th percentiles). A bright cell with a small spread is a head that "
          "plays its role on almost every text.")
+snippet_ui.show(snippets.corpus_grid(run_name, stat, window))
 
 st.header(f"Heads ranked by {stat}")
 order = st.radio("Order", list(corpus_ui.ORDERS), horizontal=True, format_func=corpus_ui.ORDERS.get,

@@ -1,12 +1,13 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import ui
+from attnviz import snippets, ui
 from attnviz.figures import experiments as figs
 from attnviz.generation import MAX_NEW_TOKENS
 from attnviz.tokenizer import readable_tokens
 from attnviz.ui import experiments as cache
 from attnviz.ui import links
+from attnviz.ui import snippets as snippet_ui
 from attnviz.ui.patching_panel import patching_panel
 
 VIEWS = ("Generation", "Knock-outs", "Patching", "Rollout", "QK attribution", "Norm-based attention")
@@ -121,7 +122,7 @@ def knockout_view(model, loaded, text):
             return {"mode": mode, "query": position}
     result = cache.knockouts(model, ids, rows, mode, target)
     if result is not None:
-        _knockout_results(model, loaded, text, ids, rows, result, target)
+        _knockout_results(model, loaded, text, ids, rows, result, target, mode)
     return {"mode": mode, "query": position}
 
 
@@ -156,7 +157,7 @@ def _target_token(loaded, actual: int) -> int | None:
     return pieces[0]
 
 
-def _knockout_results(model, loaded, text, ids, rows, result, target):
+def _knockout_results(model, loaded, text, ids, rows, result, target, mode):
     """The knock-outs' effects: the grids and the scatter against a head statistic (every head), or two numbers
     (one set), then the table."""
     from attnviz.stats import COLUMNS, head_stats
@@ -173,6 +174,7 @@ def _knockout_results(model, loaded, text, ids, rows, result, target):
         ui.chart(figs.effect_grid(grid, what="Change in mean next-token loss", unit="nats"),
                  "Red heads carry the loss: removing them makes the model worse at predicting this text; blue ones "
                  "were hurting it. Most heads barely matter on their own.")
+        snippet_ui.show(snippets.knockout_grid(model, text, mode=mode, target=target))
         ui.chart(figs.effect_grid(result.grid(result.delta_target, loaded.shape.layers, loaded.shape.heads),
                                   what=f"Change in log p({shown}) at position {position}", unit="nats"),
                  "Blue heads support the target token at this position: knocking them out lowers its log-probability.")

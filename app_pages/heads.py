@@ -1,7 +1,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import budget, ui
+from attnviz import budget, snippets, ui
 from attnviz.capture import CaptureError
 from attnviz.capture.files import MAX_EXPORT_BYTES, export_bytes
 from attnviz.corpus import compare_heads, layer_means
@@ -10,9 +10,12 @@ from attnviz.figures import compare as compare_figs
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
+from attnviz.report import default_heads
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import links
+from attnviz.ui import snippets as snippet_ui
+from attnviz.ui import spans
 
 DEFAULT_TEXT = "The cat sat on the mat. The cat sat on the mat."
 URL_TEXT_LIMIT = 1500  # longer texts are not put in the link
@@ -177,6 +180,7 @@ def token_panel():
     st.caption("Each token is shaded by the weight this query gives it, relative to the row's largest weight, so a "
                "spread-out row still shows; hover a token for its position and exact weight, pick another query "
                "above." + (" Later tokens are faint: a causal query cannot see them." if capture.causal else ""))
+    spans.span_panel(capture, layer, head, model=model, text=text, layers=layers)
     if str(query) != st.query_params.get("query"):  # a rerun of this panel alone keeps the link up to date
         links.write(cache.LINK, {**st.query_params.to_dict(), "query": str(query)})
 
@@ -431,6 +435,15 @@ def export_panel():
                    + (", computed from the layer's q and k when you press the button." if long_text else "."))
     st.download_button("Statistics table (.csv)", data=stats.to_csv(index=False), file_name=f"{stem}-stats.csv",
                        mime="text/csv", key="heads_dl_csv")
+    report_heads = list(dict.fromkeys([(layer, head), *default_heads(stats, capture)]))
+    snippet_ui.report_button(capture, text, model, report_heads, stats=stats, gamma=gamma, hide_sink=hide_sink,
+                             settings={"layers": "all" if layers is None else f"{layers[0]}–{layers[-1]}",
+                                       "boost small weights": "on" if boost else "off",
+                                       "hide the sink": "on" if hide_sink else "off"}, key="heads_dl_report")
+    st.caption(f"The report: one HTML file that opens offline, with the model, the text, these settings, layer "
+               f"{layer} head {head} and the best head of each role ({len(report_heads)} maps), the statistics table "
+               "and the code behind each. The command line writes one too, with knock-outs: `python -m attnviz "
+               f"report --model {model} --text-file text.txt --heads {layer}.{head} --knockout --out report.html`.")
     st.write(f"{link}; the command line writes every layer's file (`python -m attnviz capture --model {model} "
              f"--text-file text.txt --out {stem}.npz`) and, at any length, the statistics (`python -m attnviz "
              f"stats --model {model} --text-file text.txt --out {stem}-stats.csv`).")
@@ -484,6 +497,8 @@ if tabs["head"].open:
                 blank = int((kept < MIN_REMAINING).sum())
                 st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of "
                          f"{n:,} rows have under {MIN_REMAINING:.0%} and are blank in the map above.")
+        snippet_ui.show(snippets.heads_head(model, text, layer, head, gamma=gamma, hide_sink=hide_sink,
+                                            layers=layers))
 
 
 for name, panel in (("token", token_panel), ("predict", predictions_panel), ("induction", induction_panel),

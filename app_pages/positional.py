@@ -5,8 +5,9 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import positional as P
-from attnviz import ui
+from attnviz import snippets, ui
 from attnviz.ui import positional as ui_pos
+from attnviz.ui import snippets as snippet_ui
 from attnviz.figures import positional as F
 
 BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
@@ -57,6 +58,7 @@ if section == "Sinusoidal":
     with left:
         ui.chart(F.encoding_heatmap(pe), "Early dimensions turn fast (stripes), late ones barely move: each position "
                                       "gets its own pattern of phases.")
+        snippet_ui.show(snippets.positional_encoding(n_pos, d_model, base_sin))
     with right:
         offsets = np.arange(n_pos)
         ui.chart(F.dot_by_offset_instant(offsets, {d: P.sinusoidal_dot(offsets, d, base_sin) for d in D_MODELS},

@@ -4,11 +4,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import sinks, streaming, ui, views
+from attnviz import sinks, snippets, streaming, ui, views
 from attnviz.figures import compare as compare_figs
 from attnviz.figures import sinks as figs
 from attnviz.pooling import MIN_REMAINING
+from attnviz.ui import links
 from attnviz.ui import sinks as sink_ui
+from attnviz.ui import snippets as snippet_ui
 
 DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived "
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
@@ -24,13 +26,17 @@ def pick_model_and_text() -> tuple[str | None, str | None]:
     """The model and the text every section reads, the text checked once against the page's one limit (the
     model's context, and ui.MAX_TEXT_CHARS characters): (model, None) after a message when the text cannot be read,
     so the sections that need it say nothing more and start no work."""
+    links.read(sink_ui.LINK)
     left, right = st.columns([1, 2])
     with left:
         model = ui.model_picker("sinks_model", default=EXPERIMENT_MODEL)
     with right:
         text = ui.text_input("sinks_text", DEFAULT_TEXT, height=80)
+    if model is not None and not links.model_confirmed(sink_ui.LINK, model):  # a link's folder loads once confirmed
+        return None, None
     loaded = ui.get_model(model) if model is not None else None
     if loaded is None:
+        links.forget_model(sink_ui.LINK)
         return None, None
     limit = loaded.shape.max_positions
     st.caption(f"This page reads texts of up to {MAX_CHARS:,} characters"
@@ -88,6 +94,7 @@ def show_sink_scores(model: str, text: str) -> None:
     ui.chart(figs.sink_score_grid(alpha[..., 0], capture.layers, threshold=sinks.SINK_THRESHOLD),
           "Each cell is one head: the mean attention its queries give token 0. Bright rows are layers where almost "
           "every head parks its attention on the first token, whatever that token says." + relation)
+    snippet_ui.show(snippets.sinks_grid(model, text))
     ui.chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")
@@ -110,11 +117,11 @@ def show_sink_scores(model: str, text: str) -> None:
                f"{sinks.min_sink_heads(n_heads)}); heads_where_largest counts the heads for which this key gets more "
                "than any other ranked key.")
 
-    one_head_view(capture, alpha, hidden)
+    one_head_view(model, capture, alpha, hidden)
 
 
 @st.fragment
-def one_head_view(capture, alpha: np.ndarray, hidden) -> None:
+def one_head_view(model: str, capture, alpha: np.ndarray, hidden) -> None:
     """One head with and without its sinks: its layer, head and toggle rerun this part of the page only."""
     st.subheader("One head, with and without its sink")
     li_default, head_default = (int(i) for i in np.unravel_index(np.argmax(alpha[..., 0]), alpha.shape[:2]))
@@ -122,14 +129,15 @@ def one_head_view(capture, alpha: np.ndarray, hidden) -> None:
     with c1:
         st.session_state.setdefault("sinks_layer", capture.layers[li_default])  # first visit: the strongest sink
         st.session_state.setdefault("sinks_head", head_default)
-        layer = ui.choice_box("Layer", list(capture.layers), "sinks_layer", capture.layers[li_default])
+        layer = links.choice_box(sink_ui.LINK, "Layer", list(capture.layers), "sinks_layer", capture.layers[li_default])
     with c2:
-        head = ui.choice_box("Head", list(range(alpha.shape[1])), "sinks_head", head_default)
+        head = links.choice_box(sink_ui.LINK, "Head", list(range(alpha.shape[1])), "sinks_head", head_default)
     with c3:
         hide = st.toggle("Hide the sinks", key="sinks_hide", persist_state="session",
                          help=f"Zero the attention on the sink keys (positions {', '.join(map(str, hidden))}) and "
                               "renormalise each row (attnviz.views.sink_hidden), so the rest of the pattern "
                               f"shows; a row left with under {MIN_REMAINING:.0%} of its weight is left blank.")
+    sink_ui.write_link(model)  # a rerun of this part alone keeps the link up to date
     li = capture.layers.index(layer)
     shown = min(capture.n_tokens, MAX_MAP_TOKENS)
     p = np.array(capture.head_pattern(layer, head, rows=(0, shown)), dtype=float)  # [shown, n]: whole rows
@@ -427,3 +435,5 @@ elif picked is not None:
     st.caption("It reads your text: the top of the page says why it cannot.")
 st.header("Evict the first tokens: the StreamingLLM experiment")
 show_experiment()
+if picked is not None:
+    sink_ui.write_link(picked)

@@ -2,10 +2,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import cost, cost_tables, ui
+from attnviz import cost, cost_tables, snippets, ui
 from attnviz import variants as var
 from attnviz.attention import kv_head_of
 from attnviz.figures import cost as figs
+from attnviz.ui import snippets as snippet_ui
 from attnviz.ui import variants as uv
 
 CONTEXTS = np.unique(np.logspace(7, 17, 41, base=2).round().astype(int))  # 128 ... 131072 tokens
@@ -36,6 +37,7 @@ n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisor
                         persist_state="session")
 layouts = {name: kv_head_of(n_heads, k) for name, k in var.variant_kv_heads(n_heads, n_kv).items()}
 st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
+snippet_ui.show(snippets.variants_sharing(n_heads, n_kv))
 q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
 group = n_heads // n_kv
 st.caption((f"Query head h reads key/value head ⌊h / {group}⌋: with {n_kv} key/value heads, groups of {group} "

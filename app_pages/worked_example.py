@@ -2,8 +2,10 @@ import math
 
 import streamlit as st
 
+from attnviz import snippets
 from attnviz import worked_example as we
 from attnviz.figures.worked import scores_and_pattern_figure
+from attnviz.ui import snippets as snippet_ui
 
 KEYS = {"Q": "worked_q", "K": "worked_k", "V": "worked_v"}
 
@@ -81,6 +83,8 @@ st.plotly_chart(scores_and_pattern_figure(steps.masked, steps.pattern, digits=di
                 width="stretch", key="worked_figure")
 st.caption("Left, the scores that enter the softmax; right, the weights that come out. The largest score of a row "
            "gets the largest weight, and the gaps between scores, not their level, set how lopsided a row is.")
+snippet_ui.show(snippets.worked_example(texts["Q"], texts["K"], texts["V"], scaled=scaled, causal=causal,
+                                        digits=digits))
 
 st.subheader("4. Output: weights × V")
 st.markdown("Each output row is the average of the value rows, weighted by that query's softmax row.")

@@ -48,6 +48,17 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 64)")
     st.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
 
+    rep = commands.add_parser("report", help="Write one offline HTML file: the model, the text, the chosen heads' "
+                              "maps, every head's statistics, knock-outs if asked, and the code behind each.")
+    _model_and_text(rep)
+    rep.add_argument("--out", required=True, type=Path, help="output file, .html")
+    rep.add_argument("--heads", help="layer.head pairs, comma-separated, e.g. 1.2,3.0 (default: the best head of "
+                     "each role: sink, previous token, induction, ...)")
+    rep.add_argument("--layers", help="comma-separated layer indices to capture (default: all)")
+    rep.add_argument("--hide-sink", action="store_true", help="draw the maps with token 0's weight hidden")
+    rep.add_argument("--knockout", action="store_true", help="also knock out each chosen head alone and report "
+                     "the change in the text's next-token loss (decoders only)")
+    rep.add_argument("--device", help="torch device (default: CUDA if present)")
     corpus_cli.add_commands(commands)
     commands.add_parser("models", help="List the models attnviz knows by name.")
     commands.add_parser("app", help="Start the Streamlit app (streamlit run app.py); any further arguments, "
@@ -60,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from attnviz.capture import CaptureError
     from attnviz.corpus import CorpusError
+    from attnviz.knockout import KnockoutError
     from attnviz.models import ModelError
 
     try:
@@ -69,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             return corpus_cli.run(args)
         if args.command == "stats":
             return _stats(args)
+        if args.command == "report":
+            return _report(args)
         return _capture(args)
-    except (CaptureError, CorpusError, ModelError) as exc:
+    except (CaptureError, CorpusError, ModelError, KnockoutError) as exc:
         detail = getattr(exc, "detail", None)  # on the command line the path and the library's words help
         print(f"error: {exc}" + (f" ({detail})" if detail else ""), file=sys.stderr)
         return 2
@@ -234,6 +248,42 @@ def _capture(args) -> int:
 
         head_stats(capture).to_csv(args.stats, index=False)
         print(f"wrote {args.stats}: per-head statistics")
+    return 0
+
+
+def _heads(spec: str | None) -> list[tuple[int, int]] | None:
+    """--heads 1.2,3.0 as [(1, 2), (3, 0)]."""
+    from attnviz.capture import CaptureError
+
+    if not spec:
+        return None
+    try:
+        return [(int(layer), int(head)) for layer, head in (p.strip().split(".") for p in spec.split(",") if p.strip())]
+    except ValueError as exc:
+        raise CaptureError(f"--heads must be layer.head pairs, comma-separated (1.2,3.0), not {spec!r}.") from exc
+
+
+def _report(args) -> int:
+    from attnviz import report
+    from attnviz.capture import capture
+    from attnviz.models import load_model
+
+    text, layers = _text_and_layers(args)
+    heads = _heads(args.heads)
+    loaded = load_model(args.model, device=args.device, progress=lambda msg: print(msg, file=sys.stderr))
+    cap = capture(loaded, text, layers=layers, store="auto")
+    stats = cap.stats()
+    heads = report.default_heads(stats, cap) if heads is None else heads
+    for layer, head in heads:
+        cap.index_of(layer)  # refuses a layer that was not captured
+    experiments = None
+    if args.knockout:
+        experiments = {"Each head knocked out alone": report.knockout_table(loaded, text, heads, model=args.model)}
+    settings = {"hide the sink": "yes" if args.hide_sink else "no"}
+    path = report.write_report(args.out, cap, text, heads=heads, stats=stats, experiments=experiments,
+                               hide_sink=args.hide_sink, settings=settings, model=args.model)
+    print(f"wrote {path}: {len(heads)} head{'s' if len(heads) > 1 else ''}, the statistics of "
+          f"{cap.n_layers} x {cap.n_heads} heads" + (", knock-outs" if experiments else ""))
     return 0
 
 

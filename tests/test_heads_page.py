@@ -110,7 +110,7 @@ def test_hide_sink_toggle_and_tabs_run():
     at.toggle(key="heads_hide_sink").set_value(True).run()
     open_tab(at, "Compare").radio(key="heads_compare_mode").set_value("Two texts").run()
     assert not at.exception and not at.error
-    assert len(open_tab(at, "Export").get("download_button")) == 3  # npz, safetensors, statistics
+    assert len(open_tab(at, "Export").get("download_button")) == 4  # npz, safetensors, statistics, report
     at.radio(key="heads_export_scope").set_value("This head").run()
     at.toggle(key="heads_export_half").set_value(True).run()
     assert not at.exception and any("float16" in c.value and "[1, 1," in c.value for c in at.caption)

@@ -26,7 +26,7 @@ from attnviz.ui import CUSTOM_MODEL, MAX_TEXT_CHARS, PAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 2024
-N_CASES = 260
+N_CASES = 280
 TIMEOUT_S = 120
 TOYS = ("toy-gpt2", "toy-llama-gqa", "toy-bloom-alibi")
 REGISTERED = {*TOYS, "minilm-l6", "smollm2-135m"}
@@ -43,9 +43,11 @@ READS = {
                     "temperature": "temperature", "view": VIEWS, "mode": ("zero", "mean")},
     "corpus": {"run": "text", "b": "text", "stat": ("entropy", "sink_mass", "induction"), "window": (1, 10**9),
                "layer": "index", "head": "index", "order": ("high", "low")},
+    "sinks": {"model": "model", "text": "text", "layer": "index", "head": "index", "sink": "flag"},
 }
 WIDGETS = {"heads": {"layer": "heads_layer", "head": "heads_head", "query": "heads_query"},
-           "experiments": {"layer": "exp_layer", "head": "exp_head", "query": "exp_query"}}
+           "experiments": {"layer": "exp_layer", "head": "exp_head", "query": "exp_query"},
+           "sinks": {"layer": "sinks_layer", "head": "sinks_head"}}
 UNKNOWN_KEYS = ("zz", "utm_source", "Model", "HEAD", "layer%5B%5D", "%ff%fe", "", "a%00b", "page", "x" * 60)
 ODD = ("-1", "-0", "-42", "1" + "0" * 30, "9" * 25, "1e30", "1.5", "0.15", "-0.0", "nan", "inf", "", "%20",
        "+", "abc", "%ff%fe", "%00", "1%002", "0x1f", "%D9%A3", "%EF%BC%93", "..%2F..%2Fetc", "../../etc",
@@ -111,7 +113,7 @@ def _pinned(name: str, rng: random.Random) -> list[str]:
 
 
 def _schedule() -> list:
-    """The pages in turn, the two that read a link twice as often."""
+    """The pages in turn, those that read a link twice as often."""
     order = []
     for page in PAGES:
         order += [page] * (2 if page.url_path in READS else 1)
@@ -173,6 +175,8 @@ def _run(page, query: dict[str, list[str]]) -> AppTest:
     home = page.default  # Home links every page: it runs only inside app.py's navigation
     at = AppTest.from_file(str(ROOT / ("app.py" if home else page.script)), default_timeout=TIMEOUT_S)
     texts = [v for k in ("text", "prompt") for v in query.get(k, [])]
+    if page.url_path == "sinks":  # toy models only: the page's own default is a real model
+        at.session_state["sinks_model"] = "toy-gpt2"
     if page.url_path == "heads":
         # toy models only; and a text over 1,000 characters is not run at all (the page captures any text up to
         # the model's context, a long wait that is no part of reading a link): the picker then waits for a name

@@ -327,3 +327,20 @@ def stat_grid(stats: pd.DataFrame, column: str, *, title: str, colorbar_title: s
                    colorbar_title=colorbar_title,
                    hovertemplate="layer %{y}, head %{x}<br>" + column + " %{z:.3f}<extra></extra>",
                    height=max(300, min(60 + 22 * len(table.index), 900)))
+
+
+def span_bars(weights: np.ndarray, tokens: Sequence[str], layer: int, head: int, queries: Sequence[int],
+              how: str) -> go.Figure:
+    """The attention a set of queries gives every key in one head (AttentionCapture.span_attention), weights [key],
+    `how` "sum" or "mean" of their rows: one bar per key token."""
+    from attnviz.figures.experiments import bars_by_token
+
+    queries = [int(q) for q in queries]
+    if queries == list(range(queries[0], queries[-1] + 1)):
+        shown = f"queries {queries[0]}–{queries[-1]}"
+    else:
+        shown = f"queries {', '.join(map(str, queries[:8]))}{'…' if len(queries) > 8 else ''}"
+    total = "summed, adds up to the number of queries" if how == "sum" else "averaged, adds up to 1"
+    return bars_by_token({f"{how} of {len(queries)} rows": weights}, tokens,
+                         title=f"Layer {layer}, head {head}: the attention of {shown}, {how} of their rows",
+                         y_title=f"attention weight ({total})")

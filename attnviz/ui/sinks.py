@@ -9,9 +9,35 @@ import hashlib
 import streamlit as st
 
 from attnviz.once import ComputeOnce
+from attnviz.ui import links
 
 _LOSSES = ComputeOnce(max_items=64)  # the eviction experiment's per-token losses (text hash, window, sinks, positions)
 _RESULTS = ComputeOnce(max_items=32)  # the sink scores and the metric's alphas, the massive-activation runs
+
+
+URL_TEXT_LIMIT = 1500  # longer texts are not put in the link, as on the Heads page
+LINK = links.Link("sinks_", {
+    "model": links.Param("sinks_model", "model"),
+    "text": links.Param("sinks_text", "text", "text"),
+    "layer": links.Param("sinks_layer", "int", "layer"),
+    "head": links.Param("sinks_head", "int", "head"),
+    "sink": links.Param("sinks_hide", "choice", choices={"0": False, "1": True}),
+})
+
+
+def write_link(model: str | None) -> None:
+    """The page's view into its URL: the model, the text while it fits a link, and the one-head view's layer, head
+    and Hide the sinks once they are set."""
+    view = {"model": model} if model else {}
+    text = st.session_state.get("sinks_text")
+    if text and len(text) <= URL_TEXT_LIMIT:
+        view["text"] = text
+    for name, key in (("layer", "sinks_layer"), ("head", "sinks_head")):
+        if key in st.session_state:
+            view[name] = int(st.session_state[key])
+    if "sinks_hide" in st.session_state:
+        view["sink"] = "1" if st.session_state["sinks_hide"] else "0"
+    links.write(LINK, view)
 
 
 def _digest(text: str) -> str:

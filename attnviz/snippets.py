@@ -1,0 +1,190 @@
+"""The code behind a page's figure: a few library calls that draw it again in a notebook, with the page's settings.
+
+Each function takes what the page has set and returns Python source. Run as it is, the source defines `fig`, the
+plotly figure the page draws (tests/test_snippets.py runs every page's snippet and compares its `fig` with the
+page's chart); its last line, a comment, saves it for a paper (View.save or attnviz.export.write_figure: .svg, .pdf,
+.png at 300 dpi; a View also .html). Values are written with repr, so any text comes back exactly as typed.
+
+    heads_head(model, text, layer, head, ...)      the Heads page's One head map (notebook.head_view)
+    sinks_grid(model, text)                        the Sinks page's sink score of every head on token 0
+    positional_encoding(n_positions, d_model, base)  the Positional page's sinusoidal encoding
+    variants_sharing(n_heads, n_kv)                the Variants page's who-reads-which-KV-head figure
+    worked_example(q, k, v, scaled=..., causal=..., digits=...)  the Worked example's scores and weights
+    span_attention(model, text, layer, head, queries, how=...)  the Heads page's span chart
+    knockout_grid(model, text, mode=..., target=...)  the Experiments page's knock-outs, each head in turn
+    corpus_grid(run, stat, window)                 the Corpus page's mean of every head over a run's windows
+    head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
+"""
+
+from __future__ import annotations
+
+SAVE = "# {target}.save({name!r})  # or .pdf, .png (300 dpi), .html"
+EXPORT = "# from attnviz.export import write_figure; write_figure(fig, {name!r})  # or .pdf, .png (300 dpi)"
+
+
+def _capture_line(model: str, text: str, layers=None) -> str:
+    """The capture every model page starts from, as the page makes it (store="auto": the long-text store when the
+    dense pattern would not fit)."""
+    cut = "" if layers is None else f", layers={list(layers)!r}"
+    return f"cap = attnviz.capture({model!r}, {text!r}{cut}, store=\"auto\")"
+
+
+def _file_name(*parts) -> str:
+    return "-".join(str(p).replace("/", "_") for p in parts) + ".svg"
+
+
+def heads_head(model: str, text: str, layer: int, head: int, *, gamma: float = 1.0, hide_sink: bool = False,
+               layers=None) -> str:
+    """The Heads page's One head map: notebook.head_view's first chart (the map itself; a long text's max-pooled
+    overview, as the page draws it)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import notebook",
+        "",
+        _capture_line(model, text, layers),
+        f"view = notebook.head_view(cap, {int(layer)}, {int(head)}, gamma={float(gamma)!r}, "
+        f"hide_sink={bool(hide_sink)!r})",
+        "fig = view.figures[0]  # view shows every chart of it in a notebook",
+        SAVE.format(target="view", name=_file_name(model, f"L{layer}H{head}")),
+    ])
+
+
+def sinks_grid(model: str, text: str) -> str:
+    """The Sinks page's first chart: every head's sink score alpha_0 (the mean attention its queries give token 0)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import sinks",
+        "from attnviz.figures import sinks as figs",
+        "",
+        _capture_line(model, text),
+        "alpha = sinks.capture_sink_scores(cap)  # [layer, head, key]: the mean attention each key receives",
+        "fig = figs.sink_score_grid(alpha[..., 0], cap.layers, threshold=sinks.SINK_THRESHOLD)",
+        EXPORT.format(name=_file_name(model, "sink-scores")),
+    ])
+
+
+def positional_encoding(n_positions: int, d_model: int, base: float) -> str:
+    """The Positional page's sinusoidal encoding PE[position, dimension]."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import positional",
+        "from attnviz.figures import positional as figs",
+        "",
+        f"pe = positional.sinusoidal_encoding({int(n_positions)}, {int(d_model)}, {float(base)!r})  "
+        "# [position, dimension]",
+        "fig = figs.encoding_heatmap(pe)",
+        EXPORT.format(name=_file_name("sinusoidal", n_positions, d_model)),
+    ])
+
+
+def variants_sharing(n_heads: int, n_kv: int) -> str:
+    """The Variants page's first chart: which key/value head each query head reads in MHA, the chosen GQA and MQA."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import variants",
+        "from attnviz.attention import kv_head_of",
+        "from attnviz.figures import cost as figs",
+        "",
+        f"layouts = {{name: kv_head_of({int(n_heads)}, k) "
+        f"for name, k in variants.variant_kv_heads({int(n_heads)}, {int(n_kv)}).items()}}",
+        f"fig = figs.head_sharing_figure({int(n_heads)}, layouts)",
+        EXPORT.format(name=_file_name("head-sharing", n_heads, n_kv)),
+    ])
+
+
+def worked_example(q: str, k: str, v: str, *, scaled: bool, causal: bool, digits: int) -> str:
+    """The Worked example's scores and weights, from Q, K and V as typed on the page (rows on lines)."""
+    scale_text = 'f"× {steps.scale:.4f}"' if scaled else '"(unscaled)"'
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import worked_example as we",
+        "from attnviz.figures.worked import scores_and_pattern_figure",
+        "",
+        f"q, k, v = (we.parse_matrix(t, name) for t, name in (({q!r}, 'Q'), ({k!r}, 'K'), ({v!r}, 'V')))",
+        f"steps = we.worked_steps(q, k, v, scaled={bool(scaled)!r}, causal={bool(causal)!r})",
+        f"fig = scores_and_pattern_figure(steps.masked, steps.pattern, digits={int(digits)}, "
+        f"scale_text={scale_text})",
+        EXPORT.format(name=_file_name("worked-example")),
+    ])
+
+
+def head_stats(model: str, text: str, *, layers=None) -> str:
+    """Every captured head's statistics (attnviz.stats.head_stats), the Heads page's Statistics table."""
+    return "\n".join([
+        "import attnviz",
+        "",
+        _capture_line(model, text, layers),
+        "stats = cap.stats()  # one row per (layer, head): entropy, sink_mass, mean_distance, prev_token, ...",
+        f"# stats.to_csv({_file_name(model, 'stats')[:-4] + '.csv'!r}, index=False)",
+    ])
+
+
+def knockout(model: str, text: str, heads, *, mode: str = "zero") -> str:
+    """Each head knocked out alone, the text's mean next-token loss with and without it (attnviz.knockout)."""
+    rows = [[(int(layer), int(head))] for layer, head in heads]
+    return "\n".join([
+        "from attnviz.knockout import knockout_effects",
+        "from attnviz.models import load_model",
+        "",
+        f"loaded = load_model({model!r})",
+        f"ids = loaded.tokenizer({text!r}).input_ids",
+        f"result = knockout_effects(loaded, ids, {rows!r}, mode={mode!r})",
+        "print(result.base_loss, result.delta_loss)  # nats: the loss without a knock-out, and each row's change",
+    ])
+
+
+def span_attention(model: str, text: str, layer: int, head: int, queries, *, how: str = "sum", layers=None) -> str:
+    """The Heads page's span chart: the attention a set of queries gives every key in one head, summed or averaged
+    over them (AttentionCapture.span_attention); a run of consecutive queries is written as a span (start, stop)."""
+    queries = [int(q) for q in queries]
+    span = queries == list(range(queries[0], queries[-1] + 1))
+    chosen = f"({queries[0]}, {queries[-1] + 1})" if span else repr(queries)
+    return "\n".join([
+        "import attnviz",
+        "from attnviz.figures import heads as figs",
+        "",
+        _capture_line(model, text, layers),
+        f"queries = {chosen}  # a span (start, stop), or a list of positions",
+        f"weights = cap.span_attention({int(layer)}, {int(head)}, queries, how={how!r})  # [key]",
+        f"fig = figs.span_bars(weights, cap.tokens, {int(layer)}, {int(head)}, {queries!r}, {how!r})",
+        EXPORT.format(name=_file_name(model, f"L{layer}H{head}-span")),
+    ])
+
+
+def knockout_grid(model: str, text: str, *, mode: str = "zero", target: tuple[int, int] | None = None) -> str:
+    """The Experiments page's knock-outs, each head in turn: the change in the text's mean next-token loss per head
+    (attnviz.knockout.knockout_effects, figures.experiments.effect_grid)."""
+    aim = "" if target is None else f", target={(int(target[0]), int(target[1]))!r}"
+    return "\n".join([
+        "import attnviz",
+        "from attnviz.figures import experiments as figs",
+        "from attnviz.knockout import knockout_effects",
+        "from attnviz.models import load_model",
+        "",
+        f"loaded = load_model({model!r})",
+        f"ids = loaded.tokenizer({text!r}).input_ids",
+        "layers, heads = loaded.shape.layers, loaded.shape.heads",
+        "rows = [[(layer, head)] for layer in range(layers) for head in range(heads)]  # each head alone",
+        f"result = knockout_effects(loaded, ids, rows, mode={mode!r}{aim})",
+        "fig = figs.effect_grid(result.grid(result.delta_loss, layers, heads), what=\"Change in mean next-token "
+        "loss\", unit=\"nats\")",
+        EXPORT.format(name=_file_name(model, "knockouts")),
+    ])
+
+
+def corpus_grid(run: str, stat: str, window: int) -> str:
+    """The Corpus page's grid of every head's mean over a run's windows (CorpusRun.summary, figures.corpus.mean_grid).
+    The run is named, not located: RUNS is the folder `attnviz corpus run --out` wrote it in, on the reader's side."""
+    return "\n".join([
+        "from pathlib import Path",
+        "",
+        "from attnviz.corpus import CorpusRun",
+        "from attnviz.figures import corpus as figs",
+        "",
+        "RUNS = Path(\"runs\")  # the folder that holds the run (attnviz corpus run ... --out runs/NAME)",
+        f"summary = CorpusRun(RUNS / {run!r}, name={run!r}).summary()  # one row per (window length, layer, head)",
+        f"n_windows = int(summary.loc[summary[\"window\"] == {int(window)}, \"n_windows\"].max())",
+        f"fig = figs.mean_grid(summary, {stat!r}, {int(window)}, "
+        f"title=f\"{stat}: each head's mean over {{n_windows:,}} windows of {int(window)} tokens\")",
+        EXPORT.format(name=_file_name(run, stat, window)),
+    ])
