@@ -7,6 +7,7 @@ one readable string each (GPT-2's byte-to-character table reads byte-level piece
 
 from __future__ import annotations
 
+import unicodedata
 from functools import lru_cache
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -59,7 +60,8 @@ _BYTE_OF = {ch: b for b, ch in _bytes_to_unicode().items()}
 def readable_tokens(tokenizer, token_ids: list[int]) -> list[str]:
     """Each token decoded on its own, with whitespace made visible. A piece of a multi-byte character (which
     decodes alone to U+FFFD) is shown by its bytes, as <0xC3>, when its vocabulary string is byte-level (GPT-2's
-    byte-to-character table), else by that vocabulary string."""
+    byte-to-character table), else by that vocabulary string. Any other control character is shown by its code as
+    <0x10>: in a chart's label it would stop plotly's exporter, and on screen it shows nothing."""
     out = []
     for tid in token_ids:
         text = tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -67,5 +69,6 @@ def readable_tokens(tokenizer, token_ids: list[int]) -> list[str]:
             piece = str(tokenizer.convert_ids_to_tokens(tid))
             raw = [_BYTE_OF.get(ch) for ch in piece]
             text = "".join(f"<0x{b:02X}>" for b in raw) if None not in raw else piece
-        out.append(text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍"))
+        text = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+        out.append("".join(f"<0x{ord(c):02X}>" if unicodedata.category(c) == "Cc" else c for c in text))
     return out

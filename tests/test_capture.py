@@ -255,6 +255,8 @@ def test_readable_tokens_show_whitespace_and_split_characters(toys):
     tokens = readable_tokens(tok, tok("a b\nï\t").input_ids)
     expected_bytes = [f"<0x{b:02X}>" for b in "ï".encode("utf-8")]
     assert tokens == ["<bos>", "a", "␣", "b", "↵", *expected_bytes, "⇥"]
+    # other control characters by their code: a label holding one stopped plotly's figure export
+    assert readable_tokens(tok, tok("\x10\x7f").input_ids)[1:] == ["<0x10>", "<0x7F>"]
 
 
 def test_a_model_that_fails_on_the_text_gives_a_capture_error(monkeypatch):
