@@ -2,17 +2,14 @@ import numpy as np
 import streamlit as st
 
 from attnviz import budget, snippets, ui
-from attnviz.capture import CaptureError
 from attnviz.capture.files import MAX_EXPORT_BYTES, export_bytes
-from attnviz.corpus import compare_heads, layer_means
-from attnviz.diagnostics import SCORES
-from attnviz.figures import compare as compare_figs
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
 from attnviz.report import default_heads
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
+from attnviz.ui import heads_tabs
 from attnviz.ui import links
 from attnviz.ui import snippets as snippet_ui
 from attnviz.ui import spans
@@ -25,7 +22,6 @@ SINK_MASS_NOTE = ("sink_mass is the mean of P[q, 0], the weight query q gives to
 TABS = {"grid": "All heads", "head": "One head", "token": "Where a token looks", "predict": "Predictions",
         "stats": "Statistics", "induction": "Induction test", "corpus": "Many texts", "compare": "Compare",
         "export": "Export"}
-MAX_CORPUS_CHARS = 500_000  # an uploaded text: at most 64 windows of it are run anyway
 
 st.title("Heads")
 st.write("Run a model on your text, record what every attention head saw (its queries, keys and mask), and find "
@@ -204,121 +200,6 @@ def predictions_panel():
     st.dataframe(table, hide_index=True, width="stretch")
     st.caption("Each row: a position, the token that follows it, its loss and rank among the model's predictions "
                "(0 = the first choice), and the model's five most likely next tokens with their probabilities.")
-
-
-@st.fragment
-def induction_panel():
-    st.write("The standard induction test, independent of your text: a random sequence of L distinct tokens, "
-             "repeated once. In the second copy every token has one earlier occurrence; an induction head looks "
-             "at the token that came after it (prefix matching).")
-    i1, i2, i3 = st.columns(3)
-    length = i1.select_slider("Length L of the random sequence", [10, 25, 50, 100, 200], 50,
-                              key="heads_induction_length", persist_state="session")
-    seed = i2.number_input("Seed", 0, 1_000_000, 0, key="heads_induction_seed", persist_state="session")
-    column = i3.radio("Score", SCORES, key="heads_induction_score", persist_state="session")
-    try:
-        with st.spinner(f"Running {model} on {2 * length} random tokens…"):
-            test = cache.induction_test_of(model, version, length, int(seed))
-    except CaptureError as exc:
-        st.error(str(exc))
-        return
-    if test.loss_first is not None:
-        st.write(f"Loss on the first copy: {test.loss_first:.2f} nats a token (random: the model cannot predict "
-                 f"it); on the second: {test.loss_second:.2f}. "
-                 + ("The model copies from the first copy." if test.loss_second < test.loss_first - 0.5 else
-                    "The model does not use the repeat much."))
-    meaning = {"prefix_matching": "the token after the earlier occurrence (induction)",
-               "duplicate_token": "the earlier occurrence itself", "previous_token": "the token just before"}[column]
-    st.plotly_chart(figs.stat_grid(test.scores, column, title=f"{column}: weight on {meaning}, mean over the second "
-                                   "copy", colorbar_title="share of attention"), width="stretch")
-    best = test.scores.sort_values(column, ascending=False).head(5)
-    st.dataframe(best, hide_index=True, width="stretch")
-    st.caption("Per head, the mean over the L queries of the second copy. Chance is about 1/(position): a head "
-               "spreading its weight evenly would score near 1/(1.5 L).")
-    if layer in test.capture.layers:
-        p = test.capture.pattern[test.capture.index_of(layer), head]
-        st.plotly_chart(figs.head_detail(p, test.capture.tokens, gamma=gamma, causal=test.capture.causal,
-                                         title=f"Layer {layer}, head {head} on the repeated random tokens"),
-                        width="stretch")
-        st.write(f"An induction head draws a stripe {length - 1} tokens below the diagonal in the lower half: each "
-                 "token of the second copy looks at the token after its first occurrence.")
-
-
-@st.fragment
-def corpus_panel():
-    st.write("One text says little about a head. Average every head's statistics over many windows of text (each "
-             "run on its own), and compare two models head by head.")
-    source_kind = st.radio("Texts", ["Windows of the text above", "An uploaded .txt file"], horizontal=True,
-                           key="heads_corpus_source", persist_state="session")
-    source = text
-    if source_kind.startswith("An uploaded"):
-        upload = st.file_uploader("A plain-text file (.txt, UTF-8)", type=["txt"], key="heads_corpus_file")
-        if upload is None:
-            st.info("Choose a .txt file: it is cut into windows of tokens.")
-            return
-        try:
-            source = upload.getvalue().decode("utf-8")
-        except UnicodeDecodeError:
-            st.error("The file is not UTF-8 text: save it as UTF-8 and upload it again.")
-            return
-        if not source.strip():
-            st.error("The file is empty.")
-            return
-        if len(source) > MAX_CORPUS_CHARS:
-            st.warning(f"The file has {len(source):,} characters: its first {MAX_CORPUS_CHARS:,} are used.")
-            source = source[:MAX_CORPUS_CHARS]
-    w1, w2, w3 = st.columns(3)
-    window = w1.select_slider("Window (tokens)", [32, 64, 128, 256, 512], 128, key="heads_corpus_window",
-                              persist_state="session")
-    max_windows = w2.slider("Windows at most", 1, 64, 16, key="heads_corpus_windows", persist_state="session")
-    column = w3.selectbox("Statistic", COLUMNS, key="heads_corpus_stat", persist_state="session")
-    model_b = None
-    if st.toggle("Compare with a second model (or toy-lab checkpoint)", key="heads_corpus_compare",
-                 persist_state="session"):
-        model_b = ui.model_picker("heads_model_b", default="gemma3-270m" if model == "smollm2-135m" else "toy-gpt2",
-                                  label="Model B")
-        if model_b is None or ui.get_model(model_b) is None:
-            return
-    wanted = (model, version, source, window, max_windows, model_b)
-    if st.button("Compute", key="heads_corpus_go"):
-        st.session_state["heads_corpus_for"] = hash(wanted)
-    if st.session_state.get("heads_corpus_for") != hash(wanted):
-        st.caption("Press Compute: every window is a forward pass (a few seconds each for a real model).")
-        return
-    table, summary = cache.corpus_of(model, version, source, window, max_windows)
-    units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
-    st.plotly_chart(figs.stat_grid(table, column, title=f"{model}: {column}, mean over {summary}",
-                                   colorbar_title=f"{column} ({units})"), width="stretch")
-    st.write(f"A head's mean over the windows; `{column}_std` in the table is its spread from window to window (a "
-             "steady role has a small spread).")
-    st.dataframe(table, hide_index=True, width="stretch")
-    if model_b is None:
-        return
-    table_b, summary_b = cache.corpus_of(model_b, ui.model_version(model_b), source, window, max_windows)
-    shape_b = ui.get_model(model_b).shape
-    ui.chart(compare_figs.distributions({model: table[column], model_b: table_b[column]},
-                                        title=f"{column} of every head: {model} against {model_b}",
-                                        y_title=f"{column} ({units})"),
-             "Each point is one head's mean over the windows (each model cuts the text with its own tokenizer); the "
-             "box spans the middle half of the heads, the line in it is the median. Models of any shape compare "
-             "here.")
-    means_a, means_b = layer_means(table, column), layer_means(table_b, column)
-    ui.chart(compare_figs.depth_curves({model: compare_figs.depth_curve(loaded.shape, means_a.index, means_a),
-                                        model_b: compare_figs.depth_curve(shape_b, means_b.index, means_b)},
-                                       title=f"{column}, mean over each layer's heads, against relative depth",
-                                       y_title=f"{column} ({units})"),
-             "Each point is one layer: 0 is the first layer and 1 the last, so models of different depths line up. "
-             "Triangles mark local (sliding-window) layers, circles global ones, in a model that has both.")
-    try:
-        diff = compare_heads(table, table_b, column)
-    except ValueError:
-        st.caption(f"Head by head only for models of one shape: {model} has {loaded.shape.layers} x "
-                   f"{loaded.shape.heads} heads, {model_b} {shape_b.layers} x {shape_b.heads}.")
-        return
-    st.plotly_chart(figs.stat_grid(diff, "difference", title=f"{column}: {model} − {model_b} (B: {summary_b})",
-                                   colorbar_title=f"A − B ({units})"), width="stretch")
-    st.write("Head by head, model A's mean minus model B's: a head that gained or lost a role between the two "
-             "stands out.")
 
 
 @st.fragment
@@ -501,9 +382,10 @@ if tabs["head"].open:
                                             layers=layers))
 
 
-for name, panel in (("token", token_panel), ("predict", predictions_panel), ("induction", induction_panel),
-                    ("corpus", corpus_panel), ("stats", stats_panel), ("compare", compare_panel),
-                    ("export", export_panel)):
+for name, panel in (("token", token_panel), ("predict", predictions_panel),
+                    ("induction", lambda: heads_tabs.induction_panel(model, version, layer, head, gamma)),
+                    ("corpus", lambda: heads_tabs.many_texts_panel(model, version, text, loaded)),
+                    ("stats", stats_panel), ("compare", compare_panel), ("export", export_panel)):
     if tabs[name].open:  # only the open tab runs
         with tabs[name]:
             panel()
