@@ -9,6 +9,7 @@ from attnviz.figures import compare as compare_figs
 from attnviz.figures import sinks as figs
 from attnviz.pooling import MIN_REMAINING
 from attnviz.ui import links
+from attnviz.ui.massive_panel import massive_panel
 from attnviz.ui import sinks as sink_ui
 from attnviz.ui import snippets as snippet_ui
 
@@ -16,7 +17,6 @@ DEFAULT_TEXT = ("Four score and seven years ago our fathers brought forth on thi
                 "in Liberty, and dedicated to the proposition that all men are created equal.")
 MAX_CHARS = ui.MAX_TEXT_CHARS  # long texts keep q and k only and are read a block of rows at a time
 MAX_MAP_TOKENS = 160  # one head's map is drawn for at most this many tokens (the sinks are at the start)
-TOKEN_CHOICES = 256  # the massive-activation edit is offered at the first tokens and where the top values sit
 EXPERIMENT_MODEL = "smollm2-135m"
 WINDOWS = [16, 32, 64, 128, 256, 512, 1024]
 POSITIONS = {"inside the cache (StreamingLLM)": "cache", "as in the text": "original"}
@@ -72,7 +72,6 @@ def show_sink_scores(model: str, text: str) -> None:
                 "so a head whose learned sink takes most of its attention has small α_k everywhere.")
     alpha = sink_ui.sink_scores(model, text, capture)  # [layer, head, key]
     share = sinks.sink_head_share(alpha)
-    top = sinks.top_sink_keys(alpha, capture.tokens, causal=capture.causal)
     n_sink_heads = int(sinks.sink_heads(alpha).sum())
     n_heads = alpha.shape[0] * alpha.shape[1]
     found = [int(k) for k in sinks.sink_keys(alpha, causal=capture.causal)]
@@ -98,6 +97,13 @@ def show_sink_scores(model: str, text: str) -> None:
     ui.chart(figs.sink_share_bars(share, capture.layers, threshold=sinks.SINK_THRESHOLD),
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")
+    _sink_keys(alpha, capture, found, unjudged, n_heads)
+    one_head_view(model, capture, alpha, hidden)
+
+def _sink_keys(alpha, capture, found: list[int], unjudged, n_heads: int) -> None:
+    """Which tokens are sinks: each key's mean alpha, the sinks marked, and the table of the top keys."""
+    n = capture.n_tokens
+    top = sinks.top_sink_keys(alpha, capture.tokens, causal=capture.causal)
     quarter = " and at least a quarter of the queries see it" if capture.causal else ""
     rule = (f"α_k > {sinks.SINK_THRESHOLD:g} in at least {sinks.SINK_HEAD_SHARE:.0%} of the heads (here "
             f"{sinks.min_sink_heads(n_heads)} of {n_heads}){quarter}")
@@ -116,8 +122,6 @@ def show_sink_scores(model: str, text: str) -> None:
                + f". sink_heads counts the heads with α_k > {sinks.SINK_THRESHOLD:g} (a sink needs "
                f"{sinks.min_sink_heads(n_heads)}); heads_where_largest counts the heads for which this key gets more "
                "than any other ranked key.")
-
-    one_head_view(model, capture, alpha, hidden)
 
 
 @st.fragment
@@ -246,101 +250,6 @@ def _sink_rates_compared(measured: dict, eps: float) -> None:
              "18-layer model line up. Triangles mark local (sliding-window) layers, circles global ones.")
 
 
-def show_massive_activations(model: str, text: str) -> None:
-    st.markdown(
-        "Sun et al. (2024, *Massive Activations in Large Language Models*) found the mechanism under the sink: "
-        "from an early layer on, a few dimensions of the first token's hidden state (and of some delimiters) take "
-        "values thousands of times the median, and stay there. They act as a fixed bias that makes the first "
-        "token's key easy to find. Here: each layer's top 3 values on your text, and what happens when those "
-        "dimensions are set to zero at the sink token, or to their mean at the same position over other texts "
-        f"({sink_ui.REFERENCE_WINDOWS} windows of the shipped text).")
-    loaded = ui.get_model(model)
-    if loaded is None:
-        return
-    from attnviz import lm, massive
-
-    if not lm.is_language_model(loaded.model) or not loaded.shape.causal:
-        st.warning(f"{model} is not a decoder with a language-model head, so it has no perplexity to measure. "
-                   "Choose smollm2-135m (or a toy decoder) above.")
-        return
-    got = sink_ui.layer_outputs(model, text)
-    if got is None:
-        return
-    ids, hidden = got
-    if len(ids) < 2:
-        st.warning("The text is a single token: type a longer text.")
-        return
-    tokens = loaded.tokenizer.convert_ids_to_tokens(ids)
-    top = massive.top_activations(hidden, k=3)
-    first = massive.first_massive_layer(hidden)
-    peaks = [abs(t[0].value) for t in top]
-    ui.chart(figs.massive_values(peaks, massive.median_magnitude(hidden)),
-             (f"From layer {first} on, the largest value is over {massive.MASSIVE_VALUE:g} and over "
-              f"{massive.MASSIVE_RATIO:,.0f}× the layer's median: a massive activation (Sun et al.'s definition)."
-              if first is not None else "No layer has a value over 100 and 1,000× its median: this model has no "
-              "massive activations in Sun et al.'s sense (random toy models have none)."))
-    with st.expander("The top 3 values of every layer, and where they sit"):
-        st.dataframe(pd.DataFrame([dict(layer=a.layer, rank=r + 1, token=a.token, text=tokens[a.token], dim=a.dim,
-                                        value=round(a.value, 2)) for layer in top for r, a in enumerate(layer)]),
-                     hide_index=True)
-    if len(hidden) < 2:
-        st.info(f"{model} has one layer: an edit of its output reaches no attention layer after it.")
-        return
-    # the last layer's output feeds no attention layer, so it is not offered
-    default_layer = min(first if first is not None else int(np.argmax(peaks[:-1])), len(hidden) - 2)
-    c1, c2, c3, c4 = st.columns(4)
-    with c1:
-        st.session_state.setdefault("sinks_massive_layer", default_layer)  # first visit: where they appear
-        layer = ui.choice_box("Edit after layer", list(range(len(hidden) - 1)), "sinks_massive_layer", default_layer)
-    with c2:
-        st.session_state.setdefault("sinks_massive_token", top[layer][0].token)
-        # the first tokens, and wherever a layer's largest values sit: a list of every token of a long text is no
-        # choice a person can make
-        choices = sorted(set(range(min(len(ids), TOKEN_CHOICES))) | {a.token for t in top for a in t})
-        token = ui.choice_box("At token", choices, "sinks_massive_token", top[layer][0].token)
-    k = c3.slider("Largest dimensions edited", 1, 8, 3, key="sinks_massive_dims", persist_state="session")
-    mode = c4.radio("Set them to", massive.MODES, key="sinks_massive_mode", persist_state="session",
-                    format_func=lambda m: "zero" if m == "zero" else "their mean over other texts")
-    dims = np.argsort(-np.abs(hidden[layer, token]), kind="stable")[:k].tolist()
-    st.caption(f"Dimensions {', '.join(map(str, dims))} of token {token} ({tokens[token]!r}) after layer {layer}.")
-    if not ui.started_by_button("Run the intervention", "sinks_massive_run",
-                                "Press the button: the model runs twice (with and without the edit), each time with "
-                                "a capture of every head; on a long text that takes minutes."):
-        return
-    means = None
-    if mode == "mean":
-        reference = sink_ui.reference_outputs(model)
-        if reference is None:
-            return
-        try:
-            means = massive.mean_at(reference, layer, token, dims)
-        except ValueError:
-            st.warning(f"The mean is taken at the same position in {sink_ui.REFERENCE_WINDOWS} windows of "
-                       f"{sink_ui.REFERENCE_TOKENS} tokens of the shipped text; token {token} is past their end. "
-                       "Choose an earlier token, or set the dimensions to zero.")
-            return
-    edit = massive.edit_for(hidden, layer, token, dims, mode, means)
-    result = sink_ui.intervention(model, text, edit)
-    if result is None:
-        return
-    after = slice(layer + 1, None)
-    mass, edited = result.sink_mass[after].mean(), result.edited_sink_mass[after].mean()
-    c1, c2 = st.columns(2)
-    ratio = result.edited_perplexity / result.perplexity
-    times = f"{ratio:,.0f}×" if ratio >= 100 else f"{ratio:.2f}×"
-    c1.metric("Perplexity on your text", f"{result.edited_perplexity:,.2f}",
-              delta=f"{times} the unedited {result.perplexity:.2f}", delta_color="inverse",
-              delta_arrow="up" if ratio >= 1 else "down")  # a ratio takes no sign: the arrow says which way
-    c2.metric(f"Sink mass of layers {layer + 1}–{len(hidden) - 1}", f"{edited:.1%}",
-              delta=f"{100 * (edited - mass):+.1f} points vs {mass:.1%} unedited", delta_color="off")
-    label = "dimensions zeroed" if mode == "zero" else "dimensions set to their mean"
-    ui.chart(figs.sink_mass_change(result.sink_mass, result.edited_sink_mass, label=label),
-             "Sink mass: the share of each layer's attention that queries 1..n−1 put on token 0; layers up to the "
-             "edit are unchanged. Sun et al. report that zeroing the first token's massive activations wrecks the "
-             "model and its sinks, while their mean (nearly the same value in every text) keeps both: the sink "
-             "rests on that fixed value. On SmolLM2 zeroing them sends the perplexity up by orders of magnitude.")
-
-
 def show_experiment() -> None:
     st.markdown(
         "StreamingLLM (Xiao et al., ICLR 2024) keeps a fixed-size KV cache for endless text. The obvious cache, "
@@ -349,17 +258,7 @@ def show_experiment() -> None:
         "repairs it. Here SmolLM2-135M reads the Declaration of Independence and two speeches of Lincoln "
         "(public domain, shipped with attnviz) three ways: (a) full attention, (b) a window of the last W "
         "tokens, (c) the same window plus the first tokens.")
-    c1, c2, c3, c4 = st.columns(4)
-    window = c1.select_slider("Window W (recent tokens kept)", WINDOWS, value=streaming.DEFAULT_WINDOW,
-                              key="sinks_window", persist_state="session")
-    n_sinks = c2.slider("Sink tokens kept in (c)", 0, 16, streaming.DEFAULT_SINKS, key="sinks_n_sinks",
-                        persist_state="session")
-    positions = POSITIONS[c3.radio("Positions of the sinks", list(POSITIONS), key="sinks_positions",
-                                   persist_state="session",
-                                   help="StreamingLLM numbers the cached tokens by their slot in the cache; the "
-                                        "other choice keeps their place in the text.")]
-    smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing",
-                                 persist_state="session")
+    window, n_sinks, positions, smoothing = _experiment_controls()
     if not ui.started_by_button("Run the eviction experiment", "sinks_run",
                                 f"Press the button to run it: three forward passes of {EXPERIMENT_MODEL} (this "
                                 "section's model, whatever model is chosen above) over the "
@@ -399,6 +298,26 @@ def show_experiment() -> None:
           "Before the dotted line the window still holds token 0, so the three curves coincide. After it, the gap "
           "between (b) and (a) is the price of losing the sink, and (c) shows how much keeping the first tokens "
           "wins back.")
+    _how_eviction_is_computed()
+
+def _experiment_controls() -> tuple[int, int, str, int]:
+    """(window W, sink tokens kept, where the sinks sit: "cache" or "original", smoothing) as the visitor sets them."""
+    c1, c2, c3, c4 = st.columns(4)
+    window = c1.select_slider("Window W (recent tokens kept)", WINDOWS, value=streaming.DEFAULT_WINDOW,
+                              key="sinks_window", persist_state="session")
+    n_sinks = c2.slider("Sink tokens kept in (c)", 0, 16, streaming.DEFAULT_SINKS, key="sinks_n_sinks",
+                        persist_state="session")
+    positions = POSITIONS[c3.radio("Positions of the sinks", list(POSITIONS), key="sinks_positions",
+                                   persist_state="session",
+                                   help="StreamingLLM numbers the cached tokens by their slot in the cache; the "
+                                        "other choice keeps their place in the text.")]
+    smoothing = c4.select_slider("Smoothing (tokens)", [1, 8, 32, 128], value=32, key="sinks_smoothing",
+                                 persist_state="session")
+    return window, n_sinks, positions, smoothing
+
+
+def _how_eviction_is_computed() -> None:
+    """Why one forward pass per setting gives the rolling cache's numbers."""
     with st.expander("How the eviction is computed, and why not token by token"):
         st.markdown(
             "StreamingLLM decodes one token at a time against a rolling KV cache and numbers the cached tokens by "
@@ -430,7 +349,7 @@ if picked is not None:
     show_metric_over_texts(picked, typed)
 st.header("Massive activations: what the sink is built on")
 if typed is not None:
-    show_massive_activations(picked, typed)
+    massive_panel(picked, typed)
 elif picked is not None:
     st.caption("It reads your text: the top of the page says why it cannot.")
 st.header("Evict the first tokens: the StreamingLLM experiment")
