@@ -54,6 +54,16 @@ def show_real_model(cap, text: str) -> None:
                 "position); b is kept as the model adds it, unscaled, in every map and sweep below." if biased
                 else ""))
 
+    patterns, keep = _real_maps(head_raw, scaling, real_t, head_bias, softcap, tokens)
+    _real_row(head_raw, patterns, keep, query, tokens)
+    _real_sweep(cap, text, layers, layer_pos, head, scaling, softcap, head_raw, head_bias, real_t)
+    _real_saturation(cap, text, layers, scaling, softcap)
+
+
+def _real_maps(head_raw, scaling: float, real_t: float, head_bias, softcap, tokens):
+    """The head's pattern at its own scale, unscaled and at temperature T, with their statistics; returns
+    (patterns, the rows that may attend to at least two keys)."""
+    biased = head_bias is not None
     patterns = sm.head_variants(head_raw, scaling, real_t, bias=head_bias, softcap=softcap)
     own_formula = logit_formula(f" × {scaling:.3g}", biased, softcap)
     raw_formula = logit_formula("", biased, softcap)
@@ -77,7 +87,11 @@ def show_real_model(cap, text: str) -> None:
          "median ‖J‖_F": "{:.3g}"}), hide_index=True, width="stretch")
     st.caption(f"Statistics over the {int(keep.sum())} rows that may attend to at least two keys (in a causal "
                "model the first token sees only itself, whatever the scale).")
+    return patterns, keep
 
+
+def _real_row(head_raw, patterns, keep, query: int, tokens) -> None:
+    """One query's row under each softmax, and each row's Jacobian norm."""
     d1, d2 = st.columns(2)
     n_valid = int(sm.valid_keys(head_raw)[query])
     d1.plotly_chart(figs.head_row({name: p[query, :n_valid] for name, p in patterns.items()}, tokens[:n_valid],
@@ -90,6 +104,10 @@ def show_real_model(cap, text: str) -> None:
     st.caption("The bars show where one query puts its weight under each softmax; the dots, how much gradient "
                "each row of this head would let through.")
 
+
+def _real_sweep(cap, text, layers, layer_pos, head, scaling, softcap, head_raw, head_bias, real_t) -> None:
+    """The head's statistics as the factor on raw q·k varies."""
+    biased = head_bias is not None
     sweep_table = ui_softmax.real_scale_sweep(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers),
                                               layer_pos, head, scaling, softcap, head_raw, head_bias)
     # dividing the logits by T equals a factor s / T on q·k only when nothing is added to (or caps) q·k × s
@@ -106,6 +124,9 @@ def show_real_model(cap, text: str) -> None:
                 + ("the bias" if biased else "the soft-cap") + " included, which no factor on q·k does: it is no "
                 "point on this curve and is not marked."))
 
+
+def _real_saturation(cap, text, layers, scaling, softcap) -> None:
+    """Every head's share of saturated rows, at its own scale and unscaled."""
     shares = ui_softmax.real_head_saturation(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers),
                                              scaling, softcap, cap.inputs)
     g1, g2 = st.columns(2)
@@ -134,38 +155,12 @@ st.markdown(
 @st.fragment
 def random_logits_section() -> None:
     """Everything the four controls above it change: moving one reruns this section only, not the real model's."""
-    c1, c2, c3, c4 = st.columns(4)
-    n_keys = c1.slider("keys per query", min_value=2, max_value=512, value=32, key="softmax_n_keys",
-                       persist_state="session",
-                       help="The number of keys each query spreads its weight over (the row length).")
-    d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k",
-                           persist_state="session", help="Log-spaced from 1 to 1024: two steps per doubling.")
-    temperature = c3.select_slider("temperature T", options=TEMPERATURES, value=1.0, key="softmax_temperature",
-                                   persist_state="session",
-                                   help="softmax(logits / T): T > 1 flattens, T < 1 sharpens.")
-    seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed",
-                               persist_state="session"))
+    n_keys, d_k, temperature, seed = _random_controls()
 
     with st.spinner("Sampling queries and keys…"):
         variants, grads = ui_softmax.sample(d_k, n_keys, seed, temperature)
 
-    scale_text = ui_softmax.scale_text(d_k)
-    predicted_var = ui_softmax.predicted_variance(d_k, temperature)
-    log_n = math.log(n_keys)
-
-    for column, variant in zip(st.columns(2), (sm.SCALED, sm.UNSCALED)):
-        scores, pattern, stats = variants[variant]
-        with column:
-            st.subheader(scale_text[variant])
-            m1, m2 = st.columns(2)
-            m3, m4 = st.columns(2)
-            m1.metric("logit std", f"{scores.std():.3g}",
-                      help=f"Predicted: {math.sqrt(predicted_var[variant]):.3g}")
-            m2.metric("mean max weight", f"{stats.max_weight.mean():.3f}", help=f"Uniform would be 1/{n_keys}.")
-            m3.metric("mean entropy (nats)", f"{stats.entropy.mean():.2f}",
-                      help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
-            m4.metric("saturated rows", f"{stats.saturated_share:.1%}",
-                      help="Rows whose largest weight exceeds 0.99.")
+    _variant_metrics(variants, d_k, n_keys, temperature)
     charts = ui_softmax.section_figures(d_k, n_keys, seed, temperature, ROWS_SHOWN)
     st.plotly_chart(charts["variants"], width="stretch", key="softmax_variants")
     dims = charts["variants_stops"]
@@ -199,6 +194,50 @@ def random_logits_section() -> None:
         "the Jacobian collapses by orders of magnitude."
     )
 
+    _gradient_to_q(grads, charts["gradients"])
+    setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
+    ui_softmax.prefetch_next(setting, st.session_state.get("softmax_last_setting"), TEMPERATURES, ROWS_SHOWN)
+    st.session_state["softmax_last_setting"] = setting
+
+def _random_controls() -> tuple[int, int, float, int]:
+    """(keys per query, d_k, temperature, seed) as the four controls set them."""
+    c1, c2, c3, c4 = st.columns(4)
+    n_keys = c1.slider("keys per query", min_value=2, max_value=512, value=32, key="softmax_n_keys",
+                       persist_state="session",
+                       help="The number of keys each query spreads its weight over (the row length).")
+    d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k",
+                           persist_state="session", help="Log-spaced from 1 to 1024: two steps per doubling.")
+    temperature = c3.select_slider("temperature T", options=TEMPERATURES, value=1.0, key="softmax_temperature",
+                                   persist_state="session",
+                                   help="softmax(logits / T): T > 1 flattens, T < 1 sharpens.")
+    seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed",
+                               persist_state="session"))
+    return n_keys, d_k, temperature, seed
+
+
+def _variant_metrics(variants, d_k: int, n_keys: int, temperature: float) -> None:
+    """Scaled and unscaled side by side: logit spread, max weight, entropy, saturated rows."""
+    scale_text = ui_softmax.scale_text(d_k)
+    predicted_var = ui_softmax.predicted_variance(d_k, temperature)
+    log_n = math.log(n_keys)
+
+    for column, variant in zip(st.columns(2), (sm.SCALED, sm.UNSCALED)):
+        scores, pattern, stats = variants[variant]
+        with column:
+            st.subheader(scale_text[variant])
+            m1, m2 = st.columns(2)
+            m3, m4 = st.columns(2)
+            m1.metric("logit std", f"{scores.std():.3g}",
+                      help=f"Predicted: {math.sqrt(predicted_var[variant]):.3g}")
+            m2.metric("mean max weight", f"{stats.max_weight.mean():.3f}", help=f"Uniform would be 1/{n_keys}.")
+            m3.metric("mean entropy (nats)", f"{stats.entropy.mean():.2f}",
+                      help=f"Between 0 and log {n_keys} = {log_n:.2f}.")
+            m4.metric("saturated rows", f"{stats.saturated_share:.1%}",
+                      help="Rows whose largest weight exceeds 0.99.")
+
+
+def _gradient_to_q(grads, figure) -> None:
+    """What autograd gives for the gradient reaching q, scaled and unscaled."""
     st.subheader("The gradient that reaches q (autograd)")
     st.markdown(
         r"One attention layer, $o_i=\sum_j p_{ij} v_j$ with $p_i=\mathrm{softmax}(s\,K q_i / T)$, and a loss "
@@ -220,10 +259,7 @@ def random_logits_section() -> None:
     g1.metric("unscaled rows with < 1 % of it",
               f"{np.mean(grads[sm.UNSCALED] < 0.01 * np.median(grads[sm.SCALED])):.1%}",
               help="The share of unscaled rows whose ‖∂L/∂q‖ is below 1 % of the scaled median.")
-    g2.plotly_chart(charts["gradients"], width="stretch", key="softmax_box_grad")
-    setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
-    ui_softmax.prefetch_next(setting, st.session_state.get("softmax_last_setting"), TEMPERATURES, ROWS_SHOWN)
-    st.session_state["softmax_last_setting"] = setting
+    g2.plotly_chart(figure, width="stretch", key="softmax_box_grad")
 
 
 random_logits_section()
