@@ -8,6 +8,7 @@ from attnviz.corpus import layer_means
 from attnviz.figures import compare as compare_figs
 from attnviz.figures import corpus as figs
 from attnviz.ui import corpus as corpus_ui
+from attnviz.ui import corpus_start
 from attnviz.ui import links
 from attnviz.ui import snippets as snippet_ui
 
@@ -45,11 +46,11 @@ def start_form() -> str | None:
     if not st.button("Start the run", key="corpus_start", type="primary"):
         return None
     if source == SOURCES[0]:
-        texts = corpus_ui.pasted_texts(pasted)
+        texts = corpus_start.pasted_texts(pasted)
     else:
-        data = corpus_ui.upload_checked(file)
+        data = corpus_start.upload_checked(file)
         upload = None if data is None else (file.name, data)
-    return corpus_ui.start_run(model, texts, upload, field, sorted(windows), max_windows)
+    return corpus_start.start_run(model, texts, upload, field, sorted(windows), max_windows)
 
 
 def pick(label: str, names: list[str], key: str) -> str:
