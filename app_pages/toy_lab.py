@@ -228,40 +228,41 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
                 "visitor's name is never replaced) and opens on the Heads page.")
         return
 
-    @st.fragment(run_every=2.0 if busy else None)  # decided after the buttons: a click starts the polling
-    def comparison_view(was_running: bool) -> None:
-        snaps = comparison.snapshots()
-        first = next(iter(snaps.values()))
-        late = " (time limit reached)" if comparison.timed_out else ""
-        st.progress(min(1.0, min(s.progress for s in snaps.values())),
-                    text=f"step {min(s.step for s in snaps.values())} of {first.config.steps} for each variant, "
-                         f"{max(s.elapsed_s for s in snaps.values()):.0f} s{late}")
-        for name, snap in snaps.items():
-            if snap.error:
-                st.error(f"{name.replace('_', ' ')}: {snap.error}.")
-        left, right = st.columns(2)
-        with left:
-            losses = {n: s.losses for n, s in snaps.items()}
-            ui.chart(figs.variant_loss_curves(losses, total_steps=first.config.steps),
-                     "Loss on the task's answer tokens. Where the curves meet, the variants learn the task equally "
-                     "well, and a difference in sinks is not a difference in skill.")
-        with right:
-            rates = {n: [c.sink_rate for c in s.checkpoints] for n, s in snaps.items()}
-            steps = {n: [c.step for c in s.checkpoints] for n, s in snaps.items()}
-            ui.chart(figs.variant_sink_curves(steps, rates, eps=0.3, threshold=lab_ui.SINK_TARGET,
-                                              total_steps=first.config.steps),
-                     "Sink₀^0.3 at each checkpoint: the share of (text, layer, head) triples whose α₀ on <bos> "
-                     "exceeds 0.3. Off by one and the learned sink give attention a place to go that is not a "
-                     "token; the gate lets a head write nothing; a token sink is what softmax alone forces.")
-        saved = [s.saved_as for s in snaps.values() if s.saved_as]
-        if saved:
-            st.caption("Saved, to open on the Heads page: " + ", ".join(f"lab/{n}" for n in saved) + ".")
-        if was_running and comparison.finished:
-            st.rerun()
-        if comparison.finished:
-            show_variant_maps(comparison)
+    # run_every is decided after the buttons: a click starts the polling
+    st.fragment(run_every=2.0 if busy else None)(_comparison_view)(comparison, busy)
 
-    comparison_view(busy)
+def _comparison_view(comparison, was_running: bool) -> None:
+    """The four variants' training so far: progress, losses, sink metric; their maps once finished."""
+    snaps = comparison.snapshots()
+    first = next(iter(snaps.values()))
+    late = " (time limit reached)" if comparison.timed_out else ""
+    st.progress(min(1.0, min(s.progress for s in snaps.values())),
+                text=f"step {min(s.step for s in snaps.values())} of {first.config.steps} for each variant, "
+                     f"{max(s.elapsed_s for s in snaps.values()):.0f} s{late}")
+    for name, snap in snaps.items():
+        if snap.error:
+            st.error(f"{name.replace('_', ' ')}: {snap.error}.")
+    left, right = st.columns(2)
+    with left:
+        losses = {n: s.losses for n, s in snaps.items()}
+        ui.chart(figs.variant_loss_curves(losses, total_steps=first.config.steps),
+                 "Loss on the task's answer tokens. Where the curves meet, the variants learn the task equally "
+                 "well, and a difference in sinks is not a difference in skill.")
+    with right:
+        rates = {n: [c.sink_rate for c in s.checkpoints] for n, s in snaps.items()}
+        steps = {n: [c.step for c in s.checkpoints] for n, s in snaps.items()}
+        ui.chart(figs.variant_sink_curves(steps, rates, eps=0.3, threshold=lab_ui.SINK_TARGET,
+                                          total_steps=first.config.steps),
+                 "Sink₀^0.3 at each checkpoint: the share of (text, layer, head) triples whose α₀ on <bos> "
+                 "exceeds 0.3. Off by one and the learned sink give attention a place to go that is not a "
+                 "token; the gate lets a head write nothing; a token sink is what softmax alone forces.")
+    saved = [s.saved_as for s in snaps.values() if s.saved_as]
+    if saved:
+        st.caption("Saved, to open on the Heads page: " + ", ".join(f"lab/{n}" for n in saved) + ".")
+    if was_running and comparison.finished:
+        st.rerun()
+    if comparison.finished:
+        show_variant_maps(comparison)
 
 
 if run is None:
