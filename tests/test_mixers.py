@@ -1,0 +1,132 @@
+"""attnviz.mixers: the implicit attention maps of gated delta rule and Mamba2 layers, checked against a float64
+reading of their definitions and against transformers' own reference kernels on tiny random models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnviz.mixers.delta import apply_map, delta_rule_map, delta_rule_map_naive
+from attnviz.mixers.record import mixer_records, record_mixers
+from attnviz.mixers.records import DeltaRuleRecord, MixerError, SsdRecord
+from attnviz.mixers.ssd import apply_ssd, ssd_map, ssd_map_naive
+from tests import mixer_models
+
+# The maps are built in float32 from the kernel's float32 inputs; a rebuilt output may differ from the kernel's by
+# float32 rounding of sums over a few dozen tokens: 2e-5 of the output's largest magnitude.
+REL32 = 2e-5
+
+
+def _close(got, want, rel=REL32):
+    err = (got.double() - want.double()).abs().max().item()
+    scale = want.double().abs().max().item()
+    assert err <= rel * scale, (err, scale)
+
+
+def _delta_inputs(n=23, k_heads=2, v_heads=4, dk=8, dv=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(n, k_heads, dk, generator=gen), torch.randn(n, k_heads, dk, generator=gen)
+    v = torch.randn(n, v_heads, dv, generator=gen)
+    g = -2 * torch.rand(n, v_heads, generator=gen)
+    beta = torch.rand(n, v_heads, generator=gen)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 64])
+@pytest.mark.parametrize("l2norm", [True, False])
+def test_delta_map_chunkwise_equals_definition(chunk, l2norm):
+    q, k, _, g, beta = _delta_inputs()
+    want = delta_rule_map_naive(q, k, g, beta, l2norm=l2norm)
+    got = delta_rule_map(q, k, g, beta, l2norm=l2norm, chunk=chunk, dtype=torch.float64)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    assert torch.all(got.triu(1) == 0)  # causal: no weight on later keys
+    assert (want < 0).any()  # a signed map, not a probability
+
+
+def test_delta_definition_equals_transformers_recurrent_kernel():
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
+
+    q, k, v, g, beta = _delta_inputs(n=17)
+    want, _ = torch_recurrent_gated_delta_rule(q[None], k[None], v[None], g=g[None], beta=beta[None],
+                                               use_qk_l2norm_in_kernel=True)
+    got = apply_map(delta_rule_map_naive(q, k, g, beta), v.double())
+    _close(got, want[0], rel=1e-6)  # the kernel runs in float32; the definition in float64
+
+
+@pytest.mark.parametrize("name, layers", [("qwen3_next", [0, 1, 2]), ("qwen3_5_text", [0])])
+def test_delta_records_rebuild_the_kernel_output(name, layers):
+    model = mixer_models.build(name)
+    ids = mixer_models.text_ids(70)  # two chunks of the kernel's 64
+    records = mixer_records(model, ids)
+    assert sorted(records) == layers
+    for record in records.values():
+        assert isinstance(record, DeltaRuleRecord) and record.l2norm
+        w = record.implicit_map(chunk=16)
+        assert w.shape == (4, 70, 70)
+        _close(record.mixed(w), record.output)
+        _close(record.mixed(record.implicit_map(dtype=torch.float64)), record.output)
+
+
+def test_recording_leaves_the_model_unchanged():
+    model = mixer_models.build("qwen3_next")
+    ids = mixer_models.text_ids()
+    with torch.no_grad():
+        before = model(ids, use_cache=False).logits
+        with record_mixers(model) as records:
+            during = model(ids, use_cache=False).logits
+        after = model(ids, use_cache=False).logits
+    assert len(records) == 3
+    assert torch.equal(before, during) and torch.equal(before, after)
+    import transformers.models.qwen3_next.modeling_qwen3_next as source
+    assert not hasattr(source.torch_chunk_gated_delta_rule, "attnviz_original")
+
+
+def test_one_text_at_a_time():
+    model = mixer_models.build("mamba2")
+    with pytest.raises(MixerError):
+        mixer_records(model, torch.zeros(2, 5, dtype=torch.long))
+
+
+def _ssd_inputs(n=21, heads=4, groups=2, state=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    dt = torch.randn(n, heads, generator=gen)
+    A = -torch.rand(heads, generator=gen) * 3
+    B, C = torch.randn(n, groups, state, generator=gen), torch.randn(n, groups, state, generator=gen)
+    return dt, A, B, C, torch.randn(heads, generator=gen)
+
+
+@pytest.mark.parametrize("limit", [(0.0, float("inf")), (0.05, 0.5)])
+def test_ssd_map_equals_recurrence(limit):
+    dt, A, B, C, bias = _ssd_inputs()
+    options = dict(dt_bias=bias, dt_softplus=True, dt_limit=limit)
+    want = ssd_map_naive(dt, A, B, C, **options)
+    got = ssd_map(dt, A, B, C, dtype=torch.float64, **options)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+    assert torch.all(got.triu(1) == 0) and (want < 0).any()
+
+
+def test_ssd_recurrence_equals_transformers_scan():
+    from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
+
+    dt, A, B, C, bias = _ssd_inputs(n=19)
+    x = torch.randn(19, 4, 3, generator=torch.Generator().manual_seed(5))
+    D = torch.randn(4)
+    want = mamba2_chunk_scan(x[None], dt[None], A, B[None], C[None], chunk_size=8, D=D, dt_bias=bias,
+                             dt_softplus=True)
+    got = apply_ssd(ssd_map_naive(dt, A, B, C, dt_bias=bias, dt_softplus=True), x.double(), D.double())
+    _close(got, want[0], rel=1e-6)
+
+
+@pytest.mark.parametrize("name, layers", [("mamba2", [0, 1]), ("falcon_h1", [0, 1]), ("bamba", [0])])
+def test_ssd_records_rebuild_the_scan_output(name, layers):
+    model = mixer_models.build(name)
+    records = mixer_records(model, mixer_models.text_ids(20))
+    assert sorted(records) == layers
+    for record in records.values():
+        assert isinstance(record, SsdRecord) and record.dt_softplus and record.D is not None
+        w = record.implicit_map()
+        assert w.shape == (record.x.shape[1], 20, 20)
+        _close(record.mixed(w), record.output)
+        # the skip term is outside the map: the map alone misses exactly D x
+        _close(record.mixed(w) - record.skip(), record.output - record.skip())
+        assert record.skip().abs().max() > 0
