@@ -130,3 +130,68 @@ def test_ssd_records_rebuild_the_scan_output(name, layers):
         # the skip term is outside the map: the map alone misses exactly D x
         _close(record.mixed(w) - record.skip(), record.output - record.skip())
         assert record.skip().abs().max() > 0
+
+
+KINDS = {
+    "qwen3_next": ("gated delta rule",) * 3 + ("gated softmax",),
+    "qwen3_5_text": ("gated delta rule", "gated softmax"),
+    "mamba2": ("mamba2", "mamba2"),
+    "falcon_h1": ("softmax + mamba2",) * 2,
+    "bamba": ("mamba2", "softmax"),
+    "nemotron_h": ("mamba2", "softmax", "mlp"),
+    "granitemoehybrid": ("mamba2", "softmax"),
+    "deepseek_v32": ("indexed", "indexed"),
+    "kimi_linear": ("gated delta rule", "softmax"),
+    "lfm2": ("conv", "softmax"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_layer_kinds_from_the_config_and_from_the_modules(name):
+    from attnviz.mixers.kinds import layer_kinds, module_kinds
+
+    model = mixer_models.build(name)
+    assert layer_kinds(model.config) == KINDS[name]
+    assert module_kinds(model) == KINDS[name]
+
+
+def test_layer_kinds_of_plain_and_unknown_families():
+    import transformers as tf
+
+    from attnviz.mixers.kinds import layer_kinds
+
+    llama = tf.LlamaConfig(num_hidden_layers=3)
+    assert layer_kinds(llama) == ("softmax",) * 3
+    gemma = tf.Gemma3TextConfig(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    assert layer_kinds(gemma) == ("softmax", "softmax")  # masks differ, the mixer does not
+    assert layer_kinds(tf.MambaConfig(num_hidden_layers=2)) == ("unknown (mamba)",) * 2  # never called softmax
+    odd = tf.LlamaConfig(num_hidden_layers=2)
+    odd.layer_types = ["full_attention", "retention"]
+    assert layer_kinds(odd) == ("softmax", "unknown (retention)")
+
+
+def test_layer_facts_carry_the_mixer():
+    from attnviz.shape import model_shape
+
+    shape = model_shape(mixer_models.configs()["qwen3_next"], causal=True)
+    assert [f.mixer for f in shape.layer_facts] == list(KINDS["qwen3_next"])
+    assert shape.layer_facts[0].describe() == "gated delta rule"
+    assert shape.layer_facts[3].describe().startswith("gated softmax, causal")
+    assert "gated delta rule" in shape.kinds_summary()
+    import transformers as tf
+    assert {f.mixer for f in model_shape(tf.LlamaConfig(num_hidden_layers=2), causal=True).layer_facts} == {"softmax"}
+
+
+@pytest.mark.parametrize("name, layers", [("nemotron_h", [0]), ("granitemoehybrid", [0])])
+def test_more_mamba2_hybrids_rebuild_the_scan_output(name, layers):
+    model = mixer_models.build(name)
+    records = mixer_records(model, mixer_models.text_ids(20))
+    assert sorted(records) == layers
+    for record in records.values():
+        _close(record.mixed(record.implicit_map()), record.output)
+
+
+def test_layers_without_a_known_kernel_get_no_record():
+    # Kimi Delta Attention decays each key channel on its own (a diagonal alpha): not the scalar-decay kernel whose
+    # map attnviz builds, so it is not recorded rather than given a wrong map.
+    assert mixer_records(mixer_models.build("kimi_linear"), mixer_models.text_ids(12)) == {}
