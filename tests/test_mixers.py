@@ -195,3 +195,52 @@ def test_layers_without_a_known_kernel_get_no_record():
     # Kimi Delta Attention decays each key channel on its own (a diagonal alpha): not the scalar-decay kernel whose
     # map attnviz builds, so it is not recorded rather than given a wrong map.
     assert mixer_records(mixer_models.build("kimi_linear"), mixer_models.text_ids(12)) == {}
+
+
+def test_gates_equal_a_hand_computation_from_the_weights():
+    from attnviz.mixers.gates import gate_map, gate_stats, record_gates
+
+    model = mixer_models.build("qwen3_next")
+    ids = mixer_models.text_ids(15)
+    with record_gates(model) as gates, torch.no_grad():
+        hidden = model(ids, use_cache=False, output_hidden_states=True).hidden_states
+    assert sorted(gates) == [3]
+    layer = model.model.layers[3]
+    heads, head_dim = model.config.num_attention_heads, model.config.head_dim
+    with torch.no_grad():
+        x = layer.input_layernorm(hidden[3][0]).double()  # [N, d]: what the attention reads
+        q = x @ layer.self_attn.q_proj.weight.double().T  # [N, heads x 2 x head_dim]
+    want = torch.sigmoid(q.view(15, heads, 2 * head_dim)[:, :, head_dim:]).transpose(0, 1)
+    assert gates[3].shape == (heads, 15, head_dim)
+    _close(gates[3], want, rel=1e-5)
+    _close(gate_map(gates[3]), want.mean(-1), rel=1e-5)
+    stats = gate_stats(gates[3])
+    _close(stats.mean, want.mean(dim=(1, 2)), rel=1e-5)
+    share = torch.tensor([(want[h] < 0.1).double().mean().item() for h in range(heads)])
+    assert torch.equal(stats.sparse.double(), share)
+    assert 0 < share.max() < 1  # the random gates are neither all open nor all shut
+
+
+def test_the_gate_is_what_the_layer_multiplies_by(monkeypatch):
+    import transformers.models.qwen3_next.modeling_qwen3_next as source
+
+    from attnviz.mixers.gates import record_gates
+
+    model = mixer_models.build("qwen3_next")
+    model.set_attn_implementation("eager")
+    seen = {}
+    eager = source.eager_attention_forward
+
+    def softmax_output(*args, **kwargs):
+        out, weights = eager(*args, **kwargs)
+        seen["ungated"] = out[0].detach()  # [N, head, head_dim]
+        return out, weights
+
+    monkeypatch.setattr(source, "eager_attention_forward", softmax_output)
+    attention = model.model.layers[3].self_attn
+    attention.o_proj.register_forward_pre_hook(lambda _m, args: seen.setdefault("o_in", args[0][0].detach()))
+    with record_gates(model) as gates, torch.no_grad():
+        model(mixer_models.text_ids(15), use_cache=False)
+    gated = seen["ungated"] * gates[3].transpose(0, 1)  # [N, head, head_dim]
+    _close(gated.reshape(15, -1), seen["o_in"], rel=1e-6)
+    assert not torch.allclose(seen["ungated"].reshape(15, -1), seen["o_in"], rtol=1e-2)  # the gate matters
