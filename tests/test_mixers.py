@@ -244,3 +244,41 @@ def test_the_gate_is_what_the_layer_multiplies_by(monkeypatch):
     gated = seen["ungated"] * gates[3].transpose(0, 1)  # [N, head, head_dim]
     _close(gated.reshape(15, -1), seen["o_in"], rel=1e-6)
     assert not torch.allclose(seen["ungated"].reshape(15, -1), seen["o_in"], rtol=1e-2)  # the gate matters
+
+
+def test_map_stats_on_maps_with_known_answers():
+    import numpy as np
+
+    from attnviz.mixers.stats import map_stats
+
+    n = 12
+    prev = np.zeros((1, n, n))
+    prev[0, 0, 0] = 2.0
+    prev[0, np.arange(1, n), np.arange(n - 1)] = -3.0  # all weight, negative, on the previous token
+    tokens = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10]
+    induction = np.zeros((1, n, n))
+    induction[0, np.arange(n), np.arange(n)] = 1.0
+    for q in range(6, n):
+        induction[0, q] = 0.0
+        induction[0, q, q - 5] = -0.5  # the token after the earlier copy of q's own token
+        induction[0, q, q] = 0.5
+    got_prev, got_ind = map_stats(prev, tokens), map_stats(induction, tokens)
+    assert got_prev["prev_token"][0] == 1.0 and got_prev["half_mass_distance"][0] == 1
+    assert got_ind["induction"][0] == 0.5  # half of each row's absolute weight on its target
+    assert got_prev["distance_profile"].shape == (1, n)
+
+
+def test_map_stats_of_a_recorded_layer_by_hand():
+    import numpy as np
+
+    from attnviz.mixers.stats import map_stats
+
+    ids = mixer_models.text_ids(16)
+    record = mixer_records(mixer_models.build("mamba2"), ids)[0]
+    w = record.implicit_map(dtype=torch.float64).numpy()
+    got = map_stats(w, ids[0].tolist())
+    for h in range(w.shape[0]):
+        a = [[abs(w[h, t, s]) / sum(abs(w[h, t, j]) for j in range(16)) for s in range(16)] for t in range(16)]
+        assert np.isclose(got["prev_token"][h], sum(a[t][t - 1] for t in range(1, 16)) / 15, rtol=1e-12)
+        for r in (0, 3, 15):
+            assert np.isclose(got["distance_profile"][h, r], sum(a[t][t - r] for t in range(r, 16)) / (16 - r))
