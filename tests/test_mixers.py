@@ -282,3 +282,25 @@ def test_map_stats_of_a_recorded_layer_by_hand():
         assert np.isclose(got["prev_token"][h], sum(a[t][t - 1] for t in range(1, 16)) / 15, rtol=1e-12)
         for r in (0, 3, 15):
             assert np.isclose(got["distance_profile"][h, r], sum(a[t][t - r] for t in range(r, 16)) / (16 - r))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 16, 17, 40, 128])
+def test_unit_lower_inverse(size):
+    from attnviz.mixers.delta import unit_lower_inverse
+
+    a = (torch.randn(3, size, size, dtype=torch.float64, generator=torch.Generator().manual_seed(size)) * 0.2)
+    a = a.tril(-1)
+    got = unit_lower_inverse(a)
+    assert torch.allclose(got @ (torch.eye(size, dtype=torch.float64) + a), torch.eye(size, dtype=torch.float64),
+                          atol=1e-12)
+
+
+def test_delta_map_with_strong_decay_keeps_its_digits():
+    # a head that forgets within a few dozen tokens: its far keys' weights fall under 1e-30 and are set to 0 (they
+    # would be subnormal floats); every other weight is the definition's
+    q, k, _, g, beta = _delta_inputs(n=90)
+    g = g * 10  # up to -20 per token
+    want = delta_rule_map_naive(q, k, g, beta)
+    got = delta_rule_map(q, k, g, beta, chunk=16)
+    _close(got, want)
+    assert (got[:, 80:, :10] == 0).all()
