@@ -304,3 +304,19 @@ def test_delta_map_with_strong_decay_keeps_its_digits():
     got = delta_rule_map(q, k, g, beta, chunk=16)
     _close(got, want)
     assert (got[:, 80:, :10] == 0).all()
+
+
+@pytest.mark.parametrize("name, mapped, skipped", [
+    ("qwen3_next", [0, 1, 2], {}), ("falcon_h1", [0, 1], {}), ("nemotron_h", [0], {}),
+    ("lfm2", [], {0: "conv"}), ("kimi_linear", [], {0: "gated delta rule"}), ("deepseek_v32", [], {})])
+def test_implicit_maps_name_what_they_skip(name, mapped, skipped):
+    from attnviz.mixers.maps import implicit_maps
+
+    found = implicit_maps(mixer_models.build(name), mixer_models.text_ids(12))
+    assert sorted(found.maps) == mapped and found.skipped == skipped
+    for layer, w in found.maps.items():
+        _close(found.records[layer].mixed(w), found.records[layer].output)
+    message = found.message()
+    assert (message == "") == (not skipped)
+    for layer, kind in skipped.items():
+        assert f"layer {layer} ({kind})" in message

@@ -38,17 +38,20 @@ def ssd_map(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0
 
     dt: [N, head] before the bias and softplus, as the scan receives it; A: [head]; B, C: [N, group, n]. O(N^2 n)
     per head: (C B^T) times the decay exp(cum_t - cum_s) (cum the running sum of dt A, in float64 so that long
-    texts lose no digits to the difference) times dt_s, zero above the diagonal."""
+    texts lose no digits to the difference) times dt_s, zero above the diagonal; one head at a time, so that no
+    [head, N, N] float64 array is made."""
     wide = torch.promote_types(dt.dtype, dtype)  # float32 as the scan, or float64
     dt = step_sizes(dt.to(wide), dt_bias=None if dt_bias is None else dt_bias.to(wide), dt_softplus=dt_softplus,
                     dt_limit=dt_limit)  # [N, head]
-    heads = dt.shape[1]
+    heads, n = dt.shape[1], dt.shape[0]
     b, c = (_per_head(x, heads).to(dtype) for x in (B, C))  # [head, N, n]
     cum = (dt.double() * A.double()).transpose(0, 1).cumsum(-1)  # [head, N]
-    n = cum.shape[-1]
     upper = torch.ones(n, n, dtype=torch.bool, device=cum.device).triu(1)
-    decay = (cum[:, :, None] - cum[:, None, :]).masked_fill(upper, float("-inf")).exp().to(dtype)
-    return (c @ b.transpose(-1, -2)) * decay * dt.transpose(0, 1).to(dtype)[:, None, :]
+    w = torch.empty(heads, n, n, dtype=dtype, device=cum.device)
+    for h in range(heads):
+        decay = (cum[h, :, None] - cum[h, None, :]).masked_fill(upper, float("-inf")).exp().to(dtype)
+        torch.mul(c[h] @ b[h].T, decay * dt[:, h].to(dtype)[None, :], out=w[h])
+    return w
 
 
 def ssd_map_naive(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False,
