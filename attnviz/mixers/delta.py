@@ -23,8 +23,8 @@ import torch
 CHUNK = 128  # with dk = 128 (Qwen3-Next), the earlier keys then cost N^2 dk multiply-adds per head
 # Weights under TINY are set to 0 where they would be carried on: far below float32's resolution of any sum they
 # enter (w's entries are O(1) at most), and as subnormal floats they make every later product ten to a hundred
-# times slower on a CPU.
-TINY = 1e-30
+# times slower on a CPU. 1e-18, so that the product of two kept numbers is still a normal float32 (over 1.2e-38).
+TINY = 1e-18
 
 
 def prepared(query, key, g, beta, *, l2norm: bool, dtype=torch.float32):
@@ -52,7 +52,7 @@ def delta_rule_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHU
     M = lower (Q K^T * Gamma): Q_hat = e^G Q - M T (beta e^G K) and F = e^(G_last) I - (K e^(G_last - G))^T T
     (beta e^G K), the chunk's transition P_last ... P_first in WY form. Multiply-adds per head: N^2 (dk + dk^2 /
     chunk) / 2 for the earlier keys, about 6 N chunk dk for the chunks' own, no N^2 dk^2 term. Keys whose decay
-    since has fallen under TINY (1e-30) get weight 0 (see _bury)."""
+    since has fallen under TINY (1e-18) get weight 0 (see _bury)."""
     q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype)
     heads, n, dk = q.shape
     w = torch.empty(heads, n, n, dtype=dtype, device=q.device)
@@ -97,8 +97,7 @@ def _chunk(q, k, g, beta):
     lower = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
     decay = _exp((cum[:, :, None] - cum[:, None, :]).masked_fill(~lower, float("-inf")))  # Gamma
     strict = (beta[:, :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)  # A
-    # in float64, where products of many small entries stay normal numbers, then flushed below TINY
-    inverse = _flushed(unit_lower_inverse(strict.double())).to(q.dtype)
+    inverse = unit_lower_inverse(_flushed(strict))
     mixed = _flushed(((q @ k.transpose(-1, -2)) * decay) @ inverse)  # M T
     k_in = k * (beta * _exp(cum))[:, :, None]  # beta e^G K: what the earlier state subtracts
     q_hat = _exp(cum)[:, :, None] * q - mixed @ k_in
@@ -109,20 +108,21 @@ def _chunk(q, k, g, beta):
 
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     """(I + a)^-1 for a strictly lower triangular a [..., C, C], by batched products only (LAPACK's batched
-    triangular solve is slow and erratic on a CPU at these sizes): halves by blocks, [[X11, 0], [-X22 a21 X11,
-    X22]], and below 16 the finite Neumann series (I - a)(I + a^2)(I + a^4)(I + a^8) (a^16 = 0)."""
+    triangular solve, and MKL's batched float64 products, are slow and erratic on a CPU at these sizes): halves by
+    blocks, [[X11, 0], [-X22 a21 X11, X22]], and below 16 the finite Neumann series (I - a)(I + a^2)(I + a^4)
+    (I + a^8) (a^16 = 0). Every product is flushed under TINY, so that no subnormal number enters the next."""
     size = a.shape[-1]
     eye = torch.eye(size, dtype=a.dtype, device=a.device)
     if size <= 16:
-        inverse, power = eye - a, a @ a
+        inverse, power = eye - a, _flushed(a @ a)
         for _ in range(max(size - 1, 1).bit_length() - 1):
-            inverse, power = inverse @ (eye + power), power @ power
+            inverse, power = _flushed(inverse @ (eye + power)), _flushed(power @ power)
         return inverse
-    h = size // 2
-    top, bottom = unit_lower_inverse(a[..., :h, :h]), unit_lower_inverse(a[..., h:, h:])
+    h = size // 2  # the blocks made contiguous: batched products of strided views take a slow path
+    top, bottom = unit_lower_inverse(a[..., :h, :h].contiguous()), unit_lower_inverse(a[..., h:, h:].contiguous())
     inverse = torch.zeros_like(a)
     inverse[..., :h, :h], inverse[..., h:, h:] = top, bottom
-    inverse[..., h:, :h] = -bottom @ a[..., h:, :h] @ top
+    inverse[..., h:, :h] = -_flushed(_flushed(bottom @ a[..., h:, :h].contiguous()) @ top)
     return inverse
 
 
