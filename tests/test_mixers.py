@@ -320,3 +320,16 @@ def test_implicit_maps_name_what_they_skip(name, mapped, skipped):
     assert (message == "") == (not skipped)
     for layer, kind in skipped.items():
         assert f"layer {layer} ({kind})" in message
+
+
+def test_a_cached_step_is_not_recorded():
+    model = mixer_models.build("qwen3_next")
+    ids = mixer_models.text_ids(10)
+    with record_mixers(model) as records, torch.no_grad():
+        first = model(ids[:, :6], use_cache=True)
+        assert sorted(records) == [0, 1, 2]
+        model(ids[:, 6:], past_key_values=first.past_key_values, use_cache=True)  # starts from the carried state
+    assert records == {}  # the cached call has no exact map, and the earlier one is not passed off as its map
+    with pytest.raises(MixerError):
+        from attnviz.mixers.records import record_of
+        record_of("torch_chunk_gated_delta_rule", 0, {"initial_state": torch.zeros(1)}, torch.zeros(1))

@@ -40,7 +40,10 @@ def _recording(original, name: str):
         if records is not None and layer is not None:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            records[layer] = record_of(name, layer, dict(bound.arguments), out)
+            try:
+                records[layer] = record_of(name, layer, dict(bound.arguments), out)
+            except MixerError:  # a carried state (a cached step): no exact map of this call; the pass goes on
+                records.pop(layer, None)
         return out
 
     kernel.attnviz_original = original
@@ -104,7 +107,9 @@ def _layer_hooks(mixers) -> list:
 @contextmanager
 def record_mixers(model):
     """Within the block, this thread's forward passes of `model` fill the yielded dict {layer: record}
-    (a DeltaRuleRecord or SsdRecord) of every linear mixer transformers' reference kernel ran."""
+    (a DeltaRuleRecord or SsdRecord, batch row 0) of every linear mixer transformers' reference kernel ran, the
+    last call of each layer kept. A call that starts from a carried state (a cached generation step) is not kept:
+    its map would miss what the state holds."""
     mixers = mixer_modules(model)
     keys = _install(mixers.values())
     handles = _layer_hooks(mixers)
