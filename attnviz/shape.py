@@ -28,13 +28,16 @@ class LayerFacts:
     as transformers' sliding_window_overlay defines it) or "chunked" (causal inside the query's chunk of `window`
     positions, Llama 4's chunked_attention); rope_base: this layer's RoPE base (None without RoPE); rope_type: how
     RoPE's frequencies are rescaled ("default", "linear", "yarn", "llama3", ...; None without RoPE); scaling: the
-    factor q.k is multiplied by before the softmax (None where the layer does not say it)."""
+    factor q.k is multiplied by before the softmax (None where the layer does not say it); mixer: the layer's token
+    mixer, one of attnviz.mixers.kinds.KINDS ("softmax", "gated softmax", "gated delta rule", "mamba2", "conv",
+    "indexed", ...)."""
 
     mask: str
     window: int | None = None
     rope_base: float | None = None
     rope_type: str | None = None
     scaling: float | None = None
+    mixer: str = "softmax"
 
     @property
     def local(self) -> bool:
@@ -53,10 +56,15 @@ class LayerFacts:
                 "chunked": f"chunks of {self.window}"}[self.mask]
 
     def describe(self) -> str:
-        """One phrase: "sliding window 512, RoPE base 10000"."""
+        """One phrase: "sliding window 512, RoPE base 10000"; a layer without softmax attention by its mixer alone
+        ("gated delta rule"), one with a gate or an indexer by its mixer first ("gated softmax, causal, ...")."""
         rope = "" if self.rope_base is None else f", RoPE base {self.rope_base:g}" + (
             f" ({self.rope_type})" if self.rope_type not in (None, "default") else "")
-        return self.reach + rope
+        if self.mixer == "softmax":
+            return self.reach + rope
+        if "softmax" in self.mixer or self.mixer == "indexed":
+            return f"{self.mixer}, {self.reach}{rope}"
+        return self.mixer
 
 
 @dataclass(frozen=True)
@@ -204,9 +212,13 @@ def layer_facts(config, n_layers: int, *, causal: bool, rope: bool, attention=No
     "chunked_attention", "full_attention"), else a config.sliding_window on every layer (Mistral, Phi-3,
     Starcoder2 build their sliding mask whenever it is set), else causal (or full for an encoder). The RoPE base and
     type follow the layer type where rope_parameters are given per type (Gemma 3)."""
+    from attnviz.mixers.kinds import layer_kinds
+
     types = getattr(config, "layer_types", None)
     if not types or len(types) != n_layers:
         types = ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"] * n_layers
+    mixers = layer_kinds(config)
+    mixers = mixers if len(mixers) == n_layers else ("softmax",) * n_layers
     facts = []
     for i, kind in enumerate(types):
         mask, window = ("full", None) if not causal else {
@@ -215,7 +227,7 @@ def layer_facts(config, n_layers: int, *, causal: bool, rope: bool, attention=No
         base, rope_type = _layer_rope(config, kind) if rope else (None, None)
         module = attention[i] if attention is not None and i < len(attention) else None
         facts.append(LayerFacts(mask=mask, window=None if window is None else int(window), rope_base=base,
-                                rope_type=rope_type, scaling=_module_scaling(module)))
+                                rope_type=rope_type, scaling=_module_scaling(module), mixer=mixers[i]))
     return tuple(facts)
 
 

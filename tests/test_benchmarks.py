@@ -60,6 +60,8 @@ QUICK = [
     Quick("longcontext", ("case                                          tokens   TFLOP  seconds peak GiB   x limit",
                           "Heads page, first view", "    reruns after a head, layer, zoom and sink change:"),
           seconds=25),
+    Quick("mixers", ("tokens  heads   dk clock  GFLOP/s    map s  limit s  x limit  goal 3x x causal",),
+          seconds=6),
     Quick("patching", ("method", "seconds   goal  x goal", "direct logit attribution, clean prompt")),
     Quick("positional", ("ALiBi position-only attention against distance, 4 heads x 64 tokens",), seconds=1),
     Quick("sink_variants", ("variant        first step > 0.3  seconds  loss then  best Sink",), seconds=6),

@@ -1,0 +1,5 @@
+"""Token mixers other than softmax attention, read exactly: each layer's kind (`kinds`), the implicit attention
+map w[head, query, key] of a gated delta rule layer (`delta`) and of a Mamba2 layer (`ssd`), built from the
+arguments transformers' reference kernels received (`record`, `records`), every such map of a model with the layers
+left without one named (`maps`), the output gate of gated softmax attention (`gates`), and statistics of a signed
+map (`stats`)."""
