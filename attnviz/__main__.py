@@ -22,10 +22,22 @@ def _model_and_text(command) -> None:
                         help="read the text from this UTF-8 file (stats --window: repeat it for several files)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: capture, stats, report, corpus, models and app."""
     parser = argparse.ArgumentParser(prog="attnviz", description="attnviz from the command line.")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    _capture_command(commands)
+    _stats_command(commands)
+    _report_command(commands)
+    corpus_cli.add_commands(commands)
+    commands.add_parser("models", help="List the models attnviz knows by name.")
+    commands.add_parser("app", help="Start the Streamlit app (streamlit run app.py); any further arguments, "
+                              "such as --server.port 8502, go to streamlit.")
+    return parser
+
+
+def _capture_command(commands) -> None:
     cap = commands.add_parser("capture", help="Capture every head's attention on a text and write it to a file.")
     _model_and_text(cap)
     cap.add_argument("--out", required=True, type=Path, help="output file, .npz or .safetensors")
@@ -35,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     cap.add_argument("--stats", type=Path, help="also write the per-head statistics table to this CSV file")
     cap.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
 
+
+def _stats_command(commands) -> None:
     st = commands.add_parser("stats", help="Every captured head's statistics (entropy, sink mass, distance, "
                              "previous-token, self, induction) as CSV, at any text length: the N x N pattern is "
                              "never built.")
@@ -48,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 64)")
     st.add_argument("--device", help="torch device, or 'auto' to spread a big model (default: CUDA if present)")
 
+
+def _report_command(commands) -> None:
     rep = commands.add_parser("report", help="Write one offline HTML file: the model, the text, the chosen heads' "
                               "maps, every head's statistics, knock-outs if asked, and the code behind each.")
     _model_and_text(rep)
@@ -59,20 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--knockout", action="store_true", help="also knock out each chosen head alone and report "
                      "the change in the text's next-token loss (decoders only)")
     rep.add_argument("--device", help="torch device (default: CUDA if present)")
-    corpus_cli.add_commands(commands)
-    commands.add_parser("models", help="List the models attnviz knows by name.")
-    commands.add_parser("app", help="Start the Streamlit app (streamlit run app.py); any further arguments, "
-                              "such as --server.port 8502, go to streamlit.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "app":
         return _app(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
-    from attnviz.capture import CaptureError
-    from attnviz.corpus import CorpusError
-    from attnviz.knockout import KnockoutError
-    from attnviz.models import ModelError
+    from attnviz.errors import AttnvizError
 
     try:
         if args.command == "models":
@@ -84,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(args)
         return _capture(args)
-    except (CaptureError, CorpusError, ModelError, KnockoutError) as exc:
+    except AttnvizError as exc:  # every refusal; anything else is a bug and shows its traceback
         detail = getattr(exc, "detail", None)  # on the command line the path and the library's words help
         print(f"error: {exc}" + (f" ({detail})" if detail else ""), file=sys.stderr)
         return 2

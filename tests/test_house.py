@@ -144,3 +144,47 @@ def test_an_error_outside_the_base_is_found():
     made_up = {"a": ast.parse("class AttnvizError(Exception): pass\nclass GoodError(AttnvizError, ValueError): pass\n"
                               "class ChildError(GoodError): pass\nclass LoneError(ValueError): pass\n")}
     assert _errors_outside_the_base(made_up) == ["LoneError"]
+
+
+PAGES = Path(__file__).resolve().parent.parent / "app_pages"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def _rooms() -> dict[str, str]:
+    """Every source file of the library and of the pages, by its path from the repository's root."""
+    files = [*ROOT.rglob("*.py"), *PAGES.glob("*.py")]
+    return {str(p.relative_to(ROOT.parent)): p.read_text(encoding="utf-8") for p in files}
+
+
+def _long_rooms(sources: dict[str, str]) -> list[str]:
+    return sorted(f"{path}: {text.count(chr(10))} lines" for path, text in sources.items()
+                  if text.count("\n") > MAX_FILE_LINES)
+
+
+def _long_functions(sources: dict[str, str]) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES lines, docstring included; the Triton kernels (@triton.jit) keep the
+    shape of the Triton tutorial's and are left out."""
+    found = []
+    for path, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                jit = any("jit" in ast.unparse(d) for d in node.decorator_list)
+                if not jit and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    found.append(f"{path}: {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    return sorted(found)
+
+
+def test_every_room_fits_a_screen_or_two():
+    """No file of attnviz/ or app_pages/ over 400 lines, no function over 60 (ARCHITECTURE.md, the house rules)."""
+    rooms = _rooms()
+    assert len(rooms) > 50
+    assert _long_rooms(rooms) == []
+    assert _long_functions(rooms) == []
+
+
+def test_a_long_room_and_a_long_function_are_found():
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    made_up = {"big.py": "x = 1\n" * 401, "short.py": f"def f():\n{body}\n",
+               "kernel.py": f"@triton.jit\ndef k():\n{body}\n", "fits.py": f"def g():\n{body[:-12]}\n"}
+    assert _long_rooms(made_up) == ["big.py: 401 lines"]
+    assert _long_functions(made_up) == ["short.py: f, 61 lines"]

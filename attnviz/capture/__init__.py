@@ -30,8 +30,8 @@ from attnviz.capture.lending import lent
 from attnviz.capture.loading import borrowed, prepare_model, records_inputs
 from attnviz.capture.modules import (CaptureError, attention_modules, decoder_layers, input_device, is_causal,
                                      uses_interface)
-from attnviz.capture.recording import (ATTN_IMPLEMENTATION, Recorder, named_rule, recording, recording_forward,
-                                       wanted_layers)
+from attnviz.capture.masks import named_rule
+from attnviz.capture.recording import ATTN_IMPLEMENTATION, Recorder, recording, recording_forward, wanted_layers
 from attnviz.capture.run import (MAX_CAPTURE_BYTES, MAX_TOKENS, STORES, DuringForward, capture_attention, choose_store,
                                  inputs_bytes, pattern_bytes)
 from attnviz.capture.store import AttentionCapture, from_attentions

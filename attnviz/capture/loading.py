@@ -8,7 +8,8 @@ import contextlib
 from collections.abc import Iterator
 
 from attnviz.capture.modules import attention_modules, uses_interface
-from attnviz.capture.recording import ATTN_IMPLEMENTATION, REBUILT, register
+from attnviz.capture.rebuilt import REBUILT
+from attnviz.capture.recording import ATTN_IMPLEMENTATION, register
 
 
 def prepare_model(model) -> None:

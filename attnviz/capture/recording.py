@@ -18,14 +18,13 @@ Nothing global holds per-capture state: the registered function and the hooks lo
 thread in a ContextVar and do nothing more than the model's own attention when there is none. Hooks are registered
 by the first capture that needs them and removed by the last one to finish (a reference count under a lock).
 
-Over 300 lines on purpose: the registered function, the mask function, the hooks and the recorder are one
-protocol over one per-thread state.
+The rule of each mask is read by attnviz.capture.masks; the hooks' rebuilding of BLOOM, Falcon and GPT-J by
+attnviz.capture.rebuilt.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -39,7 +38,10 @@ import torch
 from attnviz import attention as core
 from attnviz.attention import LayerInputs, MaskRule
 from attnviz.capture.hooks import SharedHooks
+from attnviz.capture.masks import RuleMask, named_rule
+from attnviz.capture.masks import mask_rule as _mask_rule
 from attnviz.capture.modules import CaptureError, attention_modules, uses_interface
+from attnviz.capture.rebuilt import REBUILT
 
 ATTN_IMPLEMENTATION = "attnviz"
 
@@ -75,48 +77,6 @@ def _mask(*args, **kwargs):
             return RuleMask(rule)  # a window or chunk by its rule: no N x N mask is built
         return sdpa_mask(*args, **kwargs)
     return eager_mask(*args, **kwargs)
-
-
-@dataclass(frozen=True)
-class RuleMask:
-    """The attention mask handed to the layers in a qk-store capture when named_rule names it: the MaskRule itself,
-    which the registered attention function reads (attnviz's core then skips the key tiles it hides)."""
-
-    rule: MaskRule
-
-    def eager(self, dtype, device) -> torch.Tensor:
-        """The additive [1, 1, query, key] float mask a family's eager function takes (for a layer no capture
-        records)."""
-        visible = torch.from_numpy(self.rule.rows(0, self.rule.n_query)).to(device)
-        return torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(
-            ~visible, torch.finfo(dtype).min)[None, None]
-
-
-PROBE_ROWS = 256  # named_rule checks every row up to here, and 64 rows spread over the rest
-
-
-def named_rule(*, batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-               mask_function=None, attention_mask=None, **_) -> MaskRule | None:
-    """The MaskRule (causal, sliding window, chunked) of the mask transformers would build from these arguments,
-    or None when no rule reproduces it: the mask function is evaluated on the first PROBE_ROWS query rows and on 64
-    rows spread over the rest, every key, and the rule is kept only where it equals them all. One text, no padding
-    and no cache only (batch 1, queries and keys from position 0)."""
-    if batch_size != 1 or q_offset or kv_offset or q_length != kv_length or mask_function is None:
-        return None
-    if attention_mask is not None and not bool(attention_mask.all()):
-        return None
-    rows = torch.unique(torch.cat([torch.arange(min(q_length, PROBE_ROWS)),
-                                   torch.linspace(0, q_length - 1, 64).long()]))
-    keys = torch.arange(kv_length)
-    zero = torch.zeros((), dtype=torch.long)
-    try:
-        probed = mask_function(zero, zero, rows[:, None], keys[None, :]).expand(len(rows), kv_length).numpy()
-    except Exception:  # a mask function that does not broadcast: let transformers build the mask
-        return None
-    for rule in core.named_rules_from_rows(probed, rows.numpy(), q_length, kv_length):
-        if all(np.array_equal(rule.rows(int(r), int(r) + 1)[0], probed[i]) for i, r in enumerate(rows)):
-            return rule
-    return None
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -197,28 +157,6 @@ def _core_output(module, query, key, value, attention_mask, scale, softcap, sink
                              sink=None if sink is None else sink.float().reshape(-1))
         outs.append(core.layer_output(inputs, value[b].float()).to(query.dtype))
     return torch.stack(outs).transpose(1, 2).contiguous().to(device)
-
-
-def _mask_rule(attention_mask, n_query: int, n_key: int, causal_if_none: bool) -> MaskRule:
-    """The MaskRule of what the model passed: None (causal or full, as SDPA reads it), a bool mask (True =
-    attend) or an additive float mask (the dtype's minimum where masked). Only batch row 0 is read."""
-    if attention_mask is None:
-        return MaskRule(n_query, n_key, causal=causal_if_none)
-    if isinstance(attention_mask, RuleMask):
-        rule = attention_mask.rule
-        if (rule.n_query, rule.n_key) != (n_query, n_key):
-            raise CaptureError(f"The mask rule is for {rule.n_query} x {rule.n_key}, the layer saw {n_query} x "
-                               f"{n_key}.")
-        return rule
-    mask = attention_mask[0, 0] if attention_mask.dim() == 4 else attention_mask[0]
-    mask = mask[-n_query:, :n_key] if mask.dim() == 2 else mask
-    if mask.dtype == torch.bool:
-        visible = mask
-    else:
-        visible = mask > torch.finfo(mask.dtype).min / 2
-        if bool((mask[visible] != 0).any()):
-            raise CaptureError("The model's attention mask carries a bias, which attnviz does not read yet.")
-    return MaskRule.from_bool(visible.cpu().numpy())
 
 
 @dataclass
@@ -349,105 +287,6 @@ def _after(layer: int, module, args, output):
         rec.pattern[layer] = weights[0].detach().float().cpu().numpy().astype(rec.dtype, copy=False)
     rec.layer_done(layer)
     return None
-
-
-def _bloom_inputs(module, args, kwargs) -> LayerInputs:
-    """BloomAttention's q, k and ALiBi bias from its own projection (BLOOM does not use the attention interface):
-    scores = beta * alibi + inv_norm_factor * q.k, alibi[head, key] = slope_h * key position."""
-    q, k, _ = module._reshape(module.query_key_value(_hidden(args, kwargs)))  # each [batch, head, n, head_dim]
-    n_query, n_key = q.shape[-2], k.shape[-2]
-    alibi = kwargs["alibi"].reshape(q.shape[0], module.num_heads, -1)[0, :, -n_key:]  # [head, key]
-    n_heads = module.num_heads
-    return LayerInputs(q=_kept(q[0]), k=_kept(k[0]), kv_head_of=tuple(range(n_heads)),
-                       scaling=float(module.inv_norm_factor),
-                       mask=_mask_rule(kwargs.get("attention_mask"), n_query, n_key, True),
-                       key_bias=_kept(alibi) * float(module.beta))
-
-
-def _falcon_inputs(module, args, kwargs) -> LayerInputs | None:
-    """FalconAttention's q and k (Falcon does not use the attention interface), made by its own fused projection,
-    head split and rotary function, as its forward makes them. One path serves every layout FalconAttention has:
-    new_decoder_architecture (Falcon-40B/180B: num_kv_heads KV heads, repeated per query head before attention;
-    the copies are dropped here), multi_query (Falcon-7B: one KV head) or one KV head per head (Falcon-RW), and
-    parallel_attn or not (which only changes what the layer does with the output). RoPE layers: scores = q.k /
-    sqrt(d). ALiBi layers (Falcon-RW): scores = (q.k + alibi) * inv_norm_factor + mask, where the model's mask
-    carries alibi / sqrt(d) a second time; both parts go into key_bias."""
-    if kwargs.get("layer_past") is not None:
-        return None  # earlier keys sit in a KV cache (generation): only whole-text passes are rebuilt
-    q, k, _ = module._split_heads(module.query_key_value(_hidden(args, kwargs)))  # each [batch, n, head, d]
-    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch, head, n, d]
-    k = k[:, ::k.shape[1] // module.num_kv_heads]  # one copy of each KV head (the new architecture repeats them)
-    n_query, n_key = q.shape[-2], k.shape[-2]
-    alibi, mask = kwargs.get("alibi"), kwargs.get("attention_mask")
-    if alibi is None:
-        cos, sin = kwargs["position_embeddings"]
-        q, k = sys.modules[type(module).__module__].apply_rotary_pos_emb(q, k, cos, sin)
-        rule, key_bias, scaling = _mask_rule(mask, n_query, n_key, True), None, 1 / math.sqrt(module.head_dim)
-    else:
-        rule, mask_bias = _mask_and_key_bias(mask, n_query, n_key) if mask is not None else (
-            _mask_rule(None, n_query, n_key, True), 0.0)
-        scaling = float(module.inv_norm_factor)
-        alibi = alibi.reshape(q.shape[0], module.num_heads, -1)[0, :, -n_key:]  # [head, key]
-        key_bias = _kept(alibi) * scaling + mask_bias
-    return LayerInputs(q=_kept(q[0]), k=_kept(k[0]),
-                       kv_head_of=tuple(core.kv_head_of(module.num_heads, k.shape[1])), scaling=scaling,
-                       mask=rule, key_bias=key_bias)
-
-
-def _gptj_inputs(module, args, kwargs) -> LayerInputs | None:
-    """GPTJAttention's q and k (GPT-J does not use the attention interface), rotated as its forward rotates them:
-    the first rotary_dim dimensions of each head (all of them when rotary_dim is None) by GPT-J's interleaved
-    RoPE (pairs 2i, 2i + 1), with its own sin/cos table and rotary function; scores = q.k / sqrt(d)."""
-    if kwargs.get("layer_past") is not None:
-        return None  # earlier keys sit in a KV cache (generation): only whole-text passes are rebuilt
-    hidden = _hidden(args, kwargs)
-    rotate = sys.modules[type(module).__module__].apply_rotary_pos_emb
-    heads, d = module.num_attention_heads, module.head_dim
-    position_ids = kwargs["position_ids"]
-    table = module._get_embed_positions(position_ids)
-    sincos = torch.gather(table, 1, position_ids.unsqueeze(-1).repeat(1, 1, table.shape[-1])).to(hidden.dtype)
-    sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
-    width = module.rotary_dim or d
-    q, k = (module._split_heads(proj(hidden), heads, d, True) for proj in (module.q_proj, module.k_proj))
-    q, k = (torch.cat([rotate(x[..., :width], sin, cos), x[..., width:]], dim=-1).transpose(1, 2)
-            for x in (q, k))  # [batch, head, n, d]
-    n_query, n_key = q.shape[-2], k.shape[-2]
-    return LayerInputs(q=_kept(q[0]), k=_kept(k[0]), kv_head_of=tuple(range(heads)),
-                       scaling=1 / float(module.scale_attn),
-                       mask=_mask_rule(kwargs.get("attention_mask"), n_query, n_key, True))
-
-
-def _mask_and_key_bias(attention_mask, n_query: int, n_key: int) -> tuple[MaskRule, torch.Tensor]:
-    """The MaskRule of an additive float mask that also carries a bias (Falcon-RW adds ALiBi / sqrt(d) to it), and
-    that bias as [head, key] float32 on the CPU. Refused unless each head's bias is one value per key, the same for
-    every query that sees the key (as ALiBi's is), and every head masks the same places."""
-    mask = attention_mask[0, :, -n_query:, :n_key]  # [head or 1, query, key]
-    visible = mask > torch.finfo(mask.dtype).min / 2
-    if not bool((visible == visible[:1]).all()):
-        raise CaptureError("The model's attention mask hides different keys in different heads, which attnviz "
-                           "does not read yet.")
-    visible = visible[0]
-    # each key's bias read in the last query row that sees it (a causal mask's last row sees every key)
-    last = (visible * torch.arange(1, n_query + 1, device=mask.device)[:, None]).argmax(0)  # [key]
-    bias = torch.where(visible.any(0), mask[:, last, torch.arange(n_key, device=mask.device)], 0)  # [head, key]
-    for head in range(mask.shape[0]):  # a head at a time: one N x N temporary
-        if bool(((mask[head] - bias[head]) != 0)[visible].any()):
-            raise CaptureError("The model's attention mask carries a bias that changes from query to query, which "
-                               "attnviz does not read yet.")
-    return MaskRule.from_bool(visible.cpu().numpy()), _kept(bias)
-
-
-def _hidden(args, kwargs) -> torch.Tensor:
-    """The hidden states an attention module was called with, by keyword or first in place."""
-    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-
-
-def _kept(x: torch.Tensor) -> torch.Tensor:
-    """A float32 CPU copy of x, detached: what a recorder keeps past the forward pass."""
-    return x.detach().float().cpu().clone()
-
-
-REBUILT = {"BloomAttention": _bloom_inputs, "FalconAttention": _falcon_inputs, "GPTJAttention": _gptj_inputs}
 
 
 def wanted_layers(layers, n_layers: int) -> list[int]:

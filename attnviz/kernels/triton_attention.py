@@ -242,17 +242,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
     batch, heads, n_query, d = q.shape
     n_key = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device}")
+    out = _output_for(q, out)
     n_q_blocks, n_k_blocks = triton.cdiv(n_query, block_m), triton.cdiv(n_key, block_n)
-    if trace:
-        trace_m = torch.full((batch, heads, n_q_blocks, n_k_blocks, block_m), float("nan"), device=q.device)
-        trace_l = torch.full_like(trace_m, float("nan"))
-        trace_s = torch.full_like(trace_m, float("nan"))
-    else:
-        trace_m = trace_l = trace_s = torch.empty(1, device=q.device)
+    trace_m, trace_l, trace_s = _trace_buffers(q, n_q_blocks, n_k_blocks, block_m, trace)
     grid = (n_q_blocks, batch * heads)
     try:
         with LAUNCH_LOCK:
@@ -281,6 +273,24 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
 
     return result, KernelTrace(m_i=by_query(trace_m), l_i=by_query(trace_l), stage=by_query(trace_s),
                                block_m=block_m, block_n=block_n)
+
+def _output_for(q, out):
+    """`out` checked against q (shape, dtype, device), or a new output like q."""
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device}")
+    return out
+
+
+def _trace_buffers(q, n_q_blocks: int, n_k_blocks: int, block_m: int, trace: bool):
+    """The kernel's m_i, l_i and stage records per (q block, k block, row) when tracing (NaN where never written),
+    else one-element placeholders."""
+    if not trace:
+        placeholder = torch.empty(1, device=q.device)
+        return placeholder, placeholder, placeholder
+    trace_m = torch.full((*q.shape[:2], n_q_blocks, n_k_blocks, block_m), float("nan"), device=q.device)
+    return trace_m, torch.full_like(trace_m, float("nan")), torch.full_like(trace_m, float("nan"))
 
 
 def _check_inputs(q, k, v, block_m, block_n):
