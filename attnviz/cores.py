@@ -1,8 +1,8 @@
 """Work split over the CPU's cores as Python threads that each run torch on one core.
 
-A small product such as streamed_stats' q·k tile ([384, 64] x [64, 512]) runs at about 73% of the 2,048³ matmul
-rate when torch splits it over 2 cores, and at 92 to 94% when each core runs a tile of its own
-(benchmarks/attention_layer.py); the elementwise passes over a tile gain too (no fork and join per operator).
+A small product such as streamed_stats' q·k tile ([384, 64] x [64, 512]) runs nearer the matmul rate when each core
+runs a tile of its own than when torch splits it over the cores (benchmarks/attention_layer.py measures both); the
+elementwise passes over a tile gain too (no fork and join per operator).
 torch releases the GIL inside its operators, so Python threads run tiles at the same time.
 
 The workers cannot call torch.set_num_threads(1): it also sets the process-wide count that every thread started

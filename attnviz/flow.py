@@ -32,11 +32,9 @@ from attnviz.rollout import layer_matrix
 SCALE = 2**40  # capacities are rounded to multiples of 1 / SCALE (networkx's max-flow is exact on integers)
 # The longest text whose flows through SmolLM2-135M's last layer (of 30; what the page shows beside rollout) are
 # computed by default. Each input token is one max-flow, in pure Python, on a graph of up to layers x tokens nodes
-# and about layers x tokens^2 / 2 edges. Measured with boykov_kolmogorov on 2 CPU cores under a load of about 3.3
-# (other jobs): 16 tokens 0.3 s, 32 tokens 2.7 s, 64 tokens 17 s; 32 keeps the view interactive. The time grows about
-# as tokens^3 and linearly with the depth of each layer asked for (all 30 layers of SmolLM2: 8 tokens 0.6 s, 12
-# tokens 1.5 s, 16 tokens 3.6 s; Gemma 3 270M's 18 at 16 tokens 1.2 s, its last at 37 tokens 2.2 s), so other
-# layers get the length that costs as much as the last layer at 32 tokens: token_limit.
+# and about layers x tokens^2 / 2 edges. The time grows about as tokens^3 and linearly with the depth of each layer
+# asked for; 32 tokens through the last layer keeps the view interactive on a 2-core CPU, and other layers get the
+# length that costs as much: token_limit.
 MAX_FLOW_TOKENS = 32
 FLOW_WORK = 30 * MAX_FLOW_TOKENS**3  # sum over the layers asked for of (layer + 1) x tokens^3, at the limit
 

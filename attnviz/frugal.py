@@ -26,14 +26,12 @@ What this module does about it:
 
 Memory given back costs time when it is taken again: every fresh page is a fault and a page of zeros written by
 the kernel. Handing it all back after every layer, and MLP blocks of 32 MB (above glibc's 32 MB ceiling for
-serving an allocation from its heap, so each was a fresh mapping), cost SmolLM2-135M at 8,192 tokens 2.2 million
-page faults (8.6 GB of zeros) and about 1.5 s of its 11.5 s outside attention. With blocks of BLOCK_BYTES, whose
-activations reuse the heap memory the last block freed, and that memory kept until the pass ends (unless it grows
-by RETAIN_BYTES), it faults 0.2 to 0.7 million pages. Gemma 3 at 32,768 tokens, whose [N, hidden] activations
-(84 MB) are mapped afresh whatever the allocator keeps, still gives freed memory back after each layer: keeping it
-raised its peak from 1.62 to 1.77 GiB. So does the Heads page's pass where its freed memory grows layer by layer
-(it keeps each layer's q and k between the freed blocks): without that rule, SmolLM2's at 8,192 tokens peaked
-0.5 GiB higher.
+serving an allocation from its heap, so each was a fresh mapping), made a long pass fault millions of pages. With
+blocks of BLOCK_BYTES, whose activations reuse the heap memory the last block freed, and that memory kept until the
+pass ends (unless it grows by RETAIN_BYTES), most of those faults go. A pass whose [N, hidden] activations are
+mapped afresh whatever the allocator keeps (Gemma 3 at 32,768 tokens) still gives freed memory back after each
+layer: keeping it would raise its peak (benchmarks/longcontext.py measures the peaks). So does the Heads page's
+pass where its freed memory grows layer by layer (it keeps each layer's q and k between the freed blocks).
 """
 
 from __future__ import annotations
@@ -59,8 +57,8 @@ MIN_ROWS = 256  # never fewer rows per block: below it the matmuls lose speed
 POSITION_WISE = ("mlp", "feed_forward")  # a decoder layer's child that acts on each position alone
 LONG_TEXT = 4096  # from this many tokens on, a lean pass pages out each layer's mapped weights after the layer
 # from this many tokens on, a lean pass reads the heap's freed memory after each layer (_heap_grew): glibc's
-# mallinfo2 walks every free chunk of every arena, 1-3 ms a call, which cost a 256-token SmolLM2 capture 10% of its
-# time for layers that free a few MB each (the pass's end gives those back)
+# mallinfo2 walks every free chunk of every arena, a cost a short capture would pay on every layer for layers that
+# free a few MB each (the pass's end gives those back; benchmarks/capture.py measures the capture's overhead)
 HEAP_CHECK_TOKENS = 1024
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (file-backed ones are read again when next touched)
 

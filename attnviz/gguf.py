@@ -2,8 +2,8 @@
 transformers can read it; attnviz.gguf_convert converts it once into a float32 safetensors folder.
 
 The header is read here in one forward pass over the bytes rather than with gguf.GGUFReader, which makes a numpy
-view of every entry of every array: Gemma 3's vocabulary is three arrays of 262,144 entries, 18 s on a 2-core
-machine, where this reader skips long arrays and stops at the tensor table (well under a second). It also reads a
+view of every entry of every array (Gemma 3's vocabulary is three arrays of 262,144 entries), where this reader
+skips long arrays and stops at the tensor table. It also reads a
 model shipped in pieces without joining them first. tests/test_gguf.py checks it against GGUFReader.
 """
 

@@ -51,7 +51,7 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     token_ids and kv_head_of).
     Dense store: every head of a layer at once, `block` query rows at a time, in float64 (see pattern_stats):
     memory stays at a few [head, block, n] float64 slices whatever the text's length, small enough to stay in the
-    CPU cache (32 rows x 9 heads x 1,126 keys is 2.6 MB; at 256 rows the same statistics took 6x as long).
+    CPU cache (32 rows x 9 heads x 1,126 keys is 2.6 MB; blocks of 256 rows spill out of it).
     qk store (pattern None): streamed_stats on each layer's inputs, never building the N x N pattern.
     progress: called as progress(layers_done, n_layers).
     pool, pooled_out (qk store): also append each layer's heads max-pooled to `pool` pixels ([head, m, m], as

@@ -106,7 +106,7 @@ class InductionMatch:
     them); tiles past that are matched again each time. The kept pairs are copied into one block, `store`, sized
     to the text's number of pairs (counted from the ids) or the bound: kept as a small tensor per tile, made by
     whichever thread ran the tile, they were scattered through the C allocator's heaps, which then could not reuse
-    the memory between them (Gemma 3 at 16,384 tokens: 360 MB more heap for 8 MB of pairs)."""
+    the memory between them (a long text's heap grew by many times the pairs' own size)."""
 
     MAX_KEPT_PAIRS = 1_000_000  # 8 MB of int32 offsets
 

@@ -23,9 +23,9 @@ from attnviz.pooling import MIN_REMAINING, pool_edges
 
 OVERVIEW = 512  # pixels per side of a long head's overview (the Heads page and the notebook views)
 # From this many tokens the Heads page's statistics pass also pools every head's overview (stats.streaming_attend),
-# float16 (72 heads of Gemma 3 270M: 75 MB, held with the capture): on this 2-core CPU a layer change that pooled a
-# global head's N² scores afresh took 3.7 s at 32,768 tokens, so about a second at 16,384 (N²), and SmolLM2's at
-# 8,192 took 0.23 s.
+# float16 (72 heads of Gemma 3 270M: 75 MB, held with the capture): from this length a layer change that pooled a
+# head's N² scores afresh would take about a second or more on a 2-core CPU (benchmarks/longcontext.py times the
+# reruns).
 OVERVIEW_IN_PASS_FROM = 16_384
 
 

@@ -10,6 +10,16 @@ import pytest
 # triton.language: the kernel tests need it chosen first (attnviz.kernels).
 import attnviz.kernels  # noqa: F401
 
+REAL_MODEL_FIXTURES = {"smollm2", "gemma3", "minilm"}
+
+
+def pytest_collection_modifyitems(items):
+    """`pytest -m "not slow"` is the quick loop: a test that drives the browser or takes a bundled real model by its
+    fixture is slow as well as any marked so by hand."""
+    for item in items:
+        if item.get_closest_marker("browser") or REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def smollm2():

@@ -167,8 +167,8 @@ def shard_rows(loaded, window_ids: Sequence[int], windows: Sequence[Sequence[int
     logits). What both engines compute for a shard.
 
     On a CPU the windows run side by side, one per core (attnviz.cores.run_each, longest first): a 512-token
-    window's products are too small to split well over cores (SmolLM2 on 2 cores: 0.70 s a window this way,
-    0.92 s one window at a time on both cores; benchmarks/corpus.py). On a GPU they run one after another."""
+    window's products are too small to split well over cores (benchmarks/corpus.py measures the engine against the
+    FLOP limit and transformers' own forward). On a GPU they run one after another."""
     from attnviz.capture import input_device
     from attnviz.cores import run_each
 

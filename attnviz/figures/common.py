@@ -66,9 +66,9 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     """Title, axis titles and compact margins, the same on every page, on plotly's "plotly_white" template.
 
     The template is plotly's default (set when this module is imported) rather than a layout property: naming it
-    on a figure makes plotly validate the whole template again for every figure (~10 ms each, and a page draws up
-    to ~20), while a figure built under the default takes it unvalidated, with the same JSON. Streamlit makes its
-    own template the default when it is imported; should that happen after this module, the default is set back
+    on a figure makes plotly validate the whole template again for every figure (and a page draws up to ~20),
+    while a figure built under the default takes it unvalidated, with the same JSON. Streamlit makes its own
+    template the default when it is imported; should that happen after this module, the default is set back
     here, and this one figure, built under the other default, is given the template by name."""
     if pio.templates.default != TEMPLATE:
         pio.templates.default = TEMPLATE

@@ -49,8 +49,8 @@ def palette_png(values: np.ndarray, *, colorscale: str = ATTENTION_SCALE, vmin: 
         palette += list(MASKED_GREY)
     image.putpalette(palette + [255, 255, 255])
     buffer = io.BytesIO()
-    # zlib's fastest level: an 1,800-token map encodes in 0.03 s instead of 1.4 s with optimize=True, for files
-    # about 12% larger (still well under a byte per cell); the encoding is on every view change that draws a new map
+    # zlib's fastest level: many times faster than optimize=True for slightly larger files (still well under a byte
+    # per cell, benchmarks/capture.py); the encoding is on every view change that draws a new map
     image.save(buffer, format="PNG", compress_level=1)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 

@@ -9,8 +9,8 @@ import torch
 from .stages import stage_bounds
 from .triton_attention import INTERPRETED, NUM_STAGES, UNAVAILABLE
 
-# Under the interpreter a tile step costs ~8 ms of numpy plus ~14 ns per BLOCK_M * BLOCK_N * d_pad element
-# (measured on a busy 2-core machine: 16 x 16 x 16 tiles 8 ms a step, 128 x 128 x 128 tiles 37 ms a step).
+# Under the interpreter a tile step costs a fixed few milliseconds of numpy plus a little per BLOCK_M * BLOCK_N *
+# d_pad element: the estimate the page uses to refuse runs that would take minutes (benchmarks/kernel.py times it).
 INTERPRETED_STEP_S = 8e-3
 INTERPRETED_ELEMENT_S = 14e-9
 MAX_INTERPRETED_SECONDS = 5.0
