@@ -4,9 +4,12 @@ Chromium serves the whole module (export keeps it between figures)."""
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import struct
+from xml.etree import ElementTree
 
 import numpy as np
 import plotly.graph_objects as go
@@ -160,3 +163,36 @@ def test_the_app_offers_each_chart_as_files_drawn_on_demand(monkeypatch):
     drawn_twice = chart_files._figure_file(go.Figure(fig), "pdf", True)
     assert chart_files._figure_file(fig, "pdf", True) == drawn_twice == b"%PDF"
     assert drawn == ["pdf"]  # kept by figure: the same figure again is not drawn again
+
+
+def _first_chart_of_each_page() -> dict[str, go.Figure]:
+    """Each page's first chart at its defaults (run through app.py's navigation, as a visitor opens it)."""
+    from pathlib import Path
+
+    from attnviz.ui import PAGES
+
+    figures = {}
+    for page in PAGES:
+        at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180)
+        at.run()
+        at.switch_page(page.script).run()
+        charts = at.get("plotly_chart")
+        if charts:
+            figures[page.script] = go.Figure(json.loads(charts[0].proto.spec))
+    return figures
+
+
+@pytest.mark.slow  # every page at its defaults, some on a bundled real model
+def test_one_figure_of_each_page_is_a_valid_svg_and_pdf():
+    """The Figure files of every page that draws a chart at its defaults: the SVG parses as XML with an <svg> root and
+    keeps the chart's title, the PDF is a PDF."""
+    figures = _first_chart_of_each_page()
+    assert len(figures) >= 8, sorted(figures)
+    for script, fig in figures.items():
+        svg = export.figure_bytes(fig, "svg")
+        root = ElementTree.fromstring(svg)
+        assert root.tag.endswith("svg"), script
+        title = (fig.layout.title.text or "").split("<br>")[0]
+        if title:
+            assert html.escape(title[:20], quote=False) in svg.decode("utf-8") or title[:20] in svg.decode(), script
+        assert export.figure_bytes(fig, "pdf").startswith(b"%PDF"), script
