@@ -6,12 +6,13 @@ import streamlit as st
 
 from attnviz import snippets, ui
 from attnviz import softmax as sm
+from attnviz import softmax_charts as sm_charts
 from attnviz.figures import softmax as figs
 from attnviz.ui import snippets as snippet_ui
 from attnviz.ui import softmax as ui_softmax
 
 N_QUERIES = ui_softmax.N_QUERIES
-ROWS_SHOWN = 12
+ROWS_SHOWN = sm_charts.ROWS_SHOWN
 MAX_TOKENS = 256  # every head's three softmaxes are computed for the per-head grids
 MAX_CHARS = 1000
 DIMS = ui_softmax.DIMS
@@ -165,6 +166,7 @@ def random_logits_section() -> None:
         "by T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the "
         "same variance. Unscaled, the rows turn into single bright cells as d_k grows: one key takes all the weight."
     )
+    snippet_ui.show(snippets.softmax_variants(d_k, n_keys, seed, temperature, ROWS_SHOWN))
 
     st.subheader("Every row, not only the mean")
     st.plotly_chart(charts["rows"], width="stretch", key="softmax_rows")
@@ -209,8 +211,8 @@ def _random_controls() -> tuple[int, int, float, int]:
 
 def _variant_metrics(variants, d_k: int, n_keys: int, temperature: float) -> None:
     """Scaled and unscaled side by side: logit spread, max weight, entropy, saturated rows."""
-    scale_text = ui_softmax.scale_text(d_k)
-    predicted_var = ui_softmax.predicted_variance(d_k, temperature)
+    scale_text = sm_charts.scale_text(d_k)
+    predicted_var = sm_charts.predicted_variance(d_k, temperature)
     log_n = math.log(n_keys)
 
     for column, variant in zip(st.columns(2), (sm.SCALED, sm.UNSCALED)):

@@ -13,6 +13,11 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     span_attention(model, text, layer, head, queries, how=...)  the Heads page's span chart
     knockout_grid(model, text, mode=..., target=...)  the Experiments page's knock-outs, each head in turn
     corpus_grid(run, stat, window)                 the Corpus page's mean of every head over a run's windows
+    softmax_variants(d_k, n_keys, seed, temperature, rows_shown)  the Softmax page's random q·k, scaled and unscaled
+    softmax_head(model, text, layer, head, temperature)  the Softmax page's real head at its own scale, unscaled, ÷ T
+    kernel_step(n, d, block_m=..., block_n=..., causal=..., dtype=..., seed=..., window=..., step=...)  the Tiled
+                                                   kernel page's step view
+    lab_loss_curve(name)                           the Toy lab's loss curve, from a saved run's history
     head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
 """
 
@@ -234,4 +239,17 @@ def lab_loss_curve(name: str) -> str:
         f"saved = lab.saved_history({name!r})  # lab/{name}: its config, per-step losses and checkpoints",
         "fig = figs.saved_loss_curve(saved)",
         EXPORT.format(name=_file_name("lab", name, "loss")),
+    ])
+
+
+def softmax_variants(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> str:
+    """The Softmax page's first chart: seeded random q·k, scaled and unscaled, its logits and first rows, with the
+    chart's slider over d_k (attnviz.softmax_charts.variants_chart)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import softmax_charts",
+        "",
+        f"fig, dims = softmax_charts.variants_chart({int(d_k)}, n_keys={int(n_keys)}, seed={int(seed)}, "
+        f"temperature={float(temperature)!r}, rows_shown={int(rows_shown)})  # the slider in the chart: d_k in dims",
+        EXPORT.format(name=_file_name("softmax", d_k, n_keys, seed)),
     ])

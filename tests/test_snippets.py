@@ -255,7 +255,7 @@ def test_the_softmax_pages_snippet_draws_a_real_heads_three_maps():
     at.select_slider(key="softmax_real_temperature").set_value(0.5).run()
     assert not at.exception, at.exception
     expected = snippets.softmax_head("toy-bloom-alibi", text, 1, 2, 0.5)
-    assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
+    assert [c.value for c in at.code if "head_logits" in c.value] == [expected]
     mine = _plain(json.loads(pio.to_json(_run_snippet(expected))))
     names = [t["name"] for t in mine["data"]]
     assert names == ["Own scale: q·k × 0.25 + b", "Unscaled: q·k + b", "Own scale ÷ T, T = 0.5"]
@@ -302,3 +302,22 @@ def test_the_toy_labs_saved_history_refuses_a_bad_or_unknown_name(tmp_path, monk
         lab.saved_history("nothing-here")
     with pytest.raises(lab.StorageRefused, match="lowercase letters"):
         lab.saved_history("../escape")
+
+
+def test_the_softmax_pages_snippet_draws_its_random_logits_chart_with_every_d_k():
+    """d_k = 16, 24 keys per query, T = 2, seed 9: the shown code draws the page's first chart, its d_k slider's
+    frames included."""
+    at = AppTest.from_file(str(ROOT / "app_pages" / "softmax.py"), default_timeout=300)
+    for key, value in dict(softmax_d_k=16, softmax_n_keys=24, softmax_temperature=2.0, softmax_seed=9).items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, at.exception
+    expected = snippets.softmax_variants(16, 24, 9, 2.0, 12)
+    assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
+    mine = _plain(json.loads(pio.to_json(_run_snippet(expected))))
+    assert [s["label"] for s in mine["layout"]["sliders"][0]["steps"]][:3] == ["1", "2", "3"]
+    assert "Logits, scaled: q·k / √16" in [a["text"] for a in mine["layout"]["annotations"]]
+    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    same = [c for c in charts if c["layout"].get("sliders") == mine["layout"]["sliders"]]
+    assert len(same) == 1
+    _same(same[0], mine)
