@@ -3,8 +3,10 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
+from attnviz import snippets
 from attnviz.figures import kernel as figs
 from attnviz.ui import kernel as uk
+from attnviz.ui import snippets as snippet_ui
 
 
 def kib(b):
@@ -149,6 +151,8 @@ def step_view():
                "the accumulator is an unnormalised weighted sum of value rows; rescaling keeps every term relative "
                "to the current max. On a block's first key tile the old acc is all zeros. Both sides share one "
                "colour scale. O = acc / l_i is taken after a query block's last key tile.")
+    snippet_ui.show(snippets.kernel_step(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype,
+                                         seed=seed, window=window, step=index))
 
     traffic_counters(steps[:index + 1])
 

@@ -4,26 +4,20 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from attnviz import snippets, ui
 from attnviz import softmax as sm
-from attnviz import ui
-from attnviz.ui import softmax as ui_softmax
+from attnviz import softmax_charts as sm_charts
 from attnviz.figures import softmax as figs
+from attnviz.ui import snippets as snippet_ui
+from attnviz.ui import softmax as ui_softmax
 
 N_QUERIES = ui_softmax.N_QUERIES
-ROWS_SHOWN = 12
+ROWS_SHOWN = sm_charts.ROWS_SHOWN
 MAX_TOKENS = 256  # every head's three softmaxes are computed for the per-head grids
 MAX_CHARS = 1000
 DIMS = ui_softmax.DIMS
 REAL_TEXT = "The cat sat on the mat because it was warm. The cat"
 TEMPERATURES = ui_softmax.TEMPERATURES
-
-
-def logit_formula(factor: str, bias: bool, softcap) -> str:
-    """What a map's softmax is fed, as the page writes it: q·k times a factor, soft-capped, plus the bias."""
-    x = f"q·k{factor}"
-    if softcap:
-        x = f"{softcap:g}·tanh({x} / {softcap:g})"
-    return f"{x} + b" if bias else x
 
 
 @st.fragment
@@ -42,10 +36,8 @@ def show_real_model(cap, text: str) -> None:
                               key="softmax_real_temperature", persist_state="session")
     query = h4.selectbox("query row", range(len(tokens)), index=len(tokens) - 1,
                          format_func=lambda i: f"{i}: {tokens[i]}", key="softmax_query", persist_state="session")
-    inputs = cap.inputs[layers[layer_pos]]
-    softcap = float(inputs.softcap) if inputs.softcap else None
-    head_raw = sm.raw_qk(inputs, heads=[head])[0]  # [query, key] float64, -inf where masked
-    head_bias = None if inputs.key_bias is None else inputs.key_bias[head].double().numpy()  # [key]
+    # [query, key] float64 q·k, -inf where masked; [key] bias or None; the soft-cap or None
+    head_raw, head_bias, softcap = sm.head_logits(cap.inputs[layers[layer_pos]], head)
     biased = head_bias is not None
     st.caption(f"{cap.model_name}: head_dim = {head_dim}, the model's scaling s = {scaling:.4g} "
                f"(1/√{head_dim} = {1 / math.sqrt(head_dim):.4g}); {len(tokens)} tokens." +
@@ -54,21 +46,21 @@ def show_real_model(cap, text: str) -> None:
                 "position); b is kept as the model adds it, unscaled, in every map and sweep below." if biased
                 else ""))
 
-    patterns, keep = _real_maps(head_raw, scaling, real_t, head_bias, softcap, tokens)
+    code = snippets.softmax_head(cap.model_name, text, layers[layer_pos], head, real_t)
+    patterns, keep = _real_maps(head_raw, scaling, real_t, head_bias, softcap, tokens, code)
     _real_row(head_raw, patterns, keep, query, tokens)
     _real_sweep(cap, text, layers, layer_pos, head, scaling, softcap, head_raw, head_bias, real_t)
     _real_saturation(cap, text, layers, scaling, softcap)
 
 
-def _real_maps(head_raw, scaling: float, real_t: float, head_bias, softcap, tokens):
-    """The head's pattern at its own scale, unscaled and at temperature T, with their statistics; returns
-    (patterns, the rows that may attend to at least two keys)."""
+def _real_maps(head_raw, scaling: float, real_t: float, head_bias, softcap, tokens, code: str):
+    """The head's pattern at its own scale, unscaled and at temperature T (and the code that draws them), with
+    their statistics; returns (patterns, the rows that may attend to at least two keys)."""
     biased = head_bias is not None
     patterns = sm.head_variants(head_raw, scaling, real_t, bias=head_bias, softcap=softcap)
-    own_formula = logit_formula(f" × {scaling:.3g}", biased, softcap)
-    raw_formula = logit_formula("", biased, softcap)
-    titles = {"own scale": f"Own scale: {own_formula}", "unscaled": f"Unscaled: {raw_formula}",
-              "temperature": f"Own scale ÷ T, T = {real_t:g}"}
+    own_formula = figs.logit_formula(f" × {scaling:.3g}", biased, softcap)
+    raw_formula = figs.logit_formula("", biased, softcap)
+    titles = figs.real_map_titles(scaling, real_t, bias=biased, softcap=softcap)
     st.caption(f"Each map is the softmax of its row's logits: left, {own_formula} (the head's real pattern); "
                f"middle, {raw_formula} (the same q and k without the scaling"
                + (", the bias unchanged" if biased else "") + f"); right, ({own_formula}) / {real_t:g}. q·k is "
@@ -76,6 +68,7 @@ def _real_maps(head_raw, scaling: float, real_t: float, head_bias, softcap, toke
     keep = sm.valid_keys(head_raw) >= 2
     st.plotly_chart(figs.head_patterns({titles[name]: pattern for name, pattern in patterns.items()}, tokens),
                     width="stretch", key="softmax_real_maps")
+    snippet_ui.show(code)
     rows = []
     for name, pattern in patterns.items():
         stats = sm.row_stats(pattern[keep])
@@ -117,7 +110,7 @@ def _real_sweep(cap, text, layers, layer_pos, head, scaling, softcap, head_raw, 
                                            title=f"Layer {layers[layer_pos]}, head {head}, as the factor on raw q·k "
                                                  "varies"),
                     width="stretch", key="softmax_real_sweep")
-    st.caption(f"Each point is the softmax of {logit_formula(' × factor', biased, softcap)}"
+    st.caption(f"Each point is the softmax of {figs.logit_formula(' × factor', biased, softcap)}"
                + (", the bias b the same at every factor" if biased else "") +
                ". Left of 'own scale' the head flattens, right of it it sharpens; 'unscaled' is factor 1." +
                ("" if t_on_curve else " The temperature map divides the whole score, "
@@ -173,6 +166,7 @@ def random_logits_section() -> None:
         "by T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the "
         "same variance. Unscaled, the rows turn into single bright cells as d_k grows: one key takes all the weight."
     )
+    snippet_ui.show(snippets.softmax_variants(d_k, n_keys, seed, temperature, ROWS_SHOWN))
 
     st.subheader("Every row, not only the mean")
     st.plotly_chart(charts["rows"], width="stretch", key="softmax_rows")
@@ -217,8 +211,8 @@ def _random_controls() -> tuple[int, int, float, int]:
 
 def _variant_metrics(variants, d_k: int, n_keys: int, temperature: float) -> None:
     """Scaled and unscaled side by side: logit spread, max weight, entropy, saturated rows."""
-    scale_text = ui_softmax.scale_text(d_k)
-    predicted_var = ui_softmax.predicted_variance(d_k, temperature)
+    scale_text = sm_charts.scale_text(d_k)
+    predicted_var = sm_charts.predicted_variance(d_k, temperature)
     log_n = math.log(n_keys)
 
     for column, variant in zip(st.columns(2), (sm.SCALED, sm.UNSCALED)):

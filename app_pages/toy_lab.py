@@ -5,9 +5,10 @@ import math
 import numpy as np
 import streamlit as st
 
-from attnviz import lab, ui
+from attnviz import lab, snippets, ui
 from attnviz.figures import lab as figs
 from attnviz.ui import lab as lab_ui
+from attnviz.ui import snippets as snippet_ui
 
 st.title("Toy lab")
 st.markdown(
@@ -115,13 +116,15 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
     elif snap.error:  # the run trained, but its automatic save was refused (a limit) or failed
         st.warning(f"{snap.error[0].upper()}{snap.error[1:]}.")
     chance = lab.chance_loss(cfg.n_letters, cfg.task)
-    chance_of = "bytes" if cfg.task == "text" else "letters"
+    chance_of = figs.chance_symbols(cfg.task)
     left, right = st.columns(2)
     with left:
         st.plotly_chart(figs.loss_curve(snap.losses, chance, total_steps=cfg.steps, chance_of=chance_of),
                         width="stretch")
         st.caption("Cross-entropy on the tokens with a known answer. Below the dashed chance line the model has "
                    "learnt something beyond which letters exist.")
+        if snap.saved_as:  # drawn again from the saved run's history: nothing trains
+            snippet_ui.show(snippets.lab_loss_curve(snap.saved_as))
     ckpts = [c for c in snap.checkpoints if not math.isnan(c.loss)] or snap.checkpoints
     with right:
         best = {name: [getattr(c, name).max() for c in ckpts] for name in ("previous_token", "induction", "sink")}

@@ -13,6 +13,11 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     span_attention(model, text, layer, head, queries, how=...)  the Heads page's span chart
     knockout_grid(model, text, mode=..., target=...)  the Experiments page's knock-outs, each head in turn
     corpus_grid(run, stat, window)                 the Corpus page's mean of every head over a run's windows
+    softmax_variants(d_k, n_keys, seed, temperature, rows_shown)  the Softmax page's random q·k, scaled and unscaled
+    softmax_head(model, text, layer, head, temperature)  the Softmax page's real head at its own scale, unscaled, ÷ T
+    kernel_step(n, d, block_m=..., block_n=..., causal=..., dtype=..., seed=..., window=..., step=...)  the Tiled
+                                                   kernel page's step view
+    lab_loss_curve(name)                           the Toy lab's loss curve, from a saved run's history
     head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
 """
 
@@ -187,4 +192,64 @@ def corpus_grid(run: str, stat: str, window: int) -> str:
         f"fig = figs.mean_grid(summary, {stat!r}, {int(window)}, "
         f"title=f\"{stat}: each head's mean over {{n_windows:,}} windows of {int(window)} tokens\")",
         EXPORT.format(name=_file_name(run, stat, window)),
+    ])
+
+
+def kernel_step(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtype: str, seed: int,
+                window: int | None, step: int) -> str:
+    """The Tiled kernel page's step view: the stepper and the Triton kernel on the page's seeded Q, K, V
+    (attnviz.kernels.steps_view.kernel_run), drawn at one step with its in-chart slider (step_view)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz.kernels.steps_view import kernel_run, step_view  # imports attnviz.kernels first, as it must",
+        "",
+        f"run = kernel_run({int(n)}, {int(d)}, block_m={int(block_m)}, block_n={int(block_n)}, "
+        f"causal={bool(causal)!r}, dtype={dtype!r}, seed={int(seed)}, window={window!r})",
+        f"fig, shown = step_view(run, {int(step)})  # the slider in the chart walks the steps in `shown`",
+        EXPORT.format(name=_file_name("kernel-step", n, d, step)),
+    ])
+
+
+def softmax_head(model: str, text: str, layer: int, head: int, temperature: float) -> str:
+    """The Softmax page's real head, three ways: its pattern at its own scale, unscaled and at temperature T, from
+    the captured q and k (attnviz.softmax.head_logits, head_variants; figures.softmax.head_patterns)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import softmax as sm",
+        "from attnviz.figures import softmax as figs",
+        "",
+        _capture_line(model, text),
+        f"raw, bias, softcap = sm.head_logits(cap.inputs[{int(layer)}], {int(head)})  # q·k [query, key], "
+        "the bias [key] or None",
+        f"patterns = sm.head_variants(raw, cap.scaling, {float(temperature)!r}, bias=bias, softcap=softcap)",
+        f"titles = figs.real_map_titles(cap.scaling, {float(temperature)!r}, bias=bias is not None, softcap=softcap)",
+        "fig = figs.head_patterns({titles[name]: p for name, p in patterns.items()}, [str(t) for t in cap.tokens])",
+        EXPORT.format(name=_file_name(model, f"L{layer}H{head}-softmax")),
+    ])
+
+
+def lab_loss_curve(name: str) -> str:
+    """The Toy lab's loss curve, redrawn from the run saved as lab/<name> (its config and history, saved beside its
+    weights: attnviz.lab.saved_history; figures.lab.saved_loss_curve). No training runs again."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import lab",
+        "from attnviz.figures import lab as figs",
+        "",
+        f"saved = lab.saved_history({name!r})  # lab/{name}: its config, per-step losses and checkpoints",
+        "fig = figs.saved_loss_curve(saved)",
+        EXPORT.format(name=_file_name("lab", name, "loss")),
+    ])
+
+
+def softmax_variants(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> str:
+    """The Softmax page's first chart: seeded random q·k, scaled and unscaled, its logits and first rows, with the
+    chart's slider over d_k (attnviz.softmax_charts.variants_chart)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import softmax_charts",
+        "",
+        f"fig, dims = softmax_charts.variants_chart({int(d_k)}, n_keys={int(n_keys)}, seed={int(seed)}, "
+        f"temperature={float(temperature)!r}, rows_shown={int(rows_shown)})  # the slider in the chart: d_k in dims",
+        EXPORT.format(name=_file_name("softmax", d_k, n_keys, seed)),
     ])

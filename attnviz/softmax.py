@@ -245,6 +245,13 @@ def raw_qk(inputs, heads=None) -> np.ndarray:
     return layer_scores(plain, heads=heads, key_end=inputs.n_key, dtype=torch.float64).numpy()
 
 
+def head_logits(inputs, head: int) -> tuple[np.ndarray, np.ndarray | None, float | None]:
+    """One query head's (raw q.k [query, key] as raw_qk gives it, its additive bias [key] or None, the layer's
+    soft-cap or None): what head_variants and scale_sweep take. inputs: capture.inputs[layer]."""
+    bias = None if inputs.key_bias is None else inputs.key_bias[head].double().numpy()
+    return raw_qk(inputs, heads=[head])[0], bias, float(inputs.softcap) if inputs.softcap else None
+
+
 def logits_at(raw, factor: float, *, bias=None, softcap: float | None = None) -> np.ndarray:
     """The logits a head would feed its softmax with `factor` on its raw q.k in place of its own scaling:
     softcap(raw * factor) + bias, as the model orders them (c tanh(x / c) for a soft-cap c), -inf where raw is.

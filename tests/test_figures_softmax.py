@@ -209,3 +209,20 @@ def test_the_sweeps_charts_temperature_slider_draws_the_librarys_sweep_at_every_
         np.testing.assert_allclose(theory["theory: 1 / T²"], np.full(len(dims), 1 / temperature**2), rtol=1e-12)
         assert sum(s["x0"] == 64 for s in state["layout"]["shapes"]) == len(columns)
     assert instant.json_bytes(fig) < 500_000
+
+
+def test_the_library_variants_chart_refuses_a_d_k_off_its_slider_and_matches_the_pages_cache():
+    """attnviz.softmax_charts.variants_chart, which the page's Reproduce in Python code calls: a d_k that is not one
+    of its slider's values is refused with the values; built afresh it equals the page's cached chart."""
+    import json
+
+    import plotly.io as pio
+
+    from attnviz import softmax_charts
+    from attnviz.ui import softmax as ui_softmax
+
+    with pytest.raises(ValueError, match="d_k = 5 is not one of"):
+        softmax_charts.variants_chart(5, 16, 0, 1.0)
+    fresh, dims = softmax_charts.variants_chart(8, 16, 1, 0.5)
+    cached, cached_dims = ui_softmax.variants_chart(8, 16, 1, 0.5, softmax_charts.ROWS_SHOWN)
+    assert dims == cached_dims and json.loads(pio.to_json(fresh)) == json.loads(pio.to_json(cached))

@@ -14,12 +14,12 @@ def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    import attnviz.kernels as kn
+    from attnviz.kernels import steps_view
 
     def refuse(*args, **kwargs):
         raise ValueError("BLOCK_M = 128, BLOCK_N = 128 with head dim 128 need more shared memory than this GPU has")
 
-    monkeypatch.setattr(kn, "flash_attention", refuse)
+    monkeypatch.setattr(steps_view, "flash_attention", refuse)  # the step view's run (attnviz.kernels.steps_view)
     st.cache_resource.clear()
     st.cache_data.clear()
     from attnviz.ui import PAGES
@@ -219,3 +219,25 @@ def test_the_step_view_carries_a_window_of_steps_that_fits_its_budget():
     assert [s.label for s in slider.steps] == [str(i) for i in shown] and slider.steps[slider.active].label == "100"
     assert fig.layout.title.text.startswith("Step 100 of 135:")
     st.cache_resource.clear()
+
+
+def test_the_step_views_library_run_refuses_what_cannot_run_here_with_the_reason():
+    """attnviz.kernels.steps_view, which the page and its Reproduce in Python code call: a size over the limits is
+    refused with kernels.refusal's reason, a step the run does not have with its range; both AttnvizErrors."""
+    import re
+
+    import pytest
+
+    import attnviz.kernels as kn
+    from attnviz.errors import AttnvizError
+    from attnviz.kernels import steps_view
+
+    big = dict(block_m=16, block_n=16, causal=False, dtype="float32")
+    reason = kn.refusal(4096, 128, **big)
+    if reason:  # no GPU: the interpreter's step limit
+        with pytest.raises(steps_view.KernelRefused, match=re.escape(reason)):
+            steps_view.kernel_run(4096, 128, **big)
+    run = steps_view.kernel_run(32, 8, block_m=16, block_n=16, causal=True)
+    assert len(run.steps) == 3  # 2 x 2 tiles, the one right of the diagonal skipped
+    with pytest.raises(AttnvizError, match="not one of this run's steps 0–2"):
+        steps_view.step_view(run, 3)

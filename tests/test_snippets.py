@@ -211,3 +211,113 @@ def test_the_corpus_pages_snippet_draws_its_grid_from_the_run(tmp_path, monkeypa
     same = [c for c in charts if c["layout"]["title"]["text"] == mine["layout"]["title"]["text"]]
     assert len(same) == 1 and "sink_mass: each head's mean over" in mine["layout"]["title"]["text"]
     _same(same[0], mine)
+
+
+def _chart_titled(at: AppTest, title: str) -> dict:
+    """The one chart on the page whose layout title is `title`."""
+    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    found = [c for c in charts if (c["layout"].get("title") or {}).get("text") == title]
+    assert len(found) == 1, (title, [c["layout"].get("title") for c in charts])
+    return found[0]
+
+
+def test_the_kernel_pages_snippet_draws_its_step_view_with_every_frame():
+    """A sliding window, 32 x 16 tiles, another seed, step 4: the shown code draws the page's step view, its slider's
+    frames included, from library calls alone."""
+    at = AppTest.from_file(str(ROOT / "app_pages" / "kernel.py"), default_timeout=300)
+    for key, value in dict(kernel_n=80, kernel_d=16, kernel_block_m=32, kernel_block_n=16, kernel_window=32,
+                           kernel_seed=5, kernel_step=4).items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, at.exception
+    expected = snippets.kernel_step(80, 16, block_m=32, block_n=16, causal=True, dtype="float32", seed=5, window=32,
+                                    step=4)
+    assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
+    assert "streamlit" not in expected and "attnviz.ui" not in expected
+    mine = _plain(json.loads(pio.to_json(_run_snippet(expected))))
+    assert mine["layout"]["title"]["text"].startswith("Step 4 of ")
+    assert len(mine["frames"]) > 1
+    _same(_chart_titled(at, mine["layout"]["title"]["text"]), mine)
+
+
+def test_the_softmax_pages_snippet_draws_a_real_heads_three_maps():
+    """BLOOM's ALiBi (a bias b in every title), layer 1, head 2, T = 0.5 on a text of our own: the shown code
+    draws the page's three maps of the head, from the captured q and k."""
+    text = "A bird in the hand is worth two in the bush."
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.switch_page("app_pages/softmax.py").run()
+    at.selectbox(key="softmax_model").set_value("toy-bloom-alibi").run()
+    at.text_input(key="softmax_text").input(text).run()
+    at.button(key="softmax_capture").click().run()
+    at.selectbox(key="softmax_layer").set_value(1).run()
+    at.selectbox(key="softmax_head").set_value(2).run()
+    at.select_slider(key="softmax_real_temperature").set_value(0.5).run()
+    assert not at.exception, at.exception
+    expected = snippets.softmax_head("toy-bloom-alibi", text, 1, 2, 0.5)
+    assert [c.value for c in at.code if "head_logits" in c.value] == [expected]
+    mine = _plain(json.loads(pio.to_json(_run_snippet(expected))))
+    names = [t["name"] for t in mine["data"]]
+    assert names == ["Own scale: q·k × 0.25 + b", "Unscaled: q·k + b", "Own scale ÷ T, T = 0.5"]
+    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    same = [c for c in charts if [t.get("name") for t in c["data"]] == names]
+    assert len(same) == 1
+    _same(same[0], mine)
+
+
+def test_the_toy_labs_snippet_redraws_the_loss_curve_from_the_saved_run(tmp_path, monkeypatch):
+    """A 20-step run on the text task (chance among bytes), saved automatically: the shown code names the saved
+    model, not where it lies, reads its history and draws the page's loss curve without training."""
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=300)  # the app: the page links to the Heads page once saved
+    for key, value in dict(lab_task="text", lab_steps=20, lab_width=32, lab_text_len=16, lab_seed=7).items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page("app_pages/toy_lab.py").run()
+    at.button(key="lab_train").click().run()
+    assert not at.exception, at.exception
+    snap = at.session_state["lab_run"].join(timeout=240)
+    assert snap.status == "done" and snap.saved_as, (snap.status, snap.error)
+    at.run()
+    assert not at.exception, at.exception
+    expected = snippets.lab_loss_curve(snap.saved_as)
+    assert str(tmp_path) not in expected
+    assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
+
+    from attnviz import lab
+
+    monkeypatch.setattr(lab.LabRun, "__init__", lambda *a, **k: pytest.fail("the snippet trained a model"))
+    fig = _run_snippet(expected)
+    mine = _plain(json.loads(pio.to_json(fig)))
+    assert mine["data"][0]["y"] == pytest.approx(snap.losses, rel=0, abs=0)
+    assert "bytes" in json.dumps(mine["data"])
+    _same(_chart_titled(at, "Loss on the answer tokens"), mine)
+
+
+def test_the_toy_labs_saved_history_refuses_a_bad_or_unknown_name(tmp_path, monkeypatch):
+    from attnviz import lab
+
+    monkeypatch.setenv("ATTNVIZ_CACHE_DIR", str(tmp_path))
+    with pytest.raises(lab.StorageRefused, match="no toy-lab model is saved as lab/nothing-here"):
+        lab.saved_history("nothing-here")
+    with pytest.raises(lab.StorageRefused, match="lowercase letters"):
+        lab.saved_history("../escape")
+
+
+def test_the_softmax_pages_snippet_draws_its_random_logits_chart_with_every_d_k():
+    """d_k = 16, 24 keys per query, T = 2, seed 9: the shown code draws the page's first chart, its d_k slider's
+    frames included."""
+    at = AppTest.from_file(str(ROOT / "app_pages" / "softmax.py"), default_timeout=300)
+    for key, value in dict(softmax_d_k=16, softmax_n_keys=24, softmax_temperature=2.0, softmax_seed=9).items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, at.exception
+    expected = snippets.softmax_variants(16, 24, 9, 2.0, 12)
+    assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
+    mine = _plain(json.loads(pio.to_json(_run_snippet(expected))))
+    assert [s["label"] for s in mine["layout"]["sliders"][0]["steps"]][:3] == ["1", "2", "3"]
+    assert "Logits, scaled: q·k / √16" in [a["text"] for a in mine["layout"]["annotations"]]
+    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    same = [c for c in charts if c["layout"].get("sliders") == mine["layout"]["sliders"]]
+    assert len(same) == 1
+    _same(same[0], mine)

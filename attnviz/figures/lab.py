@@ -47,6 +47,20 @@ def loss_curve(losses: Sequence[float], chance: float, *, total_steps: int | Non
     return fig
 
 
+def chance_symbols(task: str) -> str:
+    """What chance guesses among on `task`, as the loss curves name it: the 256 bytes of the text task, else the
+    task's letters."""
+    return "bytes" if task == "text" else "letters"
+
+
+def saved_loss_curve(saved: Mapping) -> go.Figure:
+    """loss_curve of a saved run, as the Toy lab draws it: `saved` is its LAB_FILE (attnviz.lab.saved_history),
+    with its per-step losses, its chance level and its config's steps and task."""
+    cfg = saved["config"]
+    return loss_curve(saved["losses"], saved["chance_loss"], total_steps=cfg["steps"],
+                      chance_of=chance_symbols(cfg["task"]))
+
+
 def _chance_line(fig: go.Figure, chance: float, last_step: int, color: str, suffix: str = "",
                  chance_of: str = "letters") -> None:
     """The chance level as a dashed line named in the legend: a label drawn on the plot sits where the loss

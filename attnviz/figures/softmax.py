@@ -155,6 +155,23 @@ def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: in
                              margin=dict(t=90))
 
 
+def logit_formula(factor: str, bias: bool, softcap) -> str:
+    """What a real head's softmax is fed, as the page writes it: q·k times a factor (" × 0.125", "" for none),
+    soft-capped at `softcap` (None or 0: not), plus the bias b when `bias`."""
+    x = f"q·k{factor}"
+    if softcap:
+        x = f"{softcap:g}·tanh({x} / {softcap:g})"
+    return f"{x} + b" if bias else x
+
+
+def real_map_titles(scaling: float, temperature: float, *, bias: bool, softcap) -> dict[str, str]:
+    """The titles of attnviz.softmax.head_variants' three maps ("own scale", "unscaled", "temperature"), each with
+    what its softmax is fed."""
+    return {"own scale": f"Own scale: {logit_formula(f' × {scaling:.3g}', bias, softcap)}",
+            "unscaled": f"Unscaled: {logit_formula('', bias, softcap)}",
+            "temperature": f"Own scale ÷ T, T = {temperature:g}"}
+
+
 def head_patterns(patterns: Mapping[str, np.ndarray], tokens: Sequence[str], *, height: int = 440) -> go.Figure:
     """A real head's pattern [query, key] under each softmax (title -> pattern), side by side in one figure on one
     fixed 0..1 colour scale, token labels on the axes. Each map's trace is named by its title."""

@@ -3,7 +3,9 @@
 triton_attention holds the kernel; stepper mirrors it in torch, one tile at a time; stages holds the stage bounds both
 use (and the tile map drawn from them); traffic counts the bytes naive and tiled attention move; limits says what may
 run here; timing checks and times every method; naive holds the plain versions and the float64 reference;
-triton_stats runs the same forward pass with the head statistics' epilogue (attnviz.stats's columns on a GPU).
+triton_stats runs the same forward pass with the head statistics' epilogue (attnviz.stats's columns on a GPU);
+steps_view runs the stepper and the kernel at one setting and draws the Tiled kernel page's step view (imported on
+its own, as it draws with plotly).
 
 Without CUDA the Triton kernel runs under the Triton interpreter. The interpreter is chosen when @triton.jit runs,
 so TRITON_INTERPRET is set here, before the kernel module is imported (an explicit setting is left alone): importing

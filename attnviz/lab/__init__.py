@@ -17,7 +17,7 @@ The names below are the lab's public surface; `from attnviz import lab` then `la
 from attnviz.lab.config import (ATTENTION, ATTENTION_INFO, MAX_SECONDS, MAX_STEPS, POSITIONAL, VARIANTS,
                                 LabConfig)
 from attnviz.lab.storage import (LAB_FILE, MAX_NAME, NameTaken, QuotaExceeded, StorageRefused, read_history,
-                                 saved_runs)
+                                 saved_history, saved_runs)
 from attnviz.lab.tasks import (ALPHABET, BOS_ID, LETTER_TASKS, PROBE_BATCH, PROBE_SEED, SEPARATOR, TASK_INFO, TASKS,
                                chance_loss, example_text, make_batch, make_probe, probe_lengths, target_patterns,
                                text_probe)
@@ -31,5 +31,5 @@ __all__ = ["ALPHABET", "ARCHITECTURE", "ATTENTION", "ATTENTION_INFO", "BOS_ID", 
            "PROBE_SEED", "SEPARATOR", "TASKS", "LETTER_TASKS", "TASK_INFO", "VARIANTS", "Checkpoint", "LabBusyError",
            "LabConfig", "LabRun", "NameTaken", "QuotaExceeded", "RunSnapshot", "StorageRefused", "VariantComparison",
            "active_runs", "architecture", "build_model", "chance_loss", "example_text", "head_scores",
-           "make_batch", "make_probe", "probe_lengths", "read_history", "saved_runs", "target_patterns", "task_loss",
-           "text_probe", "weight_on_tokens"]
+           "make_batch", "make_probe", "probe_lengths", "read_history", "saved_history", "saved_runs",
+           "target_patterns", "task_loss", "text_probe", "weight_on_tokens"]

@@ -46,7 +46,8 @@ _SUFFIXES = 999        # "<name>-2" .. "<name>-999": the free names an automatic
 
 
 class StorageRefused(AttnvizError, ValueError):
-    """A save or delete refused for a reason the visitor can act on; the message says which and is safe to show."""
+    """A save, delete or read refused for a reason the visitor can act on; the message says which and is safe to
+    show."""
 
 
 class NameTaken(StorageRefused):
@@ -252,6 +253,20 @@ def read_history(folder) -> dict | None:
         return json.loads((Path(folder) / LAB_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def saved_history(name: str) -> dict:
+    """The LAB_FILE of the model saved as lab/<name> (its config, architecture, losses and checkpoints: history's
+    fields), which the Toy lab's charts are drawn from. Raises StorageRefused for a name that cannot be one, or when
+    no toy-lab model is saved under it."""
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise StorageRefused(str(exc)) from None
+    saved = read_history(trained_dir() / name)
+    if saved is None:
+        raise StorageRefused(f"no toy-lab model is saved as lab/{name}")
+    return saved
 
 
 def saved_runs() -> list[str]:

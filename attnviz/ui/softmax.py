@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from attnviz import softmax as sm
+from attnviz import softmax_charts as charts
 from attnviz.figures import instant
 from attnviz.figures import softmax as figs
 from attnviz.ui import build_in_background
 
-N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
-DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)
+N_QUERIES, DIMS = charts.N_QUERIES, charts.DIMS
 TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]  # the temperature sliders
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def sample(d_k: int, n_keys: int, seed: int, temperature: float):
     out = {variant: (scores, pattern, sm.row_stats(pattern))
-           for variant, (scores, pattern) in _variant_logits(d_k, n_keys, seed, temperature).items()}
+           for variant, (scores, pattern) in charts.variant_logits(d_k, n_keys, seed, temperature).items()}
     return out, sm.gradient_demo(d_k, n_keys, n_queries=N_QUERIES, seed=seed, temperature=temperature)
 
 
@@ -30,35 +29,10 @@ def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
     return sm.saturation_sweep(DIMS, n_queries=N_QUERIES, n_keys=n_keys, seed=seed, temperature=temperature)
 
 
-def scale_text(d_k: int) -> dict[str, str]:
-    return {sm.SCALED: f"scaled: q·k / √{d_k}", sm.UNSCALED: "unscaled: q·k"}
-
-
-def predicted_variance(d_k: int, temperature: float) -> dict[str, float]:
-    """The variance of a logit q·k × scale / T for independent unit-variance q and k entries: 1 / T² scaled,
-    d_k / T² unscaled."""
-    return {sm.SCALED: 1.0 / temperature**2, sm.UNSCALED: d_k / temperature**2}
-
-
-def _variant_logits(d_k: int, n_keys: int, seed: int, temperature: float) -> dict:
-    """{variant: (scores [N_QUERIES, n_keys], pattern)} for the seeded random q and k, scaled and unscaled."""
-    q, k = sm.random_qk(N_QUERIES, n_keys, d_k, seed)
-    return {variant: sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
-            for variant, scaled in ((sm.SCALED, True), (sm.UNSCALED, False))}
-
-
-def _variants_figure(logits: dict, d_k: int, temperature: float, rows_shown: int):
-    text, variance = scale_text(d_k), predicted_variance(d_k, temperature)
-    return figs.variants_figure({variant: {"scores": scores, "pattern": pattern, "predicted_var": variance[variant],
-                                           "title": text[variant]} for variant, (scores, pattern) in logits.items()},
-                                rows_shown=rows_shown)
-
-
 # one d_k's variants figure as plain dicts (a stop of the chart's d_k slider): binned logits and the shown rows only
 @st.cache_resource(show_spinner=False, max_entries=128)
 def _variants_stop(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> dict:
-    return instant.figure_dict(_variants_figure(_variant_logits(d_k, n_keys, seed, temperature), d_k, temperature,
-                                                rows_shown))
+    return charts.variants_stop(d_k, n_keys, seed, temperature, rows_shown)
 
 
 def sweep_figure(n_keys: int, seed: int, temperature: float, d_k: int | None):
@@ -85,15 +59,8 @@ def _sweep_stop(n_keys: int, seed: int, temperature: float) -> dict:
 
 
 def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> tuple:
-    """(figure, d_ks): the variants figure at d_k with an in-chart slider over the d_k values d_ks, each a frame the
-    browser draws: all of DIMS while their frames fit instant.FRAME_BUDGET, else every k-th counted from d_k (k = 2,
-    one per doubling, at 256 keys per query; 3 at 512), with the first and last."""
-    stop_bytes = instant.json_bytes({"data": _variants_stop(d_k, n_keys, seed, temperature, rows_shown)["data"]})
-    dims = [DIMS[i] for i in instant.thinned(len(DIMS), DIMS.index(d_k), stop_bytes)]
-    chart = go.Figure(_variants_stop(d_k, n_keys, seed, temperature, rows_shown))
-    instant.add_frame_slider(chart, [_variants_stop(d, n_keys, seed, temperature, rows_shown) for d in dims],
-                             [str(d) for d in dims], dims.index(d_k), parameter="d_k")
-    return chart, dims
+    """(figure, d_ks): attnviz.softmax_charts.variants_chart, each d_k's frame from this page's cache."""
+    return charts.variants_chart(d_k, n_keys, seed, temperature, rows_shown, stop=_variants_stop)
 
 
 def sweeps_chart(d_k: int, n_keys: int, seed: int, temperature: float):
