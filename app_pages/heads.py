@@ -151,7 +151,7 @@ def zoom_panel():
     q0 = z1.slider("Queries from", 0, span, span, key="heads_zoom_q", persist_state="session") if span else 0
     k0 = z2.slider("Keys from", 0, span, min(span, q0), key="heads_zoom_k", persist_state="session") if span else 0
     window = cache.head_window(capture, layer, head, (q0, min(n, q0 + size)), (k0, min(n, k0 + size)), hide_sink)
-    st.plotly_chart(figs.window_detail(window, capture.tokens, q0, k0, gamma=gamma, causal_offset=causal_offset,
+    ui.plot(figs.window_detail(window, capture.tokens, q0, k0, gamma=gamma, causal_offset=causal_offset,
                                        title=f"Layer {layer}, head {head}: queries {q0:,}–{q0 + len(window) - 1:,}"
                                              f", keys {k0:,}–{k0 + window.shape[1] - 1:,}"), width="stretch")
     st.write("The window's weights at full resolution, "
@@ -167,7 +167,7 @@ def token_panel():
     scope = st.radio("Heads", ["This layer", "All captured layers"], horizontal=True, key="heads_token_scope",
                      persist_state="session")
     layer_ids = (li,) if scope == "This layer" else tuple(range(capture.n_layers))
-    st.plotly_chart(cache.token_figure(*key, layer_ids, query, gamma, hide_sink, capture), width="stretch")
+    ui.plot(cache.token_figure(*key, layer_ids, query, gamma, hide_sink, capture), width="stretch")
     st.write("One row per head: how the chosen query token splits its attention over the keys it can see."
              + (f" With the sink hidden, heads that had under {MIN_REMAINING:.0%} of this query's weight off "
                 "token 0 are blank." if hide_sink else ""))
@@ -190,7 +190,7 @@ def predictions_panel():
     if got is None:
         return
     losses, table = got
-    st.plotly_chart(text_figs.loss_chart(losses, capture.tokens, title=f"{model}: the loss of each token given the "
+    ui.plot(text_figs.loss_chart(losses, capture.tokens, title=f"{model}: the loss of each token given the "
                                          f"ones before it (mean {losses.mean():.2f} nats)"), width="stretch")
     st.write("Low loss = the model saw this token coming. On repeated text the second copy's loss drops: the model "
              "copies from the first, the job induction heads do.")
@@ -217,7 +217,7 @@ def stats_panel():
     extra = ["learned_sink"] if "learned_sink" in stats.columns else []
     column = st.selectbox("Statistic to map", [*COLUMNS, *extra], key="heads_stat", persist_state="session")
     units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
-    st.plotly_chart(figs.stat_grid(stats, column, title=f"{column} of every head", colorbar_title=f"{column} "
+    ui.plot(figs.stat_grid(stats, column, title=f"{column} of every head", colorbar_title=f"{column} "
                                    f"({units})"), width="stretch")
     st.write("The same statistic for every head: a role shows up as a bright cell (definitions below).")
     if kinds:
@@ -263,13 +263,13 @@ def compare_panel():
     # side by side while the maps are small enough to read in half the width; longer texts get the full width
     # each, one under the other (two 1,800-token images in half columns shrink to ~200 px with piled-up ticks)
     e1, e2 = st.columns(2) if max(a.n, b.n) <= figs.DETAIL_MAX_TOKENS else (st.container(), st.container())
-    e1.plotly_chart(fig_a, width="stretch")
-    e2.plotly_chart(fig_b, width="stretch")
+    ui.plot(where=e1, fig=fig_a, width="stretch")
+    ui.plot(where=e2, fig=fig_b, width="stretch")
     if diff is None:
         st.info(f"Text B has {b.n:,} tokens and text A {a.n:,}: the difference needs the same number of "
                 "tokens (keep the texts the same length in tokens).")
         return
-    st.plotly_chart(diff, width="stretch")
+    ui.plot(diff, width="stretch")
     if summary is None:
         st.write("Every row is blank in A or B (almost all their weight is on the hidden sink).")
     else:
@@ -337,7 +337,7 @@ view["tab"] = next((slug for slug, tab in tabs.items() if tab.open), "grid")
 if tabs["grid"].open:
     with tabs["grid"], st.spinner("Drawing every head…"):
         marks = tuple(loaded.shape.layer_kind(x)[0].upper() for x in capture.layers) if kinds else None
-        st.plotly_chart(cache.grid_of(*key, hide_sink, 0.5, figs.GRID_TILE, capture, pooled_grid, marks),
+        ui.plot(cache.grid_of(*key, hide_sink, 0.5, figs.GRID_TILE, capture, pooled_grid, marks),
                         width="stretch")
         st.write("Each small map is one head (query down, key across, max-pooled to 48 px). A bright left column is "
                  "a sink; a bright diagonal is a self head; a stripe just below it is a previous-token head."
@@ -353,17 +353,17 @@ if tabs["head"].open:
         if long_text or n > cache.FULL_MAP_MAX_TOKENS:
             with st.spinner("Pooling the head…"):
                 overview, kept, m = cache.overview_figure(*key, layer, head, gamma, hide_sink, capture)
-            st.plotly_chart(overview, width="stretch")
+            ui.plot(overview, width="stretch")
             st.write(f"Each pixel is the largest weight in a block of about {n / m:.0f} x {n / m:.0f} query x key "
                      "tokens, so a one-token stripe (the diagonal, a sink column) survives. Zoom in below to read "
                      "the weights token by token.")
             zoom_panel()
             if hide_sink:
                 st.caption(HIDDEN_SINK_NOTE)
-                st.plotly_chart(cache.remaining_figure(*key, layer, head, kept), width="stretch")
+                ui.plot(cache.remaining_figure(*key, layer, head, kept), width="stretch")
         else:
             detail, kept = cache.head_figure(*key, layer, head, gamma, hide_sink, capture)
-            st.plotly_chart(detail, width="stretch")
+            ui.plot(detail, width="stretch")
             st.write("Row = the query token, column = the key it attends to; each row sums to 1."
                      + (" Grey cells above the diagonal are masked: a causal query cannot see later keys."
                         if capture.causal else "")
@@ -374,7 +374,7 @@ if tabs["head"].open:
                            "small weights to see them.")
             if hide_sink:
                 st.caption(HIDDEN_SINK_NOTE)
-                st.plotly_chart(cache.remaining_figure(*key, layer, head, kept), width="stretch")
+                ui.plot(cache.remaining_figure(*key, layer, head, kept), width="stretch")
                 blank = int((kept < MIN_REMAINING).sum())
                 st.write(f"The weight each query row puts on keys other than token 0, before rescaling: {blank:,} of "
                          f"{n:,} rows have under {MIN_REMAINING:.0%} and are blank in the map above.")

@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
-from attnviz import snippets
+from attnviz import snippets, ui
 from attnviz.figures import kernel as figs
 from attnviz.ui import kernel as uk
 from attnviz.ui import snippets as snippet_ui
@@ -110,7 +110,7 @@ def timing_table(results):
                f"or one call for a method slower than {kn.timing.SLOW_CALL_S:g} s ({kernel_timing}). Errors are "
                f"against a float64 computation of the same {dtype} inputs.")
     speeds = [r for r in results if not (kn.INTERPRETED and r["method"] == "fused Triton kernel")]
-    st.plotly_chart(figs.timing_figure([r["method"] for r in speeds], [r["seconds"] * 1e3 for r in speeds]),
+    ui.plot(figs.timing_figure([r["method"] for r in speeds], [r["seconds"] * 1e3 for r in speeds]),
                     width="stretch")
     if kn.INTERPRETED:
         st.caption("On a CPU the Python-loop tiled versions lose to one big matmul: tiling pays off on a GPU, where "
@@ -136,7 +136,7 @@ def step_view():
     every = "every step" if len(shown) == len(steps) else f"steps {shown.start}–{shown.stop - 1}"
     st.caption(f"**Instant:** the step slider inside the chart below walks {every} in the browser, no server; the "
                "Step slider above (and every setting) recomputes, and the counters under the chart follow it.")
-    st.plotly_chart(fig, width="stretch")
+    ui.plot(fig, width="stretch")
     st.caption("Top left, the whole score matrix by tiles: orange is the tile this step computes; blue tiles are "
                "done, grey ones to do; yellow ones run masked: the causal diagonal cuts them, or they hold the ragged "
                "last keys. Near-white tiles lie wholly right of the diagonal: the kernel never loads them, which is "
@@ -202,7 +202,7 @@ if st.toggle("Measure peak memory", value=False, key="kernel_memory", persist_st
     else:
         for col, (name, b) in zip(st.columns(len(at_n)), at_n.items()):
             col.metric(f"{name.split(' (')[0]}, N = {n}", mib(b))
-    st.plotly_chart(figs.peak_memory_figure(uk.MEMORY_SIZES, {"naive": peaks["naive"],
+    ui.plot(figs.peak_memory_figure(uk.MEMORY_SIZES, {"naive": peaks["naive"],
                                                               "two-pass tiled (64 × 64 tiles)": peaks["tiled"]}),
                     width="stretch")
     st.caption(f"float32, d = {d}. Naive's peak grows as N² (it holds the score matrix and the pattern); the tiled "

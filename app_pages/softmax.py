@@ -66,7 +66,7 @@ def _real_maps(head_raw, scaling: float, real_t: float, head_bias, softcap, toke
                + (", the bias unchanged" if biased else "") + f"); right, ({own_formula}) / {real_t:g}. q·k is "
                "computed from the captured q and k (after RoPE, for RoPE models), in float64.")
     keep = sm.valid_keys(head_raw) >= 2
-    st.plotly_chart(figs.head_patterns({titles[name]: pattern for name, pattern in patterns.items()}, tokens),
+    ui.plot(figs.head_patterns({titles[name]: pattern for name, pattern in patterns.items()}, tokens),
                     width="stretch", key="softmax_real_maps")
     snippet_ui.show(code)
     rows = []
@@ -87,12 +87,13 @@ def _real_row(head_raw, patterns, keep, query: int, tokens) -> None:
     """One query's row under each softmax, and each row's Jacobian norm."""
     d1, d2 = st.columns(2)
     n_valid = int(sm.valid_keys(head_raw)[query])
-    d1.plotly_chart(figs.head_row({name: p[query, :n_valid] for name, p in patterns.items()}, tokens[:n_valid],
+    ui.plot(where=d1, fig=figs.head_row({name: p[query, :n_valid] for name, p in patterns.items()}, tokens[:n_valid],
                                   title=f"Row of query {query}: {tokens[query]!r}"),
                     width="stretch", key="softmax_real_row")
-    d2.plotly_chart(figs.row_distribution({name: sm.row_stats(p[keep]).jacobian_norm for name, p in patterns.items()},
-                                          colors=figs.REAL_COLORS, log_y=True, title="Jacobian norm per row",
-                                          y_title="‖diag(p) − pp^T‖_F (log scale)"),
+    norms = {name: sm.row_stats(p[keep]).jacobian_norm for name, p in patterns.items()}
+    ui.plot(where=d2, fig=figs.row_distribution(norms, colors=figs.REAL_COLORS, log_y=True,
+                                                title="Jacobian norm per row",
+                                                y_title="‖diag(p) − pp^T‖_F (log scale)"),
                     width="stretch", key="softmax_real_jac")
     st.caption("The bars show where one query puts its weight under each softmax; the dots, how much gradient "
                "each row of this head would let through.")
@@ -105,7 +106,7 @@ def _real_sweep(cap, text, layers, layer_pos, head, scaling, softcap, head_raw, 
                                               layer_pos, head, scaling, softcap, head_raw, head_bias)
     # dividing the logits by T equals a factor s / T on q·k only when nothing is added to (or caps) q·k × s
     t_on_curve = not biased and not softcap
-    st.plotly_chart(figs.scale_sweep_chart(sweep_table, own_factor=scaling,
+    ui.plot(figs.scale_sweep_chart(sweep_table, own_factor=scaling,
                                            temperature_factor=scaling / real_t if t_on_curve else None,
                                            title=f"Layer {layers[layer_pos]}, head {head}, as the factor on raw q·k "
                                                  "varies"),
@@ -123,9 +124,9 @@ def _real_saturation(cap, text, layers, scaling, softcap) -> None:
     shares = ui_softmax.real_head_saturation(cap.model_name, ui.model_version(cap.model_name), text, tuple(layers),
                                              scaling, softcap, cap.inputs)
     g1, g2 = st.columns(2)
-    g1.plotly_chart(figs.head_share_grid(shares["own scale"], layers, title="Saturated rows per head, own scale"),
+    ui.plot(where=g1, fig=figs.head_share_grid(shares["own scale"], layers, title="Saturated rows per head, own scale"),
                     width="stretch", key="softmax_grid_own")
-    g2.plotly_chart(figs.head_share_grid(shares["unscaled"], layers, title="Saturated rows per head, unscaled"),
+    ui.plot(where=g2, fig=figs.head_share_grid(shares["unscaled"], layers, title="Saturated rows per head, unscaled"),
                     width="stretch", key="softmax_grid_unscaled")
     st.caption(f"Every head of {cap.model_name} on this text, each layer with its own q, k"
                + (" and bias" if any(x.key_bias is not None for x in cap.inputs.values()) else "") +
@@ -155,7 +156,7 @@ def random_logits_section() -> None:
 
     _variant_metrics(variants, d_k, n_keys, temperature)
     charts = ui_softmax.section_figures(d_k, n_keys, seed, temperature, ROWS_SHOWN)
-    st.plotly_chart(charts["variants"], width="stretch", key="softmax_variants")
+    ui.plot(charts["variants"], width="stretch", key="softmax_variants")
     dims = charts["variants_stops"]
     st.caption(
         "**Instant:** the d_k slider in this chart redraws it in the browser, no server ("
@@ -169,7 +170,7 @@ def random_logits_section() -> None:
     snippet_ui.show(snippets.softmax_variants(d_k, n_keys, seed, temperature, ROWS_SHOWN))
 
     st.subheader("Every row, not only the mean")
-    st.plotly_chart(charts["rows"], width="stretch", key="softmax_rows")
+    ui.plot(charts["rows"], width="stretch", key="softmax_rows")
     st.caption(
         "Each dot is one query row. The Jacobian norm is the Frobenius norm: it is the root-mean-square size of the "
         "gradient that reaches the logits when the gradient arriving at the weights has independent unit-variance "
@@ -179,7 +180,7 @@ def random_logits_section() -> None:
     )
 
     st.subheader("Against d_k")
-    st.plotly_chart(charts["sweeps"], width="stretch", key="softmax_sweeps")
+    ui.plot(charts["sweeps"], width="stretch", key="softmax_sweeps")
     st.caption(
         f"**Instant:** the T slider in this chart redraws it in the browser, no server (all {len(TEMPERATURES)} "
         "temperatures); the controls above recompute on the server. "
@@ -253,7 +254,7 @@ def _gradient_to_q(grads, figure) -> None:
     g1.metric("unscaled rows with < 1 % of it",
               f"{np.mean(grads[sm.UNSCALED] < 0.01 * np.median(grads[sm.SCALED])):.1%}",
               help="The share of unscaled rows whose ‖∂L/∂q‖ is below 1 % of the scaled median.")
-    g2.plotly_chart(figure, width="stretch", key="softmax_box_grad")
+    ui.plot(where=g2, fig=figure, width="stretch", key="softmax_box_grad")
 
 
 random_logits_section()

@@ -100,7 +100,7 @@ def show_no_run() -> None:
                "offset by the repeat length, in the second half, with the first copy's queries resting on <bos>. "
                "After training, compare them with the real heads (here and on the Heads page).")
     for column, fig in zip(st.columns(2), figs.target_pattern_heatmaps(tokens, targets)):
-        column.plotly_chart(fig, width="stretch")
+        ui.plot(where=column, fig=fig, width="stretch")
 
 
 @st.fragment(run_every=2.0 if running else None)
@@ -119,7 +119,7 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
     chance_of = figs.chance_symbols(cfg.task)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(figs.loss_curve(snap.losses, chance, total_steps=cfg.steps, chance_of=chance_of),
+        ui.plot(figs.loss_curve(snap.losses, chance, total_steps=cfg.steps, chance_of=chance_of),
                         width="stretch")
         st.caption("Cross-entropy on the tokens with a known answer. Below the dashed chance line the model has "
                    "learnt something beyond which letters exist.")
@@ -128,7 +128,7 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
     ckpts = [c for c in snap.checkpoints if not math.isnan(c.loss)] or snap.checkpoints
     with right:
         best = {name: [getattr(c, name).max() for c in ckpts] for name in ("previous_token", "induction", "sink")}
-        st.plotly_chart(figs.best_heads_curve([c.step for c in ckpts], [c.loss for c in ckpts], best, chance,
+        ui.plot(figs.best_heads_curve([c.step for c in ckpts], [c.loss for c in ckpts], best, chance,
                                               total_steps=cfg.steps, chance_of=chance_of), width="stretch")
         st.caption("The best head's score for each statistic on a fixed probe (random strings of several lengths, "
                    "each repeated twice). On the induction task the previous-token and induction scores rise "
@@ -137,7 +137,7 @@ def live_view(run: lab.LabRun, was_running: bool) -> None:
                              persist_state="session",
                              format_func=lambda s: figs.SCORE_TITLES[s])
     steps_axis = [c.step for c in snap.checkpoints]
-    st.plotly_chart(figs.score_curves(steps_axis, np.stack([getattr(c, statistic) for c in snap.checkpoints]),
+    ui.plot(figs.score_curves(steps_axis, np.stack([getattr(c, statistic) for c in snap.checkpoints]),
                                       statistic=statistic, total_steps=cfg.steps), width="stretch")
     st.caption({
         "previous_token": "Mean over positions i ≥ 1 of the weight on position i−1: 1 for a head that always looks "
@@ -160,7 +160,7 @@ def show_trained(run: lab.LabRun) -> None:
     cols = st.columns(3)
     last = snap.checkpoints[-1]
     for col, name in zip(cols, figs.SCORE_TITLES):
-        col.plotly_chart(figs.final_scores_heatmap(getattr(last, name), name), width="stretch")
+        ui.plot(where=col, fig=figs.final_scores_heatmap(getattr(last, name), name), width="stretch")
     st.caption("Each head's final scores: look for a previous-token head in layer 0 and an induction head in "
                "layer 1.")
     c1, c2 = st.columns([2, 1])

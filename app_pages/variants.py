@@ -36,7 +36,7 @@ if st.session_state.get("variants_kv") not in divisors:
 n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv",
                         persist_state="session")
 layouts = {name: kv_head_of(n_heads, k) for name, k in var.variant_kv_heads(n_heads, n_kv).items()}
-st.plotly_chart(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
+ui.plot(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
 snippet_ui.show(snippets.variants_sharing(n_heads, n_kv))
 q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
 group = n_heads // n_kv
@@ -85,7 +85,7 @@ if not chosen:
 else:
     curves = {name: cost.kv_cache_curve(lookup[name], CONTEXTS, batch=batch, bytes_per_value=bytes_per_value)
               for name in chosen}
-    st.plotly_chart(figs.kv_cache_figure(CONTEXTS, curves, batch=batch, bytes_per_value=bytes_per_value,
+    ui.plot(figs.kv_cache_figure(CONTEXTS, curves, batch=batch, bytes_per_value=bytes_per_value,
                                          budget_gib=budget or None), width="stretch", key="variants_kv_chart")
     st.caption("The cache grows linearly with context and batch (straight lines on log axes, all with the same "
                "slope); fewer KV heads shift a line down by the same factor at every length.")
@@ -112,7 +112,7 @@ if gqa_proj and kv_dim is None:
 seq = np.unique(np.logspace(4, 20, 65, base=2).round().astype(int))
 flops = [cost.attention_flops(seq_len=int(n), d_model=d, causal=causal, kv_dim=kv_dim) for n in seq]
 n_star = cost.crossover_seq_len(d_model=d, causal=causal, kv_dim=kv_dim)
-st.plotly_chart(figs.flops_figure(seq, [f["projections"] for f in flops], [f["attention"] for f in flops],
+ui.plot(figs.flops_figure(seq, [f["projections"] for f in flops], [f["attention"] for f in flops],
                                   crossover=n_star, d_model=d, causal=causal), width="stretch", key="variants_flops")
 at_star = cost.attention_flops(seq_len=int(n_star), d_model=d, causal=causal, kv_dim=kv_dim)
 st.latex(cost_tables.crossover_latex(d_model=d, causal=causal, kv_dim=kv_dim))
@@ -131,7 +131,7 @@ with st.expander("A cost table that circulates, recomputed (d_model = 4096, 32 l
 st.header("Parameters")
 st.dataframe(pd.DataFrame(cost_tables.param_table(archs)), hide_index=True, width="stretch", key="variants_params")
 counts = {name: cost.param_counts(a) for name, a in archs.items()}
-st.plotly_chart(figs.param_share_figure(counts), width="stretch", key="variants_param_share")
+ui.plot(figs.param_share_figure(counts), width="stretch", key="variants_param_share")
 st.caption("Counted from each model's config values (the tests check them against the models transformers builds "
            "from the same configs). Small models spend a large share on embeddings; large ones on the MLP. "
            "GQA makes the K and V projections smaller, so attention's share drops too.")
@@ -164,7 +164,7 @@ def toy_layer(n_heads: int, n_kv: int) -> None:
     if not heads_shown:
         st.warning("Pick at least one head to show.")
     else:
-        st.plotly_chart(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
+        ui.plot(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
                                                  {n: kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
                         width="stretch", key="variants_maps")
         diffs = var.differences_from(results, "MHA")

@@ -2,7 +2,7 @@ import math
 
 import streamlit as st
 
-from attnviz import snippets
+from attnviz import snippets, ui
 from attnviz import worked_example as we
 from attnviz.figures.worked import scores_and_pattern_figure
 from attnviz.ui import snippets as snippet_ui
@@ -78,7 +78,7 @@ st.markdown("Each row becomes weights that are positive and sum to 1: subtract t
             "changes nothing but keeps exp from overflowing), exponentiate, divide by the row's sum.")
 for line in we.softmax_lines(steps, digits):
     st.latex(line)
-st.plotly_chart(scores_and_pattern_figure(steps.masked, steps.pattern, digits=digits,
+ui.plot(scores_and_pattern_figure(steps.masked, steps.pattern, digits=digits,
                                           scale_text=f"× {steps.scale:.4f}" if scaled else "(unscaled)"),
                 width="stretch", key="worked_figure")
 st.caption("Left, the scores that enter the softmax; right, the weights that come out. The largest score of a row "

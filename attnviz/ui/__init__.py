@@ -10,6 +10,7 @@ their public names are this package's too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -179,6 +180,16 @@ def chart(fig, caption: str) -> None:
     st.plotly_chart(fig, width="stretch")
     st.caption(caption)
     figure_files(fig, caption)
+
+
+def plot(fig, *, where=None, key: str | None = None, files: str = "", **options) -> None:
+    """A plotly figure (in `where`, a column, when given; across its width by default) with its Figure files button
+    under it, for a chart whose words the page writes itself (chart: with its one sentence). files: words that tell
+    the chart's buttons apart from another chart of the same title."""
+    options.setdefault("width", "stretch")
+    with where if where is not None else contextlib.nullcontext():
+        st.plotly_chart(fig, key=key, **options)
+        figure_files(fig, files or key or "")
 
 
 def choice_box(label: str, options: list[int], key: str, default: int | None = None, *,

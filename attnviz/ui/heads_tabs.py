@@ -42,7 +42,7 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
                     "The model does not use the repeat much."))
     meaning = {"prefix_matching": "the token after the earlier occurrence (induction)",
                "duplicate_token": "the earlier occurrence itself", "previous_token": "the token just before"}[column]
-    st.plotly_chart(figs.stat_grid(test.scores, column, title=f"{column}: weight on {meaning}, mean over the second "
+    ui.plot(figs.stat_grid(test.scores, column, title=f"{column}: weight on {meaning}, mean over the second "
                                    "copy", colorbar_title="share of attention"), width="stretch")
     best = test.scores.sort_values(column, ascending=False).head(5)
     st.dataframe(best, hide_index=True, width="stretch")
@@ -50,7 +50,7 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
                "spreading its weight evenly would score near 1/(1.5 L).")
     if layer in test.capture.layers:
         p = test.capture.pattern[test.capture.index_of(layer), head]
-        st.plotly_chart(figs.head_detail(p, test.capture.tokens, gamma=gamma, causal=test.capture.causal,
+        ui.plot(figs.head_detail(p, test.capture.tokens, gamma=gamma, causal=test.capture.causal,
                                          title=f"Layer {layer}, head {head} on the repeated random tokens"),
                         width="stretch")
         st.write(f"An induction head draws a stripe {length - 1} tokens below the diagonal in the lower half: each "
@@ -88,7 +88,7 @@ def many_texts_panel(model: str, version: tuple, text: str, loaded) -> None:
         return
     table, summary = cache.corpus_of(model, version, source, window, max_windows)
     units = {"entropy": "nats", "mean_distance": "tokens"}.get(column, "share of attention")
-    st.plotly_chart(figs.stat_grid(table, column, title=f"{model}: {column}, mean over {summary}",
+    ui.plot(figs.stat_grid(table, column, title=f"{model}: {column}, mean over {summary}",
                                    colorbar_title=f"{column} ({units})"), width="stretch")
     st.write(f"A head's mean over the windows; `{column}_std` in the table is its spread from window to window (a "
              "steady role has a small spread).")
@@ -121,7 +121,7 @@ def _compare_models(model, loaded, model_b, table, column, units, source, window
         st.caption(f"Head by head only for models of one shape: {model} has {loaded.shape.layers} x "
                    f"{loaded.shape.heads} heads, {model_b} {shape_b.layers} x {shape_b.heads}.")
         return
-    st.plotly_chart(figs.stat_grid(diff, "difference", title=f"{column}: {model} − {model_b} (B: {summary_b})",
+    ui.plot(figs.stat_grid(diff, "difference", title=f"{column}: {model} − {model_b} (B: {summary_b})",
                                    colorbar_title=f"A − B ({units})"), width="stretch")
     st.write("Head by head, model A's mean minus model B's: a head that gained or lost a role between the two "
              "stands out.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz import snippets
+from attnviz import snippets, ui
 from attnviz.figures import heads as figs
 from attnviz.ui import snippets as snippet_ui
 
@@ -58,7 +58,7 @@ def span_panel(capture, layer: int, head: int, *, model: str, text: str, layers)
     weights = capture.span_attention(layer, head, queries, how=how)  # [key] float64
     code = snippets.span_attention(model, text, layer, head, queries, how=how, layers=layers)
     fig = figs.span_bars(weights, capture.tokens, layer, head, queries, how)
-    st.plotly_chart(fig, width="stretch")
+    ui.plot(fig, width="stretch")
     st.caption(f"Each bar is a key token: the weight the {len(queries)} selected quer"
                f"{'y gives' if len(queries) == 1 else 'ies give'} it, {'summed' if how == 'sum' else 'averaged'} "
                f"over them (the bars add up to {weights.sum():.3f}). The raw weights, with the sink shown"
