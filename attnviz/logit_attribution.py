@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnviz import knockout as ko
-from attnviz import patching
+from attnviz import interventions as iv
 from attnviz.errors import AttnvizError
+from attnviz.projection import output_projection, projection_weight
+from attnviz.prompt_pairs import TokenPair
 from attnviz.doors import open_door
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
@@ -136,17 +137,27 @@ def answer_direction(model, answer: int, wrong: int) -> tuple[torch.Tensor, floa
     return u * factor, b * factor
 
 
+def sites(loaded, token_ids, kinds: tuple[str, ...] = ("heads", "resid", "attn", "mlp")) -> tuple[dict, torch.Tensor]:
+    """({(kind, layer): [n, d]} the sites a decomposition reads, in one plain run of token_ids, [n, vocab] logits)
+    (attnviz.interventions.read); LogitAttributionError for a model without a known output projection."""
+    try:
+        output_projection(loaded.model, 0)
+    except AttnvizError as exc:
+        raise LogitAttributionError(str(exc)) from None
+    return iv.read(loaded.model, iv.as_ids(token_ids), kinds=kinds)
+
+
 def layer_parts(loaded, layer: int, record: dict, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
     """(heads [head, d], projection bias [d], MLP [d]) that layer `layer` adds to the residual stream at position p,
     float64, through its frozen post-norms where the block has them (their names are returned)."""
     model, heads = loaded.model, loaded.shape.heads
-    proj = ko.output_projection(model, layer)
-    w = ko.projection_weight(proj).detach().double().cpu()  # [d, head * d_v]
+    proj = output_projection(model, layer)
+    w = projection_weight(proj).detach().double().cpu()  # [d, head * d_v]
     x = record[("heads", layer)][p].double()
     per_head = torch.einsum("dhv,hv->hd", w.reshape(w.shape[0], heads, -1), x.reshape(heads, -1))
     bias = torch.zeros(w.shape[0], dtype=torch.float64) if proj.bias is None else proj.bias.detach().double().cpu()
     mlp = record[("mlp", layer)][p].double()
-    block = ko.blocks(model)[layer]
+    block = iv.blocks(model)[layer]
     if not all(isinstance(getattr(block, name, None), torch.nn.Module) for name in SANDWICH):
         return per_head, bias, mlp, []
     after_attn = freeze(block.post_attention_layernorm, record[("attn", layer)][p].double())
@@ -162,12 +173,12 @@ def direct_logit_attribution(loaded, token_ids, answer: int, wrong: int, positio
     text token_ids, with every norm's scale frozen at this run. LogitAttributionError when the parts do not add up
     to the model's own logit difference (a family whose blocks do something attnviz does not decompose)."""
     ids = [int(i) for i in token_ids]
-    ko.check_text(loaded, ids)
+    iv.check_text(loaded, ids, error=LogitAttributionError, what="direct logit attribution")
     for token in (answer, wrong):
         if not 0 <= int(token) < loaded.shape.vocab:
             raise LogitAttributionError(f"Token id {token} is outside the vocabulary (0 to {loaded.shape.vocab - 1}).")
     p = int(position) % len(ids)
-    record, logits = patching.activations(loaded, ids)
+    record, logits = sites(loaded, ids)
     u, unembed_bias = answer_direction(loaded.model, int(answer), int(wrong))
     layers = [layer_parts(loaded, layer, record, p) for layer in range(loaded.shape.layers)]
     embeddings = record[("resid", 0)][p].double()
@@ -194,7 +205,7 @@ def _check_sum(loaded, out: LogitAttribution) -> None:
                                     "decompose, so the attribution is not shown.")
 
 
-def pair_attribution(loaded, pair: patching.TokenPair, prompt: str = "clean") -> LogitAttribution:
+def pair_attribution(loaded, pair: TokenPair, prompt: str = "clean") -> LogitAttribution:
     """DLA of a prompt pair's clean (or corrupted) prompt onto its answer minus its wrong answer, last position."""
     ids = pair.clean_ids if prompt == "clean" else pair.corrupted_ids
     return direct_logit_attribution(loaded, ids, pair.answer, pair.wrong)

@@ -24,19 +24,15 @@ attnviz.front.qk_attribution (attnviz.doors).
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import torch
 
-from attnviz import knockout as ko
-from attnviz import patching
+from attnviz import interventions as iv
 from attnviz.capture import attention_modules, capture_attention
-from attnviz.capture import SharedHooks
 from attnviz.errors import AttnvizError
-from attnviz.logit_attribution import layer_parts, freeze
+from attnviz.logit_attribution import freeze, layer_parts, sites
 from attnviz.doors import open_door
 
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "input_norm")
@@ -90,29 +86,14 @@ class QKAttribution:
         return self.terms.sum(0)
 
 
-# -- the rotary cos / sin each attention layer received ------------------------------------------------------------
-
-_ROPE: ContextVar[dict | None] = ContextVar("attnviz_qk_rope", default=None)
-
-
-def _keep_rope(layer: int, module, args, kwargs):
-    store = _ROPE.get()
-    if store is not None and kwargs.get("position_embeddings") is not None:
-        cos, sin = kwargs["position_embeddings"]
-        store[layer] = (cos[0].detach().double().cpu(), sin[0].detach().double().cpu())
-
-
-_HOOKS = SharedHooks(lambda model: [m.register_forward_pre_hook(partial(_keep_rope, i), with_kwargs=True)
-                                    for i, m in enumerate(attention_modules(model))])
-
+# -- one plain run: every site and the rotary tables ---------------------------------------------------------------
 
 def _run(loaded, ids: list[int]) -> tuple[dict, dict]:
-    """(attnviz.patching's record of every site of one plain run, {layer: (cos [n, d], sin [n, d])} the rotary
-    tables each attention layer received in that same run; empty for a family without them)."""
-    tables: dict = {}
-    with _HOOKS.serving(loaded.model, _ROPE, tables):
-        record, _ = patching.activations(loaded, ids)
-    return record, tables
+    """(the sites of one plain run, {layer: (cos [n, d], sin [n, d])} the rotary tables each attention layer
+    received in that same run; empty for a family without them), by attnviz.interventions."""
+    record, _ = sites(loaded, ids, kinds=("heads", "resid", "attn", "mlp", "rope"))
+    rope = {key[1]: record.pop(key) for key in [k for k in record if k[0] == "rope"]}
+    return record, rope
 
 
 # -- the parts of q and k ------------------------------------------------------------------------------------------
@@ -131,7 +112,7 @@ def _check(loaded, what: str, got: torch.Tensor, want: torch.Tensor, size: float
 def residual_parts(loaded, record: dict, layer: int, p: int) -> tuple[list[str], torch.Tensor, list[str]]:
     """(labels, parts [n_parts, d] float64, frozen post-norm names): the residual stream entering block `layer` at
     position p, split as attnviz.logit_attribution splits it (embeddings; each earlier head, attention bias, MLP),
-    checked against the stream the model computed (`record` from attnviz.patching.activations)."""
+    checked against the stream the model computed (`record` from attnviz.logit_attribution.sites)."""
     if ("resid", layer) not in record:
         raise QKAttributionError(f"{loaded.spec.name} has no stack of blocks attnviz finds, so its residual stream "
                                  "cannot be split.")
@@ -196,7 +177,7 @@ def _side(loaded, record: dict, rope: dict, layer: int, p: int, which: str, inde
     """(labels, [n_parts, d] float64, frozen norms): each part's contribution to the query (which="q", head index)
     or the key ("k", KV head index) at position p, after the projection, QK-norm and rotation."""
     labels, parts, frozen = residual_parts(loaded, record, layer, p)
-    parts, labels, names = _input_norm(ko.blocks(loaded.model)[layer], parts, labels)
+    parts, labels, names = _input_norm(iv.blocks(loaded.model)[layer], parts, labels)
     attn = attention_modules(loaded.model)[layer]
     proj = getattr(attn, f"{which}_proj", None)
     if not isinstance(proj, torch.nn.Linear):
@@ -214,7 +195,7 @@ def _side(loaded, record: dict, rope: dict, layer: int, p: int, which: str, inde
 def _token_ids(loaded, text_or_ids) -> list[int]:
     ids = (loaded.tokenizer(text_or_ids).input_ids if isinstance(text_or_ids, str)
            else [int(i) for i in text_or_ids])
-    ko.check_text(loaded, ids)  # a decoder, two tokens or more
+    iv.check_text(loaded, ids, error=QKAttributionError, what="QK attribution")  # a decoder, two tokens or more
     return ids
 
 
