@@ -186,3 +186,30 @@ def test_two_threads_with_two_plans_stay_independent_and_the_hooks_go():
 def test_an_unknown_kind_is_refused():
     with pytest.raises(iv.InterventionError, match="Unknown site kind 'z'"):
         iv.zero(("z", 0, 0), heads=4)
+
+
+def test_each_experiment_refuses_in_its_own_words(minilm):
+    from attnviz import knockout, logit_attribution, patching, qk_attribution
+    from attnviz.residual import DecompositionError, refused_as
+
+    toy = load_model("toy-llama-gqa")
+    one = toy.tokenizer("a").input_ids[:1]
+    with pytest.raises(logit_attribution.LogitAttributionError, match="one token long"):
+        logit_attribution.direct_logit_attribution(toy, one, 1, 2)
+    with pytest.raises(qk_attribution.QKAttributionError, match="one token long"):
+        qk_attribution.qk_attribution(toy, one, 0, 0)
+    with pytest.raises(knockout.KnockoutError, match="one token long"):
+        knockout.knockout_effects(toy, one, [((0, 0),)])
+    ids = minilm.tokenizer("The cat sat.").input_ids
+    for run, error, name in [(lambda: logit_attribution.direct_logit_attribution(minilm, ids, 1, 2),
+                              logit_attribution.LogitAttributionError, "direct logit attribution"),
+                             (lambda: patching.tokenize_pair(minilm, next(iter(patching.READY_PAIRS.values()))),
+                              patching.PatchingError, "encoder")]:
+        with pytest.raises(error, match=name):
+            run()
+
+    @refused_as(knockout.KnockoutError)
+    def splits():
+        raise DecompositionError("cannot be split")
+    with pytest.raises(knockout.KnockoutError, match="cannot be split"):
+        splits()
