@@ -13,8 +13,9 @@ own logit difference, which every call checks.
 Gemma 2 / 3 blocks normalise what attention and the MLP write before adding it (post_attention_layernorm,
 post_feedforward_layernorm): those scales are frozen at the run as well, so each head's share of the attention
 output goes through the same frozen norm (the split and the frozen norms: attnviz.residual, which QK attribution
-shares; the activations: one plain run read at attnviz.interventions' sites). Families that soft-cap their logits (Gemma 2) are refused: the cap is not
-linear. A family whose blocks add something else to the residual stream fails the check and is refused.
+shares; the activations: one plain run read at attnviz.interventions' sites). Families that soft-cap their logits
+(Gemma 2) are refused: the cap is not linear. A family whose blocks add something else to the residual stream fails
+the check and is refused.
 
 Called, this module is the front door: attnviz.logit_attribution(model, text, answer=..., wrong=...) is
 attnviz.front.logit_attribution (attnviz.doors).
