@@ -12,8 +12,10 @@ own logit difference, which every call checks.
 
 Gemma 2 / 3 blocks normalise what attention and the MLP write before adding it (post_attention_layernorm,
 post_feedforward_layernorm): those scales are frozen at the run as well, so each head's share of the attention
-output goes through the same frozen norm. Families that soft-cap their logits (Gemma 2) are refused: the cap is not
-linear. A family whose blocks add something else to the residual stream fails the check and is refused.
+output goes through the same frozen norm (the split and the frozen norms: attnviz.residual, which QK attribution
+shares; the activations: one plain run read at attnviz.interventions' sites). Families that soft-cap their logits
+(Gemma 2) are refused: the cap is not linear. A family whose blocks add something else to the residual stream fails
+the check and is refused.
 
 Called, this module is the front door: attnviz.logit_attribution(model, text, answer=..., wrong=...) is
 attnviz.front.logit_attribution (attnviz.doors).
@@ -26,13 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnviz import knockout as ko
-from attnviz import patching
+from attnviz import interventions as iv
 from attnviz.errors import AttnvizError
+from attnviz.prompt_pairs import TokenPair
+from attnviz.residual import FrozenNorm, freeze, layer_parts, refused_as, sites  # noqa: F401  (FrozenNorm: its type)
 from attnviz.doors import open_door
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
-SANDWICH = ("post_attention_layernorm", "post_feedforward_layernorm")  # Gemma 2 / 3: norms on what blocks add
 
 
 class LogitAttributionError(AttnvizError, ValueError):
@@ -84,43 +86,6 @@ def final_norm(model) -> torch.nn.Module:
                                 f"{', '.join(FINAL_NORM_NAMES)}), so it cannot attribute the logits.")
 
 
-@dataclass(frozen=True)
-class FrozenNorm:
-    """A norm with its scale frozen at one input: parts -> (parts - their mean, for LayerNorm) * gain, a linear map;
-    the norm's bias (None for RMSNorm) is kept apart, as a part of its own."""
-
-    gain: torch.Tensor  # [d] float64: weight / the input's RMS (or standard deviation)
-    center: bool
-    bias: torch.Tensor | None
-
-    def __call__(self, parts: torch.Tensor) -> torch.Tensor:
-        parts = parts - parts.mean(-1, keepdim=True) if self.center else parts
-        return parts * self.gain
-
-
-def freeze(norm: torch.nn.Module, y: torch.Tensor) -> FrozenNorm:
-    """The norm frozen at input y [d] (float64). The weight convention (w, or Gemma's 1 + w) is the one that
-    reproduces the module's own output on y; LogitAttributionError when none does."""
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
-    weight = getattr(norm, "weight", None)
-    if eps is None or weight is None:
-        raise LogitAttributionError(f"{type(norm).__name__} is not a LayerNorm or RMSNorm attnviz can freeze.")
-    w = weight.detach().double().cpu()
-    bias = getattr(norm, "bias", None)
-    bias = None if bias is None else bias.detach().double().cpu()
-    center = isinstance(norm, torch.nn.LayerNorm) or ("LayerNorm" in type(norm).__name__ and bias is not None)
-    centred = y - y.mean() if center else y
-    scale = torch.sqrt(centred.pow(2).mean() + float(eps))
-    target = norm(y.to(weight.dtype).to(weight.device)[None]).detach().double().cpu()[0]
-    for candidate in ((w,) if center else (w, 1 + w)):
-        frozen = FrozenNorm(candidate / scale, center, bias)
-        got = frozen(y) + (0 if bias is None else bias)
-        if torch.allclose(got, target, rtol=1e-4, atol=1e-4 * float(target.abs().max())):
-            return frozen
-    raise LogitAttributionError(f"{type(norm).__name__} does not compute weight * x / RMS(x) (or LayerNorm) as "
-                                "attnviz expects, so its scale cannot be frozen.")
-
-
 def answer_direction(model, answer: int, wrong: int) -> tuple[torch.Tensor, float]:
     """(u [d] float64, b): logit[answer] - logit[wrong] = u . (final normed residual) + b, with the family's linear
     logit scale folded in. LogitAttributionError for soft-capped logits, which are not linear."""
@@ -136,38 +101,19 @@ def answer_direction(model, answer: int, wrong: int) -> tuple[torch.Tensor, floa
     return u * factor, b * factor
 
 
-def layer_parts(loaded, layer: int, record: dict, p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
-    """(heads [head, d], projection bias [d], MLP [d]) that layer `layer` adds to the residual stream at position p,
-    float64, through its frozen post-norms where the block has them (their names are returned)."""
-    model, heads = loaded.model, loaded.shape.heads
-    proj = ko.output_projection(model, layer)
-    w = ko.projection_weight(proj).detach().double().cpu()  # [d, head * d_v]
-    x = record[("heads", layer)][p].double()
-    per_head = torch.einsum("dhv,hv->hd", w.reshape(w.shape[0], heads, -1), x.reshape(heads, -1))
-    bias = torch.zeros(w.shape[0], dtype=torch.float64) if proj.bias is None else proj.bias.detach().double().cpu()
-    mlp = record[("mlp", layer)][p].double()
-    block = ko.blocks(model)[layer]
-    if not all(isinstance(getattr(block, name, None), torch.nn.Module) for name in SANDWICH):
-        return per_head, bias, mlp, []
-    after_attn = freeze(block.post_attention_layernorm, record[("attn", layer)][p].double())
-    after_mlp = freeze(block.post_feedforward_layernorm, mlp)
-    if after_attn.bias is not None or after_mlp.bias is not None:
-        raise LogitAttributionError(f"{type(block).__name__}'s post-norms have a bias, which attnviz does not split.")
-    return after_attn(per_head), after_attn(bias), after_mlp(mlp), list(SANDWICH)
-
-
 @torch.no_grad()
+@refused_as(LogitAttributionError)
 def direct_logit_attribution(loaded, token_ids, answer: int, wrong: int, position: int = -1) -> LogitAttribution:
     """Each head's, MLP's and bias's share of logit[answer] - logit[wrong] at `position` (default: the last) of the
     text token_ids, with every norm's scale frozen at this run. LogitAttributionError when the parts do not add up
     to the model's own logit difference (a family whose blocks do something attnviz does not decompose)."""
     ids = [int(i) for i in token_ids]
-    ko.check_text(loaded, ids)
+    iv.check_text(loaded, ids, error=LogitAttributionError, what="direct logit attribution")
     for token in (answer, wrong):
         if not 0 <= int(token) < loaded.shape.vocab:
             raise LogitAttributionError(f"Token id {token} is outside the vocabulary (0 to {loaded.shape.vocab - 1}).")
     p = int(position) % len(ids)
-    record, logits = patching.activations(loaded, ids)
+    record, logits = sites(loaded, ids)
     u, unembed_bias = answer_direction(loaded.model, int(answer), int(wrong))
     layers = [layer_parts(loaded, layer, record, p) for layer in range(loaded.shape.layers)]
     embeddings = record[("resid", 0)][p].double()
@@ -194,7 +140,7 @@ def _check_sum(loaded, out: LogitAttribution) -> None:
                                     "decompose, so the attribution is not shown.")
 
 
-def pair_attribution(loaded, pair: patching.TokenPair, prompt: str = "clean") -> LogitAttribution:
+def pair_attribution(loaded, pair: TokenPair, prompt: str = "clean") -> LogitAttribution:
     """DLA of a prompt pair's clean (or corrupted) prompt onto its answer minus its wrong answer, last position."""
     ids = pair.clean_ids if prompt == "clean" else pair.corrupted_ids
     return direct_logit_attribution(loaded, ids, pair.answer, pair.wrong)

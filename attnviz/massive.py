@@ -15,15 +15,14 @@ at the sink token and the model breaks; set them to their mean and it does not.
 from __future__ import annotations
 
 import contextlib
-import threading
-from contextvars import ContextVar
 from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from attnviz.capture import SharedHooks, decoder_layers
+from attnviz import interventions as iv
+from attnviz.capture import decoder_layers
 
 MODES = ("zero", "mean")
 
@@ -38,32 +37,16 @@ class Activation:
     value: float
 
 
-def _hidden(output):
-    return output[0] if isinstance(output, tuple) else output
-
-
 @torch.no_grad()
 def layer_outputs(model, token_ids) -> np.ndarray:
     """The hidden state after every decoder layer on one text: [layer, token, dim] float32 (in any edit this
-    thread has active). token_ids: [n]."""
-    layers = decoder_layers(model)
-    outs: list = [None] * len(layers)
-    owner = threading.get_ident()
-
-    def keep(i):
-        def hook(_module, _args, output):
-            if threading.get_ident() == owner:
-                outs[i] = _hidden(output)[0].detach().float().cpu()
-        return hook
-
-    handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(layers)]
-    try:
-        ids = torch.as_tensor(token_ids).reshape(1, -1).to(model.get_input_embeddings().weight.device)
+    thread has active): the sites ("out", layer) of attnviz.interventions. token_ids: [n]."""
+    n_layers = len(decoder_layers(model))
+    plan = iv.Plan(record={}, kinds=("out",)).following(iv.current())
+    ids = torch.as_tensor(token_ids).reshape(1, -1).to(model.get_input_embeddings().weight.device)
+    with iv.applied(model, plan):
         model(input_ids=ids, use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack(outs).numpy()
+    return torch.stack([plan.record[("out", layer)].float() for layer in range(n_layers)]).numpy()
 
 
 def top_activations(hidden, k: int = 3) -> list[list[Activation]]:
@@ -135,34 +118,16 @@ def edit_for(hidden, layer: int, token: int, dims: Sequence[int], mode: str,
     return Edit(layer, token, dims, tuple(float(v) for v in means))
 
 
-_EDIT: ContextVar[Edit | None] = ContextVar("attnviz_massive_edit", default=None)
-
-
-def _install(model) -> list:
-    return [layer.register_forward_hook(_apply(i)) for i, layer in enumerate(decoder_layers(model))]
-
-
-def _apply(layer: int):
-    def hook(_module, _args, output):
-        edit = _EDIT.get()
-        if edit is None or edit.layer != layer:
-            return None
-        h = _hidden(output).clone()                       # [batch, n, dim]
-        if edit.token < h.shape[1]:
-            h[:, edit.token, list(edit.dims)] = torch.tensor(edit.values, dtype=h.dtype, device=h.device)
-        return (h, *output[1:]) if isinstance(output, tuple) else h
-    return hook
-
-
 @contextlib.contextmanager
 def edited(model, edit: Edit) -> Iterator[None]:
     """Every forward pass this thread (this context) runs inside the block has `edit` applied to the output of
-    its decoder layer; other threads see the model unchanged. The hooks are shared and counted, as
-    attnviz.capture's are."""
+    its decoder layer (the site ("out", layer) of attnviz.interventions, at one position); other threads see the
+    model unchanged."""
     layers = decoder_layers(model)
     if not 0 <= edit.layer < len(layers):
         raise ValueError(f"layer {edit.layer} is outside the model's {len(layers)} layers")
-    with _HOOKS.serving(model, _EDIT, edit):
+    put = iv.Put(torch.tensor(edit.values, dtype=torch.float64), position=edit.token, columns=edit.dims)
+    with iv.applied(model, iv.Plan().edit(("out", edit.layer), put).following(iv.current())):
         yield
 
 
@@ -209,4 +174,4 @@ def intervention(loaded, text: str, edit: Edit, *, store: str = "pattern") -> In
     return Intervention(edit, losses, edited_losses, mass, edited_mass)
 
 
-_HOOKS = SharedHooks(_install)  # one edit hook per decoder layer, shared by concurrent users
+_HOOKS = iv.HOOKS  # the one set of intervention hooks (attnviz.interventions)

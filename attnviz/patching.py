@@ -4,22 +4,19 @@ and a corrupted prompt of the same token length.
 Metric. At the last position: the logit difference between the clean answer token and the corrupted answer token,
 or the loss (-log p) of the clean answer; normalised so that the corrupted run scores 0 and the clean run 1.
 
-Sites. A patched run is the corrupted prompt with some activations replaced by the clean run's:
-  ("heads", layer, head)     the head's output before the output projection, at every position: the columns that
-                             attnviz.knockout edits, through its hooks and plan (add = the clean columns);
-  ("resid", layer, position) the residual stream entering the block;
-  ("attn", layer, position)  the attention module's output (after the output projection, before any norm the block
-                             applies to it);
-  ("mlp", layer, position)   the MLP's output.
-Batches are built as knock-outs are: each row patches its own sites, rows sorted by their first layer, and the layers
-below a batch's first patch run once and are shared by every row (attnviz.knockout's check decides per model).
+Sites. A patched run is the corrupted prompt with some activations replaced by the clean run's, at the sites of
+attnviz.interventions: ("heads", layer, head) (the head's output before the output projection, at every position),
+("resid", layer, position) (the residual stream entering the block), ("attn", layer, position) (the attention
+module's output, before any norm the block applies to it) and ("mlp", layer, position). Batches are built as
+knock-outs are: each row patches its own sites, rows sorted by their first layer, and the layers below a batch's
+first patch run once and are shared by every row (attnviz.interventions.share_prefix).
 
 Attribution patching (AtP; Nanda 2023, Syed et al. 2023) estimates every site at once, to first order:
 (clean - corrupted activation) . d metric / d activation, at the corrupted run, from one forward and one backward
 pass. A zero tensor that requires grad is added at every site, so the gradient is the total derivative through
 every later layer; the model's weights stay untouched and need no grad.
 
-Threads. Hooks act only for the thread whose plan is set (ContextVar), as in attnviz.knockout.
+Threads. Every edit is this thread's plan (attnviz.interventions): other sessions on the model see it unpatched.
 
 Called, this module is the front door: attnviz.patching(model, clean, corrupted, answer=..., wrong=...) is
 attnviz.front.patching (attnviz.doors).
@@ -28,117 +25,33 @@ attnviz.front.patching (attnviz.doors).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from attnviz import knockout as ko
-from attnviz.capture import attention_modules
-from attnviz.capture import SharedHooks
+from attnviz import interventions as iv
 from attnviz.doors import open_door
+from attnviz.projection import head_width
 from attnviz.prompt_pairs import (  # noqa: F401  (the experiment's names: pairs are what it takes)
     READY_PAIRS, PatchingError, PromptPair, TokenPair, ready_pair, tokenize_pair)
 
-KINDS = ("heads", "resid", "attn", "mlp")
+KINDS = ("heads", "resid", "attn", "mlp")  # the sites patched (attnviz.interventions' kinds but "out")
 METRICS = ("logit_diff", "loss")
-MLP_NAMES = ("mlp", "feed_forward", "ffn")
 
-Site = tuple[str, int, int]  # (kind, layer, head or position)
-
-
-
-# -- hooks -----------------------------------------------------------------------------------------------------------
-
-@dataclass
-class _Patch:
-    masks: dict = field(default_factory=dict)  # (kind, layer) -> ([rows, n, 1] bool: patch here, [1, n, d] clean)
-    record: dict | None = None                 # filled: (kind, layer) -> [n, d] of row 0, the model's dtype
-    deltas: dict | None = None                 # filled: (kind, layer) -> zero [1, n, d] tensor that requires grad
-
-
-_PATCH: ContextVar[_Patch | None] = ContextVar("attnviz_patching", default=None)
-
-
-def _edit(key: tuple[str, int], x: torch.Tensor) -> torch.Tensor | None:
-    """x [batch, n, d] at a site as this thread's plan wants it (None: unchanged)."""
-    plan = _PATCH.get()
-    if plan is None:
-        return None
-    if plan.record is not None:
-        plan.record[key] = x[0].detach().cpu().clone()
-    out = None
-    if key in plan.masks:
-        mask, clean = plan.masks[key]
-        mask = mask.to(x.device)
-        out = torch.where(mask, clean.to(device=x.device, dtype=x.dtype), x)  # [rows, n, d]: broadcasts batch 1
-    if plan.deltas is not None:
-        plan.deltas[key] = torch.zeros_like(x, requires_grad=True)
-        out = (x if out is None else out) + plan.deltas[key]
-    return out
-
-
-def _block_input(layer, module, args, kwargs):
-    if args:
-        new = _edit(("resid", layer), args[0])
-        return None if new is None else ((new, *args[1:]), kwargs)
-    new = _edit(("resid", layer), kwargs["hidden_states"])
-    return None if new is None else (args, {**kwargs, "hidden_states": new})
-
-
-def _module_output(key, module, args, output):
-    first = output[0] if isinstance(output, tuple) else output
-    new = _edit(key, first)
-    if new is None:
-        return None
-    return (new, *output[1:]) if isinstance(output, tuple) else new
-
-
-def _projection_input(layer, module, args):
-    new = _edit(("heads", layer), args[0])
-    return None if new is None else (new, *args[1:])
+Site = iv.Site  # (kind, layer, head or position)
+_HOOKS = iv.HOOKS  # the one set of intervention hooks
 
 
 def mlp_module(block, required: bool = True) -> torch.nn.Module | None:
-    """The block's MLP: its child named as in MLP_NAMES. Without one: PatchingError, or None if not required."""
-    for name in MLP_NAMES:
-        if isinstance(getattr(block, name, None), torch.nn.Module):
-            return getattr(block, name)
-    if not required:
-        return None
-    raise PatchingError(f"{type(block).__name__} has no MLP attnviz recognises (one of {', '.join(MLP_NAMES)}).")
-
-
-def _install(model) -> list:
-    handles = []
-    for layer, attn in enumerate(attention_modules(model)):
-        handles.append(ko.output_projection(model, layer).register_forward_pre_hook(partial(_projection_input, layer)))
-        handles.append(attn.register_forward_hook(partial(_module_output, ("attn", layer))))
-    for layer, block in enumerate(ko.blocks(model) or []):
-        handles.append(block.register_forward_pre_hook(partial(_block_input, layer), with_kwargs=True))
-        mlp = mlp_module(block, required=False)
-        if mlp is not None:
-            handles.append(mlp.register_forward_hook(partial(_module_output, ("mlp", layer))))
-    return handles
-
-
-_HOOKS = SharedHooks(_install)
-
-
-def _run(model, ids: torch.Tensor, knock: ko.Plan, patch: _Patch) -> torch.Tensor:
-    """[rows, n, vocab] float32 logits of ids [1, n] under the knock-out plan (head patches) and the patch plan."""
-    with _HOOKS.serving(model, _PATCH, patch):
-        return ko.forward_with(model, ids, knock)
+    """The block's MLP (attnviz.interventions.mlp_module); PatchingError without one, or None if not required."""
+    return iv.mlp_module(block, required, error=PatchingError)
 
 
 def activations(loaded, token_ids) -> tuple[dict[tuple[str, int], torch.Tensor], torch.Tensor]:
     """({(kind, layer): [n, d]} every site's activation in a plain run of token_ids, [n, vocab] logits)."""
-    ko.head_width(loaded)  # KnockoutError, before any hook goes on, for a model without a known output projection
-    patch = _Patch(record={})
-    logits = _run(loaded.model, ko.as_ids(token_ids), ko.Plan(), patch)
-    return patch.record, logits[0]
+    head_width(loaded)  # KnockoutError, before any hook goes on, for a model without a known output projection
+    return iv.read(loaded.model, iv.as_ids(token_ids), kinds=KINDS)
 
 
 # -- activation patching ---------------------------------------------------------------------------------------------
@@ -156,33 +69,13 @@ def check_sites(loaded, n: int, sites: Iterable[Site]) -> tuple[Site, ...]:
             raise PatchingError(f"({kind}, layer {layer}, {what} {index}) does not exist: {loaded.spec.name} has "
                                 f"layers 0 to {loaded.shape.layers - 1} and {what}s 0 to {top - 1}.")
         if kind in ("resid", "mlp"):
-            blocks = blocks or ko.blocks(loaded.model)
+            blocks = blocks or iv.blocks(loaded.model)
             if not blocks:
                 raise PatchingError(f"{loaded.spec.name} has no stack of blocks attnviz finds: patch heads instead.")
             if kind == "mlp":
                 mlp_module(blocks[layer])
         out.add((kind, layer, index))
     return tuple(sorted(out, key=lambda s: (s[1], KINDS.index(s[0]), s[2])))
-
-
-def _plans(loaded, n: int, rows: list[tuple[Site, ...]], clean: dict) -> tuple[ko.Plan, _Patch]:
-    """The knock-out plan that puts the clean head columns in, and the patch plan for the other sites."""
-    knock, patch = ko.Plan(rows=len(rows)), _Patch()
-    d_v = ko.head_width(loaded)
-    for kind, layer in sorted({(s[0], s[1]) for r in rows for s in r}):
-        if kind == "heads":
-            keep = torch.ones(len(rows), 1, d_v * loaded.shape.heads)
-            for b, r in enumerate(rows):
-                for _, _, head in (s for s in r if s[:2] == (kind, layer)):
-                    keep[b, 0, head * d_v:(head + 1) * d_v] = 0
-            knock.keep[layer], knock.add[layer] = keep, (1 - keep) * clean[(kind, layer)]
-        else:
-            mask = torch.zeros(len(rows), n, 1, dtype=torch.bool)
-            for b, r in enumerate(rows):
-                for _, _, position in (s for s in r if s[:2] == (kind, layer)):
-                    mask[b, position] = True
-            patch.masks[(kind, layer)] = (mask, clean[(kind, layer)][None])
-    return knock, patch
 
 
 def patched_logits(loaded, pair: TokenPair, rows: Sequence[Iterable[Site]], *, clean: dict | None = None,
@@ -194,12 +87,13 @@ def patched_logits(loaded, pair: TokenPair, rows: Sequence[Iterable[Site]], *, c
         raise PatchingError("No patches asked for.")
     if clean is None:
         clean, _ = activations(loaded, pair.clean_ids)
-    ids = ko.as_ids(pair.corrupted_ids)
-    knock, patch = _plans(loaded, pair.n, rows, clean)
-    first = min((r[0][1] for r in rows if r), default=None)  # rows are sorted by layer
-    if share_prefix and len(rows) > 1 and first and ko.prefix_ok(loaded.model, ids):
-        knock.expand_at = first
-    return _run(loaded.model, ids, knock, patch)
+    ids = iv.as_ids(pair.corrupted_ids)
+    edits = iv.batch_edits(rows, lambda key: clean[key][None], n=pair.n, heads=loaded.shape.heads,
+                           d_v=head_width(loaded))
+    plan = iv.Plan(rows=len(rows), edits=edits)
+    if share_prefix:
+        iv.share_prefix(loaded.model, ids, plan, iv.first_layer(rows))
+    return iv.run(loaded.model, ids, plan)
 
 
 def metric_values(last_logits: torch.Tensor, pair: TokenPair, metric: str = "logit_diff") -> torch.Tensor:
@@ -264,7 +158,7 @@ def activation_patching(loaded, pair: TokenPair, kind: str = "heads", metric: st
                         batch: int = 16, progress: Callable[[int, int], None] | None = None) -> PatchingResult:
     """Patch every site of one kind (layer x head, or layer x position), one site per row, `batch` rows per
     forward pass. progress(rows done, rows) after each batch."""
-    ko.check_text(loaded, pair.clean_ids)
+    iv.check_text(loaded, pair.clean_ids, error=PatchingError, what="patching")
     clean_value, corrupted_value, clean = base_values(loaded, pair, metric)
     sites = every_site(loaded, kind, pair.n)  # layer by layer: each batch shares the layers below its first
     values = np.zeros(len(sites))
@@ -283,9 +177,9 @@ def _gradients(loaded, token_ids, pair: TokenPair, metric: str) -> tuple[float, 
     """(metric, {site key: [n, d] activation}, {site key: [n, d] d metric / d activation}) of one forward and one
     backward pass of token_ids; float64 gradients."""
     model = loaded.model
-    ids = ko.as_ids(token_ids).to(model.get_input_embeddings().weight.device)
-    patch = _Patch(record={}, deltas={})
-    with _HOOKS.serving(model, _PATCH, patch), torch.inference_mode(False), torch.enable_grad():
+    ids = iv.as_ids(token_ids).to(model.get_input_embeddings().weight.device)
+    patch = iv.Plan(record={}, deltas={}, kinds=KINDS)
+    with iv.applied(model, patch), torch.inference_mode(False), torch.enable_grad():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
         value = metric_values(logits[:, -1], pair, metric)[0]
         keys = list(patch.deltas)
@@ -300,7 +194,7 @@ def attribution_patching(loaded, pair: TokenPair, metric: str = "logit_diff") ->
     1 = the whole clean-minus-corrupted difference): {"heads": [layer, head], "resid" / "attn" / "mlp":
     [layer, position]}. Each entry is (clean - corrupted activation) . gradient at the corrupted run, summed over
     the site's components (and, for a head, over positions), divided by (clean - corrupted metric)."""
-    ko.check_text(loaded, pair.clean_ids)
+    iv.check_text(loaded, pair.clean_ids, error=PatchingError, what="patching")
     clean_value, corrupted_value, clean = base_values(loaded, pair, metric)
     _, corrupted, grads = _gradients(loaded, pair.corrupted_ids, pair, metric)
     scale = clean_value - corrupted_value

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnviz import knockout as ko
+from attnviz import interventions as iv
 from attnviz import lm
 from attnviz.errors import AttnvizError
 
@@ -74,7 +74,7 @@ def tokenize_pair(loaded, pair: PromptPair) -> TokenPair:
     if not answer or not wrong or answer[0] == wrong[0]:
         raise PatchingError(f"{pair.name}: the answers {pair.answer!r} and {pair.wrong!r} do not start with "
                             f"different tokens in {loaded.spec.name}'s tokenizer; the logit difference needs two.")
-    ko.check_text(loaded, clean)
+    iv.check_text(loaded, clean, error=PatchingError, what="patching")
     return TokenPair(pair.name, tuple(clean), tuple(corrupted), int(answer[0]), int(wrong[0]),
                      tuple(tok.decode([i]) for i in clean), tuple(tok.decode([i]) for i in corrupted))
 

@@ -2,7 +2,9 @@
 
 The residual stream entering layer L at a position is a sum of parts: the embeddings, and for every earlier layer
 what each of its heads writes (through its slice of the output projection), the projection's bias and the MLP's
-output (through the frozen post-norms of Gemma 2 / 3 and OLMo 2 blocks), as attnviz.logit_attribution splits it.
+output (through the frozen post-norms of Gemma 2 / 3 and OLMo 2 blocks), as attnviz.residual splits it for direct
+logit attribution too; the activations and the rotary tables come from one plain run read at attnviz.interventions'
+sites.
 With the scales of the norms frozen at this run (the layer's input norm: x * w / rms(x_total); the QK-norm of
 Gemma 3, Qwen 3 and OLMo 2 after the projection, frozen the same way at the run's q and k), the query and the key
 are linear in those parts: q = sum_a R_q n_q(W_q n(x_a)) plus the bias part, R_q the rotary rotation at the query
@@ -24,19 +26,15 @@ attnviz.front.qk_attribution (attnviz.doors).
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import torch
 
-from attnviz import knockout as ko
-from attnviz import patching
+from attnviz import interventions as iv
 from attnviz.capture import attention_modules, capture_attention
-from attnviz.capture import SharedHooks
 from attnviz.errors import AttnvizError
-from attnviz.logit_attribution import layer_parts, freeze
+from attnviz.residual import check_sum, freeze, refused_as, residual_parts, sites
 from attnviz.doors import open_door
 
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "input_norm")
@@ -90,61 +88,17 @@ class QKAttribution:
         return self.terms.sum(0)
 
 
-# -- the rotary cos / sin each attention layer received ------------------------------------------------------------
-
-_ROPE: ContextVar[dict | None] = ContextVar("attnviz_qk_rope", default=None)
-
-
-def _keep_rope(layer: int, module, args, kwargs):
-    store = _ROPE.get()
-    if store is not None and kwargs.get("position_embeddings") is not None:
-        cos, sin = kwargs["position_embeddings"]
-        store[layer] = (cos[0].detach().double().cpu(), sin[0].detach().double().cpu())
-
-
-_HOOKS = SharedHooks(lambda model: [m.register_forward_pre_hook(partial(_keep_rope, i), with_kwargs=True)
-                                    for i, m in enumerate(attention_modules(model))])
-
+# -- one plain run: every site and the rotary tables ---------------------------------------------------------------
 
 def _run(loaded, ids: list[int]) -> tuple[dict, dict]:
-    """(attnviz.patching's record of every site of one plain run, {layer: (cos [n, d], sin [n, d])} the rotary
-    tables each attention layer received in that same run; empty for a family without them)."""
-    tables: dict = {}
-    with _HOOKS.serving(loaded.model, _ROPE, tables):
-        record, _ = patching.activations(loaded, ids)
-    return record, tables
+    """(the sites of one plain run, {layer: (cos [n, d], sin [n, d])} the rotary tables each attention layer
+    received in that same run; empty for a family without them), by attnviz.interventions."""
+    record, _ = sites(loaded, ids, kinds=("heads", "resid", "attn", "mlp", "rope"))
+    rope = {key[1]: record.pop(key) for key in [k for k in record if k[0] == "rope"]}
+    return record, rope
 
 
 # -- the parts of q and k ------------------------------------------------------------------------------------------
-
-def _check(loaded, what: str, got: torch.Tensor, want: torch.Tensor, size: float | None = None) -> None:
-    """QKAttributionError unless the parts' sum `got` equals the model's own `want` to float32 precision of `size`
-    (default: want's largest entry)."""
-    error = float((got - want).abs().max())
-    size = float(want.abs().max()) if size is None else size
-    if not error <= 1e-3 * max(1.0, size):
-        raise QKAttributionError(f"{loaded.spec.name}: the parts of {what} differ from the model's own by {error:.3g}; "
-                                 "this family computes something attnviz does not decompose, so the QK attribution "
-                                 "is not shown.")
-
-
-def residual_parts(loaded, record: dict, layer: int, p: int) -> tuple[list[str], torch.Tensor, list[str]]:
-    """(labels, parts [n_parts, d] float64, frozen post-norm names): the residual stream entering block `layer` at
-    position p, split as attnviz.logit_attribution splits it (embeddings; each earlier head, attention bias, MLP),
-    checked against the stream the model computed (`record` from attnviz.patching.activations)."""
-    if ("resid", layer) not in record:
-        raise QKAttributionError(f"{loaded.spec.name} has no stack of blocks attnviz finds, so its residual stream "
-                                 "cannot be split.")
-    labels, rows, frozen = ["embeddings"], [record[("resid", 0)][p].double()], set()
-    for earlier in range(layer):
-        heads, bias, mlp, names = layer_parts(loaded, earlier, record, p)
-        labels += [f"L{earlier}H{h}" for h in range(heads.shape[0])] + [f"L{earlier} attn bias", f"L{earlier} MLP"]
-        rows += [*heads, bias, mlp]
-        frozen.update(names)
-    parts = torch.stack(rows)
-    _check(loaded, f"layer {layer}'s residual stream", parts.sum(0), record[("resid", layer)][p].double())
-    return labels, parts, sorted(frozen)
-
 
 def _input_norm(block, parts: torch.Tensor, labels: list[str]) -> tuple[torch.Tensor, list[str], list[str]]:
     """The parts through the block's input norm frozen at their sum (its bias, if any, a part of its own); a block
@@ -196,7 +150,7 @@ def _side(loaded, record: dict, rope: dict, layer: int, p: int, which: str, inde
     """(labels, [n_parts, d] float64, frozen norms): each part's contribution to the query (which="q", head index)
     or the key ("k", KV head index) at position p, after the projection, QK-norm and rotation."""
     labels, parts, frozen = residual_parts(loaded, record, layer, p)
-    parts, labels, names = _input_norm(ko.blocks(loaded.model)[layer], parts, labels)
+    parts, labels, names = _input_norm(iv.blocks(loaded.model)[layer], parts, labels)
     attn = attention_modules(loaded.model)[layer]
     proj = getattr(attn, f"{which}_proj", None)
     if not isinstance(proj, torch.nn.Linear):
@@ -214,7 +168,7 @@ def _side(loaded, record: dict, rope: dict, layer: int, p: int, which: str, inde
 def _token_ids(loaded, text_or_ids) -> list[int]:
     ids = (loaded.tokenizer(text_or_ids).input_ids if isinstance(text_or_ids, str)
            else [int(i) for i in text_or_ids])
-    ko.check_text(loaded, ids)  # a decoder, two tokens or more
+    iv.check_text(loaded, ids, error=QKAttributionError, what="QK attribution")  # a decoder, two tokens or more
     return ids
 
 
@@ -250,6 +204,7 @@ def _model_score(loaded, ids: list[int], layer: int, head: int, query: int, key:
 
 
 @torch.no_grad()
+@refused_as(QKAttributionError)
 def qk_attribution(loaded, text_or_ids, layer: int, head: int, query: int = -1, key: int = 0) -> QKAttribution:
     """Head `head` of layer `layer`: its score of `key` at `query` (positions of the text, or of the token ids),
     split into (query-side part, key-side part) terms and by rotary plane, every norm's scale frozen at this run.
@@ -261,14 +216,14 @@ def qk_attribution(loaded, text_or_ids, layer: int, head: int, query: int = -1, 
     record, rope = _run(loaded, ids)
     q_labels, q, q_frozen = _side(loaded, record, rope, layer, query, "q", head, d)
     k_labels, k, k_frozen = _side(loaded, record, rope, layer, key, "k", kv, d)
-    _check(loaded, "the query", q.sum(0), inputs.q[head, query].double())
-    _check(loaded, "the key", k.sum(0), inputs.k[kv, key].double())
+    check_sum(loaded, "the query", q.sum(0), inputs.q[head, query].double())
+    check_sum(loaded, "the key", k.sum(0), inputs.k[kv, key].double())
     product = q.sum(0) * k.sum(0) * inputs.scaling
     by_frequency = (product[:d // 2] + product[d // 2:]).numpy() if layer in rope and d % 2 == 0 else None
     out = QKAttribution(terms=(q @ k.T * inputs.scaling).numpy(), q_labels=q_labels, k_labels=k_labels,
                         by_frequency=by_frequency, score=score, layer=layer, head=head, kv_head=kv, query=query,
                         key=key, scaling=float(inputs.scaling), frozen=tuple(sorted(set(q_frozen + k_frozen))))
-    _check(loaded, "the score", torch.tensor(out.total), torch.tensor(score, dtype=torch.float64),
+    check_sum(loaded, "the score", torch.tensor(out.total), torch.tensor(score, dtype=torch.float64),
            size=float(np.abs(out.terms).max()))
     return out
 

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attnviz import knockout as ko
+from attnviz.interventions import hooks as intervention_hooks
 from attnviz import logit_attribution as dla
 from attnviz import patching as P
 from attnviz.models import load_model
@@ -63,7 +63,7 @@ def speed(loaded, args, prompts: P.PromptPair = IOI_16, title: str = "SmolLM2-13
     runs = {"shared": [], "full": [], "atp": []}
     for _ in range(args.repeat):  # interleaved, so that other programs' load falls on every method alike
         runs["shared"].append(timed(P.activation_patching, loaded, pair, "heads", batch=args.batch))
-        with mock.patch.object(ko, "prefix_ok", lambda model, ids: False):
+        with mock.patch.object(intervention_hooks, "prefix_ok", lambda model, ids: False):
             runs["full"].append(timed(P.activation_patching, loaded, pair, "heads", batch=args.batch))
         runs["atp"].append(timed(P.attribution_patching, loaded, pair))
     (shared_s, shared), (full_s, full), (atp_s, atp) = (
