@@ -29,7 +29,6 @@ import torch
 from attnviz import knockout as ko
 from attnviz import patching
 from attnviz.errors import AttnvizError
-from attnviz.doors import open_door
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 SANDWICH = ("post_attention_layernorm", "post_feedforward_layernorm")  # Gemma 2 / 3: norms on what blocks add
@@ -198,6 +197,3 @@ def pair_attribution(loaded, pair: patching.TokenPair, prompt: str = "clean") ->
     """DLA of a prompt pair's clean (or corrupted) prompt onto its answer minus its wrong answer, last position."""
     ids = pair.clean_ids if prompt == "clean" else pair.corrupted_ids
     return direct_logit_attribution(loaded, ids, pair.answer, pair.wrong)
-
-
-open_door(__name__, "logit_attribution")  # attnviz.logit_attribution(...) is attnviz.front.logit_attribution(...)

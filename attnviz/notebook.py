@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz import views
+from attnviz.errors import CaptureError
 from attnviz.pooling import MIN_REMAINING
 
 try:  # the figures draw with plotly and pillow, which the library alone does not install
@@ -118,8 +119,6 @@ def _heading(text: str) -> str:
 # -- what is drawn, in both stores --
 def _check(cap, layer: int | None = None, head: int | None = None, query: int | None = None) -> int | None:
     """Refuses a capture with no maps and a head or query out of range; returns the layer (None: the first)."""
-    from attnviz.capture import CaptureError
-
     if cap.pattern is None and not cap.inputs:
         raise CaptureError("This capture kept neither the pattern nor q and k (keep_inputs=False): it has no maps.")
     if head is not None and not 0 <= int(head) < cap.n_heads:

@@ -38,7 +38,6 @@ import torch
 from attnviz import knockout as ko
 from attnviz.capture import attention_modules
 from attnviz.capture import SharedHooks
-from attnviz.doors import open_door
 from attnviz.prompt_pairs import (  # noqa: F401  (the experiment's names: pairs are what it takes)
     READY_PAIRS, PatchingError, PromptPair, TokenPair, ready_pair, tokenize_pair)
 
@@ -343,6 +342,3 @@ def patching_with_attribution(loaded, pair: TokenPair, kind: str = "heads", metr
     """Real activation patching of every site of `kind` and its AtP estimate, compared."""
     patched = activation_patching(loaded, pair, kind, metric, batch=batch, progress=progress)
     return compare(patched, attribution_patching(loaded, pair, metric)[kind], top=top)
-
-
-open_door(__name__, "patching")  # attnviz.patching(...) is attnviz.front.patching(...)

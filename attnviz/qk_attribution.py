@@ -37,7 +37,6 @@ from attnviz.capture import attention_modules, capture_attention
 from attnviz.capture import SharedHooks
 from attnviz.errors import AttnvizError
 from attnviz.logit_attribution import layer_parts, freeze
-from attnviz.doors import open_door
 
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "input_norm")
 
@@ -271,6 +270,3 @@ def qk_attribution(loaded, text_or_ids, layer: int, head: int, query: int = -1, 
     _check(loaded, "the score", torch.tensor(out.total), torch.tensor(score, dtype=torch.float64),
            size=float(np.abs(out.terms).max()))
     return out
-
-
-open_door(__name__, "qk_attribution")  # attnviz.qk_attribution(...) is attnviz.front.qk_attribution(...)

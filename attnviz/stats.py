@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from attnviz.during import DuringForward
 from attnviz.streamed import InductionMatch, streamed_stats
 COLUMNS = ("entropy", "sink_mass", "mean_distance", "prev_token", "self", "induction")
 
@@ -100,8 +101,6 @@ def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = 
     view of any head is a lookup, not a pass over its N² scores. "auto": attnviz.views.OVERVIEW when grid tiles are
     asked (pool: the Heads page's pass) and the text has at least views.OVERVIEW_IN_PASS_FROM tokens, where a
     fresh pass over one head takes about a second or more; else none."""
-    from attnviz.capture import DuringForward
-
     if overview == "auto":
         from attnviz.views import overview_in_pass
 

@@ -90,7 +90,7 @@ class VariantComparison:
         of off_by_one or learned_sink sums to less than 1: the rest went to the sink logit, to no token.
         RuntimeError while the variants are still training (their weights change under the capture)."""
         from attnviz.capture import capture_attention
-        from attnviz.models import LoadedModel, ModelSpec
+        from attnviz.loaded_model import LoadedModel, ModelSpec
         from attnviz.tokenizer import byte_tokenizer
 
         if not self.finished:
