@@ -41,6 +41,7 @@ from attnviz.model_files import (  # noqa: F401  (ModelError, LOAD_OVERHEAD_BYTE
     converted, family_of, folder_bytes, from_folder, gguf_header, gguf_load_bytes, gguf_note, in_hub_cache,
     local_file, local_folder, recorded_key, resolved_path, within_roots)
 from attnviz.toys import TOYS, toy_model
+from attnviz.tokenizer import byte_tokenizer
 
 log = logging.getLogger("attnviz")
 
@@ -205,8 +206,6 @@ def lab_positional(folder) -> str | None:
 
 
 def _load_toy(name: str) -> LoadedModel:
-    from attnviz.tokenizer import byte_tokenizer
-
     family, desc = TOYS[name]
     return _finish(toy_model(name), byte_tokenizer(), ModelSpec(name, family, "toy", True, None, desc))
 

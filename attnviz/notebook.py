@@ -33,6 +33,7 @@ from attnviz.errors import CaptureError
 from attnviz.pooling import MIN_REMAINING
 
 try:  # the figures draw with plotly and pillow, which the library alone does not install
+    from attnviz import export
     from attnviz.figures import heads as figs
     from attnviz.figures import text as text_figs
 except ImportError as exc:
@@ -87,8 +88,6 @@ class View:
         .svg, .pdf or .png, each chart drawn by plotly's exporter (attnviz.export: Chromium, in the print style
         unless print_style=False, a PNG at 300 dpi), the first at `path` and the next at <name>-2<suffix>, ...
         Notes are left out of those. Another suffix, a view without charts, or no browser: ExportError."""
-        from attnviz import export
-
         path = Path(os.fspath(path))
         fmt = export.format_of(path)
         if fmt == "html":

@@ -30,6 +30,8 @@ import pandas as pd
 
 from attnviz.during import DuringForward
 from attnviz.streamed import InductionMatch, streamed_stats
+from attnviz.views import overview_in_pass
+
 COLUMNS = ("entropy", "sink_mass", "mean_distance", "prev_token", "self", "induction")
 
 # role -> (column, ascending?, what a high rank means)
@@ -102,8 +104,6 @@ def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = 
     asked (pool: the Heads page's pass) and the text has at least views.OVERVIEW_IN_PASS_FROM tokens, where a
     fresh pass over one head takes about a second or more; else none."""
     if overview == "auto":
-        from attnviz.views import overview_in_pass
-
         overview = overview_in_pass(len(token_ids)) if pool else None
     from attnviz.kernels.triton_stats import kernel_runs
 

@@ -1,5 +1,6 @@
-"""The house rules ARCHITECTURE.md states, read from the source itself: no import cycle between attnviz's modules, no
-module reading another's private names, streamlit imported only in attnviz.ui."""
+"""The house rules ARCHITECTURE.md states, read from the source itself: no import cycle between attnviz's modules
+(counting the imports inside functions), no module reading another's private names, streamlit imported only in
+attnviz.ui."""
 
 import ast
 from pathlib import Path

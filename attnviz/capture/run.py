@@ -26,6 +26,7 @@ from attnviz.capture.store import AttentionCapture
 from attnviz.capture.words import token_words
 from attnviz.during import DuringForward
 from attnviz.tokenizer import readable_tokens
+from attnviz import views
 
 MAX_TOKENS = 2048  # the pattern store's default limit; the "qk" store goes to the model's own maximum
 MAX_CAPTURE_BYTES = 2 * 1024**3  # the captured arrays must fit comfortably in memory
@@ -177,8 +178,6 @@ def _assembled(loaded, module, wanted: list[int], recorder: Recorder, ids: list[
 def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None) -> tuple[str, str]:
     """(store, why): the pattern store while [layer, head, n, n] fits MAX_CAPTURE_BYTES (and limit_bytes) and
     MAX_TOKENS, else the qk store where the family records q and k (attnviz.views.choose_store says why)."""
-    from attnviz import views
-
     limit = MAX_CAPTURE_BYTES if limit_bytes is None else min(MAX_CAPTURE_BYTES, limit_bytes)
     return views.choose_store(n_layers, shape.n_heads(loaded.model.config), n_tokens, limit_bytes=limit,
                               can_stream=records_inputs(loaded.model), max_dense_tokens=MAX_TOKENS)

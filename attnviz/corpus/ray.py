@@ -23,6 +23,7 @@ from pathlib import Path
 from attnviz.corpus.shards import model_fingerprint, shard_rows
 from attnviz.corpus.sources import CorpusError
 from attnviz.corpus.store import RunFolder
+from attnviz.models import ModelError, load_model
 
 RESTARTS = 3  # tries of a dead actor and of its shard: a shard that kills its actor every time fails the run
 SPARE_CPUS = 1  # left to Ray Data's own tasks: a pool holding every CPU starves them and the run waits forever
@@ -110,7 +111,6 @@ class ShardWorker:
         import torch
 
         import attnviz.kernels  # noqa: F401  (chooses Triton's backend before a model imports triton.language)
-        from attnviz.models import ModelError, load_model
 
         torch.set_num_threads(threads)  # the actor's share of the node's cores (actor_sizing)
         self.folder, self.refusal = RunFolder(folder, name), ""

@@ -26,6 +26,7 @@ from attnviz.corpus.ray import run_on_ray
 from attnviz.corpus.sources import CorpusError, fingerprint, read_documents
 from attnviz.corpus.store import FORMAT, RunFolder
 from attnviz.corpus.windows import text_windows
+from attnviz.corpus.results import CorpusRun
 
 SHARD_WINDOWS = 16  # windows per shard: what a kill can lose, and what one Ray task computes
 ENGINES = ("local", "ray")
@@ -47,8 +48,6 @@ def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | 
     in windows. names: how the data is named in messages and in the run (default: each file or folder's own
     name). actors: Ray's actor pool size (engine="ray"). name: how messages call the run folder (default: `out`
     as given; a page passes the run's name)."""
-    from attnviz.corpus.results import CorpusRun
-
     if engine not in ENGINES:
         raise CorpusError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}.")
     if engine == "ray" and not isinstance(model, (str, Path)):
