@@ -62,10 +62,5 @@ def _door(name: str) -> property:
     return property(get, put)
 
 
-class _Package(types.ModuleType):
-    """attnviz itself, with the front doors as properties."""
-
-    locals().update({_name: _door(_name) for _name in _DOORS})
-
-
-sys.modules[__name__].__class__ = _Package
+# attnviz itself, with the front doors as properties
+sys.modules[__name__].__class__ = type("_Package", (types.ModuleType,), {name: _door(name) for name in _DOORS})
