@@ -278,7 +278,7 @@ def _heads(spec: str | None) -> list[tuple[int, int]] | None:
 
 def _report(args) -> int:
     from attnviz import report
-    from attnviz.capture import capture
+    from attnviz.capture.front import capture
     from attnviz.models import load_model
 
     text, layers = _text_and_layers(args)

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from attnviz.errors import AttnvizError
+from attnviz.shape import hidden_size, n_heads as heads_of
+from attnviz.once import ComputeOnce
 
 
 class OverBudget(AttnvizError, ValueError):
@@ -156,8 +158,6 @@ class HeldCache:
     """
 
     def __init__(self, budget: MemoryBudget, max_items: int, priority: int = 0):
-        from attnviz.once import ComputeOnce
-
         self.budget = budget
         self.priority = priority
         self._held: dict = {}
@@ -255,8 +255,6 @@ def forward_bytes(config, n_tokens: int, *, batch: int = 1, eager: bool = True) 
     (float32, a few copies) for `batch` texts of n_tokens, plus, when attention runs eager, one layer's [head, n, n]
     scores, weights and a copy."""
     from attnviz.capture import pattern_bytes
-    from attnviz.shape import hidden_size
-    from attnviz.shape import n_heads as heads_of
 
     hidden = hidden_size(config)
     inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
@@ -271,7 +269,6 @@ def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, i
     per layer) plus the forward pass's working set (forward_bytes; eager attention for the pattern store and for
     families read by hooks, uses_sdpa=False, in either store)."""
     from attnviz.capture import inputs_bytes, pattern_bytes
-    from attnviz.shape import n_heads as heads_of
 
     keeps = inputs_bytes(config, n_layers, n_tokens)
     if store == "qk":

@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from attnviz.shape import model_shape
+
 
 def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
                    bytes_per_value: int | float = 2) -> int:
@@ -159,8 +161,6 @@ def arch_from_config(config, name: str | None = None) -> Architecture:
     intermediate_size): RMSNorm, gated MLP, RoPE, biases as the config says. Raises ValueError for a model type it
     does not know how to count.
     """
-    from attnviz.shape import model_shape
-
     if isinstance(config, Mapping):
         config = SimpleNamespace(**config)
     mt = getattr(config, "model_type", "")

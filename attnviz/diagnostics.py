@@ -28,6 +28,8 @@ import numpy as np
 import pandas as pd
 
 from attnviz.capture import AttentionCapture, CaptureError, capture_attention
+from attnviz.stats import induction_score, previous_token_score
+from attnviz import lm
 
 SCORES = ("prefix_matching", "duplicate_token", "previous_token")
 MAX_LENGTH = 256  # L: the sequence is 2L (+ the start token) long, dense pattern store
@@ -72,8 +74,6 @@ def repeated_token_scores(pattern: np.ndarray, length: int, start: int) -> dict[
     second copy: prefix_matching is attnviz.stats.induction_score on repeat_targets, previous_token is
     attnviz.stats.previous_token_score of the second copy's rows (and the key before each), duplicate_token the
     weight on the earlier copy itself."""
-    from attnviz.stats import induction_score, previous_token_score
-
     p = np.asarray(pattern)
     end = start + 2 * length
     if p.shape[-2] < end:
@@ -110,8 +110,6 @@ class InductionTest:
 def induction_test(loaded, length: int = 50, *, seed: int = 0, layers=None) -> InductionTest:
     """The repeated-random-tokens test on `loaded` (every captured head's SCORES, and for a language model the
     loss on each copy)."""
-    from attnviz import lm
-
     vocab = loaded.shape.vocab if loaded.shape is not None else len(loaded.tokenizer)
     ids, start = repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
     capture = capture_token_ids(loaded, ids, layers=layers)

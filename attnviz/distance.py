@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnviz.shape import LayerFacts
+
 def _layered(pattern, exclude_keys):
     """(p [layer, head, query, key], whether a layer axis was added, n_query, n_key, key offset of the queries,
     exclude_keys checked) for the distance averages. No float64 copy: a real model's pattern can be hundreds of MB."""
@@ -260,8 +262,6 @@ def measured_profile(capture, shape, *, exclude_keys: int = 0, progress=None) ->
 
 def _facts(shape, layer: int):
     """A layer's LayerFacts (a causal or full layer with the model's RoPE base where the shape has none)."""
-    from attnviz.shape import LayerFacts
-
     if shape.layer_facts:
         return shape.layer_facts[layer]
     return LayerFacts(mask="causal" if shape.causal else "full", rope_base=shape.rope_base)

@@ -27,7 +27,6 @@ from attnviz import interventions as iv
 from attnviz import lm
 from attnviz.interventions import Plan, as_ids, blocks  # noqa: F401  (blocks: the tests' and callers' name)
 from attnviz.projection import KnockoutError, head_width, output_projection, projection_weight  # noqa: F401
-from attnviz.doors import open_door
 
 MODES = ("zero", "mean")
 
@@ -166,6 +165,3 @@ def knockout_effects(loaded, token_ids, rows: Sequence[Iterable[tuple[int, int]]
 def every_head(loaded) -> list[Heads]:
     """One row per head of the model, layer by layer."""
     return [((layer, head),) for layer in range(loaded.shape.layers) for head in range(loaded.shape.heads)]
-
-
-open_door(__name__, "knockout")  # attnviz.knockout(...) is attnviz.front.knockout(...)

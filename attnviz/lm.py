@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnviz.capture import SharedHooks, decoder_layers
+from attnviz.capture import Recorder, SharedHooks, attention_modules, decoder_layers, recording
 from attnviz.errors import AttnvizError
+from attnviz.budget import capture_working_bytes
+from attnviz.shape import hidden_size
 
 
 class NotALanguageModel(AttnvizError, ValueError):
@@ -119,9 +121,6 @@ def prediction_bytes(config, n_tokens: int, *, block: int = BLOCK_ROWS, k: int =
     without them), the final hidden states [n, hidden] float32, one block's logits [block, vocab] as float32 and
     float64 with two float64-sized temporaries (log-sum-exp, top-k) and a bool comparison, and the results,
     n x (2k + 3) numbers."""
-    from attnviz.budget import capture_working_bytes
-    from attnviz.shape import hidden_size
-
     n, rows = int(n_tokens), min(int(block), int(n_tokens))
     hidden = hidden_size(config)
     inner = int(getattr(config, "intermediate_size", 0) or getattr(config, "n_inner", 0) or 4 * hidden)
@@ -269,8 +268,6 @@ def _fused_attention(model) -> Iterator[None]:
     """The forward passes of this thread in the block run fused attention: attnviz's registered attention function
     with a recorder of the long-text store that wants no layer runs SDPA (or attnviz's blocked core for soft-capped
     and sink families) and records nothing. The model is shared: its attention setting is not changed."""
-    from attnviz.capture import Recorder, attention_modules, recording
-
     modules = attention_modules(model)
     recorder = Recorder(wanted=set(), last=len(modules), dtype=np.dtype(np.float32), store="qk",
                          layer_of={id(m): i for i, m in enumerate(modules)}, stop=False)

@@ -32,7 +32,6 @@ from attnviz import interventions as iv
 from attnviz.errors import AttnvizError
 from attnviz.prompt_pairs import TokenPair
 from attnviz.residual import FrozenNorm, freeze, layer_parts, refused_as, sites  # noqa: F401  (FrozenNorm: its type)
-from attnviz.doors import open_door
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 
@@ -144,6 +143,3 @@ def pair_attribution(loaded, pair: TokenPair, prompt: str = "clean") -> LogitAtt
     """DLA of a prompt pair's clean (or corrupted) prompt onto its answer minus its wrong answer, last position."""
     ids = pair.clean_ids if prompt == "clean" else pair.corrupted_ids
     return direct_logit_attribution(loaded, ids, pair.answer, pair.wrong)
-
-
-open_door(__name__, "logit_attribution")  # attnviz.logit_attribution(...) is attnviz.front.logit_attribution(...)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from attnviz import gguf, gguf_convert
+from attnviz.capture.frugal import slim_tokenizer
 from attnviz.errors import AttnvizError
 
 log = logging.getLogger("attnviz")
@@ -217,8 +218,6 @@ def from_folder(folder: Path, device_map: str | None = None):
     """A model and tokenizer from a transformers folder: safetensors, no remote code, eager attention."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    from attnviz.frugal import slim_tokenizer
-
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
         causal_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or []))
@@ -230,7 +229,7 @@ def from_folder(folder: Path, device_map: str | None = None):
         model = auto.from_pretrained(str(folder), **kwargs)
         install_lab_variant(model, folder)
         tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
-        slim_tokenizer(tokenizer)  # its build-only Python copies of the vocabulary go (attnviz.frugal)
+        slim_tokenizer(tokenizer)  # its build-only Python copies of the vocabulary go (attnviz.capture.frugal)
     except ModelError:
         raise
     except Exception as exc:  # a corrupt or mismatched folder raises all sorts; the page must get a message

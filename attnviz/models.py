@@ -29,42 +29,23 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from attnviz import gguf, gguf_convert, paths
+from attnviz.capture import attention_modules, is_causal, prepare_model
+from attnviz.loaded_model import LoadedModel, ModelSpec
+from attnviz.shape import model_shape
 from attnviz.model_files import (  # noqa: F401  (ModelError, LOAD_OVERHEAD_BYTES, allowed_roots: the package's names)
     LOAD_OVERHEAD_BYTES, NOT_AVAILABLE, HUB_ID, ModelError, allowed_roots, cached_hub_folder, check_safetensors,
     converted, family_of, folder_bytes, from_folder, gguf_header, gguf_load_bytes, gguf_note, in_hub_cache,
     local_file, local_folder, recorded_key, resolved_path, within_roots)
 from attnviz.toys import TOYS, toy_model
+from attnviz.tokenizer import byte_tokenizer
 
 log = logging.getLogger("attnviz")
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One entry of the registry. install_command is the exact command that installs a missing bundled model."""
-
-    name: str
-    family: str
-    source: str  # "toy", "bundled", "local", "hub" or "lab"
-    installed: bool
-    install_command: str | None
-    description: str
-
-
-@dataclass
-class LoadedModel:
-    """A model in eval mode with eager attention, its tokenizer, and the registry entry it came from."""
-
-    model: Any
-    tokenizer: Any
-    spec: ModelSpec
-    shape: Any = None  # attnviz.shape.ModelShape, read once at load: layers, heads, KV heads, head dim, positions...
 
 
 @dataclass(frozen=True)
@@ -193,8 +174,6 @@ def _finish(model, tokenizer, spec: ModelSpec) -> LoadedModel:
     model.requires_grad_(False)
     if model.config._attn_implementation != "eager":
         model.set_attn_implementation("eager")
-    from attnviz.capture import prepare_model
-
     prepare_model(model)  # the family's eager attention, through attnviz's registered function where it can
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, shape=shape_of(model, spec))
 
@@ -202,19 +181,31 @@ def _finish(model, tokenizer, spec: ModelSpec) -> LoadedModel:
 def shape_of(model, spec: ModelSpec):
     """The ModelShape of a loaded model: its config's facts, whether its attention is causal, and (for a toy-lab
     or local folder) the positional scheme its lab.json records."""
-    from attnviz.capture import attention_modules, is_causal
-    from attnviz.shape import model_shape
-
     folder = lab_folder(spec.name) if spec.source == "lab" else local_folder(spec.name) if spec.source == "local" \
         else None
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     modules = attention_modules(model)
-    return model_shape(config, causal=is_causal(model, modules[0]), folder=folder, attention=modules)
+    lab = lab_positional(folder) if folder is not None else None
+    return model_shape(config, causal=is_causal(model, modules[0]), lab=lab, attention=modules)
+
+
+def lab_positional(folder) -> str | None:
+    """The positional scheme a toy-lab folder's lab.json records (config.positional: "learned", "sinusoidal",
+    "rope" or "alibi"), or None when the folder has no readable lab.json or it names no known scheme."""
+    import json
+    from pathlib import Path
+
+    from attnviz.lab.storage import LAB_FILE  # here: the lab package imports transformers' model classes (~3 s)
+
+    try:
+        info = json.loads((Path(folder) / LAB_FILE).read_text(encoding="utf-8"))
+        scheme = info["config"]["positional"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return scheme if scheme in ("learned", "sinusoidal", "rope", "alibi") else None
 
 
 def _load_toy(name: str) -> LoadedModel:
-    from attnviz.tokenizer import byte_tokenizer
-
     family, desc = TOYS[name]
     return _finish(toy_model(name), byte_tokenizer(), ModelSpec(name, family, "toy", True, None, desc))
 

@@ -29,9 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from attnviz import views
+from attnviz.errors import CaptureError
 from attnviz.pooling import MIN_REMAINING
 
 try:  # the figures draw with plotly and pillow, which the library alone does not install
+    from attnviz import export
     from attnviz.figures import heads as figs
     from attnviz.figures import text as text_figs
 except ImportError as exc:
@@ -86,8 +88,6 @@ class View:
         .svg, .pdf or .png, each chart drawn by plotly's exporter (attnviz.export: Chromium, in the print style
         unless print_style=False, a PNG at 300 dpi), the first at `path` and the next at <name>-2<suffix>, ...
         Notes are left out of those. Another suffix, a view without charts, or no browser: ExportError."""
-        from attnviz import export
-
         path = Path(os.fspath(path))
         fmt = export.format_of(path)
         if fmt == "html":
@@ -118,8 +118,6 @@ def _heading(text: str) -> str:
 # -- what is drawn, in both stores --
 def _check(cap, layer: int | None = None, head: int | None = None, query: int | None = None) -> int | None:
     """Refuses a capture with no maps and a head or query out of range; returns the layer (None: the first)."""
-    from attnviz.capture import CaptureError
-
     if cap.pattern is None and not cap.inputs:
         raise CaptureError("This capture kept neither the pattern nor q and k (keep_inputs=False): it has no maps.")
     if head is not None and not 0 <= int(head) < cap.n_heads:

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from attnviz import interventions as iv
-from attnviz.doors import open_door
 from attnviz.projection import head_width
 from attnviz.prompt_pairs import (  # noqa: F401  (the experiment's names: pairs are what it takes)
     READY_PAIRS, PatchingError, PromptPair, TokenPair, ready_pair, tokenize_pair)
@@ -237,6 +236,3 @@ def patching_with_attribution(loaded, pair: TokenPair, kind: str = "heads", metr
     """Real activation patching of every site of `kind` and its AtP estimate, compared."""
     patched = activation_patching(loaded, pair, kind, metric, batch=batch, progress=progress)
     return compare(patched, attribution_patching(loaded, pair, metric)[kind], top=top)
-
-
-open_door(__name__, "patching")  # attnviz.patching(...) is attnviz.front.patching(...)

@@ -12,6 +12,8 @@ import math
 import numpy as np
 import torch
 
+from attnviz.attention import masked_softmax
+
 SCALINGS = ("none", "linear", "ntk")
 
 
@@ -251,8 +253,6 @@ def alibi_bias(n_heads: int, n_query: int, n_key: int | None = None, causal: boo
 def alibi_pattern(n_heads: int, n: int, scores=None) -> np.ndarray:
     """softmax(scores + alibi_bias) over the keys, causal. scores: [n_heads or 1, n, n] or None (all zero,
     i.e. position only). Returns the pattern [n_heads, n, n], float64."""
-    from attnviz.attention import masked_softmax
-
     logits = alibi_bias(n_heads, n)  # -inf above the diagonal: the causal mask
     if scores is not None:
         logits = logits + np.asarray(scores, dtype=np.float64)
@@ -301,8 +301,6 @@ def compare_schemes(q, k, n: int, *, base: float = 10000.0, alibi_slope: float =
 
 def softmax_over_distance(scores) -> np.ndarray:
     """softmax of scores [..., n] over its last axis (the keys, indexed by distance). Returns [..., n]."""
-    from attnviz.attention import masked_softmax
-
     return masked_softmax(np.asarray(scores, dtype=np.float64))[0]
 
 

@@ -35,7 +35,6 @@ from attnviz import interventions as iv
 from attnviz.capture import attention_modules, capture_attention
 from attnviz.errors import AttnvizError
 from attnviz.residual import check_sum, freeze, refused_as, residual_parts, sites
-from attnviz.doors import open_door
 
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "input_norm")
 
@@ -226,6 +225,3 @@ def qk_attribution(loaded, text_or_ids, layer: int, head: int, query: int = -1, 
     check_sum(loaded, "the score", torch.tensor(out.total), torch.tensor(score, dtype=torch.float64),
            size=float(np.abs(out.terms).max()))
     return out
-
-
-open_door(__name__, "qk_attribution")  # attnviz.qk_attribution(...) is attnviz.front.qk_attribution(...)

@@ -20,6 +20,7 @@ import pandas as pd
 from attnviz import notebook, snippets
 from attnviz.capture import CaptureError
 from attnviz.stats import ROLES, top_heads
+from attnviz.knockout import knockout_effects
 
 STYLE = ("<style>.attnviz-report table{border-collapse:collapse;font-size:0.85rem;margin:0.4rem 0 1rem}"
          ".attnviz-report th,.attnviz-report td{border:1px solid #ccc;padding:2px 6px;text-align:right}"
@@ -112,8 +113,6 @@ def knockout_table(loaded, text: str, heads: Sequence[tuple[int, int]], *, mode:
     """Each of `heads` knocked out alone (attnviz.knockout.knockout_effects): layer, head, the text's mean
     next-token loss with it knocked out and the change from the loss without (nats); attrs["snippet"]: its code,
     loading `model` (default: the loaded model's name)."""
-    from attnviz.knockout import knockout_effects
-
     heads = [(int(layer), int(h)) for layer, h in heads]
     result = knockout_effects(loaded, loaded.tokenizer(text).input_ids, [[pair] for pair in heads], mode=mode)
     frame = pd.DataFrame({"layer": [x for x, _ in heads], "head": [h for _, h in heads], "loss_nats": result.loss,

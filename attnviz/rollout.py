@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnviz.doors import open_door
 
 
 def layer_matrix(pattern: np.ndarray, residual: float = 0.5) -> np.ndarray:
@@ -45,6 +44,3 @@ def capture_rollout(capture, residual: float = 0.5) -> np.ndarray:
     if list(capture.layers) != list(range(len(capture.layers))):
         raise ValueError(f"Rollout needs every layer from 0 up; the capture holds layers {capture.layers}.")
     return rollout((capture.layer_rows(layer) for layer in capture.layers), residual)
-
-
-open_door(__name__, "rollout")  # attnviz.rollout(...) is attnviz.front.rollout(...)

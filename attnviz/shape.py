@@ -188,15 +188,16 @@ def position_limit(config) -> int:
     return int(value) if value else sys.maxsize
 
 
-def model_shape(config, *, causal: bool | None = None, folder=None, attention=None) -> ModelShape:
+def model_shape(config, *, causal: bool | None = None, lab: str | None = None, attention=None) -> ModelShape:
     """The ModelShape of a transformers config. causal: whether the model is a decoder (when the caller knows it
-    from the model class); folder: the model's folder, where a toy-lab lab.json records its positional scheme;
+    from the model class); lab: the positional scheme a toy-lab folder's lab.json records, which the caller reads
+    (attnviz.models.lab_positional; position_scheme);
     attention: the model's attention modules in layer order, whose own scaling each layer's facts report."""
     if causal is None:
         causal = not (getattr(config, "model_type", "") in ("bert", "roberta", "distilbert", "electra")
                       or getattr(config, "is_encoder_decoder", False))
     limit = position_limit(config)
-    scheme = position_scheme(config, folder)
+    scheme = position_scheme(config, lab)
     n_layers = int(_first(config, ("num_hidden_layers", "n_layer", "n_layers", "num_layers"), 0))
     return ModelShape(
         family=str(getattr(config, "model_type", "unknown")), layers=n_layers,
@@ -259,37 +260,21 @@ def _module_scaling(module) -> float | None:
 SCHEMES = ("rope", "alibi", "learned", "sinusoidal", "other")
 
 
-def position_scheme(config, folder=None) -> str:
+def position_scheme(config, lab: str | None = None) -> str:
     """How a transformers config encodes position: "alibi" (BLOOM, or an `alibi` flag as in MPT/Falcon), "rope"
     (a RoPE base in the config, as in Llama, Mistral, Qwen) or "other" (learned absolute, sinusoidal, none).
 
-    folder: the model's folder, if it has one. A toy-lab folder (one holding lab.json, see attnviz.lab) says which
-    of "learned" or "sinusoidal" its GPT-2 uses: both are GPT2LMHeadModel with the same config, the sinusoidal one
-    with its position table wpe set to the Vaswani et al. encoding and frozen, which only lab.json records. Either
-    way the positions are added to the token embeddings. The config decides whenever it says RoPE or ALiBi.
+    lab: the scheme a toy-lab folder's lab.json records (attnviz.models.lab_positional reads it, so this module
+    imports nothing of the lab), which says which of "learned" or "sinusoidal" its GPT-2 uses: both are
+    GPT2LMHeadModel with the same config, the sinusoidal one with its position table wpe set to the Vaswani et al.
+    encoding and frozen, which only lab.json records. Either way the positions are added to the token embeddings.
+    The config decides whenever it says RoPE or ALiBi.
     """
     if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
         return "alibi"
     if _rope_theta(config) is not None or getattr(config, "rotary_dim", None):  # GPT-J: rotary_dim, base 10,000
         return "rope"
-    lab = lab_positional(folder) if folder is not None else None
     return lab if lab in ("learned", "sinusoidal") else "other"
-
-
-def lab_positional(folder) -> str | None:
-    """The positional scheme a toy-lab folder's lab.json records (config.positional: "learned", "sinusoidal",
-    "rope" or "alibi"), or None when the folder has no readable lab.json or it names no known scheme."""
-    import json
-    from pathlib import Path
-
-    from attnviz.lab.storage import LAB_FILE  # here: the lab package imports transformers' model classes (~3 s)
-
-    try:
-        info = json.loads((Path(folder) / LAB_FILE).read_text(encoding="utf-8"))
-        scheme = info["config"]["positional"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return scheme if scheme in ("learned", "sinusoidal", "rope", "alibi") else None
 
 
 def rope_settings(config) -> tuple[int, float]:

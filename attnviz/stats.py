@@ -28,7 +28,10 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from attnviz.during import DuringForward
 from attnviz.streamed import InductionMatch, streamed_stats
+from attnviz.views import overview_in_pass
+
 COLUMNS = ("entropy", "sink_mass", "mean_distance", "prev_token", "self", "induction")
 
 # role -> (column, ascending?, what a high rank means)
@@ -100,11 +103,7 @@ def streaming_attend(token_ids, *, pool: int | None = None, keep_inputs: bool = 
     view of any head is a lookup, not a pass over its N² scores. "auto": attnviz.views.OVERVIEW when grid tiles are
     asked (pool: the Heads page's pass) and the text has at least views.OVERVIEW_IN_PASS_FROM tokens, where a
     fresh pass over one head takes about a second or more; else none."""
-    from attnviz.capture import DuringForward
-
     if overview == "auto":
-        from attnviz.views import overview_in_pass
-
         overview = overview_in_pass(len(token_ids)) if pool else None
     from attnviz.kernels.triton_stats import kernel_runs
 

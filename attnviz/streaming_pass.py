@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from attnviz.attention import kv_head_of
+
 
 def may_read(t, j, window, n_sinks, layer_window=None, slot=None):
     """window_mask's rule on broadcast query positions t, key positions j and query slots (numpy or torch)."""
@@ -88,8 +90,6 @@ def rotate(x, cos, sin):
 def repeat_kv(x, n_rep: int):
     """[b, kv_head, n, d] -> [b, kv_head * n_rep, n, d]: each query head reads its group's KV head (GQA), as
     attnviz.attention.kv_head_of assigns them."""
-    from attnviz.attention import kv_head_of
-
     return x if n_rep == 1 else x[:, kv_head_of(x.shape[1] * n_rep, x.shape[1])]
 
 

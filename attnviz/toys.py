@@ -8,6 +8,7 @@ import threading
 import torch
 
 from attnviz.model_files import ModelError
+from attnviz.tokenizer import VOCAB_SIZE
 
 
 TOY_SEED = 0
@@ -23,8 +24,6 @@ TOYS: dict[str, tuple[str, str]] = {
 def toy_config(name: str):
     """The tiny transformers config of a toy model: vocabulary = the 257 ids of the byte tokenizer."""
     from transformers import BloomConfig, GPT2Config, LlamaConfig
-
-    from attnviz.tokenizer import VOCAB_SIZE
 
     common = dict(vocab_size=VOCAB_SIZE, bos_token_id=256, eos_token_id=256, pad_token_id=256)
     if name == "toy-gpt2":

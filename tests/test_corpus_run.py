@@ -21,7 +21,7 @@ import pytest
 
 import attnviz
 from attnviz.corpus import CorpusError, CorpusRun, corpus_run, read_documents
-from attnviz.corpus.run import window_stats
+from attnviz.corpus.shards import window_stats
 from attnviz.corpus.store import RunFolder
 from attnviz.models import load_model
 from attnviz.stats import COLUMNS
@@ -197,12 +197,13 @@ def test_a_full_disk_leaves_no_half_written_shard(tmp_path, txt_folder, gpt2, mo
 KILLED_RUN = """
 import sys, time
 import attnviz.corpus.run as run
-real = run.shard_rows
+import attnviz.corpus.shards as shards
+real = shards.shard_rows
 def slow(*args, **kwargs):
     rows = real(*args, **kwargs)
     time.sleep(0.4)  # time for the test to kill the process between and during shard writes
     return rows
-run.shard_rows = slow
+shards.shard_rows = slow
 run.corpus_run("toy-gpt2", sys.argv[1], window=[24, 48], out=sys.argv[2], shard_windows=3)
 """
 

@@ -317,3 +317,26 @@ def test_reaching_the_front_door_imports_neither_plotly_nor_streamlit():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[-1] == "[]"
+
+
+def test_the_doors_are_opened_from_above():
+    """A module never imports its front door (attnviz.doors): importing attnviz.knockout or a capture module alone
+    loads neither attnviz.front nor the models; attnviz hands each out open, however it was imported first; and
+    AttentionCapture has the methods its package sets (attnviz.capture.methods) whichever capture module came first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import importlib, sys\n"
+            "store = importlib.import_module('attnviz.capture.store')\n"
+            "ko = importlib.import_module('attnviz.knockout')\n"
+            "doors = ('attnviz.front', 'attnviz.capture.front', 'attnviz.models')\n"
+            "alone = sorted(m for m in doors if m in sys.modules)\n"
+            "methods = all(hasattr(store.AttentionCapture, m) for m in ('stats', 'save', 'by_words', 'head_view'))\n"
+            "import attnviz\n"
+            "print(alone, methods, callable(attnviz.knockout), attnviz.knockout is ko, callable(attnviz.capture),\n"
+            "      callable(sys.modules['attnviz.rollout']))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == "[] True True True True True"

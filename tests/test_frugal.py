@@ -1,4 +1,4 @@
-"""attnviz.frugal: MLPs run over blocks of positions give transformers' own outputs, the model is left as it was
+"""attnviz.capture.frugal: MLPs run over blocks of positions give transformers' own outputs, the model is left as it was
 (also after an error, and for other threads meanwhile), the slimmed tokenizer tokenizes as before, and the blocked
 MLP's peak memory is a fraction of the whole one's."""
 
@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from attnviz import frugal
+from attnviz.capture import frugal
 from attnviz.capture import capture_attention
 from attnviz.capture import decoder_layers
 from attnviz.models import LoadedModel, ModelSpec, shape_of
@@ -170,7 +170,7 @@ def test_freed_memory_goes_back_after_a_layer_only_where_it_would_not_be_reused(
 
 _FREE_HEAP = """
 import json, torch
-from attnviz import frugal
+from attnviz.capture import frugal
 frugal.release_free_memory()  # a heap with little freed memory, so freeing the block below trims nothing
 block = torch.ones(8 * 2**20 // 4)  # 8 MiB from the heap (under HEAP_BYTES)
 held = frugal.free_heap_bytes()
@@ -243,7 +243,7 @@ def test_a_tokenizer_without_a_rust_backend_is_left_alone():
 _PEAK = """
 import json, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from attnviz import frugal
+from attnviz.capture import frugal
 
 def peak():  # this process's peak resident memory (ru_maxrss would start at the parent's, inherited at fork)
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM"))

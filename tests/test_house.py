@@ -1,5 +1,6 @@
-"""The house rules ARCHITECTURE.md states, read from the source itself: no import cycle between attnviz's modules, no
-module reading another's private names, streamlit imported only in attnviz.ui."""
+"""The house rules ARCHITECTURE.md states, read from the source itself: no import cycle between attnviz's modules
+(counting the imports inside functions), no module reading another's private names, streamlit imported only in
+attnviz.ui."""
 
 import ast
 from pathlib import Path
@@ -18,23 +19,50 @@ def _modules() -> dict[str, ast.Module]:
 MODULES = _modules()
 
 
-def _top_level_imports(name: str, tree: ast.Module) -> set[str]:
-    """The attnviz modules a module imports when it is itself imported (its top-level statements)."""
+def _module_named(name: str, node: ast.ImportFrom, package: bool) -> str | None:
+    """The absolute module a `from ... import` names (relative imports resolved against `name`)."""
+    if not node.level:
+        return node.module
+    base = name.split(".")[: len(name.split(".")) - (node.level - 1) - (0 if package else 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """A module's top-level string constants (NAME = "attnviz.x"), which import_module(NAME) may name."""
+    return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _imports(name: str, tree: ast.Module, modules: dict[str, ast.Module], top_level_only: bool = False) -> set[str]:
+    """The attnviz modules a module imports: every `import` and `from ... import` anywhere in it (inside functions
+    too, where it runs later but still needs the other module: a loop closed there is a loop), and every
+    importlib.import_module("attnviz....") of a literal name or a module constant. top_level_only: the statements
+    run when the module is itself imported."""
+    package = any(m.startswith(name + ".") for m in modules)
+    constants = _constants(tree)
     out = set()
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnviz"):
-            for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                out.add(full if full in MODULES else node.module)
+    for node in (tree.body if top_level_only else ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom):
+            module = _module_named(name, node, package)
+            if module and module.startswith("attnviz"):
+                for alias in node.names:
+                    full = f"{module}.{alias.name}"
+                    out.add(full if full in modules else module)
         elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name in MODULES)
+            out.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args:
+            arg = node.args[0]
+            named = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", None))
+            if isinstance(named, str) and named in modules:
+                out.add(named)
     # importing a.b.c runs the package a.b's __init__ first: an edge to every enclosing package too
     parents = {".".join(m.split(".")[:i]) for m in out for i in range(2, m.count(".") + 1)}
-    return (out | (parents & set(MODULES))) - {name} - {p for p in parents if name.startswith(p + ".")}
+    return (out | (parents & set(modules))) - {name} - {p for p in parents if name.startswith(p + ".")}
 
 
-def _cycle() -> list[str] | None:
-    graph = {name: _top_level_imports(name, tree) for name, tree in MODULES.items()}
+def _cycle(modules: dict[str, ast.Module] = MODULES, top_level_only: bool = False) -> list[str] | None:
+    graph = {name: _imports(name, tree, modules, top_level_only) for name, tree in modules.items()}
     state: dict[str, int] = {}
 
     def visit(node: str, path: list[str]) -> list[str] | None:
@@ -58,26 +86,47 @@ def _cycle() -> list[str] | None:
 
 
 def test_no_import_cycle_between_modules():
+    """No loop among attnviz's modules, counting the imports inside functions: a function may defer a heavy import
+    (streamlit, triton, transformers' model classes, the toy lab, plotly), never close a loop."""
+    assert _cycle(top_level_only=True) is None, " -> ".join(_cycle(top_level_only=True))
     assert _cycle() is None, " -> ".join(_cycle())
+    assert len(MODULES) > 100 and sum(map(len, map(_own_imports, MODULES))) > 300  # the graph was read
+
+
+def _own_imports(name: str) -> set[str]:
+    return _imports(name, MODULES[name], MODULES)
+
+
+def _made_up(**sources: str) -> dict[str, ast.Module]:
+    """Made-up modules attnviz.<key> (a double underscore for a dot) from their source."""
+    return {"attnviz." + key.replace("__", "."): ast.parse(text) for key, text in sources.items()}
 
 
 def test_a_cycle_is_found_when_there_is_one():
-    """The cycle finder itself, on a made-up pair of modules that import each other."""
-    saved = dict(MODULES)
-    try:
-        MODULES["attnviz.fake_a"] = ast.parse("from attnviz.fake_b import x")
-        MODULES["attnviz.fake_b"] = ast.parse("from attnviz.fake_a import y")
-        assert set(_cycle()) == {"attnviz.fake_a", "attnviz.fake_b"}
-        # through a package's __init__: importing attnviz.fake_pkg.low runs attnviz.fake_pkg first
-        del MODULES["attnviz.fake_b"]
-        MODULES["attnviz.fake_a"] = ast.parse("from attnviz.fake_pkg.low import x")
-        MODULES["attnviz.fake_pkg"] = ast.parse("from attnviz.fake_pkg.high import y")
-        MODULES["attnviz.fake_pkg.low"] = ast.parse("import numpy")
-        MODULES["attnviz.fake_pkg.high"] = ast.parse("from attnviz.fake_a import z")
-        assert set(_cycle()) == {"attnviz.fake_a", "attnviz.fake_pkg", "attnviz.fake_pkg.high"}
-    finally:
-        MODULES.clear()
-        MODULES.update(saved)
+    """The cycle finder itself, on made-up modules that import each other at the top."""
+    pair = _made_up(fake_a="from attnviz.fake_b import x", fake_b="from attnviz.fake_a import y")
+    assert set(_cycle(pair, top_level_only=True)) == set(_cycle(pair)) == {"attnviz.fake_a", "attnviz.fake_b"}
+    # through a package's __init__: importing attnviz.fake_pkg.low runs attnviz.fake_pkg first
+    through = _made_up(fake_a="from attnviz.fake_pkg.low import x", fake_pkg="from attnviz.fake_pkg.high import y",
+                       fake_pkg__low="import numpy", fake_pkg__high="from attnviz.fake_a import z")
+    assert set(_cycle(through)) == {"attnviz.fake_a", "attnviz.fake_pkg", "attnviz.fake_pkg.high"}
+    assert _cycle({**through, "attnviz.fake_pkg.high": ast.parse("import numpy")}) is None
+
+
+def test_a_cycle_closed_inside_a_function_is_found():
+    """A loop closed by an import inside a function or method, by importlib.import_module of a literal name or of a
+    module constant, or by a relative import: invisible to the top-level reading, found by the full one."""
+    closings = ["def f():\n    from attnviz.fake_a import x\n",
+                "import importlib\ndef f():\n    return importlib.import_module('attnviz.fake_a')\n",
+                "import importlib\nFRONT = 'attnviz.fake_a'\ndef f():\n    importlib.import_module(FRONT)\n",
+                "class C:\n    def m(self):\n        from .fake_a import x\n"]
+    for closing in closings:
+        pair = _made_up(fake_a="from attnviz.fake_b import x", fake_b=closing)
+        assert _cycle(pair, top_level_only=True) is None, closing
+        assert set(_cycle(pair)) == {"attnviz.fake_a", "attnviz.fake_b"}, closing
+    deferred = _made_up(fake_a="from attnviz.fake_b import x",
+                        fake_b="def f():\n    import numpy\n    from attnviz import fake_c\n", fake_c="")
+    assert _cycle(deferred) is None  # a deferred import that closes no loop is allowed
 
 
 def _private_reads(tree: ast.Module) -> list[str]:

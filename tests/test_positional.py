@@ -588,7 +588,7 @@ def test_position_scheme_of_lab_models_reads_lab_json(lab_models, tmp_path):
 
     from transformers import GPT2Config, LlamaConfig
 
-    from attnviz.models import load_model
+    from attnviz.models import lab_positional, load_model
 
     sin, learned = load_model("lab/pos-sinusoidal"), load_model("lab/pos-learned")
     # the configs cannot tell them apart...
@@ -603,12 +603,13 @@ def test_position_scheme_of_lab_models_reads_lab_json(lab_models, tmp_path):
     assert learned.shape.position == "learned"
     assert load_model("toy-gpt2").shape.position == "other"  # no folder, no lab.json
     # a local folder holding lab.json counts too; a missing or broken lab.json changes nothing
-    assert S.position_scheme(GPT2Config(), tmp_path) == "other"
+    assert lab_positional(tmp_path) is None and S.position_scheme(GPT2Config(), None) == "other"
     (tmp_path / "lab.json").write_text("{not json")
-    assert S.lab_positional(tmp_path) is None and S.position_scheme(GPT2Config(), tmp_path) == "other"
+    assert lab_positional(tmp_path) is None
     (tmp_path / "lab.json").write_text(json.dumps({"config": {"positional": "sinusoidal"}}))
-    assert S.position_scheme(GPT2Config(), tmp_path) == "sinusoidal"
-    assert S.position_scheme(LlamaConfig(), tmp_path) == "rope"  # the config wins when it names RoPE
+    assert lab_positional(tmp_path) == "sinusoidal"
+    assert S.position_scheme(GPT2Config(), lab_positional(tmp_path)) == "sinusoidal"
+    assert S.position_scheme(LlamaConfig(), "sinusoidal") == "rope"  # the config wins when it names RoPE
 
 
 def test_page_measures_a_sinusoidal_lab_model_without_rope_or_alibi_theory(lab_models):

@@ -15,7 +15,7 @@ import torch
 
 from attnviz import report, snippets
 from attnviz.__main__ import main
-from attnviz.capture import capture
+from attnviz.capture.front import capture
 from attnviz.errors import AttnvizError
 from attnviz.models import load_model
 

@@ -12,21 +12,20 @@ The package, from the bottom up (no module imports one above it):
   store      AttentionCapture (both stores, one API; by_words, span_attention) and from_attentions
   run        capture_attention: the checks, the forward pass under a recorder, the capture assembled once
   files      capture files (npz / safetensors), written and read a block of rows at a time
+  methods    AttentionCapture's methods that reach above the store (by_words, save, stats, the notebook views),
+             set on the class below
+  frugal     a capture's MLPs over blocks of positions, mapped weights paged out, slim tokenizers
+  front      the front door, capture(): a model by name, folder or GGUF file, or a transformers model object lent
+             back unchanged (lending); not imported here, as it loads models (attnviz.models), which import this
 
-The front door for a notebook or a script is capture() below; the package itself is callable, so
-attnviz.capture(model, text, ...) is capture(model, text, ...): a model by name, folder or GGUF file, or a
-transformers model object that is lent back unchanged.
+The package itself is callable: attnviz.capture(model, text, ...) is attnviz.capture.front.capture(model, text, ...)
+(opened by attnviz.capture.front, which `import attnviz` imports before it hands out attnviz.capture).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-
-
 from attnviz.capture.files import load_capture, save_capture
 from attnviz.capture.hooks import SharedHooks
-from attnviz.capture.lending import lent
 from attnviz.capture.loading import borrowed, prepare_model, records_inputs
 from attnviz.capture.modules import (CaptureError, attention_modules, decoder_layers, input_device, is_causal,
                                      uses_interface)
@@ -35,52 +34,17 @@ from attnviz.capture.recording import ATTN_IMPLEMENTATION, Recorder, recording, 
 from attnviz.capture.run import (MAX_CAPTURE_BYTES, MAX_TOKENS, STORES, DuringForward, capture_attention, choose_store,
                                  inputs_bytes, pattern_bytes)
 from attnviz.capture.store import AttentionCapture, from_attentions
+from attnviz.capture import methods  # after the store: the store's upper methods
 
 __all__ = ["ATTN_IMPLEMENTATION", "MAX_CAPTURE_BYTES", "MAX_TOKENS", "STORES", "AttentionCapture", "CaptureError",
-           "DuringForward", "Recorder", "SharedHooks", "attention_modules", "borrowed", "capture", "capture_attention",
+           "DuringForward", "Recorder", "SharedHooks", "attention_modules", "borrowed", "capture_attention",
            "choose_store",
-           "decoder_layers", "from_attentions", "input_device", "inputs_bytes", "is_causal", "lent", "load_capture",
+           "decoder_layers", "from_attentions", "input_device", "inputs_bytes", "is_causal", "load_capture",
            "named_rule", "pattern_bytes", "prepare_model", "records_inputs", "recording", "recording_forward",
            "save_capture", "uses_interface", "wanted_layers"]
 
 
-def capture(model, text: str, *, tokenizer=None, layers=None, store: str = "auto") -> AttentionCapture:
-    """The front door, also called as attnviz.capture(model, text, ...): every head of `layers` (None: all,
-    negative counts from the end) on `text`.
-
-    model: a registry name (attnviz.models.available_models()), a folder, a .gguf file or a cached hub id, loaded
-    by attnviz.models.load_model; an attnviz LoadedModel; or a transformers model object, with its `tokenizer`. A
-    model object is lent, not changed: afterwards its attention implementation, its training flags and so its
-    outputs are what they were (attnviz.capture.lending.lent).
-    store: "pattern" (the dense weights), "qk" (only q and k, for any length) or "auto": the pattern while it fits
-    (MAX_TOKENS tokens, MAX_CAPTURE_BYTES), else "qk" where the family records q and k (choose_store). The limits
-    live in attnviz.capture.run (patch them there)."""
-    with lent(model, tokenizer) as loaded:
-        return _capture_loaded(loaded, text, layers, store)
-
-
-def _capture_loaded(loaded, text: str, layers, store: str) -> AttentionCapture:
-    if store == "auto":
-        store = _auto_store(loaded, text, layers)
-    return capture_attention(loaded, text, layers=layers, store=store)
-
-
-def _auto_store(loaded, text: str, layers) -> str:
-    """The store run.choose_store picks for this text and these layers."""
-    if not isinstance(text, str) or not text.strip():
-        return "pattern"  # capture_attention says what is wrong with the text
-    n_layers = len(wanted_layers(layers, len(attention_modules(loaded.model))))
-    return choose_store(loaded, len(loaded.tokenizer(text).input_ids), n_layers)[0]
-
-
-class _FrontDoor(types.ModuleType):
-    """This module, callable: attnviz.capture(model, text, ...) is attnviz.capture.capture(model, text, ...)."""
-
-    def __call__(self, model, text: str, *, tokenizer=None, layers=None, store: str = "auto") -> AttentionCapture:
-        return capture(model, text, tokenizer=tokenizer, layers=layers, store=store)
-
-    __call__.__doc__ = capture.__doc__
-
-
-# `attnviz.capture` names this package (every `from attnviz.capture import ...` needs it), and the front door too.
-sys.modules[__name__].__class__ = _FrontDoor
+# AttentionCapture's methods that reach above the store (by_words, save, stats, the notebook views): set here, where
+# the package starts, so every AttentionCapture has them (attnviz.capture.methods)
+for _name in methods.METHODS:
+    setattr(AttentionCapture, _name, getattr(methods, _name))

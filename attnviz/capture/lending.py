@@ -16,6 +16,7 @@ import torch
 
 from attnviz.capture.loading import borrowed
 from attnviz.capture.modules import CaptureError
+from attnviz.models import LoadedModel, ModelSpec, load_model, shape_of
 
 OBJECT_DESCRIPTION = "a model object lent by its owner"
 
@@ -31,7 +32,6 @@ def lent(model, tokenizer=None, *, usage: str = "attnviz.capture(model, text, to
     a model imports triton.language (for callers that may run the kernels)."""
     if kernels:
         import attnviz.kernels  # noqa: F401  (deferred: Triton's backend is chosen only by callers that need it)
-    from attnviz.models import LoadedModel, ModelSpec, load_model, shape_of  # deferred: models loads through capture
 
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is not None:

@@ -8,11 +8,7 @@ import sys
 
 import torch
 
-from attnviz.errors import AttnvizError
-
-
-class CaptureError(AttnvizError, ValueError):
-    """A capture cannot be done; the message says why and what to do."""
+from attnviz.errors import CaptureError
 
 
 def attention_modules(model) -> list[torch.nn.Module]:

@@ -12,45 +12,25 @@ Threads: captures of one shared model from several sessions at once stay apart (
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from attnviz import attention as core
 from attnviz import shape
-from attnviz.attention import LayerInputs
+from attnviz.capture.frugal import lean_forward
 from attnviz.capture.loading import records_inputs
 from attnviz.capture.modules import CaptureError, attention_modules, input_device, is_causal, uses_interface
 from attnviz.capture.recording import Recorder, StopForward, recording, wanted_layers
 from attnviz.capture.store import AttentionCapture
 from attnviz.capture.words import token_words
+from attnviz.during import DuringForward
 from attnviz.tokenizer import readable_tokens
+from attnviz import views
 
 MAX_TOKENS = 2048  # the pattern store's default limit; the "qk" store goes to the model's own maximum
 MAX_CAPTURE_BYTES = 2 * 1024**3  # the captured arrays must fit comfortably in memory
 STORES = ("pattern", "qk")
-
-
-@dataclass
-class DuringForward:
-    """Work a caller does inside a qk-store capture's forward pass, layer by layer (attnviz.stats.streaming_attend
-    makes one that computes every head's statistics there).
-
-    attend(layer, inputs, v [kv_head, n, d_v]) returns the wanted layer's attention output [head, n, d_v] in place
-    of SDPA's (families of the attention interface), so a caller that computes the weights block by block anyway
-    computes the scores once for both. on_layer(layer, inputs) is called as soon as a wanted layer's inputs are
-    recorded (every family that records them). keep_inputs=False drops each layer's q and k after that: memory
-    O(one layer), and the capture has no maps, only tokens. summary: what they computed, {layer: result}; it
-    becomes capture.summary. device_inputs (with keep_inputs=False): a model on a GPU hands attend and on_layer its
-    q, k and v where it made them, in its own dtype, instead of float32 copies on the CPU, for a caller that
-    computes on that GPU (streaming_attend with the statistics kernel: no copy out and back per layer)."""
-
-    attend: Callable[[int, LayerInputs, torch.Tensor], torch.Tensor] | None = None
-    on_layer: Callable[[int, LayerInputs], None] | None = None
-    keep_inputs: bool = True
-    summary: dict | None = None
-    device_inputs: bool = False
 
 
 def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern", dtype=np.float32,
@@ -161,8 +141,6 @@ def _check_size(loaded, n_layers: int, n: int, store: str, itemsize: int, max_to
 def _forward(loaded, recorder: Recorder, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     """The base model's forward pass under the recorder, stopped after the last wanted layer; a model that fails
     on this text gives a message, not a traceback."""
-    from attnviz.frugal import lean_forward  # it uses capture's hooks: imported here, or the two import each other
-
     model = loaded.model
     runner = getattr(model, "base_model", model)
     device = input_device(model)
@@ -200,8 +178,6 @@ def _assembled(loaded, module, wanted: list[int], recorder: Recorder, ids: list[
 def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None) -> tuple[str, str]:
     """(store, why): the pattern store while [layer, head, n, n] fits MAX_CAPTURE_BYTES (and limit_bytes) and
     MAX_TOKENS, else the qk store where the family records q and k (attnviz.views.choose_store says why)."""
-    from attnviz import views
-
     limit = MAX_CAPTURE_BYTES if limit_bytes is None else min(MAX_CAPTURE_BYTES, limit_bytes)
     return views.choose_store(n_layers, shape.n_heads(loaded.model.config), n_tokens, limit_bytes=limit,
                               can_stream=records_inputs(loaded.model), max_dense_tokens=MAX_TOKENS)

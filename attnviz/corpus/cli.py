@@ -15,6 +15,10 @@ import re
 import sys
 from pathlib import Path
 
+from attnviz.corpus.results import CorpusRun
+from attnviz.corpus.run import Rate, corpus_run
+from attnviz.corpus.sources import CorpusError
+
 
 def add_commands(commands) -> None:
     corpus = commands.add_parser("corpus", help="Every head's statistics over a corpus, written to Parquet shards "
@@ -45,8 +49,6 @@ def add_commands(commands) -> None:
 
 
 def run(args) -> int:
-    from attnviz.corpus.results import CorpusRun
-
     if args.verb == "run":
         return _run(args)
     result = CorpusRun(args.dir)
@@ -70,8 +72,6 @@ def run(args) -> int:
 
 def parse_head(text: str) -> tuple[int, int]:
     """'L3H0' (or 3,0 / 3:0) -> (3, 0)."""
-    from attnviz.corpus.sources import CorpusError
-
     match = re.fullmatch(r"\s*[Ll]?(\d+)\s*(?:[Hh]|[,:])\s*(\d+)\s*", text)
     if not match:
         raise CorpusError(f"--head {text!r}: give the layer and head as LxHy, e.g. L3H0.")
@@ -79,8 +79,6 @@ def parse_head(text: str) -> tuple[int, int]:
 
 
 def _run(args) -> int:
-    from attnviz.corpus.run import Rate, corpus_run
-
     rate = Rate()
 
     def show(done: int, total: int) -> None:

@@ -3,7 +3,7 @@
 The pending shards (those not yet in the run folder) become a Ray Data data set of shard numbers, mapped by a pool
 of actors (map_batches with a callable class, one shard per batch). Each actor loads the model once, by its name,
 folder or file, checks that its weights are the manifest's, and for each shard computes
-attnviz.corpus.run.shard_rows on that shard's windows and writes the shard into the folder itself (written aside,
+attnviz.corpus.shards.shard_rows on that shard's windows and writes the shard into the folder itself (written aside,
 then renamed): the folder must be one every node sees. Only a small record per shard comes back to the driver, which
 reports progress as they arrive.
 
@@ -20,8 +20,10 @@ import os
 import warnings
 from pathlib import Path
 
+from attnviz.corpus.shards import model_fingerprint, shard_rows
 from attnviz.corpus.sources import CorpusError
 from attnviz.corpus.store import RunFolder
+from attnviz.models import ModelError, load_model
 
 RESTARTS = 3  # tries of a dead actor and of its shard: a shard that kills its actor every time fails the run
 SPARE_CPUS = 1  # left to Ray Data's own tasks: a pool holding every CPU starves them and the run waits forever
@@ -109,8 +111,6 @@ class ShardWorker:
         import torch
 
         import attnviz.kernels  # noqa: F401  (chooses Triton's backend before a model imports triton.language)
-        from attnviz.corpus.run import model_fingerprint
-        from attnviz.models import ModelError, load_model
 
         torch.set_num_threads(threads)  # the actor's share of the node's cores (actor_sizing)
         self.folder, self.refusal = RunFolder(folder, name), ""
@@ -126,8 +126,6 @@ class ShardWorker:
             self.refusal = str(exc)
 
     def __call__(self, batch: dict) -> dict:
-        from attnviz.corpus.run import shard_rows
-
         records = {"shard": [], "windows": [], "error": []}
         for shard in map(int, batch["shard"]):
             windows, error = 0, self.refusal

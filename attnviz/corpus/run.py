@@ -1,6 +1,6 @@
 """corpus_run: every head's statistics on every window of every document of a data set, written shard by shard
 into a run folder (attnviz.corpus.store), resumable after a kill, on this machine (engine="local") or on a Ray
-cluster (engine="ray", attnviz.corpus.ray) through the same shard function, shard_rows.
+cluster (engine="ray", attnviz.corpus.ray) through the same shard function, attnviz.corpus.shards.shard_rows.
 
 A window is what attnviz.corpus.text_windows cuts from a document: `window` tokens of its text, with the
 tokenizer's start and end tokens as a text of its own would have them. Each runs through the model on its own; its
@@ -19,12 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from attnviz.capture.lending import lent
+from attnviz.corpus import shards
+from attnviz.corpus.ray import run_on_ray
 from attnviz.corpus.sources import CorpusError, fingerprint, read_documents
 from attnviz.corpus.store import FORMAT, RunFolder
 from attnviz.corpus.windows import text_windows
+from attnviz.corpus.results import CorpusRun
 
 SHARD_WINDOWS = 16  # windows per shard: what a kill can lose, and what one Ray task computes
 ENGINES = ("local", "ray")
@@ -46,8 +48,6 @@ def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | 
     in windows. names: how the data is named in messages and in the run (default: each file or folder's own
     name). actors: Ray's actor pool size (engine="ray"). name: how messages call the run folder (default: `out`
     as given; a page passes the run's name)."""
-    from attnviz.corpus.results import CorpusRun
-
     if engine not in ENGINES:
         raise CorpusError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}.")
     if engine == "ray" and not isinstance(model, (str, Path)):
@@ -63,8 +63,6 @@ def corpus_run(model, data: str | Path | Sequence[str | Path], *, window: int | 
         folder = RunFolder(out, name)
         folder.start(_manifest(loaded, documents, lengths, max_windows, field, len(plan), shard_windows), plan)
         if engine == "ray":
-            from attnviz.corpus.ray import run_on_ray
-
             run_on_ray(model, tokenizer, folder, progress=progress, actors=actors)
         else:
             run_local(loaded, folder, progress=progress)
@@ -108,7 +106,7 @@ def _manifest(loaded, documents, lengths, max_windows, field, n_windows: int, sh
 
     return {
         "format": FORMAT, "attnviz": attnviz.__version__,
-        "model": display_name(loaded.spec.name), "model_fingerprint": model_fingerprint(loaded.model),
+        "model": display_name(loaded.spec.name), "model_fingerprint": shards.model_fingerprint(loaded.model),
         "family": loaded.spec.family, "layers": loaded.shape.layers, "heads": loaded.shape.heads,
         "tokenizer": type(loaded.tokenizer).__name__, "tokenizer_fingerprint": tokenizer_fingerprint(loaded.tokenizer),
         "windows": lengths, "max_windows": max_windows, "field": field,
@@ -122,16 +120,6 @@ def display_name(model: str) -> str:
     """A model's name as a run records and shows it: a registry name as it is, a folder or file by its own name
     (the manifest may be read by a page's visitors, who see no place on the server)."""
     return Path(model).name if ("/" in model or os.sep in model) and Path(model).exists() else model
-
-
-def model_fingerprint(model) -> str:
-    """sha256 of the model's weights (every state_dict tensor's name, dtype, shape and bytes, in order)."""
-    h = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        t = tensor.detach().contiguous().cpu()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -155,46 +143,10 @@ def run_local(loaded, folder: RunFolder, *, progress=None) -> None:
         if shard in done:
             continue
         part = plan.iloc[shard * size:(shard + 1) * size]
-        folder.write_shard(shard, shard_rows(loaded, part["window_id"].tolist(), part["ids"].tolist()))
+        folder.write_shard(shard, shards.shard_rows(loaded, part["window_id"].tolist(), part["ids"].tolist()))
         finished += len(part)
         if progress is not None:
             progress(finished, len(plan))
-
-
-def shard_rows(loaded, window_ids: Sequence[int], windows: Sequence[Sequence[int]]) -> pd.DataFrame:
-    """Every head's statistics on each window (its token ids): one row per (window, layer, head) with window_id,
-    layer, head, kv_head and the columns of attnviz.stats.COLUMNS (learned_sink too for a model that has sink
-    logits). What both engines compute for a shard.
-
-    On a CPU the windows run side by side, one per core (attnviz.cores.run_each, longest first): a 512-token
-    window's products are too small to split well over cores (benchmarks/corpus.py measures the engine against the
-    FLOP limit and transformers' own forward). On a GPU they run one after another."""
-    from attnviz.capture import input_device
-    from attnviz.cores import run_each
-
-    tables: list[pd.DataFrame | None] = [None] * len(windows)
-
-    def one(i: int) -> None:
-        tables[i] = window_stats(loaded, [int(t) for t in windows[i]])
-        tables[i].insert(0, "window_id", np.int64(window_ids[i]))
-
-    order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))
-    run_each(one, order, n_workers=None if input_device(loaded.model).type == "cpu" else 1)
-    return pd.concat(tables, ignore_index=True)
-
-
-def window_stats(loaded, ids: list[int]) -> pd.DataFrame:
-    """attnviz.stats.head_stats of one text given as token ids: computed during the forward pass (q and k, never the
-    N x N pattern) where the family records q and k, else from the dense pattern."""
-    from attnviz.capture import capture_attention, records_inputs
-    from attnviz.stats import head_stats, streaming_attend
-
-    if records_inputs(loaded.model):
-        during = streaming_attend(ids, keep_inputs=False)
-        capture = capture_attention(loaded, "(token ids)", token_ids=ids, store="qk", during=during)
-    else:
-        capture = capture_attention(loaded, "(token ids)", token_ids=ids)
-    return head_stats(capture)
 
 
 class Rate:

@@ -23,6 +23,7 @@ from PIL import Image
 
 from attnviz.pooling import MIN_REMAINING, pool_edges
 from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap, label_margins, line_chart
+from attnviz.figures.experiments import bars_by_token
 
 DETAIL_MAX_TOKENS = 160  # above this a head is drawn as an image; the hover then shows indices only
 GRID_TILE = 48  # pixels per head in the grid of all heads
@@ -333,8 +334,6 @@ def span_bars(weights: np.ndarray, tokens: Sequence[str], layer: int, head: int,
               how: str) -> go.Figure:
     """The attention a set of queries gives every key in one head (AttentionCapture.span_attention), weights [key],
     `how` "sum" or "mean" of their rows: one bar per key token."""
-    from attnviz.figures.experiments import bars_by_token
-
     queries = [int(q) for q in queries]
     if queries == list(range(queries[0], queries[-1] + 1)):
         shown = f"queries {queries[0]}–{queries[-1]}"

@@ -14,6 +14,7 @@ from attnviz import patching as pt
 from attnviz import qk_attribution as qk
 from attnviz import rollout as ro
 from attnviz.capture import capture_attention, choose_store
+from attnviz.doors import open_door
 from attnviz.front import inputs as ins
 from attnviz.front.inputs import ExperimentError, Model, Text, Token, Tokenizer
 from attnviz.front.results import (FlowResults, GenerationResults, KnockoutResults, LogitAttributionResults,
@@ -182,3 +183,9 @@ def generate(model: Model, text: Text, *, max_new_tokens: int = 16, temperature:
                            stop_at_eos=stop_at_eos)
         top = [ins.tokens(loaded, [int(t) for t in s.top_ids]) for s in raw.steps]
         return GenerationResults(loaded.spec.name, list(raw.tokens), raw, top)
+
+
+# attnviz.knockout(...) is knockout(...) above, and so on: the modules are opened from here (attnviz.doors)
+for _module, _function in ((ko, knockout), (pt, patching), (la, logit_attribution), (qk, qk_attribution),
+                           (ro, rollout)):
+    open_door(_module.__name__, _function)

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attnviz.flow import normalised
+
 
 @dataclass(repr=False)
 class Result:
@@ -269,8 +271,6 @@ class FlowResults(Result):
     def to_frame(self) -> pd.DataFrame:
         """layer, position, token, flow (max-flow value), share (each layer's flows divided by their sum, as the
         paper shows them) and rollout, for the layers asked for."""
-        from attnviz.flow import normalised
-
         share = normalised(self.flow)
         return pd.DataFrame([(layer, j, self.tokens[j], self.flow[layer, j], share[layer, j], self.rollout[layer, j])
                              for layer in self.layers for j in range(len(self.tokens))],
@@ -278,7 +278,6 @@ class FlowResults(Result):
 
     def view(self):
         from attnviz.figures import experiments as figs
-        from attnviz.flow import normalised
 
         layer = self.layers[-1]
         fig = figs.bars_by_token({f"rollout through layer {layer}": self.rollout[layer],

@@ -14,6 +14,7 @@ import torch
 import triton
 
 from attnviz.errors import AttnvizError
+from attnviz.pooling import MIN_REMAINING, pool_edges
 
 from .triton_attention import INTERPRETED, KERNEL_DEVICE, LAUNCH_LOCK, UNAVAILABLE
 from .triton_stats_jit import pool_fwd, stats_fwd
@@ -205,8 +206,6 @@ def _pooled(q, k, bias, kv_of, rows, scalars, shape_args, pool: int, common: dic
     per-row log2 normalisers: a weight is 2^(t - lse), with the sink hidden 2^(t - lse) / kept where kept = the
     row's weight on keys other than key 0; rows keeping under MIN_REMAINING are blank (NaN where a pooling row
     block has no other row)."""
-    from attnviz.pooling import MIN_REMAINING, pool_edges
-
     n, n_key = shape_args[:2]
     device, n_heads = q.device, q.shape[0]
     row_edges, key_edges = pool_edges(n, pool), pool_edges(n_key, pool)

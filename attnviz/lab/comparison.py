@@ -14,6 +14,9 @@ import torch
 from attnviz.lab.config import MAX_SECONDS, VARIANTS, LabConfig
 from attnviz.lab.tasks import example_text
 from attnviz.lab.training import LabRun, RunSnapshot, take_slot, train_in_slot
+from attnviz.capture import capture_attention
+from attnviz.loaded_model import LoadedModel, ModelSpec
+from attnviz.tokenizer import byte_tokenizer
 
 
 class VariantComparison:
@@ -89,10 +92,6 @@ class VariantComparison:
         eager attention, the gate included). Returns (tokens, variant -> [layer, head, query, key] float32). A row
         of off_by_one or learned_sink sums to less than 1: the rest went to the sink logit, to no token.
         RuntimeError while the variants are still training (their weights change under the capture)."""
-        from attnviz.capture import capture_attention
-        from attnviz.models import LoadedModel, ModelSpec
-        from attnviz.tokenizer import byte_tokenizer
-
         if not self.finished:
             raise RuntimeError("the variants are still training; their maps are drawn once they finish")
         tokens, maps = [], {}

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from attnviz.errors import AttnvizError
 from attnviz.paths import cache_dir, trained_dir
+from attnviz.lab.tasks import chance_loss
+from attnviz.lab.variants import architecture
+from attnviz.tokenizer import byte_tokenizer
 
 LAB_FILE = "lab.json"  # beside a toy-lab model's weights: its config (positional scheme, attention) and history
 MAX_NAME = 64          # a default name (LabConfig.default_name) is at most 54 characters; "-NN" must fit after it
@@ -77,9 +80,6 @@ def check_name(name: str) -> None:
 def history(snap) -> dict:
     """A run's snapshot (attnviz.lab.training.RunSnapshot) as JSON: config, architecture, final status, per-step
     losses and per-checkpoint head scores and sink metric."""
-    from attnviz.lab.tasks import chance_loss
-    from attnviz.lab.variants import architecture
-
     cfg = snap.config
     return {
         "config": asdict(cfg),
@@ -99,8 +99,6 @@ def save_folder(model, snap, name: str, owner: str | None = None, *, rename: boo
     digest) to trained_dir()/name, replacing the owner's own folder of that name in one rename (a reader never sees
     half a folder). Returns the folder, whose name differs from `name` only when rename=True and another owner holds
     `name`. Raises NameTaken (another owner's name, rename=False) or QuotaExceeded."""
-    from attnviz.tokenizer import byte_tokenizer
-
     check_name(name)
     key = _owner_key(owner)
     tmp = Path(tempfile.mkdtemp(prefix=".lab-", dir=cache_dir()))

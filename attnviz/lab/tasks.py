@@ -34,6 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnviz.stats import induction_targets
+from attnviz.tokenizer import BOS
+
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 SEPARATOR = "="
 BOS_ID = 256
@@ -160,9 +163,6 @@ def target_patterns(text: str) -> tuple[list[str], dict[str, np.ndarray]]:
     token has not occurred before has nothing to copy and parks its weight on <bos>, as trained heads do.
     Returns (tokens, {"previous-token": [n, n], "induction": [n, n]}), n = len(text) + 1, rows summing to 1.
     """
-    from attnviz.stats import induction_targets
-    from attnviz.tokenizer import BOS
-
     tokens = [BOS] + list(text)
     n = len(tokens)
     previous = np.zeros((n, n))

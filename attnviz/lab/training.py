@@ -19,6 +19,10 @@ from attnviz.lab.config import MAX_SECONDS, LabConfig
 from attnviz.lab.storage import StorageRefused, check_name, save_folder
 from attnviz.lab.tasks import make_batch, make_probe, probe_lengths, text_probe
 from attnviz.lab.variants import build_model
+from attnviz.diagnostics import repeated_token_scores
+from attnviz.sinks import sink_rate, sink_scores
+from attnviz.stats import previous_token_score, sink_mass
+from attnviz import budget
 
 MAX_CONCURRENT_RUNS = 2   # the app's host has few cores; a third run waits for one to finish
 log = logging.getLogger(__name__)
@@ -47,10 +51,6 @@ def head_scores(model: PreTrainedModel, probe: torch.Tensor, segment_len: int,
     output_attentions: each row scored with its own repeat length (probe_lengths), then averaged over rows
     (name -> [layer, head]); and "alpha0" [row, layer, head], Gu et al.'s alpha_0 of every head on each row of
     sink_probe (the task's texts; the probe itself when None), for the sink metric (attnviz.sinks.sink_rate)."""
-    from attnviz.diagnostics import repeated_token_scores
-    from attnviz.sinks import sink_scores
-    from attnviz.stats import previous_token_score, sink_mass
-
     pattern = _patterns(model, probe)
     lengths = probe_lengths(segment_len, probe.shape[0])
     sink_pattern = pattern if sink_probe is None else _patterns(model, sink_probe)
@@ -125,8 +125,6 @@ def active_runs() -> int:
 def take_slot(owner) -> None:
     """Takes one of the MAX_CONCURRENT_RUNS training slots of this process for `owner` (a LabRun, or a
     VariantComparison training several runs in one thread); LabBusyError when none is free."""
-    from attnviz import budget
-
     with _ACTIVE_LOCK:
         if len(_ACTIVE) >= MAX_CONCURRENT_RUNS:
             raise LabBusyError(f"{len(_ACTIVE)} runs are already training on this server; try again shortly")
@@ -147,8 +145,6 @@ def train_in_slot(owner, name: str) -> threading.Thread:
         try:
             owner.run()
         finally:
-            from attnviz import budget
-
             with _ACTIVE_LOCK:
                 budget.BUDGET.release(_ACTIVE.pop(owner, 0))
 
@@ -303,8 +299,6 @@ class LabRun:
         return target
 
     def _checkpoint(self, step: int, loss: float) -> None:
-        from attnviz.sinks import sink_rate
-
         scores = head_scores(self.model, self._probe, self.config.segment_len, self._sink_probe)
         checkpoint = Checkpoint(step, loss, scores["previous_token"], scores["induction"], scores["sink"],
                                 sink_rate(scores["alpha0"]), scores["alpha0"])

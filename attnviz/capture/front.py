@@ -1,0 +1,45 @@
+"""The front door for a notebook or a script, capture(); the package attnviz.capture is callable as it
+(attnviz.doors). It sits above attnviz.models (a model given by name is loaded there, and models imports the
+capture package), so the package's __init__ does not import it; `import attnviz` imports it before it hands out
+attnviz.capture."""
+
+from __future__ import annotations
+
+from attnviz.capture.lending import lent
+from attnviz.capture.modules import attention_modules
+from attnviz.capture.recording import wanted_layers
+from attnviz.capture.run import capture_attention, choose_store
+from attnviz.capture.store import AttentionCapture
+from attnviz.doors import open_door
+
+
+def capture(model, text: str, *, tokenizer=None, layers=None, store: str = "auto") -> AttentionCapture:
+    """The front door, also called as attnviz.capture(model, text, ...): every head of `layers` (None: all,
+    negative counts from the end) on `text`.
+
+    model: a registry name (attnviz.models.available_models()), a folder, a .gguf file or a cached hub id, loaded
+    by attnviz.models.load_model; an attnviz LoadedModel; or a transformers model object, with its `tokenizer`. A
+    model object is lent, not changed: afterwards its attention implementation, its training flags and so its
+    outputs are what they were (attnviz.capture.lending.lent).
+    store: "pattern" (the dense weights), "qk" (only q and k, for any length) or "auto": the pattern while it fits
+    (MAX_TOKENS tokens, MAX_CAPTURE_BYTES), else "qk" where the family records q and k (choose_store). The limits
+    live in attnviz.capture.run (patch them there)."""
+    with lent(model, tokenizer) as loaded:
+        return _capture_loaded(loaded, text, layers, store)
+
+
+def _capture_loaded(loaded, text: str, layers, store: str) -> AttentionCapture:
+    if store == "auto":
+        store = _auto_store(loaded, text, layers)
+    return capture_attention(loaded, text, layers=layers, store=store)
+
+
+def _auto_store(loaded, text: str, layers) -> str:
+    """The store run.choose_store picks for this text and these layers."""
+    if not isinstance(text, str) or not text.strip():
+        return "pattern"  # capture_attention says what is wrong with the text
+    n_layers = len(wanted_layers(layers, len(attention_modules(loaded.model))))
+    return choose_store(loaded, len(loaded.tokenizer(text).input_ids), n_layers)[0]
+
+
+open_door("attnviz.capture", capture)  # attnviz.capture(model, text, ...) is capture(model, text, ...)
