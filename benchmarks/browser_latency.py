@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.latency.idle import COUNT_MESSAGES, quiet, settle, untimed, wait_idle, watch  # noqa: E402
+from benchmarks.latency.idle import COUNT_MESSAGES, settle, untimed, wait_idle, watch  # noqa: E402
 from benchmarks.latency.widgets import (  # noqa: E402
     NoMove, Widget, choose_radio, discover, move, open_expanders, open_tab, radio_choice, radio_options, tabs)
 
@@ -73,6 +73,7 @@ def targets() -> dict[str, tuple[str, str, callable]]:
                         "sink": "0", **({"layers": layers} if layers else {})}
 
     out = {p.url_path: (p.title, p.url_path, dict) for p in PAGES}
+    out["heads"] = ("Heads", "heads", lambda: {"model": "toy-gpt2"})  # the toy model: its default text, at once
     out["heads-1800-dense"] = (f"Heads, {N_TOKENS:,} tokens, layers 0-14 (dense store)", "heads", heads("0-14"))
     out["heads-1800-qk"] = (f"Heads, {N_TOKENS:,} tokens, every layer (qk store)", "heads", heads(None))
     return out
@@ -148,9 +149,7 @@ def explore(page, run: Run) -> None:
         if run.full() or f"tab:{name}" in run.explored:
             continue
         run.explored.add(f"tab:{name}")
-        open_tab(page, name)
-        time.sleep(0.2)
-        quiet(page)
+        untimed(page, lambda: open_tab(page, name))  # called at once; the Heads page's tabs rerun it
         explore(page, run)
     for radio in [w for w in discover(page) if w.kind == "Radio"]:
         if run.full() or radio.ident in run.explored:

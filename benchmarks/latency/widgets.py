@@ -24,9 +24,9 @@ DISCOVER = """(kinds) => {
         if (kind === 'Checkbox' && e.querySelector('input[role="switch"]')) kind = 'Toggle';
         const box = e.closest('[class*="st-key-"]');
         const key = box ? [...box.classList].find(c => c.startsWith('st-key-')).slice(7) : '';
-        const named = e.querySelector('input[aria-label], [role="radiogroup"][aria-label], button');
+        const named = e.querySelector('input[aria-label]') || e.querySelector('[role="radiogroup"][aria-label]');
         const label = e.querySelector('[data-testid="stWidgetLabel"]');
-        const text = (label && label.innerText.trim()) || (named && named.getAttribute('aria-label'))
+        const text = (named && named.getAttribute('aria-label')) || (label && label.innerText.trim())
             || e.innerText.trim().split('\\n')[0];
         const main = e.querySelector('input, textarea, button');
         e.setAttribute('data-lat', String(out.length));
@@ -62,7 +62,7 @@ class Widget:
             return SKIPPED[self.kind]
         if self.disabled:
             return "disabled at the page's defaults"
-        if self.kind == "Selectbox" and (self.key.endswith(("_model", "_model_b")) or self.label.startswith("Model")):
+        if self.kind == "Selectbox" and self.label.startswith("Model"):  # attnviz.ui.model_picker's labels
             return "picks another model: a load and a capture, not a view change"
         return None
 
@@ -104,12 +104,23 @@ def _pick(names: list[str], current: str, seen: set[str]) -> int:
     return i
 
 
+def _open_list(page, field):
+    """Opens a select box's list (a click; where that opened none, as near the window's edge, ArrowDown): its
+    options in view."""
+    field.click()
+    options = page.locator('[role="option"]:visible')
+    try:
+        options.first.wait_for(timeout=2_000)
+    except Exception:
+        field.press("ArrowDown")
+        options.first.wait_for(timeout=5_000)
+    return options
+
+
 def _selectbox(page, el, seen: set[str]) -> None:
     field = el.locator('input[role="combobox"]')
     current = field.input_value()
-    field.click()
-    options = page.get_by_role("option")
-    options.first.wait_for(timeout=10_000)
+    options = _open_list(page, field)
     names = [name.strip() for name in options.all_inner_texts()]  # the list is virtualised: the first ones shown
     try:
         i = _pick(names, current, seen)
@@ -120,16 +131,15 @@ def _selectbox(page, el, seen: set[str]) -> None:
 
 
 def _multiselect(page, el, seen: set[str]) -> None:
-    """Adds the first option not chosen (the list offers only those)."""
-    el.locator('input[role="combobox"]').click()
-    options = page.get_by_role("option")
-    try:
-        options.first.wait_for(timeout=5_000)
-    except Exception:
+    """Adds the first option not chosen (the list offers only those; "Select all" is not one)."""
+    options = _open_list(page, el.locator('input[role="combobox"]'))
+    names = [name.strip() for name in options.all_inner_texts()]
+    fresh = [i for i, name in enumerate(names) if name != "Select all"]
+    if not fresh:
         page.keyboard.press("Escape")
-        raise NoMove("every option is chosen") from None
-    seen.add(options.first.inner_text().strip())
-    options.first.click()
+        raise NoMove("every option is chosen")
+    seen.add(names[fresh[0]])
+    options.nth(fresh[0]).click()
 
 
 def _radio(page, el, seen: set[str]) -> None:
