@@ -2,16 +2,16 @@
 (headless Chromium).
 
 Starts Streamlit on 127.0.0.1 (port 8641, or --port), opens each page of attnviz.ui.PAGES by its deep link on the
-page's defaults (its default model), lets its first run finish (captures and caches warm), then finds the page's
-widgets in its DOM by Streamlit's data-testid attributes (stSlider, stSelectbox, stMultiSelect, stRadio,
-stNumberInput, stCheckbox; a toggle is an stCheckbox whose input has role="switch"), so a widget added to a page is
-timed the next run. Every widget in view is moved REPEAT times, each time to a value it has not had (a slider a
-step on, a select box or radio an option not chosen yet, a number input a step up; a checkbox or toggle flips),
-radios last; then every tab is opened and every option of every radio chosen (not timed), and the widgets that
-brings into view are timed the same way. Collapsed expanders are opened first (in the browser only). Left out,
-and listed with the reason: buttons (they start long work: a capture, a corpus run, training), model pickers (a
-new model is a load and a capture, not a view change), text areas, text inputs and file uploaders, and widgets
-disabled at the defaults.
+page's defaults (its default model; the Heads page on toy-gpt2), lets its first run finish (captures and caches
+warm), then finds the page's widgets in its DOM by Streamlit's data-testid attributes (stSlider, stSelectbox,
+stMultiSelect, stRadio, stNumberInput, stCheckbox; a toggle is an stCheckbox whose input has role="switch"), so a
+widget added to a page is timed the next run. Every widget in view is moved REPEAT times, each time to a value it
+has not had (a slider a step on, a select box or radio an option not chosen yet, a number input a step up; a
+checkbox or toggle flips), radios last; then every tab is opened and every option of every radio chosen (not timed),
+and the widgets that brings into view are timed the same way. Collapsed expanders are opened first (in the browser
+only). Left out, and listed with the reason: buttons (they start long work: a capture, a corpus run, training),
+model pickers (a new model is a load and a capture, not a view change), text areas, text inputs and file uploaders,
+and widgets disabled at the defaults.
 
 Each move is timed until the server has answered, the app reports its script has stopped running, no skeleton is
 left, every chart in view is drawn, and that has held for three polls 50 ms apart (the idle rule of
@@ -170,7 +170,7 @@ def say(row) -> None:
           f"{', '.join(f'{t[1]:.2f}' for t in times)} s; load {load:.1f}", file=sys.stderr, flush=True)
 
 
-def measure(page, url: str, name: str, target, run: Run) -> None:
+def measure(page, url: str, target, run: Run) -> None:
     title, path, query = target
     params = query()
     page.goto(f"{url}/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else ""))
@@ -197,7 +197,7 @@ def run_pages(names: list[str], args) -> list[Run]:
                 run = Run(every[name][0], args.repeat, args.limit)
                 runs.append(run)
                 try:
-                    measure(page, url, name, every[name], run)
+                    measure(page, url, every[name], run)
                 except Exception as exc:  # the other pages are still measured
                     shot = f"browser-latency-{name}-failed.png"
                     page.screenshot(path=shot, full_page=True)
@@ -244,7 +244,7 @@ def main() -> None:
     from benchmarks.longcontext import matmul_rate
 
     load_before = os.getloadavg()[0]
-    rate = matmul_rate(512, 3) if args.quick else matmul_rate()
+    rate = matmul_rate(512, 3) if args.quick else matmul_rate()  # --quick: a small product, a rough rate
     runs = run_pages(args.page or names, args)
     table(runs, args.repeat, rate, load_before)
     if any(run.failed for run in runs):
