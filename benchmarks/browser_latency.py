@@ -8,7 +8,7 @@ stMultiSelect, stRadio, stNumberInput, stCheckbox; a toggle is an stCheckbox who
 widget added to a page is timed the next run. Every widget in view is moved REPEAT times, each time to a value it
 has not had (a slider a step on, a select box or radio an option not chosen yet, a number input a step up; a
 checkbox or toggle flips), radios last; then every tab is opened and every option of every radio chosen (not timed),
-and the widgets that brings into view are timed the same way. Collapsed expanders are opened first (in the browser
+and the widgets this brings into view are timed the same way. Collapsed expanders are opened first (in the browser
 only). Left out, and listed with the reason: buttons (they start long work: a capture, a corpus run, training),
 model pickers (a new model is a load and a capture, not a view change), text areas, text inputs and file uploaders,
 and widgets disabled at the defaults.
