@@ -40,8 +40,9 @@ class Quick:
 
 QUICK = [
     Quick("attention_layer", ("toy-llama-gqa layer 1, 256 tokens", "layer (statistics and output):")),
-    Quick("browser_latency", ("| page: action | input -> idle, median s | driver -> idle, median s |",
-                              "| Positional, RoPE: query position moved |"), seconds=12,
+    Quick("browser_latency", ("float32 matmul rate measured first:",
+                              "| page | widget | input -> idle, median s | driver -> idle, median s |",
+                              "| Positional encodings | Positions (slider, pos_sin_n) |"), seconds=12,
           marks=(pytest.mark.browser,)),
     Quick("capture", ("capture overhead, toy-llama-gqa, 64 tokens, cpu time",
                       "load toy-llama-gqa as a GGUF file: first (GGUF -> safetensors)")),

@@ -1,0 +1,92 @@
+"""benchmarks/browser_latency.py's widget finder and moves (benchmarks/latency/): every widget the Worked example
+page declares is found in its DOM, each of its kind, and each move reaches a value the widget has not had."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.latency.idle import COUNT_MESSAGES, settle, wait_idle, watch  # noqa: E402
+from benchmarks.latency.widgets import NoMove, _pick, discover, element, move  # noqa: E402
+
+
+def test_pick_prefers_options_not_had_then_any_other():
+    seen: set[str] = set()
+    assert _pick(["a", "b", "c"], "a", seen) == 1
+    assert _pick(["a", "b", "c"], "b", seen) == 2
+    assert _pick(["a", "b", "c"], "c", seen) == 0  # every option had: the first that is not the current one
+    with pytest.raises(NoMove):
+        _pick(["a"], "a", set())
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    from tests.servers import streamlit_server
+
+    with streamlit_server() as (url, _):
+        context = browser.new_context(viewport={"width": 1400, "height": 1300})
+        context.add_init_script(COUNT_MESSAGES)
+        tab = context.new_page()
+        tab.goto(f"{url}/worked-example")
+        settle(tab, 300)
+        yield tab
+        context.close()
+
+
+def _value(page, key: str) -> str:
+    box = page.locator(f".st-key-{key}")
+    return box.evaluate("b => { const i = b.querySelector('input'); return i.type === 'checkbox' ? String(i.checked) "
+                        ": i.value; }")
+
+
+WIDGET_CALLS = {"selectbox": "Selectbox", "slider": "Slider", "text_area": "TextArea", "toggle": "Toggle",
+                "checkbox": "Checkbox", "radio": "Radio", "number_input": "NumberInput", "multiselect": "MultiSelect"}
+
+
+def declared_widgets(script: Path) -> dict[str, str]:
+    """{key: kind} of every Streamlit widget call in a page's source (a key given as KEYS[m] stands for every value
+    of the page's KEYS dict)."""
+    tree = ast.parse(script.read_text())
+    keys = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "KEYS")
+    out = {}
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", "") in WIDGET_CALLS:
+            key = next(k.value for k in call.keywords if k.arg == "key")
+            names = [key.value] if isinstance(key, ast.Constant) else list(keys.values())
+            out.update(dict.fromkeys(names, WIDGET_CALLS[call.func.attr]))
+    return out
+
+
+@pytest.mark.browser
+def test_finds_every_widget_the_page_declares(page):
+    declared = declared_widgets(ROOT / "app_pages" / "worked_example.py")
+    assert len(declared) == 7  # the example, decimal places, Q, K, V and two toggles
+    found = {w.key: w.kind for w in discover(page)}
+    assert found == declared
+    assert found["worked_scaled"] == found["worked_causal"] == "Toggle"  # st.toggle: a checkbox with role=switch
+    assert found["worked_digits"] == "Slider" and found["worked_example"] == "Selectbox"
+    assert {found[k] for k in ("worked_q", "worked_k", "worked_v")} == {"TextArea"}
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("key", ["worked_digits", "worked_example", "worked_causal"])
+def test_each_move_reaches_a_value_not_had(page, key):
+    had, seen = [_value(page, key)], set()
+    for _ in range(2):
+        widget = next(w for w in discover(page) if w.key == key)
+        assert element(page, widget).count() == 1
+        watch(page)
+        move(page, widget, seen)
+        wait_idle(page, time.perf_counter(), 120)
+        had.append(_value(page, key))
+    if key == "worked_causal":  # two values: it flips
+        assert had == ["false", "true", "false"]
+    else:
+        assert len(set(had)) == 3, had
