@@ -22,9 +22,14 @@ import numpy as np
 import torch
 
 from attnviz import interventions as iv
+from attnviz.errors import AttnvizError
 from attnviz.capture import decoder_layers
 
 MODES = ("zero", "mean")
+
+
+class MassiveError(AttnvizError, ValueError):
+    """The massive-activation edit cannot be made as asked; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ def mean_at(hiddens: Sequence, layer: int, token: int, dims: Sequence[int]) -> t
     [layer, token, dim] array per text, each with more than `token` tokens."""
     rows = [np.asarray(h)[layer, token, list(dims)] for h in hiddens if np.shape(h)[1] > token]
     if not rows:
-        raise ValueError(f"no reference text has a token at position {token}")
+        raise MassiveError(f"no reference text has a token at position {token}")
     return tuple(float(v) for v in np.mean(rows, axis=0))
 
 
@@ -105,16 +110,16 @@ def edit_for(hidden, layer: int, token: int, dims: Sequence[int], mode: str,
     """The Edit of Sun et al.'s intervention: the dims at `token` after `layer` set to zero ("zero") or to
     `means` ("mean", from mean_at over other texts). hidden: [layer, token, dim] of the unedited run."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        raise MassiveError(f"mode must be one of {MODES}, not {mode!r}")
     h = np.asarray(hidden)
     if not 0 <= layer < h.shape[0] or not 0 <= token < h.shape[1]:
-        raise ValueError(f"layer {layer} or token {token} is outside the run ({h.shape[0]} layers, "
+        raise MassiveError(f"layer {layer} or token {token} is outside the run ({h.shape[0]} layers, "
                          f"{h.shape[1]} tokens)")
     dims = tuple(int(d) for d in dims)
     if mode == "zero":
         return Edit(layer, token, dims, (0.0,) * len(dims))
     if means is None or len(means) != len(dims):
-        raise ValueError("the mean intervention needs one mean value per dimension (mean_at)")
+        raise MassiveError("the mean intervention needs one mean value per dimension (mean_at)")
     return Edit(layer, token, dims, tuple(float(v) for v in means))
 
 
@@ -125,7 +130,7 @@ def edited(model, edit: Edit) -> Iterator[None]:
     model unchanged."""
     layers = decoder_layers(model)
     if not 0 <= edit.layer < len(layers):
-        raise ValueError(f"layer {edit.layer} is outside the model's {len(layers)} layers")
+        raise MassiveError(f"layer {edit.layer} is outside the model's {len(layers)} layers")
     put = iv.Put(torch.tensor(edit.values, dtype=torch.float64), position=edit.token, columns=edit.dims)
     with iv.applied(model, iv.Plan().edit(("out", edit.layer), put).following(iv.current())):
         yield

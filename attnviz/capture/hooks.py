@@ -1,7 +1,8 @@
 """Forward hooks that every session shares on one cached model.
 
-A cached model is shared by every browser session. Capture, head knock-outs and the massive-activation edit all
-need hooks on it while they run, and each reads what to do from a ContextVar of its own thread, so that two sessions
+A cached model is shared by every browser session. The capture and every intervention (attnviz.interventions:
+knock-outs, patching, the massive-activation edit) need hooks on it while they run, and each reads what to do from
+a ContextVar of its own thread, so that two sessions
 never see each other's work. The hooks themselves are installed by the first user and removed by the last
 (SharedHooks: a reference count per model under one lock), so a model outside any of them runs unhooked.
 """

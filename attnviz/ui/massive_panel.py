@@ -119,7 +119,7 @@ def _reference_means(model: str, layer: int, token: int, dims: list[int]):
         return None
     try:
         return massive.mean_at(reference, layer, token, dims)
-    except ValueError:
+    except massive.MassiveError:
         st.warning(f"The mean is taken at the same position in {sink_ui.REFERENCE_WINDOWS} windows of "
                    f"{sink_ui.REFERENCE_TOKENS} tokens of the shipped text; token {token} is past their end. "
                    "Choose an earlier token, or set the dimensions to zero.")
