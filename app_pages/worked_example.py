@@ -40,7 +40,7 @@ causal = t2.toggle("Causal mask (query i sees keys up to i)", value=False, key="
 try:
     q, k, v = (we.parse_matrix(texts[m], m) for m in KEYS)
     steps = we.worked_steps(q, k, v, scaled=scaled, causal=causal)
-except ValueError as exc:
+except we.MatrixError as exc:
     st.error(f"{exc} Fix the matrix above, or pick an example to start again.")
     st.stop()
 

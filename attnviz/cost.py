@@ -17,7 +17,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from attnviz.errors import AttnvizError
 from attnviz.shape import model_shape
+
+
+class CostError(AttnvizError, ValueError):
+    """A cost cannot be counted as asked (a negative size, a family attnviz does not count); the message says why."""
 
 
 def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
@@ -29,9 +34,9 @@ def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, seq_len: int, b
     for name, value in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
                         ("seq_len", seq_len), ("batch", batch)):
         if int(value) != value or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+            raise CostError(f"{name} must be a non-negative integer, got {value!r}")
     if bytes_per_value <= 0:
-        raise ValueError(f"bytes_per_value must be positive, got {bytes_per_value!r}")
+        raise CostError(f"bytes_per_value must be positive, got {bytes_per_value!r}")
     values = 2 * int(layers) * int(kv_heads) * int(head_dim) * int(seq_len) * int(batch)
     return int(round(values * bytes_per_value))
 
@@ -172,7 +177,7 @@ def arch_from_config(config, name: str | None = None) -> Architecture:
                   tied_embeddings=bool(getattr(config, "tie_word_embeddings", True)))
     if mt == "bert":
         if getattr(config, "position_embedding_type", "absolute") != "absolute":
-            raise ValueError("only BERT with absolute position embeddings is counted")
+            raise CostError("only BERT with absolute position embeddings is counted")
         return Architecture(
             family="bert", d_ff=int(config.intermediate_size), positions=int(config.max_position_embeddings),
             token_types=int(config.type_vocab_size), qkv_bias=True, out_bias=True, mlp_bias=True, norm="layernorm",
@@ -191,7 +196,7 @@ def arch_from_config(config, name: str | None = None) -> Architecture:
             family=mt, d_ff=int(config.intermediate_size), gated_mlp=True, qkv_bias=bias or mt == "qwen2",
             out_bias=bias, mlp_bias=bool(getattr(config, "mlp_bias", False)), norm="rmsnorm", final_norm=True,
             lm_head=True, **common)
-    raise ValueError(f"don't know how to count parameters of model type {mt!r}")
+    raise CostError(f"don't know how to count parameters of model type {mt!r}")
 
 
 # Config values as in each model's published config (config.json on the Hugging Face hub, or the paper's table).

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnviz.attention import attention_scores, causal_mask, scaled_dot_product_attention
+from attnviz.errors import AttnvizError
 
 MAX_SIZE = 8  # rows and columns a hand-typed matrix may have: every number is shown on the page
 
@@ -27,6 +28,11 @@ EXAMPLES: dict[str, tuple[str, str, str]] = {
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 
 
+class MatrixError(AttnvizError, ValueError):
+    """A typed matrix that cannot be used (empty, not numbers, ragged, too big, shapes that do not fit); the message
+    says which and where."""
+
+
 def parse_matrix(text: str, name: str = "matrix") -> np.ndarray:
     """A matrix typed as rows on lines (or separated by ';'), numbers separated by commas or spaces.
 
@@ -36,33 +42,33 @@ def parse_matrix(text: str, name: str = "matrix") -> np.ndarray:
     rows = [r.strip().strip("[]").strip() for r in re.split(r"[;\n]", text or "")]
     rows = [r for r in rows if r]
     if not rows:
-        raise ValueError(f"{name} is empty: type one row per line, numbers separated by commas.")
+        raise MatrixError(f"{name} is empty: type one row per line, numbers separated by commas.")
     values = []
     for i, row in enumerate(rows, start=1):
         cells = [c for c in re.split(r"[,\s]+", row.strip().strip("[]")) if c]
         for c in cells:
             if not _NUMBER.match(c):
-                raise ValueError(f"{name}, row {i}: {c[:20]!r} is not a number.")
+                raise MatrixError(f"{name}, row {i}: {c[:20]!r} is not a number.")
         values.append([float(c) for c in cells])
     widths = {len(r) for r in values}
     if len(widths) != 1:
-        raise ValueError(f"{name}: every row needs the same number of values (rows have {sorted(widths)}).")
+        raise MatrixError(f"{name}: every row needs the same number of values (rows have {sorted(widths)}).")
     matrix = np.array(values, dtype=np.float64)
     if matrix.shape[0] > MAX_SIZE or matrix.shape[1] > MAX_SIZE:
-        raise ValueError(f"{name} is {matrix.shape[0]} × {matrix.shape[1]}: keep it within {MAX_SIZE} × {MAX_SIZE}"
+        raise MatrixError(f"{name} is {matrix.shape[0]} × {matrix.shape[1]}: keep it within {MAX_SIZE} × {MAX_SIZE}"
                          " so every number fits on the page.")
     if not np.all(np.isfinite(matrix)) or np.abs(matrix).max() > 1e6:
-        raise ValueError(f"{name}: keep the values between -1e6 and 1e6.")
+        raise MatrixError(f"{name}: keep the values between -1e6 and 1e6.")
     return matrix
 
 
 def check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
     """Raises ValueError unless q [n_query, d_k], k [n_key, d_k], v [n_key, d_v] fit together."""
     if q.shape[1] != k.shape[1]:
-        raise ValueError(f"Q has {q.shape[1]} columns and K has {k.shape[1]}: queries and keys need the same "
+        raise MatrixError(f"Q has {q.shape[1]} columns and K has {k.shape[1]}: queries and keys need the same "
                          "length d_k to take dot products.")
     if k.shape[0] != v.shape[0]:
-        raise ValueError(f"K has {k.shape[0]} rows and V has {v.shape[0]}: every key needs exactly one value.")
+        raise MatrixError(f"K has {k.shape[0]} rows and V has {v.shape[0]}: every key needs exactly one value.")
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    from attnviz.kernels import steps_view
+    from attnviz.kernels import KernelError, steps_view
 
-    def refuse(*args, **kwargs):
-        raise ValueError("BLOCK_M = 128, BLOCK_N = 128 with head dim 128 need more shared memory than this GPU has")
+    def refuse(*args, **kwargs):  # the kernel's own refusal class; a plain ValueError would be a bug and surface
+        raise KernelError("BLOCK_M = 128, BLOCK_N = 128 with head dim 128 need more shared memory than this GPU has")
 
     monkeypatch.setattr(steps_view, "flash_attention", refuse)  # the step view's run (attnviz.kernels.steps_view)
     st.cache_resource.clear()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from attnviz.corpus.sources import CorpusError
 from attnviz.diagnostics import capture_token_ids, special_tokens
 from attnviz.stats import COLUMNS, head_stats
 
@@ -78,7 +79,7 @@ def compare_heads(a: pd.DataFrame, b: pd.DataFrame, column: str) -> pd.DataFrame
     shape_a = (a["layer"].nunique(), a["head"].nunique())
     shape_b = (b["layer"].nunique(), b["head"].nunique())
     if set(zip(a["layer"], a["head"])) != set(zip(b["layer"], b["head"])):
-        raise ValueError(f"The two models' heads do not match ({shape_a[0]} layers x {shape_a[1]} heads against "
+        raise CorpusError(f"The two models' heads do not match ({shape_a[0]} layers x {shape_a[1]} heads against "
                          f"{shape_b[0]} x {shape_b[1]}): compare models of the same shape, such as two toy-lab "
                          "checkpoints of one configuration.")
     merged = a[["layer", "head", column]].merge(b[["layer", "head", column]], on=["layer", "head"],

@@ -34,11 +34,12 @@ from .timing import (
     peak_memory_at, peak_memory_scan, time_call,
 )
 from .traffic import Traffic, break_even_head_dim, compare_traffic, naive_traffic, tiled_traffic
-from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE, KernelTrace, flash_attention
+from .triton_attention import INTERPRETED, KERNEL_DEVICE, UNAVAILABLE, KernelError, KernelTrace, flash_attention
 from .triton_stats import StatsLaunch, Unsupported, kernel_stats, prepare_stats, stats_on_device
 
 __all__ = [
-    "INTERPRETED", "ITEMSIZE", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelTrace", "MethodResult", "StageBounds",
+    "INTERPRETED", "ITEMSIZE", "KERNEL_DEVICE", "MAX_INTERPRETED_STEPS", "KernelError", "KernelTrace", "MethodResult",
+    "StageBounds",
     "StatsLaunch", "TILE_FULL", "TILE_MASKED", "TILE_SKIPPED", "TILE_WINDOW", "TileStep", "Traffic", "UNAVAILABLE",
     "Unsupported", "break_even_head_dim",
     "compare_methods", "compare_traffic", "device_peak_tflops", "flash_attention", "forward_flops", "kernel_stats",

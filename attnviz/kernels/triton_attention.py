@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from attnviz.errors import AttnvizError
+
 MAX_HEAD_DIM = 128
 # software-pipelining depth on a GPU: K and V tiles for this many key blocks are held in shared memory at once
 NUM_STAGES = 3
@@ -34,6 +36,11 @@ NUM_STAGES = 3
 # as the Triton tutorial's autotuner does; the GPU tests check each of them against float64
 GPU_LAUNCH_CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3),
                       (128, 32, 4, 4))
+
+
+class KernelError(AttnvizError, ValueError):
+    """The kernel refuses these inputs or launch settings (a shape, a dtype, blocks that need more shared memory than
+    the GPU has); the message says why."""
 
 
 @triton.jit
@@ -236,7 +243,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
         raise RuntimeError(UNAVAILABLE)
     _check_inputs(q, k, v, block_m, block_n)
     if window is not None and (not causal or int(window) < 1):
-        raise ValueError("a sliding window needs causal=True and at least 1 key")
+        raise KernelError("a sliding window needs causal=True and at least 1 key")
     home = q.device
     q, k, v = (x.to(KERNEL_DEVICE) for x in (q, k, v))
     batch, heads, n_query, d = q.shape
@@ -261,7 +268,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_m=32, block_n=32
                                            "num_stages": num_stages or NUM_STAGES}),
             )
     except OutOfResources as exc:
-        raise ValueError(f"BLOCK_M = {block_m}, BLOCK_N = {block_n} with head dim {d} need more shared memory than "
+        raise KernelError(f"BLOCK_M = {block_m}, BLOCK_N = {block_n} with head dim {d} need more shared memory than "
                          f"this GPU has ({exc}): use smaller blocks") from exc
     result = out.to(home)
     if not trace:
@@ -279,7 +286,7 @@ def _output_for(q, out):
     if out is None:
         return torch.empty_like(q)
     if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device}")
+        raise KernelError(f"out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device}")
     return out
 
 
@@ -297,21 +304,21 @@ def _check_inputs(q, k, v, block_m, block_n):
     """Raises ValueError with what to change when the kernel cannot run on these inputs."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d torch tensor [batch, head, n, d]")
+            raise KernelError(f"{name} must be a 4-d torch tensor [batch, head, n, d]")
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k and v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
+        raise KernelError(f"q, k and v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
     if q.dtype not in (torch.float16, torch.float32, torch.bfloat16):
-        raise ValueError(f"dtype {q.dtype} is not supported: use float16 or float32")
+        raise KernelError(f"dtype {q.dtype} is not supported: use float16 or float32")
     if q.dtype == torch.bfloat16 and INTERPRETED:
-        raise ValueError("bfloat16 is refused under the Triton interpreter, which computes bfloat16 tl.dot wrongly: "
+        raise KernelError("bfloat16 is refused under the Triton interpreter, which computes bfloat16 tl.dot wrongly: "
                          "use float16 or float32 here, or run on a GPU")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+        raise KernelError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
                          "want q [b, h, n_query, d] and k, v [b, h, n_key, d]")
     if min(q.shape) < 1 or k.shape[2] < 1:
-        raise ValueError("every dimension must be at least 1")
+        raise KernelError("every dimension must be at least 1")
     if q.shape[3] > MAX_HEAD_DIM:
-        raise ValueError(f"head dim {q.shape[3]} is over {MAX_HEAD_DIM}")
+        raise KernelError(f"head dim {q.shape[3]} is over {MAX_HEAD_DIM}")
     for name, b in (("block_m", block_m), ("block_n", block_n)):
         if not (isinstance(b, int) and 16 <= b <= 256 and b & (b - 1) == 0):
-            raise ValueError(f"{name} must be a power of two from 16 to 256 (got {b!r})")
+            raise KernelError(f"{name} must be a power of two from 16 to 256 (got {b!r})")

@@ -22,13 +22,14 @@ from attnviz.lab.tasks import (ALPHABET, BOS_ID, LETTER_TASKS, PROBE_BATCH, PROB
                                chance_loss, example_text, make_batch, make_probe, probe_lengths, target_patterns,
                                text_probe)
 from attnviz.lab.comparison import VariantComparison, weight_on_tokens
-from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError, LabRun, RunSnapshot, active_runs,
-                                  head_scores, task_loss)
+from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError, LabError, LabRun, LabStateError,
+                                  RunSnapshot, active_runs, head_scores, task_loss)
 from attnviz.lab.variants import ARCHITECTURE, INIT_STD, N_POSITIONS, architecture, build_model
 
 __all__ = ["ALPHABET", "ARCHITECTURE", "ATTENTION", "ATTENTION_INFO", "BOS_ID", "INIT_STD", "LAB_FILE",
            "MAX_CONCURRENT_RUNS", "MAX_NAME", "MAX_SECONDS", "MAX_STEPS", "N_POSITIONS", "POSITIONAL", "PROBE_BATCH",
-           "PROBE_SEED", "SEPARATOR", "TASKS", "LETTER_TASKS", "TASK_INFO", "VARIANTS", "Checkpoint", "LabBusyError",
+           "PROBE_SEED", "SEPARATOR", "TASKS", "LETTER_TASKS", "TASK_INFO", "VARIANTS",
+           "Checkpoint", "LabBusyError", "LabError", "LabStateError",
            "LabConfig", "LabRun", "NameTaken", "QuotaExceeded", "RunSnapshot", "StorageRefused", "VariantComparison",
            "active_runs", "architecture", "build_model", "chance_loss", "example_text", "head_scores",
            "make_batch", "make_probe", "probe_lengths", "read_history", "saved_history", "saved_runs",

@@ -13,7 +13,7 @@ import torch
 
 from attnviz.lab.config import MAX_SECONDS, VARIANTS, LabConfig
 from attnviz.lab.tasks import example_text
-from attnviz.lab.training import LabRun, RunSnapshot, take_slot, train_in_slot
+from attnviz.lab.training import LabRun, LabStateError, RunSnapshot, take_slot, train_in_slot
 from attnviz.capture import capture_attention
 from attnviz.loaded_model import LoadedModel, ModelSpec
 from attnviz.tokenizer import byte_tokenizer
@@ -93,7 +93,7 @@ class VariantComparison:
         of off_by_one or learned_sink sums to less than 1: the rest went to the sink logit, to no token.
         RuntimeError while the variants are still training (their weights change under the capture)."""
         if not self.finished:
-            raise RuntimeError("the variants are still training; their maps are drawn once they finish")
+            raise LabStateError("the variants are still training; their maps are drawn once they finish")
         tokens, maps = [], {}
         for name, run in self.runs.items():
             spec = ModelSpec(f"the {name} variant", "gpt_oss", "lab", True, None, "a toy-lab comparison's model")

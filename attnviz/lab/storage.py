@@ -71,10 +71,10 @@ class Usage:
 
 
 def check_name(name: str) -> None:
-    """Raises ValueError when `name` cannot be a toy-lab folder name."""
+    """Raises StorageRefused (a ValueError) when `name` cannot be a toy-lab folder name."""
     if not _NAME.match(name):
-        raise ValueError(f"a name is 1-{MAX_NAME} lowercase letters, digits, '-', '_' or '.', starting with a letter "
-                         "or digit")
+        raise StorageRefused(f"a name is 1-{MAX_NAME} lowercase letters, digits, '-', '_' or '.', starting with a "
+                             "letter or digit")
 
 
 def history(snap) -> dict:

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnviz.errors import AttnvizError
 from attnviz.stats import induction_targets
 from attnviz.tokenizer import BOS
 
@@ -51,6 +52,10 @@ TASK_INFO = {
 PROBE_SEED = 1234         # the probe batch is the same for every run, so scores compare across runs
 PROBE_BATCH = 16
 TEXT_FILE = Path(__file__).resolve().parent.parent.parent / "data" / "declaration_and_lincoln.txt"
+
+
+class TaskError(AttnvizError, ValueError):
+    """A toy-lab task that does not exist; the message lists those that do."""
 
 
 def text_bytes() -> torch.Tensor:
@@ -104,7 +109,7 @@ def make_batch(task: str, batch_size: int, segment_len: int, generator: torch.Ge
         ids[:, L + 2:] = letters[out]
         mask[:, L + 2:] = True
     else:
-        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+        raise TaskError(f"unknown task {task!r}; choose one of {TASKS}")
     return ids, mask
 
 

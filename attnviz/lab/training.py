@@ -97,6 +97,14 @@ class RunSnapshot:
         return self.step / self.config.steps
 
 
+class LabError(AttnvizError, ValueError):
+    """A toy-lab run cannot be made with these settings; the message says which are wrong."""
+
+
+class LabStateError(AttnvizError, RuntimeError):
+    """A toy-lab run was asked for something its state does not allow (saved while training, started twice)."""
+
+
 class LabBusyError(AttnvizError, RuntimeError):
     """Raised when MAX_CONCURRENT_RUNS runs are already training."""
 
@@ -168,7 +176,7 @@ class LabRun:
                  max_seconds: float = MAX_SECONDS, on_checkpoint=None):
         problems = config.problems()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise LabError("; ".join(problems))
         self.config = config
         self.auto_save = auto_save
         self.owner = owner
@@ -214,7 +222,7 @@ class LabRun:
         """Trains in the calling thread until done, stopped or out of time. Returns the final snapshot."""
         with self._lock:
             if self._status not in ("ready", "running"):
-                raise RuntimeError(f"this run has already ended ({self._status}); start a new LabRun")
+                raise LabStateError(f"this run has already ended ({self._status}); start a new LabRun")
             self._status = "running"
         # One intra-op thread: a model this small gains nothing from more, and on a busy machine the threads of
         # several runs spin against each other (measured: 30x slower steps). The setting is per calling thread.
@@ -293,7 +301,7 @@ class LabRun:
         with self._lock:
             if self._status == "running" and threading.current_thread() is not self._thread \
                     and self._thread is not None:
-                raise RuntimeError("the run is still training; stop it or wait for it to finish, then save")
+                raise LabStateError("the run is still training; stop it or wait for it to finish, then save")
         target = save_folder(self.model, self.snapshot(), name, self.owner, rename=rename)
         self._set(saved_as=target.name)
         return target

@@ -8,7 +8,7 @@ import streamlit as st
 
 from attnviz import ui
 from attnviz.capture import CaptureError
-from attnviz.corpus import compare_heads, layer_means
+from attnviz.corpus import CorpusError, compare_heads, layer_means
 from attnviz.diagnostics import SCORES
 from attnviz.figures import compare as compare_figs
 from attnviz.figures import heads as figs
@@ -117,7 +117,7 @@ def _compare_models(model, loaded, model_b, table, column, units, source, window
              "Triangles mark local (sliding-window) layers, circles global ones, in a model that has both.")
     try:
         diff = compare_heads(table, table_b, column)
-    except ValueError:
+    except CorpusError:
         st.caption(f"Head by head only for models of one shape: {model} has {loaded.shape.layers} x "
                    f"{loaded.shape.heads} heads, {model_b} {shape_b.layers} x {shape_b.heads}.")
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from attnviz.errors import AttnvizError
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
 from attnviz.kernels import steps_view as kview
 from attnviz.kernels.steps_view import STEP_STOPS, KernelRun  # noqa: F401  (STEP_STOPS: the page's bound)
@@ -31,7 +32,7 @@ def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> Kern
     try:
         with st.spinner("Running the stepper and the Triton kernel…"):
             return _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
-    except ValueError as exc:  # the kernel's refusals, e.g. blocks that need more shared memory than the GPU has
+    except AttnvizError as exc:  # the kernel's refusals, e.g. blocks that need more shared memory than the GPU has
         st.error(BLOCKS_TOO_BIG.format(exc))
         return None
 
@@ -65,7 +66,7 @@ def comparison(n, d, block_m, block_n, causal, dtype, seed) -> list[dict] | None
     try:
         with st.spinner("Running and timing the five methods…"):
             return _comparison(n, d, block_m, block_n, causal, dtype, seed)
-    except ValueError as exc:
+    except AttnvizError as exc:
         st.error(BLOCKS_TOO_BIG.format(exc))
         return None
 

@@ -16,6 +16,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz import lab
+from attnviz.errors import AttnvizError
 from attnviz.lab import storage
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def start_run(config: lab.LabConfig, auto_save: bool) -> lab.LabRun | None:
         return lab.LabRun(config, auto_save=config.default_name() if auto_save else None, owner=visitor()).start()
     except lab.LabBusyError as exc:
         st.warning(f"{exc}. Each run takes at most {lab.MAX_SECONDS:.0f} s.")
-    except ValueError as exc:
+    except AttnvizError as exc:
         st.error(f"Cannot train with these settings: {exc}")
     return None
 
@@ -49,7 +50,7 @@ def start_comparison(config: lab.LabConfig) -> lab.VariantComparison | None:
         return lab.VariantComparison(config, auto_save=True, owner=visitor()).start()
     except lab.LabBusyError as exc:
         st.warning(f"{exc}. A comparison takes at most {lab.MAX_SECONDS:.0f} s.")
-    except ValueError as exc:
+    except AttnvizError as exc:
         st.error(f"Cannot train with these settings: {exc}")
     return None
 
@@ -74,7 +75,7 @@ def save_run(run: lab.LabRun, name: str) -> None:
     the page why not: another visitor's name, a limit, a bad name, a run still training, a failed write."""
     try:
         run.save(name)
-    except (ValueError, RuntimeError) as exc:  # StorageRefused, a bad name, a run still training: written for the page
+    except AttnvizError as exc:  # StorageRefused, a bad name, a run still training: written for the page
         st.error(f"Not saved: {exc}.")
     except OSError:
         log.exception("saving a toy-lab run failed")

@@ -35,7 +35,7 @@ def loaded_arch(name: str):
         return None
     try:
         arch = cost.arch_from_config(loaded.model.config, name=name)
-    except ValueError as exc:
+    except cost.CostError as exc:
         st.warning(f"{exc}: it is left out of the tables and charts.")
         return None
     return arch, sum(p.numel() for p in loaded.model.parameters())
