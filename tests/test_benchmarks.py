@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # every benchmark's quick run, each in its own process
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = max(2, os.cpu_count() or 1)  # a run per core, at least two: most of a run is one core importing torch
 CUDA = torch.cuda.is_available()

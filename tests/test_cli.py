@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = "abc abc abc"
 
 
+@pytest.mark.slow
 def test_capture_command_end_to_end(tmp_path):
     out = tmp_path / "cap.npz"
     done = subprocess.run([sys.executable, "-m", "attnviz", "capture", "--model", "toy-llama-gqa", "--text", TEXT,

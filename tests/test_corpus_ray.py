@@ -25,6 +25,8 @@ from attnviz.corpus import CorpusError, CorpusRun, corpus_run
 from attnviz.corpus.ray import actor_sizing, run_on_ray
 from attnviz.corpus.store import RunFolder
 
+pytestmark = pytest.mark.slow  # a local Ray cluster started per test
+
 ray = pytest.importorskip("ray")
 
 MODEL = "toy-gpt2"

@@ -208,6 +208,7 @@ run.corpus_run("toy-gpt2", sys.argv[1], window=[24, 48], out=sys.argv[2], shard_
 """
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_equals_a_run_never_stopped(tmp_path, txt_folder, gpt2):
     whole = corpus_run("toy-gpt2", txt_folder, window=[24, 48], out=tmp_path / "whole", shard_windows=3)
     out = tmp_path / "killed"

@@ -269,6 +269,7 @@ def _peak_bytes() -> tuple[int, int]:
     return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_the_blocked_mlp_peaks_at_a_fraction_of_the_whole_one():
     # [2048, 16384] float32 is 128 MiB: the whole MLP holds gate, up and their product at once (384 MiB); in
     # blocks of 256 rows (MIN_ROWS, above BLOCK_BYTES / (4 * 16384)) each is 16 MiB

@@ -443,6 +443,7 @@ def test_compare_draws_long_maps_max_pooled_and_states_the_exact_difference(monk
     assert f"Largest difference: {np.abs(a - b).max():.3f}" in said and f"query row: {tv:.3f}" in said, said
 
 
+@pytest.mark.slow
 def test_a_long_text_has_predictions_and_compare_with_exact_numbers():
     """3,000 tokens through toy-llama-gqa (4,096 positions): over the 2,048 tokens the dense store takes, so the
     capture keeps q and k only. Predictions: every loss is transformers' own cross-entropy and every rank its own;

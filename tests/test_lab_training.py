@@ -18,6 +18,7 @@ INDUCTION = lab.LabConfig(task="induction", positional="rope", seed=0, steps=600
                           n_letters=8, eval_every=100)
 
 
+@pytest.mark.slow
 def test_induction_run_beats_chance_and_forms_an_induction_circuit():
     snap = lab.LabRun(INDUCTION).run()
     assert snap.status == "done" and snap.step == INDUCTION.steps and len(snap.losses) == INDUCTION.steps
@@ -35,6 +36,7 @@ def test_induction_run_beats_chance_and_forms_an_induction_circuit():
     assert last.previous_token[0].max() > 2 * first.previous_token.max()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task, steps", [("copy", 300), ("reverse", 300)])
 def test_copy_and_reverse_are_learnt(task, steps):
     """Measured: the mean loss of the last 50 steps is 0.001 to 0.03 nats for copy at 300 steps (seeds 0 and 1) and

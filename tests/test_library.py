@@ -53,6 +53,7 @@ def test_import_attnviz_imports_nothing_and_changes_no_environment_variable(tmp_
     assert Path(where) == ROOT / "attnviz" / "__init__.py"  # importable from anywhere: the checkout, installed
 
 
+@pytest.mark.slow
 def test_console_script_after_setup(tmp_path):
     assert SCRIPT.is_file(), "no attnviz command beside this python: run bash scripts/setup.sh"
     result = subprocess.run([str(SCRIPT), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -64,6 +65,7 @@ def test_console_script_after_setup(tmp_path):
     assert models.returncode == 0 and "toy-gpt2" in models.stdout and "smollm2-135m" in models.stdout
 
 
+@pytest.mark.slow
 def test_attnviz_app_starts_the_streamlit_app(tmp_path):
     """`attnviz app` from another folder serves the checkout's app until it is stopped (by its own PID: the command
     becomes streamlit)."""

@@ -24,6 +24,8 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.ui import CUSTOM_MODEL, MAX_TEXT_CHARS, PAGES
 
+pytestmark = pytest.mark.slow  # hundreds of odd links, each page run in AppTest
+
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 2024
 N_CASES = 280

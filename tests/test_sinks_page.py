@@ -62,6 +62,7 @@ def test_a_text_the_page_cannot_read_is_said_once_and_starts_no_work(text, said,
         f"({abc}) {name}: perplexity" for abc, name in zip("abc", streaming.SETTINGS)]
 
 
+@pytest.mark.slow
 def test_a_long_text_past_the_dense_store_runs_every_section(short_shipped_text):
     """3,000 tokens of toy-llama-gqa: over the 2,048 the dense store takes, so every section reads q and k; the
     intervention's sink mass then comes from the streamed statistics, equal to the dense definition (tested in

@@ -158,6 +158,7 @@ def test_interpreter_is_chosen_on_import_without_cuda():
     assert result.stdout.strip().endswith("True"), result.stderr
 
 
+@pytest.mark.slow
 def test_kernel_runs_when_the_kernels_come_first_and_torch_imports_triton_after():
     """A process that imports attnviz.kernels first, then torch and transformers, which may import triton.language
     (building a model does, through torch._dynamo): the interpreter was chosen before, so the kernel runs."""
