@@ -339,7 +339,7 @@ def span_bars(weights: np.ndarray, tokens: Sequence[str], layer: int, head: int,
         shown = f"queries {queries[0]}–{queries[-1]}"
     else:
         shown = f"queries {', '.join(map(str, queries[:8]))}{'…' if len(queries) > 8 else ''}"
-    total = "summed, adds up to the number of queries" if how == "sum" else "averaged, adds up to 1"
+    total = "sum over the queries" if how == "sum" else "mean over the queries"
     return bars_by_token({f"{how} of {len(queries)} rows": weights}, tokens,
                          title=f"Layer {layer}, head {head}: the attention of {shown}, {how} of their rows",
                          y_title=f"attention weight ({total})")
