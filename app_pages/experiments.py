@@ -104,12 +104,12 @@ def knockout_view(model, loaded, text):
         st.warning(str(exc) if ids else "The text is empty: type some text to run the model on.")
         return {}
     heads = [(layer, head) for layer in range(loaded.shape.layers) for head in range(loaded.shape.heads)]
-    rows, mode = _knockout_rows(heads)
+    rows, mode = cache.knockout_rows(heads)
     if rows is None:
         return {"mode": mode}
     position = choice_box("Target position (its next token is the target)", list(range(len(ids) - 1)),
                           "exp_query", len(ids) - 2)
-    target_id = _target_token(loaded, ids[position + 1])
+    target_id = cache.target_token(loaded, ids[position + 1])
     if target_id is None:
         return {"mode": mode, "query": position}
     target = (position, int(target_id))
@@ -124,37 +124,6 @@ def knockout_view(model, loaded, text):
     if result is not None:
         _knockout_results(model, loaded, text, ids, rows, result, target, mode)
     return {"mode": mode, "query": position}
-
-
-def _knockout_rows(heads):
-    """(the knock-out rows: each head alone, or the chosen set together; None when none is chosen, the mode)."""
-    c1, c2 = st.columns(2)
-    which = c1.radio("Knock out", ["Each head in turn", "A chosen set of heads together"], key="exp_ko_which",
-                     persist_state="session")
-    mode = c2.radio("Replace the head's output with", ["zero", "mean"], key="exp_ko_mode", persist_state="session",
-                    format_func=lambda m: {"zero": "zeros", "mean": "its mean over the text's positions"}[m])
-    labels = [f"L{layer}H{head}" for layer, head in heads]
-    if which == "Each head in turn":
-        return tuple(((layer, head),) for layer, head in heads), mode
-    chosen = st.multiselect("Heads to knock out together", labels, default=labels[:1], key="exp_ko_set",
-                            persist_state="session")
-    if not chosen:
-        st.warning("Pick at least one head to knock out.")
-        return None, mode
-    return (tuple(heads[labels.index(c)] for c in chosen),), mode
-
-
-def _target_token(loaded, actual: int) -> int | None:
-    """The target token's id: the one typed (one token, else an error and None), or the one that actually follows."""
-    typed = st.text_input("Target token (empty: the token that actually follows)", key="exp_ko_target",
-                          persist_state="session").strip("\n")
-    if not typed:
-        return actual
-    pieces = loaded.tokenizer(typed, add_special_tokens=False).input_ids
-    if len(pieces) != 1:
-        st.error(f"{typed!r} is {len(pieces)} tokens for this model; the target must be one token.")
-        return None
-    return pieces[0]
 
 
 def _knockout_results(model, loaded, text, ids, rows, result, target, mode):

@@ -266,11 +266,10 @@ if section == "Measured on models":
     done = st.session_state.get("pos_meas_done")
     if done is None:
         st.info("Press **Measure** to run the model; the other sections need no model.")
-    elif len(done[1]) > MAX_MEASURE_CHARS:
-        st.error(f"The text is {len(done[1]):,} characters; this section measures up to {MAX_MEASURE_CHARS:,}. "
-                 "Shorten it.")
-    elif not done[1].strip():
-        st.warning("Type some text to measure: the text box is empty.")
+    elif not ui.text_ready(done[1], MAX_MEASURE_CHARS, empty="Type some text to measure: the text box is empty.",
+                           too_long="The text is {n:,} characters; this section measures up to {limit:,}. "
+                                    "Shorten it."):
+        pass
     elif done[0] is None:
         st.warning("Pick a model first.")
     else:

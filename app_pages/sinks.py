@@ -43,17 +43,9 @@ def pick_model_and_text() -> tuple[str | None, str | None]:
                + (f" and {limit:,} tokens, {model}'s context" if limit else "") + "; long texts keep only each "
                "layer's q and k and are read a block of rows at a time. (The eviction experiment at the bottom runs "
                "on its own text.)")
-    if not text.strip():
-        st.warning("The text is empty: type a text above to measure its sinks.")
-        return model, None
-    if len(text) > MAX_CHARS:
-        st.error(f"The text is {len(text):,} characters, over the {MAX_CHARS:,} this page reads: shorten it.")
-        return model, None
-    n = len(loaded.tokenizer(text)["input_ids"])
-    if limit and n > limit:
-        st.error(f"The text is {n:,} tokens, over the {limit:,} {model} reads at once: shorten it.")
-        return model, None
-    return model, text
+    readable = ui.text_ready(text, MAX_CHARS, empty="The text is empty: type a text above to measure its sinks.",
+                             too_long="The text is {n:,} characters, over the {limit:,} this page reads: shorten it.")
+    return model, text if readable and ui.fits_context(loaded, text, model) else None
 
 
 def show_sink_scores(model: str, text: str) -> None:

@@ -279,11 +279,10 @@ text = r2.text_input("text", value=REAL_TEXT, key="softmax_text", persist_state=
 request = (model_name, text)
 if st.button("Capture the scores", key="softmax_capture", type="primary", disabled=model_name is None):
     st.session_state["softmax_request"] = request
-if len(text) > MAX_CHARS:
-    st.error(f"The text is {len(text):,} characters; this section computes every head's scores (from the "
-             f"captured q and k) for up to {MAX_CHARS:,}. Shorten it.")
-elif not text.strip():
-    st.warning("Type some text to run the model on.")
+if not ui.text_ready(text, MAX_CHARS, empty="Type some text to run the model on.",
+                     too_long="The text is {n:,} characters; this section computes every head's scores (from the "
+                              "captured q and k) for up to {limit:,}. Shorten it."):
+    pass
 elif st.session_state.get("softmax_request") != request:
     st.caption("Press the button to run the model on the text. The first load of smollm2-135m converts its "
                "GGUF file once, with its progress shown; later runs are cached.")

@@ -192,6 +192,28 @@ def plot(fig, *, where=None, key: str | None = None, files: str = "", **options)
         figure_files(fig, files or key or "")
 
 
+def text_ready(text: str, max_chars: int, *, empty: str, too_long: str) -> bool:
+    """Whether a typed text can be read; when not, the page is told why and nothing starts: over max_chars an error
+    (`too_long` with {n} and {limit} filled in), empty or blank a warning (`empty`)."""
+    if len(text) > max_chars:
+        st.error(too_long.format(n=len(text), limit=max_chars))
+        return False
+    if not text.strip():
+        st.warning(empty)
+        return False
+    return True
+
+
+def fits_context(loaded, text: str, model: str) -> bool:
+    """Whether the text's tokens fit the model's context; when not, an error that says to shorten it."""
+    limit = loaded.shape.max_positions
+    n = len(loaded.tokenizer(text)["input_ids"])
+    if limit and n > limit:
+        st.error(f"The text is {n:,} tokens, over the {limit:,} {model} reads at once: shorten it.")
+        return False
+    return True
+
+
 def choice_box(label: str, options: list[int], key: str, default: int | None = None, *,
                link_asked_key: str | None = None) -> int:
     """A selectbox over integer options that keeps its remembered value (from a link, another model or text) while

@@ -247,3 +247,36 @@ def knockout_table(result, stats: pd.DataFrame | None) -> pd.DataFrame:
     if stats is not None and (frame["layer"].notna()).any():
         frame = frame.merge(stats.drop(columns=["kv_head"], errors="ignore"), on=["layer", "head"], how="left")
     return frame
+
+
+# -- the Knock-outs view's inputs, checked --------------------------------------------------------------------------
+
+def knockout_rows(heads):
+    """(the knock-out rows: each head alone, or the chosen set together; None when none is chosen, the mode)."""
+    c1, c2 = st.columns(2)
+    which = c1.radio("Knock out", ["Each head in turn", "A chosen set of heads together"], key="exp_ko_which",
+                     persist_state="session")
+    mode = c2.radio("Replace the head's output with", ["zero", "mean"], key="exp_ko_mode", persist_state="session",
+                    format_func=lambda m: {"zero": "zeros", "mean": "its mean over the text's positions"}[m])
+    labels = [f"L{layer}H{head}" for layer, head in heads]
+    if which == "Each head in turn":
+        return tuple(((layer, head),) for layer, head in heads), mode
+    chosen = st.multiselect("Heads to knock out together", labels, default=labels[:1], key="exp_ko_set",
+                            persist_state="session")
+    if not chosen:
+        st.warning("Pick at least one head to knock out.")
+        return None, mode
+    return (tuple(heads[labels.index(c)] for c in chosen),), mode
+
+
+def target_token(loaded, actual: int) -> int | None:
+    """The target token's id: the one typed (one token, else an error and None), or the one that actually follows."""
+    typed = st.text_input("Target token (empty: the token that actually follows)", key="exp_ko_target",
+                          persist_state="session").strip("\n")
+    if not typed:
+        return actual
+    pieces = loaded.tokenizer(typed, add_special_tokens=False).input_ids
+    if len(pieces) != 1:
+        st.error(f"{typed!r} is {len(pieces)} tokens for this model; the target must be one token.")
+        return None
+    return pieces[0]
