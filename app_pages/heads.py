@@ -1,8 +1,8 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import budget, snippets, ui
-from attnviz.capture.files import MAX_EXPORT_BYTES, export_bytes
+from attnviz import snippets, ui
+from attnviz.capture.files import export_bytes
 from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.pooling import MIN_REMAINING
@@ -298,11 +298,7 @@ def export_panel():
     size = export_bytes(capture, **export, dtype=dtype)
     what = {"This head": f"layer {layer}, head {head}", "This layer": f"layer {layer}, every head",
             "Every captured layer": f"{capture.n_layers} layers x {capture.n_heads} heads"}[scope]
-    limit = min(MAX_EXPORT_BYTES, budget.BUDGET.limit)  # the export is held in memory once written
-    if size > limit:
-        st.warning(f"{what} x {n:,}² weights would be {size / 2**30:.1f} GiB, over the "
-                   f"{limit / 2**30:.1f} GiB an export builds here: pick one layer or one head, or float16.")
-    else:
+    if ui.export_fits(size, f"{what} x {n:,}² weights"):
         tag = {"This head": f"-L{layer}H{head}", "This layer": f"-L{layer}", "Every captured layer": ""}[scope]
         tag += "-f16" if half else ""
         for fmt in ("npz", "safetensors"):

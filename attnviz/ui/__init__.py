@@ -204,6 +204,20 @@ def text_ready(text: str, max_chars: int, *, empty: str, too_long: str) -> bool:
     return True
 
 
+def export_fits(size: int, what: str) -> bool:
+    """Whether an export of `size` bytes may be built here (it is held in memory once written: the capture files'
+    limit, within the memory budget); when not, a warning that says what to pick instead."""
+    from attnviz import budget
+    from attnviz.capture.files import MAX_EXPORT_BYTES
+
+    limit = min(MAX_EXPORT_BYTES, budget.BUDGET.limit)
+    if size > limit:
+        st.warning(f"{what} would be {size / 2**30:.1f} GiB, over the {limit / 2**30:.1f} GiB an export builds "
+                   "here: pick one layer or one head, or float16.")
+        return False
+    return True
+
+
 def fits_context(loaded, text: str, model: str) -> bool:
     """Whether the text's tokens fit the model's context; when not, an error that says to shorten it."""
     limit = loaded.shape.max_positions
