@@ -113,3 +113,20 @@ def test_a_first_load_note_gives_the_gguf_size_and_no_time(monkeypatch):
     if gguf_convert.converted_folder(models._bundled_gguf("gemma3-270m")[1]) is not None:
         assert ui.loaded._first_load_note("gemma3-270m") == ""
     assert ui.loaded._first_load_note("toy-gpt2") == ""
+
+
+def _export_page():
+    import streamlit as st
+
+    from attnviz import ui
+
+    st.session_state["fits"] = (ui.export_fits(2**20, "One head"), ui.export_fits(2**50, "Every layer"))
+
+
+def test_an_export_over_the_limit_is_refused_with_what_to_pick_instead():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_export_page).run()
+    assert not at.exception and at.session_state["fits"] == (True, False)
+    assert len(at.warning) == 1 and at.warning[0].value.startswith("Every layer would be 1048576.0 GiB")
+    assert "pick one layer or one head, or float16" in at.warning[0].value
