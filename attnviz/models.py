@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from attnviz import gguf, gguf_convert, paths
-from attnviz.capture import attention_modules, is_causal, prepare_model
+from attnviz.capture import is_causal, numbered_attention, prepare_model
 from attnviz.loaded_model import LoadedModel, ModelSpec
 from attnviz.shape import model_shape
 from attnviz.model_files import (  # noqa: F401  (ModelError, LOAD_OVERHEAD_BYTES, allowed_roots: the package's names)
@@ -184,9 +184,10 @@ def shape_of(model, spec: ModelSpec):
     folder = lab_folder(spec.name) if spec.source == "lab" else local_folder(spec.name) if spec.source == "local" \
         else None
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    modules = attention_modules(model)
+    modules = numbered_attention(model)
     lab = lab_positional(folder) if folder is not None else None
-    return model_shape(config, causal=is_causal(model, modules[0]), lab=lab, attention=modules)
+    causal = is_causal(model, next(iter(modules.values()))) if modules else True  # no attention: a recurrent LM
+    return model_shape(config, causal=causal, lab=lab, attention=modules)
 
 
 def lab_positional(folder) -> str | None:

@@ -30,7 +30,9 @@ class LayerFacts:
     RoPE's frequencies are rescaled ("default", "linear", "yarn", "llama3", ...; None without RoPE); scaling: the
     factor q.k is multiplied by before the softmax (None where the layer does not say it); mixer: the layer's token
     mixer, one of attnviz.mixers.kinds.KINDS ("softmax", "gated softmax", "gated delta rule", "mamba2", "conv",
-    "indexed", ...)."""
+    "indexed", ...); heads: the mixer's heads (a gated delta rule layer's value heads, a Mamba2 layer's heads;
+    None where the config does not say); state: the numbers the layer carries from token to token (a linear
+    mixer's fixed state, attnviz.mixers.sizes; None for softmax attention, whose cache grows with the text)."""
 
     mask: str
     window: int | None = None
@@ -38,6 +40,8 @@ class LayerFacts:
     rope_type: str | None = None
     scaling: float | None = None
     mixer: str = "softmax"
+    heads: int | None = None
+    state: int | None = None
 
     @property
     def local(self) -> bool:
@@ -154,7 +158,8 @@ def _first(config, keys, default=None):
 
 
 def n_heads(config) -> int:
-    value = _first(config, ("num_attention_heads", "n_head", "n_heads"))
+    """Attention heads; a model without attention (Mamba2) its mixer's heads."""
+    value = _first(config, ("num_attention_heads", "n_head", "n_heads", "num_heads", "mamba_n_heads"))
     if value is None:
         raise ShapeError(f"Cannot tell how many heads {type(config).__name__} has.")
     return int(value)
@@ -192,7 +197,8 @@ def model_shape(config, *, causal: bool | None = None, lab: str | None = None, a
     """The ModelShape of a transformers config. causal: whether the model is a decoder (when the caller knows it
     from the model class); lab: the positional scheme a toy-lab folder's lab.json records, which the caller reads
     (attnviz.models.lab_positional; position_scheme);
-    attention: the model's attention modules in layer order, whose own scaling each layer's facts report."""
+    attention: the model's attention modules, {model layer: module} (or a list, one per layer), whose own scaling
+    each layer's facts report."""
     if causal is None:
         causal = not (getattr(config, "model_type", "") in ("bert", "roberta", "distilbert", "electra")
                       or getattr(config, "is_encoder_decoder", False))
@@ -212,23 +218,27 @@ def layer_facts(config, n_layers: int, *, causal: bool, rope: bool, attention=No
     """Each layer's LayerFacts. The mask follows config.layer_types where the config has them ("sliding_attention",
     "chunked_attention", "full_attention"), else a config.sliding_window on every layer (Mistral, Phi-3,
     Starcoder2 build their sliding mask whenever it is set), else causal (or full for an encoder). The RoPE base and
-    type follow the layer type where rope_parameters are given per type (Gemma 3)."""
+    type follow the layer type where rope_parameters are given per type (Gemma 3). attention: {model layer: its
+    attention module} (a hybrid's layers without one have no scaling), or a list with one per layer."""
     from attnviz.mixers.kinds import layer_kinds
+    from attnviz.mixers.sizes import layer_sizes
 
     types = getattr(config, "layer_types", None)
     if not types or len(types) != n_layers:
         types = ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"] * n_layers
     mixers = layer_kinds(config)
     mixers = mixers if len(mixers) == n_layers else ("softmax",) * n_layers
+    attention = dict(enumerate(attention)) if isinstance(attention, (list, tuple)) else attention or {}
     facts = []
     for i, kind in enumerate(types):
         mask, window = ("full", None) if not causal else {
             "sliding_attention": ("sliding", getattr(config, "sliding_window", None)),
             "chunked_attention": ("chunked", getattr(config, "attention_chunk_size", None))}.get(kind, ("causal", None))
         base, rope_type = _layer_rope(config, kind) if rope else (None, None)
-        module = attention[i] if attention is not None and i < len(attention) else None
+        heads, state = layer_sizes(config, mixers[i])
         facts.append(LayerFacts(mask=mask, window=None if window is None else int(window), rope_base=base,
-                                rope_type=rope_type, scaling=_module_scaling(module), mixer=mixers[i]))
+                                rope_type=rope_type, scaling=_module_scaling(attention.get(i)), mixer=mixers[i],
+                                heads=heads, state=state))
     return tuple(facts)
 
 

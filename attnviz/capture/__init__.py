@@ -27,8 +27,8 @@ from __future__ import annotations
 from attnviz.capture.files import load_capture, save_capture
 from attnviz.capture.hooks import SharedHooks
 from attnviz.capture.loading import borrowed, prepare_model, records_inputs
-from attnviz.capture.modules import (CaptureError, attention_modules, decoder_layers, input_device, is_causal,
-                                     uses_interface)
+from attnviz.capture.modules import (CaptureError, attention_layers, attention_modules, decoder_layers, input_device,
+                                     is_causal, numbered_attention, uses_interface)
 from attnviz.capture.masks import named_rule
 from attnviz.capture.recording import ATTN_IMPLEMENTATION, Recorder, recording, recording_forward, wanted_layers
 from attnviz.capture.run import (MAX_CAPTURE_BYTES, MAX_TOKENS, STORES, DuringForward, capture_attention, choose_store,
@@ -37,6 +37,7 @@ from attnviz.capture.store import AttentionCapture, from_attentions
 from attnviz.capture import methods  # after the store: the store's upper methods
 
 __all__ = ["ATTN_IMPLEMENTATION", "MAX_CAPTURE_BYTES", "MAX_TOKENS", "STORES", "AttentionCapture", "CaptureError",
+           "attention_layers", "numbered_attention",
            "DuringForward", "Recorder", "SharedHooks", "attention_modules", "borrowed", "capture_attention",
            "choose_store",
            "decoder_layers", "from_attentions", "input_device", "inputs_bytes", "is_causal", "load_capture",

@@ -6,9 +6,9 @@ attnviz.capture."""
 from __future__ import annotations
 
 from attnviz.capture.lending import lent
-from attnviz.capture.modules import attention_modules
-from attnviz.capture.recording import wanted_layers
-from attnviz.capture.run import capture_attention, choose_store
+from attnviz.capture.linear import linear_plan
+from attnviz.capture.modules import numbered_attention
+from attnviz.capture.run import capture_attention, choose_store, model_layers
 from attnviz.capture.store import AttentionCapture
 from attnviz.doors import open_door
 
@@ -38,7 +38,8 @@ def _auto_store(loaded, text: str, layers) -> str:
     """The store run.choose_store picks for this text and these layers."""
     if not isinstance(text, str) or not text.strip():
         return "pattern"  # capture_attention says what is wrong with the text
-    n_layers = len(wanted_layers(layers, len(attention_modules(loaded.model))))
+    numbered = numbered_attention(loaded.model)
+    n_layers = len([i for i in model_layers(layers, numbered, linear_plan(loaded.model)) if i in numbered])
     return choose_store(loaded, len(loaded.tokenizer(text).input_ids), n_layers)[0]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from attnviz.capture.modules import attention_modules, uses_interface
+from attnviz.capture.modules import numbered_attention, uses_interface
 from attnviz.capture.rebuilt import REBUILT
 from attnviz.capture.recording import ATTN_IMPLEMENTATION, register
 
@@ -16,7 +16,9 @@ def prepare_model(model) -> None:
     """Makes a freshly loaded model capturable: families that dispatch through the attention interface get
     attn_implementation="attnviz" (the family's eager attention, plus recording); the others keep eager."""
     register()
-    modules = attention_modules(model)
+    modules = list(numbered_attention(model).values())
+    if not modules:  # no softmax attention (Mamba2): nothing to record through the interface
+        return
     implementation = ATTN_IMPLEMENTATION if uses_interface(modules[0]) else "eager"
     for config in _configs(model):
         config._attn_implementation = implementation
@@ -61,6 +63,10 @@ def records_inputs(model, module=None) -> bool:
     """Whether a capture of this model records q and k (scores, the long-text store): families that dispatch
     through the attention interface, and those whose q and k are rebuilt by hooks (BLOOM, Falcon, GPT-J).
     module: the model's first attention module, when the caller has it at hand."""
-    module = attention_modules(model)[0] if module is None else module
+    if module is None:
+        modules = list(numbered_attention(model).values())
+        if not modules:
+            return True  # no softmax attention: nothing of it to record, every store serves
+        module = modules[0]
     return (getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION and uses_interface(module)) \
         or type(module).__name__ in REBUILT

@@ -1,6 +1,7 @@
 """Where a model's attention lives: its attention modules in layer order, its stack of layers, whether a family
 dispatches through transformers' attention interface, and whether a layer is causal. Everything else in
-attnviz.capture builds on these; this module imports nothing else of attnviz."""
+attnviz.capture builds on these; this module imports nothing else of attnviz but the stack of layers
+(attnviz.mixers.layers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import torch
 
 from attnviz.errors import CaptureError
+from attnviz.mixers.layers import layer_stack
 
 
 def attention_modules(model) -> list[torch.nn.Module]:
@@ -38,6 +40,34 @@ def attention_modules(model) -> list[torch.nn.Module]:
         raise CaptureError(f"No attention modules found in {type(model).__name__}: attnviz cannot read its "
                            "attention weights.")
     return found
+
+
+def attention_layers(model, modules=None) -> list[int]:
+    """The model layer of each attention module (in attention_modules' order): i for the i-th where every layer
+    holds one, else the layer of the model's stack that holds it (a hybrid: Qwen3-Next's attention is layer 3 of
+    4, after three Gated DeltaNet layers)."""
+    modules = attention_modules(model) if modules is None else modules
+    try:
+        stack = layer_stack(model)
+    except ValueError:
+        return list(range(len(modules)))
+    if len(stack) == len(modules):
+        return list(range(len(modules)))
+    where: dict[int, int] = {}
+    for i, layer in enumerate(stack):
+        for sub in layer.modules():
+            where.setdefault(id(sub), i)
+    numbers = [where.get(id(m)) for m in modules]
+    return list(range(len(modules))) if None in numbers else numbers
+
+
+def numbered_attention(model) -> dict[int, torch.nn.Module]:
+    """{model layer: its attention module}; empty for a model with no attention (Mamba2)."""
+    try:
+        modules = attention_modules(model)
+    except CaptureError:
+        return {}
+    return dict(zip(attention_layers(model, modules), modules))
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:

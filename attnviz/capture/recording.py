@@ -40,7 +40,7 @@ from attnviz.attention import LayerInputs, MaskRule
 from attnviz.capture.hooks import SharedHooks
 from attnviz.capture.masks import RuleMask, named_rule
 from attnviz.capture.masks import mask_rule as _mask_rule
-from attnviz.capture.modules import CaptureError, attention_modules, uses_interface
+from attnviz.capture.modules import CaptureError, attention_modules, numbered_attention, uses_interface
 from attnviz.capture.rebuilt import REBUILT
 
 ATTN_IMPLEMENTATION = "attnviz"
@@ -85,6 +85,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
         raise CaptureError(f"{type(module).__name__}'s modeling file has no eager_attention_forward.")
+    attention_mask = _with_selection(attention_mask, kwargs.pop("indices", None), query)
     rec = _ACTIVE.get()
     layer = None if rec is None else rec.layer_of.get(id(module))
     if layer is None or layer > rec.last:
@@ -136,6 +137,24 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
                                               scaling=scaling, **kwargs)
     rec.layer_done(layer)
     return out, weights
+
+
+def _with_selection(attention_mask, indices, query):
+    """The mask with a top-k key selection folded in (DeepSeek-V3.2's indexer hands a kernel other than eager or
+    SDPA its kept keys [batch, query, topk] as `indices`, and folds them into the mask itself for eager and SDPA:
+    done here as it does it, so the registered function attends to the kept keys only)."""
+    if indices is None:
+        return attention_mask
+    if isinstance(attention_mask, RuleMask):
+        attention_mask = attention_mask.eager(query.dtype, query.device)
+    if attention_mask is None:
+        raise CaptureError("A top-k key selection came without an attention mask to fold it into.")
+    n_key = attention_mask.shape[-1]
+    hidden = torch.ones((*indices.shape[:2], n_key), dtype=torch.bool, device=indices.device).scatter(
+        -1, indices.long(), False).unsqueeze(1)  # [batch, 1, query, key]; True = not selected
+    if attention_mask.dtype == torch.bool:
+        return attention_mask & ~hidden
+    return attention_mask.masked_fill(hidden, torch.finfo(attention_mask.dtype).min)
 
 
 def _core_output(module, query, key, value, attention_mask, scale, softcap, sink):
@@ -230,7 +249,7 @@ _ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_capture", default=Non
 
 def _install_recording_hooks(model) -> list:
     handles = []
-    for layer, module in enumerate(attention_modules(model)):
+    for layer, module in numbered_attention(model).items():
         handles.append(module.register_forward_pre_hook(partial(_before, layer), with_kwargs=True))
         handles.append(module.register_forward_hook(partial(_after, layer)))
     return handles
@@ -256,10 +275,11 @@ def recording_forward(model, layers=None) -> Iterator[Recorder]:
     forward pass the block runs, without stopping it: recorder.pattern[layer] is [head, query, key] float32 after
     each pass (recorder.clear() between passes). The caller runs the whole model, a KV cache included
     (attnviz.generation reads each new token's row this way)."""
-    modules = attention_modules(model)
-    wanted = wanted_layers(layers, len(modules))
-    recorder = Recorder(wanted=set(wanted), last=len(modules), dtype=np.dtype(np.float32), store="pattern",
-                         layer_of={id(m): i for i, m in enumerate(modules)}, stop=False)
+    numbered = numbered_attention(model)
+    numbers = list(numbered)
+    wanted = [numbers[i] for i in wanted_layers(layers, len(numbers))]
+    recorder = Recorder(wanted=set(wanted), last=max(numbers) + 1, dtype=np.dtype(np.float32), store="pattern",
+                         layer_of={id(m): i for i, m in numbered.items()}, stop=False)
     with recording(model, recorder):
         yield recorder
 

@@ -11,6 +11,7 @@ Threads: captures of one shared model from several sessions at once stay apart (
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import numpy as np
@@ -20,7 +21,8 @@ from attnviz import attention as core
 from attnviz import shape
 from attnviz.capture.frugal import lean_forward
 from attnviz.capture.loading import records_inputs
-from attnviz.capture.modules import CaptureError, attention_modules, input_device, is_causal, uses_interface
+from attnviz.capture.linear import kept_gates, linear_maps, linear_plan, recording_linear
+from attnviz.capture.modules import CaptureError, input_device, is_causal, numbered_attention, uses_interface
 from attnviz.capture.recording import Recorder, StopForward, recording, wanted_layers
 from attnviz.capture.store import AttentionCapture
 from attnviz.capture.words import token_words
@@ -54,18 +56,24 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     """
     during = DuringForward() if during is None else during
     ids, attention_mask, words = _encoded(loaded, text, token_ids)
-    modules = attention_modules(loaded.model)
-    wanted = wanted_layers(layers, len(modules))
+    numbered, plan = numbered_attention(loaded.model), linear_plan(loaded.model)
+    wanted_all = model_layers(layers, numbered, plan)
+    wanted = [i for i in wanted_all if i in numbered]
+    module = next(iter(numbered.values()), None)
     dtype = np.dtype(dtype)
-    recorded = records_inputs(loaded.model, modules[0])
-    _check_request(loaded, modules[0], store, dtype, recorded, with_scores, with_values, during)
-    _check_size(loaded, len(wanted), int(ids.shape[1]), store, dtype.itemsize + (4 if with_scores else 0), max_tokens)
-    recorder = Recorder(wanted=set(wanted), last=max(wanted), dtype=dtype, store=store,
-                        layer_of={id(m): i for i, m in enumerate(modules)}, progress=progress,
+    recorded = module is not None and records_inputs(loaded.model, module)
+    _check_request(loaded, module, store, dtype, recorded, with_scores, with_values, during)
+    _check_size(loaded, wanted, [i for i in wanted_all if plan and i in plan.mapped], int(ids.shape[1]), store,
+                dtype.itemsize + (4 if with_scores else 0), max_tokens)
+    recorder = Recorder(wanted=set(wanted), last=max(wanted_all), dtype=dtype, store=store,
+                        layer_of={id(m): i for i, m in numbered.items()}, progress=progress,
                         on_layer=during.on_layer, keep_inputs=during.keep_inputs, attend=during.attend,
                         with_values=with_values, device_inputs=during.device_inputs and not during.keep_inputs)
-    _forward(loaded, recorder, ids, attention_mask)
-    capture = _assembled(loaded, modules[0], wanted, recorder, ids[0].tolist(), recorded, during.summary, words)
+    with recording_linear(loaded.model, plan) as (records, gates):
+        _forward(loaded, recorder if numbered else None, ids, attention_mask)
+    capture = _assembled(loaded, module, wanted, recorder, ids[0].tolist(), recorded, during.summary, words)
+    if plan is not None:
+        _add_linear(capture, plan, [i for i in wanted_all if i in plan.mapped], records, gates)
     if with_scores:
         capture.scores  # computed now, while the caller waits for the capture anyway
     return capture
@@ -77,6 +85,10 @@ def _check_request(loaded, module, store: str, dtype, recorded: bool, with_score
     name = loaded.spec.name
     if store not in STORES:
         raise CaptureError(f"Unknown store {store!r}: use 'pattern' or 'qk'.")
+    if module is None:  # no softmax attention (Mamba2): only the linear mixers' maps
+        if with_scores or with_values:
+            raise CaptureError(f"{name} has no softmax attention: it has no scores or value vectors to keep.")
+        return
     if getattr(loaded.model.config, "is_encoder_decoder", False):
         raise CaptureError(f"{name} is an encoder-decoder model; attnviz captures decoder-only and encoder-only "
                            "models.")
@@ -119,17 +131,20 @@ def _encoded(loaded, text: str, token_ids) -> tuple[torch.Tensor, torch.Tensor, 
     return ids, attention_mask, words
 
 
-def _check_size(loaded, n_layers: int, n: int, store: str, itemsize: int, max_tokens: int | None) -> None:
-    """Refuses a text longer than the model's positions (or max_tokens), and a dense pattern over
-    MAX_CAPTURE_BYTES, saying how many layers would fit."""
+def _check_size(loaded, wanted: list[int], linear: list[int], n: int, store: str, itemsize: int,
+                max_tokens: int | None) -> None:
+    """Refuses a text longer than the model's positions (or max_tokens), and a dense pattern (the linear mixers'
+    maps included) over MAX_CAPTURE_BYTES, saying how many layers would fit."""
     position_limit = shape.position_limit(loaded.model.config)
     limit = min(position_limit, (MAX_TOKENS if store == "pattern" else position_limit) if max_tokens is None
                 else max_tokens)
     if n > limit:
         raise CaptureError(f"The text is {n:,} tokens long; the limit for {loaded.spec.name} here is {limit:,} "
                            "tokens. Shorten the text.")
-    n_heads = shape.n_heads(loaded.model.config)
-    need = pattern_bytes(n_layers, n_heads, n, itemsize)
+    n_heads, n_layers = shape.n_heads(loaded.model.config), len(wanted) + len(linear)
+    facts = loaded.shape.layer_facts
+    heads = len(wanted) * n_heads + sum((facts[i].heads if i < len(facts) else None) or n_heads for i in linear)
+    need = pattern_bytes(1, heads, n, itemsize)
     if store == "pattern" and need > MAX_CAPTURE_BYTES:
         fit = max(0, MAX_CAPTURE_BYTES // max(1, pattern_bytes(1, n_heads, n, itemsize)))
         raise CaptureError(f"Capturing {n_layers} layers x {n_heads} heads x {n:,}² weights needs "
@@ -138,13 +153,14 @@ def _check_size(loaded, n_layers: int, n: int, store: str, itemsize: int, max_to
                            "(store='qk'), which never builds the N x N arrays.")
 
 
-def _forward(loaded, recorder: Recorder, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-    """The base model's forward pass under the recorder, stopped after the last wanted layer; a model that fails
-    on this text gives a message, not a traceback."""
+def _forward(loaded, recorder: Recorder | None, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """The base model's forward pass under the recorder (None: a model without attention), stopped after the
+    last wanted layer; a model that fails on this text gives a message, not a traceback."""
     model = loaded.model
     runner = getattr(model, "base_model", model)
     device = input_device(model)
-    with recording(model, recorder), lean_forward(model), torch.inference_mode():  # MLPs in blocks: frugal
+    watching = recording(model, recorder) if recorder is not None else contextlib.nullcontext()
+    with watching, lean_forward(model), torch.inference_mode():  # MLPs in blocks: frugal
         try:
             runner(input_ids=ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
         except StopForward:
@@ -169,10 +185,43 @@ def _assembled(loaded, module, wanted: list[int], recorder: Recorder, ids: list[
         kv_head_of=list(recorder.kv_head_of) if recorded else core.kv_head_of(shape.n_heads(config),
                                                                               shape.n_kv_heads(config)),
         model_name=loaded.spec.name, causal=is_causal(loaded.model, module), store=store,
-        pattern=np.stack([recorder.pattern[i] for i in wanted]) if store == "pattern" else None,
+        pattern=(np.stack([recorder.pattern[i] for i in wanted]) if wanted else
+                 np.zeros((0, shape.n_heads(config), len(ids), len(ids)), recorder.dtype)) if store == "pattern"
+        else None,
         inputs={i: recorder.inputs[i] for i in wanted} if recorded and recorder.keep_inputs else None,
         values={i: recorder.values[i] for i in wanted} if recorder.with_values else None,
         summary=summary, token_words=words)
+
+
+def model_layers(layers, numbered: dict, plan) -> list[int]:
+    """The model layers a capture of `layers` (None: all) covers: its softmax layers (numbered: {layer: attention
+    module}) and the linear mixers with an exact map (plan: attnviz.capture.linear.LinearPlan). Negative numbers
+    count from the end; a layer of a kind attnviz does not map is refused by name."""
+    kinds = plan.kinds if plan is not None else ()
+    available = sorted(set(numbered) | set(plan.mapped if plan is not None else ()))
+    if not kinds:
+        return [available[i] for i in wanted_layers(layers, len(available))]
+    if layers is None:
+        return available
+    picked = wanted_layers(layers, len(kinds))
+    for i in picked:
+        if i not in available:
+            raise CaptureError(f"Layer {i} is a {kinds[i]} layer, which attnviz does not map exactly; pick among "
+                               f"layers {shape.spans(available)}.")
+    return picked
+
+
+def _add_linear(capture: AttentionCapture, plan, wanted_linear: list[int], records: dict, gates: dict) -> None:
+    """The linear mixers' records (and maps, in the pattern store), the gates and the kinds, added to a capture."""
+    missing = [i for i in wanted_linear if i not in records]
+    if missing:
+        raise CaptureError(f"The linear mixers of layers {missing} did not run transformers' reference kernel, so "
+                           "attnviz has no exact map of them.")
+    capture.layer_kinds = plan.kinds
+    capture.mixers = {i: records[i] for i in wanted_linear}
+    capture.maps = linear_maps(records, wanted_linear) if capture.store == "pattern" else None
+    capture.gates = kept_gates(gates, capture.layers)
+    capture.skipped = dict(plan.skipped)
 
 
 def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None) -> tuple[str, str]:

@@ -19,6 +19,7 @@ import torch
 
 from attnviz import attention as core
 from attnviz.attention import LayerInputs
+from attnviz.capture import linear
 from attnviz.capture.words import query_positions, runs
 from attnviz.capture.modules import CaptureError
 
@@ -41,7 +42,13 @@ class AttentionCapture:
                 offsets at capture time), or None where they were not known
     word_spans: in a by_words capture, each word's tokens in the capture it was merged from, (start, stop); else None
     Read maps with head_pattern / head_scores / layer_rows, which work in both stores; `layer` is always the
-    model's layer number.
+    model's layer number (a hybrid's attention may be layer 3 of 4).
+
+    A model whose layers are not all softmax attention (attnviz.capture.linear) also has, where it has them:
+    layer_kinds: every model layer's kind ("softmax", "gated softmax", "gated delta rule", "mamba2", "conv", ...);
+    mixers: {layer: the linear mixer's recorded kernel call}; maps: {layer: its implicit map w [head, query, key]}
+    (the pattern store); gates: {gated softmax layer: sigmoid(gate) [head, query, head_dim]}; skipped: {layer: kind}
+    of the token mixers with no exact map. `layers` lists the softmax layers; `linear_layers` the mapped ones.
     """
 
     tokens: list[str]
@@ -65,6 +72,11 @@ class AttentionCapture:
     _sink: np.ndarray | None = field(default=None, repr=False)
     token_words: list[int] | None = field(default=None, repr=False)
     word_spans: list[tuple[int, int]] | None = field(default=None, repr=False)
+    layer_kinds: tuple[str, ...] | None = field(default=None, repr=False)
+    mixers: dict | None = field(default=None, repr=False)
+    maps: dict[int, np.ndarray] | None = field(default=None, repr=False)
+    gates: dict[int, torch.Tensor] | None = field(default=None, repr=False)
+    skipped: dict[int, str] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         for array in (self.pattern, self.computed_scores):
@@ -100,6 +112,47 @@ class AttentionCapture:
     def has_scores(self) -> bool:
         return bool(self.inputs)
 
+    # -- kinds of layer --
+    def layer_kind(self, layer: int) -> str:
+        """The token mixer of model layer `layer`: "softmax", "gated softmax", "gated delta rule", "mamba2", "conv",
+        "indexed", "softmax + mamba2", "mlp" (attnviz.mixers.kinds); "softmax" for a model of softmax layers only."""
+        if not self.layer_kinds:
+            return "softmax"
+        if not 0 <= int(layer) < len(self.layer_kinds):
+            raise CaptureError(f"Layer {layer} does not exist: the model has layers 0 to {len(self.layer_kinds) - 1}.")
+        return self.layer_kinds[int(layer)]
+
+    @property
+    def linear_layers(self) -> list[int]:
+        """The captured layers with a linear mixer's implicit map (gated delta rule, Mamba2), in order."""
+        return sorted(set(self.mixers or {}) | set(self.maps or {}))
+
+    def layer_heads(self, layer: int, mixer: str | None = None) -> int:
+        """How many heads layer `layer` has: its attention's, or its linear mixer's (mixer: "linear" for a
+        layer with both, as Falcon-H1's)."""
+        if self._is_linear(layer, mixer):
+            return int(linear.map_rows(self, int(layer), 0, 1).shape[0])
+        return self.n_heads
+
+    def gate(self, layer: int) -> np.ndarray:
+        """The output gate of gated softmax layer `layer` per head and query, the mean over the head's channels:
+        [head, query] (attnviz.mixers.gates)."""
+        return linear.mean_gate(self, int(layer))
+
+    def skipped_message(self) -> str:
+        """One sentence naming the layers whose token mixer has no exact map here, or "" when none."""
+        from attnviz.mixers.maps import ImplicitMaps
+
+        return ImplicitMaps({}, {}, self.layer_kinds or (), dict(self.skipped or {})).message()
+
+    def _is_linear(self, layer: int, mixer: str | None) -> bool:
+        linear_here = int(layer) in self.linear_layers
+        if mixer not in (None, "linear", "softmax"):
+            raise CaptureError(f"mixer must be 'softmax' or 'linear'; got {mixer!r}.")
+        if mixer == "linear" and not linear_here:
+            raise CaptureError(f"Layer {layer} has no linear mixer map in this capture.")
+        return linear_here and (mixer == "linear" or (mixer is None and int(layer) not in self.layers))
+
     def index_of(self, layer: int) -> int:
         """The position of model layer `layer` among the captured layers."""
         try:
@@ -115,20 +168,25 @@ class AttentionCapture:
         return self.inputs[int(layer)]
 
     # -- maps --
-    def layer_rows(self, layer: int, start: int = 0, stop: int | None = None, *, heads=None) -> np.ndarray:
+    def layer_rows(self, layer: int, start: int = 0, stop: int | None = None, *, heads=None,
+                   mixer: str | None = None) -> np.ndarray:
         """Attention weights of every head (or `heads`) of `layer` for queries start .. stop - 1: [head, rows, key],
-        float32 (the dense store's dtype in the pattern store)."""
+        float32 (the dense store's dtype in the pattern store). A linear mixer's layer gives its implicit map's rows
+        (signed, not a probability); mixer="linear" picks it in a layer with both (Falcon-H1)."""
         stop = self.n_tokens if stop is None else stop
+        if self._is_linear(layer, mixer):
+            return linear.map_rows(self, int(layer), start, stop, heads)
         if self.pattern is not None:
             block = self.pattern[self.index_of(layer), :, start:stop]
             return block if heads is None else block[list(heads)]
         weights, _ = core.layer_pattern(self._inputs(layer), start, stop, heads=heads, key_end=self.n_tokens)
         return weights.numpy()
 
-    def head_pattern(self, layer: int, head: int, rows=None) -> np.ndarray:
-        """One head's weights [rows, key] (rows: None for all queries, a slice, or (start, stop))."""
+    def head_pattern(self, layer: int, head: int, rows=None, *, mixer: str | None = None) -> np.ndarray:
+        """One head's weights [rows, key] (rows: None for all queries, a slice, or (start, stop)); a linear mixer's
+        implicit map in a linear layer (layer_rows)."""
         start, stop = _row_range(rows, self.n_tokens)
-        return self.layer_rows(layer, start, stop, heads=[head])[0]
+        return self.layer_rows(layer, start, stop, heads=[head], mixer=mixer)[0]
 
     def head_scores(self, layer: int, head: int, rows=None) -> np.ndarray:
         """One head's softmax logits [rows, key], float32: q.k * scaling, soft-capped, plus bias, -inf masked."""
@@ -187,7 +245,9 @@ class AttentionCapture:
             file_facts=dict(self.file_facts),
             summary=None if self.summary is None else {i: self.summary[i] for i in layers},
             _sink=None if self._sink is None else self._sink[index],
-            token_words=self.token_words, word_spans=self.word_spans)
+            token_words=self.token_words, word_spans=self.word_spans, layer_kinds=self.layer_kinds,
+            gates=None if self.gates is None else {i: g for i, g in self.gates.items() if i in layers},
+            skipped=self.skipped)
 
     # -- words and spans --
     def span_attention(self, layer: int, head: int, queries, how: str = "sum") -> np.ndarray:

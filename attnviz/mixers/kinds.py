@@ -42,6 +42,8 @@ def layer_kinds(config) -> tuple[str, ...]:
     count = n_layers(config)
     if family in RECURRENT_FAMILIES:
         return (RECURRENT_FAMILIES[family],) * count
+    if family == "mamba2":  # every layer a Mamba2 mixer, no layer_types
+        return ("mamba2",) * count
     try:
         types = getattr(config, "layer_types", None)
     except (AttributeError, TypeError):

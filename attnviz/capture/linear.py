@@ -1,0 +1,110 @@
+"""A capture's layers that are not plain softmax attention (attnviz.mixers): each layer's kind, the linear mixers'
+kernel calls recorded during the capture's own forward pass and their exact implicit maps, the output gates of
+gated softmax layers, and the layers left without a map, named.
+
+A linear mixer's map w[head, query, key] is not a probability: its entries can be negative and a row need not sum
+to 1 (o_t = sum_s w_ts v_s, exactly). The short convolution before the mixer is inside q, k and v as recorded."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from attnviz.errors import CaptureError
+from attnviz.mixers.gates import gate_map, gate_stats, record_gates
+from attnviz.mixers.kinds import module_kinds
+from attnviz.mixers.maps import SOFTMAX_KINDS
+from attnviz.mixers.record import mixer_modules, record_mixers
+
+LINEAR_NOTE = ("A linear mixer's implicit map is not a probability: o_t = Σ_s w_ts v_s exactly, its weights can be "
+               "negative and a row need not sum to 1.")
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """kinds: every model layer's kind (attnviz.mixers.kinds.KINDS); mapped: {layer: kind} of the linear mixers
+    with an exact map; skipped: {layer: kind} of the token mixers with none (a short convolution, a kind attnviz
+    does not know); gated: the gated softmax layers."""
+
+    kinds: tuple[str, ...]
+    mapped: dict[int, str] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)
+    gated: tuple[int, ...] = ()
+
+
+def linear_plan(model) -> LinearPlan | None:
+    """The plan of a model with any layer other than plain softmax attention; None for the others (nothing to
+    record, so their captures are as they always were)."""
+    try:
+        kinds = module_kinds(model)
+    except ValueError:  # no stack of layers attnviz recognises: softmax attention as before
+        return None
+    if all(kind in ("softmax", "mlp") for kind in kinds):
+        return None
+    mapped = {layer: kinds[layer] for layer in mixer_modules(model)}
+    skipped = {layer: kind for layer, kind in enumerate(kinds)
+               if kind not in SOFTMAX_KINDS and kind != "mlp" and layer not in mapped}
+    gated = tuple(layer for layer, kind in enumerate(kinds) if kind == "gated softmax")
+    return LinearPlan(kinds=kinds, mapped=mapped, skipped=skipped, gated=gated)
+
+
+@contextlib.contextmanager
+def recording_linear(model, plan: LinearPlan | None):
+    """Within the block, this thread's forward pass of `model` fills the yielded (records, gates): {layer: kernel
+    call} of every mapped mixer (attnviz.mixers.record) and {layer: sigmoid(gate) [head, query, head_dim]} of every
+    gated softmax layer (attnviz.mixers.gates). Nothing is hooked for a model without a plan."""
+    if plan is None:
+        yield {}, {}
+        return
+    with record_mixers(model) as records, record_gates(model) as gates:
+        yield records, gates
+
+
+def linear_maps(records: dict, layers) -> dict[int, np.ndarray]:
+    """{layer: w [head, query, key] float32, read-only} of the recorded mixers of `layers`."""
+    maps = {}
+    for layer in layers:
+        w = records[layer].implicit_map().float().numpy()
+        w.flags.writeable = False
+        maps[layer] = w
+    return maps
+
+
+def map_rows(capture, layer: int, start: int, stop: int, heads=None) -> np.ndarray:
+    """Rows start .. stop - 1 of linear layer `layer`'s implicit map [head, rows, key], float32: from the kept map
+    (pattern store), else built from the recorded kernel call (long-text store)."""
+    maps, mixers = capture.maps or {}, capture.mixers or {}
+    if layer in maps:
+        block = maps[layer][:, start:stop]
+    elif layer in mixers:
+        block = mixers[layer].implicit_map()[:, start:stop].float().numpy()
+    else:
+        raise CaptureError(f"Layer {layer} has no linear mixer map in this capture"
+                           f"{' (' + capture.layer_kind(layer) + ')' if capture.layer_kinds else ''}.")
+    return block if heads is None else block[list(heads)]
+
+
+def mean_gate(capture, layer: int) -> np.ndarray:
+    """The output gate of gated softmax layer `layer`, averaged over each head's channels: [head, query]."""
+    gates = capture.gates or {}
+    if layer not in gates:
+        raise CaptureError(f"Layer {layer} has no output gate in this capture: only gated softmax layers "
+                           "(Qwen3-Next, Qwen3.5) have one.")
+    return gate_map(gates[layer]).numpy()
+
+
+def gate_table(capture) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{gated layer: (mean gate per head, share of gates under 0.1 per head)} (attnviz.mixers.gates.gate_stats)."""
+    out = {}
+    for layer, gate in sorted((capture.gates or {}).items()):
+        stats = gate_stats(gate)
+        out[layer] = (stats.mean.numpy(), stats.sparse.numpy())
+    return out
+
+
+def kept_gates(gates: dict, layers) -> dict[int, torch.Tensor]:
+    """The recorded gates of `layers`, float32 on the CPU."""
+    return {layer: gates[layer].float().cpu() for layer in layers if layer in gates}

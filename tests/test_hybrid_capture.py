@@ -1,0 +1,158 @@
+"""The newest families, each a tiny random model saved as a folder and captured as a user's folder is
+(attnviz.capture(folder, text)): every softmax layer under its model layer number and equal to transformers' own
+output_attentions, every linear mixer's implicit map rebuilding its kernel's output, each layer's kind as the config
+names it, the output gate as q_proj makes it, and the layers without an exact map named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnviz
+from attnviz.capture import CaptureError
+from tests import mixer_models
+
+TEXT = "A hybrid reads: the cat sat, the cat sat."
+FAMILIES = ("qwen3_next", "qwen3_5_text", "mamba2", "falcon_h1", "bamba", "nemotron_h", "granitemoehybrid",
+            "deepseek_v32", "kimi_linear", "lfm2")
+# the kinds each config's layer_types (or, for Mamba2, its model type) name, written out here by hand
+KINDS = {"qwen3_next": ("gated delta rule",) * 3 + ("gated softmax",),
+         "qwen3_5_text": ("gated delta rule", "gated softmax"), "mamba2": ("mamba2", "mamba2"),
+         "falcon_h1": ("softmax + mamba2",) * 2, "bamba": ("mamba2", "softmax"),
+         "nemotron_h": ("mamba2", "softmax", "mlp"), "granitemoehybrid": ("mamba2", "softmax"),
+         "deepseek_v32": ("indexed", "indexed"), "kimi_linear": ("gated delta rule", "softmax"),
+         "lfm2": ("conv", "softmax")}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from attnviz.tokenizer import byte_tokenizer
+
+    root = tmp_path_factory.mktemp("hybrids")
+    for name in FAMILIES:
+        mixer_models.build(name).save_pretrained(root / name)
+        byte_tokenizer().save_pretrained(root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def captures(folders):
+    return {name: attnviz.capture(str(folders / name), TEXT) for name in FAMILIES}
+
+
+def _reference(folder, ids):
+    """transformers' own eager run of the folder's model: (model, output_attentions per softmax layer)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+    return model, [a for a in (getattr(out, "attentions", None) or ()) if a is not None]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_layer_is_named_by_its_kind(captures, name):
+    cap = captures[name]
+    assert tuple(cap.layer_kind(i) for i in range(len(KINDS[name]))) == KINDS[name]
+    softmax = [i for i, kind in enumerate(KINDS[name]) if "softmax" in kind or kind == "indexed"]
+    assert cap.layers == softmax  # model layer numbers: Qwen3-Next's attention is layer 3
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_softmax_layers_equal_transformers_output_attentions(folders, captures, name):
+    cap = captures[name]
+    _, attentions = _reference(folders / name, cap.token_ids)
+    assert len(attentions) == len(cap.layers)
+    for layer, expected in zip(cap.layers, attentions):
+        np.testing.assert_allclose(cap.layer_rows(layer), expected[0].numpy(), atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "mamba2", "falcon_h1", "bamba", "nemotron_h",
+                                  "granitemoehybrid"])
+def test_linear_maps_rebuild_their_kernels_output(captures, name):
+    cap = captures[name]
+    mapped = [i for i, kind in enumerate(KINDS[name]) if kind in ("gated delta rule", "mamba2", "softmax + mamba2")]
+    assert cap.linear_layers == mapped
+    for layer in mapped:
+        record = cap.mixers[layer]
+        w = torch.from_numpy(np.stack([cap.head_pattern(layer, h, mixer="linear")
+                                       for h in range(cap.layer_heads(layer, "linear"))]))
+        rebuilt, output = record.mixed(w), record.output.float()
+        assert torch.allclose(rebuilt, output, atol=2e-5 * float(output.abs().max()))
+        assert np.array_equal(cap.layer_rows(layer, 3, 7, mixer="linear"), w[:, 3:7].numpy())
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+def test_gate_is_sigmoid_of_q_projs_gate_half(folders, captures, name):
+    cap = captures[name]
+    model, _ = _reference(folders / name, cap.token_ids)
+    layer = cap.layers[0]
+    attention = model.model.layers[layer].self_attn
+    seen = {}
+    attention.q_proj.register_forward_hook(lambda _m, _a, out: seen.setdefault("q", out[0]))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([cap.token_ids]), use_cache=False)
+    heads, d = model.config.num_attention_heads, attention.head_dim
+    gate = torch.sigmoid(seen["q"].view(-1, heads, 2 * d)[..., d:])  # [query, head, d]: the query's second half
+    np.testing.assert_allclose(cap.gate(layer), gate.mean(-1).T.numpy(), atol=1e-6)
+    with pytest.raises(CaptureError, match="no output gate"):
+        cap.gate(0)
+
+
+def test_layers_without_an_exact_map_are_named(captures):
+    assert "layer 0 (conv)" in captures["lfm2"].skipped_message()
+    assert captures["lfm2"].linear_layers == [] and captures["lfm2"].layers == [1]
+    assert captures["qwen3_next"].skipped_message() == ""
+
+
+def test_a_layer_of_an_unmapped_kind_is_refused_by_name(folders):
+    with pytest.raises(CaptureError, match="Layer 0 is a conv layer"):
+        attnviz.capture(str(folders / "lfm2"), TEXT, layers=[0])
+    cap = attnviz.capture(str(folders / "qwen3_next"), TEXT, layers=[1, -1])
+    assert cap.layers == [3] and cap.linear_layers == [1]
+
+
+def test_long_text_store_builds_maps_from_the_records(folders, captures):
+    dense = captures["qwen3_next"]
+    long = attnviz.capture(str(folders / "qwen3_next"), TEXT, store="qk")
+    assert long.maps is None and long.linear_layers == dense.linear_layers
+    for layer in dense.linear_layers:
+        np.testing.assert_array_equal(long.layer_rows(layer, 2, 9, mixer="linear"),
+                                      dense.layer_rows(layer, 2, 9, mixer="linear"))
+
+
+def test_softmax_only_models_are_unchanged(folders):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attnviz.tokenizer import byte_tokenizer
+
+    folder = folders / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    cap = attnviz.capture(str(folder), TEXT)
+    assert cap.layers == [0, 1] and cap.layer_kinds is None and cap.linear_layers == [] and cap.layer_kind(1) == \
+        "softmax"
+
+
+def test_indexed_attention_keeps_its_selection_under_attnviz(folders, captures):
+    """DeepSeek-V3.2 folds its indexer's top-k into the mask only for eager and SDPA; under attnviz's registered
+    attention the selection still holds: the loaded model's logits are eager's, and the long-text store's rows
+    (from q, k and the folded mask) are the dense pattern's, with keys outside the selection at zero."""
+    from transformers import AutoModelForCausalLM
+
+    from attnviz.models import load_model
+
+    dense = captures["deepseek_v32"]
+    ids = torch.tensor([dense.token_ids])
+    eager = AutoModelForCausalLM.from_pretrained(folders / "deepseek_v32", attn_implementation="eager").eval()
+    loaded = load_model(str(folders / "deepseek_v32"))
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(input_ids=ids).logits, eager(input_ids=ids).logits, atol=1e-5)
+    long = attnviz.capture(str(folders / "deepseek_v32"), TEXT, store="qk")
+    for layer in dense.layers:
+        rows = dense.layer_rows(layer)
+        np.testing.assert_allclose(long.layer_rows(layer), rows, atol=2e-6)
+        kept = (rows > 0).sum(-1)
+        assert kept.max() == 4 and kept[:, 10:].min() == 4  # index_topk = 4: four keys each once past the start
