@@ -11,6 +11,7 @@ from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import heads_tabs
 from attnviz.ui import links
+from attnviz.ui import mixers_panel
 from attnviz.ui import snippets as snippet_ui
 from attnviz.ui import spans
 
@@ -63,6 +64,9 @@ if n_model_layers > 12:
 capture = ui.get_capture(model, text, layers=layers, store="auto")
 if capture is None:
     st.stop()
+if not capture.layers:  # no softmax attention (Mamba2): its mixers' maps are the page
+    mixers_panel.show(capture)
+    st.stop()
 long_text = capture.pattern is None  # the qk store: maps are computed from q and k, never the whole N x N
 version = ui.model_version(model)
 key = (model, version, text, layers)  # what every cached view of this capture is keyed on
@@ -75,7 +79,8 @@ st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads
               if n_kv < capture.n_heads else "") + ".")
 kinds = loaded.shape.kinds_summary()
 if kinds:
-    st.caption(f"Its layers attend two ways. {kinds}. A local layer's maps are zero beyond its window.")
+    st.caption(f"Its layers are not all alike. {kinds}." + (" A local layer's maps are zero beyond its window."
+                                                            if loaded.shape.local_layers else ""))
 
 if "learned_sink" in stats.columns:
     share = stats["learned_sink"]
@@ -385,6 +390,8 @@ for name, panel in (("token", token_panel), ("predict", predictions_panel),
     if tabs[name].open:  # only the open tab runs
         with tabs[name]:
             panel()
+
+mixers_panel.show(capture)  # a hybrid's other layers: their kinds, implicit maps and gates
 
 # The view goes into the link last. The whole link is compared, text included: a text too long for the link must
 # also take an older text= out of it, or the next rerun would read that older text back as a new link (links.read)

@@ -9,6 +9,7 @@ from attnviz.figures import compare as compare_figs
 from attnviz.figures import sinks as figs
 from attnviz.pooling import MIN_REMAINING
 from attnviz.ui import links
+from attnviz.ui import mixers_panel
 from attnviz.ui.massive_panel import massive_panel
 from attnviz.ui import sinks as sink_ui
 from attnviz.ui import snippets as snippet_ui
@@ -52,6 +53,9 @@ def show_sink_scores(model: str, text: str) -> None:
     capture = ui.get_capture(model, text, store="auto")  # a long text keeps q and k only: read a block at a time
     if capture is None:
         return
+    if not capture.layers:
+        st.info(f"{model} has no softmax attention, so no sink score: its layers' exact maps are on the Heads page.")
+        return
     if capture.n_tokens < 2:
         st.warning("The text is a single token: a sink needs at least two. Type a longer text.")
         return
@@ -90,6 +94,7 @@ def show_sink_scores(model: str, text: str) -> None:
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")
     _sink_keys(alpha, capture, found, unjudged, n_heads)
+    mixers_panel.gates_beside_sinks(capture, alpha)  # a gated model (Qwen3-Next): the gate beside the sink
     one_head_view(model, capture, alpha, hidden)
 
 def _sink_keys(alpha, capture, found: list[int], unjudged, n_heads: int) -> None:

@@ -109,10 +109,12 @@ class ModelShape:
         return [int(x) / max(self.layers - 1, 1) for x in layers]
 
     def layer_groups(self) -> dict[tuple[str, str], list[int]]:
-        """{(kind, the facts in words): the layers}, in order of first layer; one entry when every layer is alike."""
+        """{(kind, the facts in words): the layers}, in order of first layer; one entry when every layer is alike. The
+        kind is "local" or "global" for softmax layers, else the layer's mixer ("gated delta rule", "mamba2", ...)."""
         groups: dict[tuple[str, str], list[int]] = {}
         for layer, facts in enumerate(self.layer_facts):
-            groups.setdefault((facts.kind, facts.describe()), []).append(layer)
+            kind = facts.kind if facts.mixer == "softmax" else facts.mixer
+            groups.setdefault((kind, facts.describe()), []).append(layer)
         return groups
 
     def kinds_summary(self) -> str:
@@ -121,7 +123,8 @@ class ModelShape:
         groups = self.layer_groups()
         if len(groups) < 2:
             return ""
-        text = "; ".join(f"{kind} layer{'s' if len(layers) > 1 else ''} {spans(layers)} ({facts})"
+        text = "; ".join(f"{kind} layer{'s' if len(layers) > 1 else ''} {spans(layers)}"
+                         + ("" if facts == kind else f" ({facts.removeprefix(kind + ', ')})")
                          for (kind, facts), layers in groups.items())
         return text[0].upper() + text[1:]
 

@@ -177,7 +177,15 @@ def test_layer_facts_carry_the_mixer():
     assert [f.mixer for f in shape.layer_facts] == list(KINDS["qwen3_next"])
     assert shape.layer_facts[0].describe() == "gated delta rule"
     assert shape.layer_facts[3].describe().startswith("gated softmax, causal")
-    assert "gated delta rule" in shape.kinds_summary()
+    assert shape.kinds_summary() == "Gated delta rule layers 0–2; gated softmax layer 3 (causal, RoPE base 10000)"
+    # heads and state: 4 value heads, each a 8 x 8 state (linear_key_head_dim x linear_value_head_dim); attention
+    # heads 4 with a cache that grows (no fixed state)
+    assert (shape.layer_facts[0].heads, shape.layer_facts[0].state) == (4, 4 * 8 * 8)
+    assert (shape.layer_facts[3].heads, shape.layer_facts[3].state) == (4, None)
+    mamba = model_shape(mixer_models.configs()["mamba2"], causal=True)  # 4 heads, d_state 8, head_dim 16
+    assert [(f.mixer, f.heads, f.state) for f in mamba.layer_facts] == [("mamba2", 4, 4 * 8 * 16)] * 2
+    lfm2 = model_shape(mixer_models.configs()["lfm2"], causal=True)  # hidden 32, conv_L_cache 3
+    assert (lfm2.layer_facts[0].mixer, lfm2.layer_facts[0].state) == ("conv", 32 * 2)
     import transformers as tf
     assert {f.mixer for f in model_shape(tf.LlamaConfig(num_hidden_layers=2), causal=True).layer_facts} == {"softmax"}
 

@@ -108,3 +108,17 @@ def gate_table(capture) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 def kept_gates(gates: dict, layers) -> dict[int, torch.Tensor]:
     """The recorded gates of `layers`, float32 on the CPU."""
     return {layer: gates[layer].float().cpu() for layer in layers if layer in gates}
+
+
+def gate_sink_table(capture, alpha: np.ndarray):
+    """Per head of every gated softmax layer: its sink score α₀ (alpha [layer, head, key] over capture.layers,
+    attnviz.sinks.sink_scores) beside its mean gate and its share of gates under 0.1, as a DataFrame. Qiu et al.
+    find the gate takes the sink's place: a head that can shut its output needs no token to dump attention on."""
+    import pandas as pd
+
+    rows = []
+    for layer, (mean, sparse) in gate_table(capture).items():
+        li = capture.layers.index(layer)
+        rows += [{"layer": layer, "head": h, "sink α₀": float(alpha[li, h, 0]), "mean gate": float(mean[h]),
+                  "share of gates under 0.1": float(sparse[h])} for h in range(len(mean))]
+    return pd.DataFrame(rows)

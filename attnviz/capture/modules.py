@@ -72,7 +72,8 @@ def numbered_attention(model) -> dict[int, torch.nn.Module]:
 
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The model's stack of decoder (or encoder) layers, in order: the longest nn.ModuleList whose every entry holds
-    an attention module (Llama's model.layers, GPT-2's transformer.h, BERT's encoder.layer, ...)."""
+    an attention module (Llama's model.layers, GPT-2's transformer.h, BERT's encoder.layer, ...), else (a hybrid,
+    whose layers do not all hold attention) the list with one entry per configured layer."""
     attention = {id(m) for m in attention_modules(model)}
     best: list = []
     for module in model.modules():
@@ -80,7 +81,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
                 any(id(sub) in attention for sub in layer.modules()) for layer in module):
             best = list(module)
     if not best:
-        raise ValueError(f"{type(model).__name__}: no stack of decoder layers found")
+        return layer_stack(model)  # a hybrid: some layers hold a linear mixer instead (raises when none is found)
     return best
 
 

@@ -262,7 +262,7 @@ _HOOKS = SharedHooks(_install_recording_hooks)
 def recording(model, recorder: Recorder) -> Iterator[Recorder]:
     """Records for this thread while the block runs: through the registered attention function, or through hooks
     on every attention module for the families that do not dispatch through the interface."""
-    modules = attention_modules(model)
+    modules = list(numbered_attention(model).values()) or attention_modules(model)
     hooked = not uses_interface(modules[0]) or getattr(model.config, "_attn_implementation", None) != \
         ATTN_IMPLEMENTATION
     with _HOOKS.serving(model, _ACTIVE, recorder, hooked=hooked):

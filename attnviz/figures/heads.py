@@ -286,22 +286,34 @@ def difference(a: np.ndarray, b: np.ndarray, tokens: Sequence[str], *, title: st
     """a - b for two maps of the same shape [query, key], on a diverging scale symmetric about 0. pool: the
     difference drawn max-|.|-pooled to this many pixels (max_abs_pool), its axes in tokens."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    bound = float(max(np.nanmax(np.abs(d), initial=0.0, where=~np.isnan(d)), 1e-6))  # blank rows are NaN
-    n = d.shape[-1]
     if pool is not None:
-        return pooled_difference(max_abs_pool(d, pool), n, bound, title=title)
+        return pooled_difference(max_abs_pool(d, pool), d.shape[-1], _bound(d), title=title)
+    return signed_map(d, tokens, title=title, colorbar_title="weight A − B", hover_name="A − B")
+
+
+def _bound(d: np.ndarray) -> float:
+    return float(max(np.nanmax(np.abs(d), initial=0.0, where=~np.isnan(d)), 1e-6))  # blank rows are NaN
+
+
+def signed_map(d: np.ndarray, tokens: Sequence[str], *, title: str, colorbar_title: str,
+               hover_name: str = "w") -> go.Figure:
+    """A signed map [query, key] (a difference of two maps, a linear mixer's implicit map) on a diverging scale
+    symmetric about 0: white is 0, red and blue the two signs; NaN cells (keys a causal query cannot see, blank
+    rows) grey."""
+    d = np.asarray(d, dtype=np.float64)
+    bound, n = _bound(d), d.shape[-1]
     if n <= DETAIL_MAX_TOKENS:
         labels = [f"{i}: {t}" for i, t in enumerate(tokens)]
         fig = heatmap(d, x_labels=labels, y_labels=labels, title=title, x_title="key token (position: token)",
                       y_title="query token (position: token)", colorscale=DIVERGING_SCALE, zmin=-bound, zmax=bound,
-                      colorbar_title="weight A − B",
-                      hovertemplate="query %{y}<br>key %{x}<br>A − B %{z:.4f}<extra></extra>",
+                      colorbar_title=colorbar_title,
+                      hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{hover_name} %{{z:.4g}}<extra></extra>",
                       height=min(900, 260 + 14 * n))
         return _token_axes(fig, labels, labels)
     ticks = _sparse_ticks(tokens)
-    nan = np.isnan(d)  # rows blank in A or B (hidden sink): grey, like the maps
+    nan = np.isnan(d)
     return image_figure(d, title=title, x_title="key position (token)", y_title="query position (token)",
-                        colorscale=DIVERGING_SCALE, vmin=-bound, vmax=bound, colorbar_title="weight A − B",
+                        colorscale=DIVERGING_SCALE, vmin=-bound, vmax=bound, colorbar_title=colorbar_title,
                         x_ticks=ticks, y_ticks=ticks, height=800, masked=nan if nan.any() else None)
 
 

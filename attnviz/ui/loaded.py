@@ -209,13 +209,14 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
 
 
 def capture_need(loaded, n_tokens: int, n_layers: int | None, store: str) -> int:
-    """The estimated peak bytes of a capture beyond the model (budget.capture_working_bytes)."""
+    """The estimated peak bytes of a capture beyond the model (budget.capture_working_bytes); every model layer
+    counts, since a linear mixer's map is as big as a softmax layer's pattern."""
     from attnviz import budget
-    from attnviz.capture import attention_modules, uses_interface
+    from attnviz.capture import numbered_attention, uses_interface
 
-    modules = attention_modules(loaded.model)
-    return budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers or len(modules), store=store,
-                                        uses_sdpa=uses_interface(modules[0]))
+    modules = list(numbered_attention(loaded.model).values())
+    return budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers or loaded.shape.layers, store=store,
+                                        uses_sdpa=not modules or uses_interface(modules[0]))
 
 
 def _made_capture(name, version, text, layers, with_scores, store):
@@ -233,11 +234,11 @@ def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
     """(store, why, n_tokens) for a capture of `text` through `name`: capture.choose_store, with the dense store
     held within half of what the server gives all visitors' work."""
     from attnviz import budget
-    from attnviz.capture import attention_modules, choose_store
+    from attnviz.capture import choose_store
 
     loaded = get_model(name)
     n_tokens = int(loaded.tokenizer(text, return_tensors="pt").input_ids.shape[1])
-    n_layers = len(attention_modules(loaded.model)) if layers is None else len(set(layers))
+    n_layers = loaded.shape.layers if layers is None else len(set(layers))  # a linear map weighs as a pattern
     store, why = choose_store(loaded, n_tokens, n_layers, limit_bytes=budget.BUDGET.limit // 2)
     return store, why, n_tokens
 

@@ -1,0 +1,101 @@
+"""The Heads page's section for a model whose layers are not all softmax attention (Qwen3-Next, Qwen3.5, Mamba2,
+Falcon-H1, Bamba, Nemotron-H, Granite 4, DeepSeek-V3.2, Kimi Linear, LFM2): every layer's kind, a linear mixer's
+exact implicit map with its heads' statistics on |w|, and a gated softmax layer's output gate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from attnviz import ui
+from attnviz.capture.linear import LINEAR_NOTE, gate_sink_table, gate_table
+from attnviz.figures import heads as head_figs
+from attnviz.figures import mixer_maps as figs
+from attnviz.mixers.stats import map_stats
+
+STATS_MAX_TOKENS = 2048  # the heads' statistics read each whole map: [head, n, n] float64 at most
+
+
+def show(capture) -> None:
+    """The section, when the capture knows its layers' kinds (a hybrid or linear model); nothing otherwise."""
+    if not capture.layer_kinds:
+        return
+    st.subheader("Layers other than softmax attention")
+    st.write("Each layer's token mixer. Where the mixer is linear (Gated DeltaNet, Mamba2), its output at query t "
+             "is still a weighted sum of per-token values, o_t = Σ_s w_ts v_s, so it has an exact attention map "
+             "of its own, built from what the layer's kernel received.")
+    ui.plot(figs.kinds_strip(capture.layer_kinds), key="mixers_kinds")
+    st.caption("What to see: which layers mix tokens how; the Heads views above show the softmax layers.")
+    message = capture.skipped_message()
+    if message:
+        st.info(message)
+    if capture.linear_layers:
+        _linear(capture)
+    if capture.gates:
+        _gates(capture)
+
+
+def _linear(capture) -> None:
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox("Linear layer", capture.linear_layers, key="mixers_layer",
+                         format_func=lambda i: f"{i} ({capture.layer_kind(i)})")
+    n_heads = capture.layer_heads(layer, "linear")
+    head = c2.selectbox("Its head", list(range(n_heads)), key="mixers_head")
+    w = capture.head_pattern(layer, head, mixer="linear")
+    ui.plot(figs.implicit_map(w, capture.tokens, title=f"Layer {layer} ({capture.layer_kind(layer)}), head {head}: "
+                              "implicit attention map w"), key="mixers_map")
+    st.caption(f"What to see: how much of each earlier token's value reaches each query. {LINEAR_NOTE} So the "
+               "scale is diverging: white is 0, the two colours the two signs.")
+    if capture.n_tokens > STATS_MAX_TOKENS:
+        st.caption(f"The heads' statistics are shown up to {STATS_MAX_TOKENS:,} tokens.")
+        return
+    numbers = map_stats(capture.layer_rows(layer, mixer="linear"), capture.token_ids)
+    table = pd.DataFrame({"head": range(n_heads), "prev_token": numbers["prev_token"],
+                          "induction": numbers["induction"], "half_mass_distance": numbers["half_mass_distance"]})
+    st.dataframe(table, hide_index=True)
+    st.caption("On the shares |w_ts| / Σ_s |w_ts| (each row's absolute weight, summing to 1): prev_token and "
+               "induction as the softmax heads' statistics define them; half_mass_distance, the fewest tokens back "
+               "that hold half the mean row's share.")
+    ui.plot(figs.distance_profiles(numbers["distance_profile"], title=f"Layer {layer}: share of |w| by distance"),
+            key="mixers_distance")
+    st.caption("What to see: a head whose share falls off within a few tokens forgets fast (strong decay); a flat "
+               "one carries far-back tokens.")
+
+
+def _gates(capture) -> None:
+    gated = sorted(capture.gates)
+    layer = st.selectbox("Gated softmax layer", gated, key="mixers_gate_layer")
+    gate = capture.gate(layer)
+    ui.plot(figs.gate_heatmap(gate, capture.tokens, title=f"Layer {layer}: output gate per head and query"),
+            key="mixers_gate")
+    st.caption("What to see: each head's output is multiplied, channel by channel, by sigmoid(gate); shown is the "
+               "mean over the head's channels. Near 0 the head's output at that query is all but shut: the gate, "
+               "not a sink token, lets a head attend nowhere (Qiu et al. 2025).")
+    mean, sparse = gate_table(capture)[layer]
+    st.dataframe(pd.DataFrame({"head": range(len(mean)), "mean gate": mean, "share of gates under 0.1": sparse}),
+                 hide_index=True)
+    head = st.selectbox("Head for the gated contribution", list(range(gate.shape[0])), key="mixers_gate_head")
+    weights = capture.head_pattern(layer, head) * gate[head][:, None]
+    ui.plot(head_figs.head_detail(np.asarray(weights), capture.tokens,
+                                  title=f"Layer {layer}, head {head}: weight × the query's mean gate"),
+            key="mixers_gated")
+    st.caption("What to see: each key's attention weight times the gate on the query's output; a row sums to the "
+               "share of the head's output the gate lets through on average, not to 1.")
+
+
+def gates_beside_sinks(capture, alpha: np.ndarray) -> None:
+    """The Sinks page's view of a gated model: each gated head's sink score beside its gate sparsity."""
+    if not capture.gates:
+        return
+    table = gate_sink_table(capture, alpha)
+    st.subheader("The output gate beside the sink")
+    labels = [f"L{layer} H{head}" for layer, head in zip(table["layer"], table["head"])]
+    ui.plot(figs.gate_sink_bars({"sink α₀": table["sink α₀"], "share of gates under 0.1":
+                                 table["share of gates under 0.1"]}, labels,
+                                title="Gated softmax heads: sink score and gate sparsity"), key="sinks_gates")
+    st.caption("What to see: this model multiplies each head's output by a sigmoid gate (Qiu et al. 2025). A gate "
+               "under 0.1 all but shuts the head at that query, which is what a sink does for an ungated head: "
+               "gated heads need less sink. Both bars are fractions: α₀ the mean weight on token 0, the other the "
+               "share of (query, channel) gates under 0.1.")
+    st.dataframe(table, hide_index=True)

@@ -1,0 +1,91 @@
+"""The Heads and Sinks pages on the newest families, each a tiny random model folder typed into the page as a
+user's folder: a hybrid's other layers (their kinds, a linear layer's implicit map and statistics, the gate), a
+model without softmax attention (Mamba2) shown by its mixers alone, and the gate beside the sink; no exception
+anywhere. The gate-and-sink table is checked against a recomputation from the capture's pattern and gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+import attnviz
+from attnviz.capture.linear import gate_sink_table
+from attnviz.sinks import sink_scores
+from attnviz.ui import CUSTOM_MODEL
+from tests import mixer_models
+
+PAGES = Path(__file__).resolve().parent.parent / "app_pages"
+TEXT = "The gate shuts; the gate opens. The gate shuts; the gate opens."
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    from attnviz.tokenizer import byte_tokenizer
+
+    root = tmp_path_factory.mktemp("hybrid_pages")
+    for name in ("qwen3_next", "mamba2", "lfm2"):
+        mixer_models.build(name).save_pretrained(root / name)
+        byte_tokenizer().save_pretrained(root / name)
+    return root
+
+
+def _page(page: str, prefix: str, folder: Path, monkeypatch) -> AppTest:
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folder.parent))
+    at = AppTest.from_file(str(PAGES / page), default_timeout=600)
+    at.session_state[f"{prefix}_model"] = CUSTOM_MODEL
+    at.session_state[f"{prefix}_model_custom"] = str(folder)
+    at.session_state[f"{prefix}_text"] = TEXT
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_heads_page_shows_a_hybrids_other_layers(root, monkeypatch):
+    at = _page("heads.py", "heads", root / "qwen3_next", monkeypatch)
+    assert any(h.value == "Layers other than softmax attention" for h in at.subheader)
+    assert at.selectbox(key="mixers_layer").options == ["0 (gated delta rule)", "1 (gated delta rule)",
+                                                       "2 (gated delta rule)"]
+    assert at.selectbox(key="heads_layer").options == ["3"]  # the softmax views: model layer 3, not 0
+    at.selectbox(key="mixers_layer").set_value(2).run()
+    at.selectbox(key="mixers_head").set_value(3).run()
+    at.selectbox(key="mixers_gate_head").set_value(1).run()
+    assert not at.exception, at.exception
+    assert any("not a probability" in c.value for c in at.caption)
+
+
+def test_heads_page_shows_a_model_without_attention_by_its_mixers(root, monkeypatch):
+    at = _page("heads.py", "heads", root / "mamba2", monkeypatch)
+    assert any(h.value == "Layers other than softmax attention" for h in at.subheader)
+    assert at.selectbox(key="mixers_layer").options == ["0 (mamba2)", "1 (mamba2)"]
+    assert not any(s.key == "heads_layer" for s in at.selectbox)
+
+
+def test_heads_page_names_the_layers_it_cannot_map(root, monkeypatch):
+    at = _page("heads.py", "heads", root / "lfm2", monkeypatch)
+    assert any("layer 0 (conv)" in i.value for i in at.info)
+
+
+def test_sinks_page_shows_the_gate_beside_the_sink(root, monkeypatch):
+    at = _page("sinks.py", "sinks", root / "qwen3_next", monkeypatch)
+    assert any(h.value == "The output gate beside the sink" for h in at.subheader)
+    at = _page("sinks.py", "sinks", root / "mamba2", monkeypatch)
+    assert any("no softmax attention" in i.value for i in at.info)
+
+
+def test_gate_sink_table_equals_a_recomputation(root):
+    cap = attnviz.capture(str(root / "qwen3_next"), TEXT)
+    alpha = np.stack([sink_scores(cap.layer_rows(layer), causal=True) for layer in cap.layers])
+    table = gate_sink_table(cap, alpha)
+    gate = cap.gates[3]  # [head, query, channel]
+    n = cap.n_tokens
+    for _, row in table.iterrows():
+        h = int(row["head"])
+        p = cap.head_pattern(3, h).astype(np.float64)
+        assert row["sink α₀"] == pytest.approx(p[:, 0].sum() / n, abs=1e-6)  # every query sees token 0
+        assert row["mean gate"] == pytest.approx(float(gate[h].double().mean()), abs=1e-6)
+        assert row["share of gates under 0.1"] == pytest.approx(float((gate[h] < 0.1).double().mean()), abs=1e-12)
+    assert list(table["layer"]) == [3] * 4 and torch.is_tensor(gate)
