@@ -87,12 +87,13 @@ def test_per_channel_decay_is_not_a_scalar_decay():
     assert (scalar - want).abs().max() > 0.05 * want.abs().max()
 
 
-def test_kda_map_with_strong_decay_keeps_its_digits():
+@pytest.mark.parametrize("chunk", [16, 64])  # 64: pairs across the chunk's blocks of 16 too
+def test_kda_map_with_strong_decay_keeps_its_digits(chunk):
     # channels that forget within a few tokens: far weights fall under 1e-18 and are set to 0 rather than carried
     # on as subnormal floats; every other weight is the recurrence's
     q, k, _, g, beta = _inputs(n=90, strength=20.0)
     want = recurrence(q, k, g, beta)
-    got = kda_map(q, k, g, beta, chunk=16)
+    got = kda_map(q, k, g, beta, chunk=chunk)
     _close(got, want)
     assert (got[:, 80:, :10] == 0).all()
 
