@@ -200,9 +200,8 @@ def test_more_mamba2_hybrids_rebuild_the_scan_output(name, layers):
 
 
 def test_layers_without_a_known_kernel_get_no_record():
-    # Kimi Delta Attention decays each key channel on its own (a diagonal alpha): not the scalar-decay kernel whose
-    # map attnviz builds, so it is not recorded rather than given a wrong map.
-    assert mixer_records(mixer_models.build("kimi_linear"), mixer_models.text_ids(12)) == {}
+    # LFM2's short convolutions call no kernel whose map attnviz builds: no record rather than a wrong map
+    assert mixer_records(mixer_models.build("lfm2"), mixer_models.text_ids(12)) == {}
 
 
 def test_gates_equal_a_hand_computation_from_the_weights():
@@ -316,7 +315,7 @@ def test_delta_map_with_strong_decay_keeps_its_digits():
 
 @pytest.mark.parametrize("name, mapped, skipped", [
     ("qwen3_next", [0, 1, 2], {}), ("falcon_h1", [0, 1], {}), ("nemotron_h", [0], {}),
-    ("lfm2", [], {0: "conv"}), ("kimi_linear", [], {0: "gated delta rule"}), ("deepseek_v32", [], {})])
+    ("lfm2", [], {0: "conv"}), ("kimi_linear", [0], {}), ("deepseek_v32", [], {})])
 def test_implicit_maps_name_what_they_skip(name, mapped, skipped):
     from attnviz.mixers.maps import implicit_maps
 

@@ -1,8 +1,8 @@
 """Every linear mixer's implicit map from one forward pass, and the layers left without one, named.
 
 A layer whose mixer is not softmax attention gets its exact map only where attnviz knows its kernel (the gated
-delta rule of Qwen3-Next and Qwen3.5, Mamba2's scan); any other (LFM2's short convolutions, Kimi Delta Attention's
-per-channel decay, an unknown kind) is listed in `skipped`, never given a map that is not exact. Softmax layers
+delta rule of Qwen3-Next and Qwen3.5, Kimi Delta Attention's per-channel decay, Mamba2's scan); any other (LFM2's
+short convolutions, an unknown kind) is listed in `skipped`, never given a map that is not exact. Softmax layers
 (gated or not, indexed included) are the softmax capture's."""
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ the short convolution and the gates computed. While a recorder is open, those mo
 wrapper that passes every call through and, in the recording thread only, keeps the arguments and the output
 under the decoder layer whose mixer is running (a forward pre-hook names it). The first recorder installs the
 wrappers, the last puts the originals back.
+
+Kimi Delta Attention layers (Kimi Linear) call `chunk_kimi_delta_attention` the same way (their A_log sits in their
+forget_gate).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 from attnviz.mixers.layers import layer_stack
 from attnviz.mixers.records import MixerError, record_of
 
-KERNELS = ("torch_chunk_gated_delta_rule", "mamba2_chunk_scan")
+KERNELS = ("torch_chunk_gated_delta_rule", "mamba2_chunk_scan", "chunk_kimi_delta_attention")
 
 _local = threading.local()
 _lock = threading.Lock()
@@ -52,13 +55,14 @@ def _recording(original, name: str):
 
 def mixer_modules(model) -> dict[int, tuple[torch.nn.Module, str]]:
     """{decoder layer: (its linear mixer module, the kernel it calls)} for the mixers whose modeling module
-    defines one of KERNELS (and that carry the A_log of a decaying state)."""
+    defines one of KERNELS (and that carry the A_log of a decaying state, themselves or in their forget_gate as
+    Kimi Delta Attention does)."""
     found = {}
     for i, layer in enumerate(layer_stack(model)):
         for module in layer.modules():
             source = sys.modules.get(type(module).__module__)
             names = [k for k in KERNELS if hasattr(source, k)]
-            if names and hasattr(module, "A_log"):
+            if names and (hasattr(module, "A_log") or hasattr(getattr(module, "forget_gate", None), "A_log")):
                 found[i] = (module, names[0])
                 break
     return found
@@ -107,9 +111,9 @@ def _layer_hooks(mixers) -> list:
 @contextmanager
 def record_mixers(model):
     """Within the block, this thread's forward passes of `model` fill the yielded dict {layer: record}
-    (a DeltaRuleRecord or SsdRecord, batch row 0) of every linear mixer transformers' reference kernel ran, the
-    last call of each layer kept. A call that starts from a carried state (a cached generation step) is not kept:
-    its map would miss what the state holds."""
+    (a DeltaRuleRecord, KdaRecord or SsdRecord, batch row 0) of every linear mixer transformers' reference kernel
+    ran, the last call of each layer kept. A call that starts from a carried state (a cached generation step) is not
+    kept: its map would miss what the state holds."""
     mixers = mixer_modules(model)
     keys = _install(mixers.values())
     handles = _layer_hooks(mixers)

@@ -9,6 +9,7 @@ import torch
 
 from attnviz.errors import AttnvizError
 from attnviz.mixers.delta import apply_map, delta_rule_map
+from attnviz.mixers.kda import KdaRecord
 from attnviz.mixers.ssd import apply_ssd, ssd_map
 
 
@@ -81,6 +82,12 @@ def _row(x):
 def record_of(kernel: str, layer: int, args: dict, out):
     """The record of one kernel call from its named arguments and its return value."""
     out = out[0] if isinstance(out, tuple) else out
+    if kernel == "chunk_kimi_delta_attention":
+        if args.get("initial_state") is not None:
+            raise MixerError("This Kimi Delta Attention layer started from a carried state; its map covers one text "
+                             "from its first token.")
+        return KdaRecord(layer, *(_row(args[k]) for k in ("query", "key", "value", "g", "beta")),
+                         l2norm=bool(args["use_qk_l2norm_in_kernel"]), output=_row(out))
     if kernel == "torch_chunk_gated_delta_rule":
         if args.get("initial_state") is not None:
             raise MixerError("This gated delta rule layer started from a carried state; its map covers one text "
