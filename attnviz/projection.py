@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from attnviz.capture import attention_modules
+from attnviz.capture import numbered_attention
 from attnviz.errors import AttnvizError
 
 PROJECTION_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo", "o", "out_lin", "proj")
@@ -30,8 +30,9 @@ def output_projection(model, layer: int) -> torch.nn.Module:
     """The module that takes layer `layer`'s concatenated head outputs [.., head * d_v]: a child of the attention
     module named as in PROJECTION_NAMES, else (BERT: BertSelfOutput.dense) such a module under the attention
     module's parent. Raises KnockoutError when none is found."""
-    modules = attention_modules(model)
-    attn = modules[layer]
+    attn = numbered_attention(model).get(int(layer))  # by model layer: a hybrid's attention may be layer 3 of 4
+    if attn is None:
+        raise KnockoutError(f"Layer {layer} has no softmax attention: it has no heads to knock out.")
     names = {id(m): name for name, m in model.named_modules()}
     by_name = dict(model.named_modules())
     for name, child in attn.named_children():

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from attnviz import interventions as iv
-from attnviz.capture import attention_modules, capture_attention
+from attnviz.capture import capture_attention, numbered_attention
 from attnviz.errors import AttnvizError
 from attnviz.residual import check_sum, freeze, refused_as, residual_parts, sites
 
@@ -150,7 +150,7 @@ def _side(loaded, record: dict, rope: dict, layer: int, p: int, which: str, inde
     or the key ("k", KV head index) at position p, after the projection, QK-norm and rotation."""
     labels, parts, frozen = residual_parts(loaded, record, layer, p)
     parts, labels, names = _input_norm(iv.blocks(loaded.model)[layer], parts, labels)
-    attn = attention_modules(loaded.model)[layer]
+    attn = numbered_attention(loaded.model)[layer]
     proj = getattr(attn, f"{which}_proj", None)
     if not isinstance(proj, torch.nn.Linear):
         raise QKAttributionError(f"{loaded.spec.name} has no separate {which}_proj: attnviz decomposes the families "

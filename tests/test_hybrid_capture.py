@@ -69,7 +69,7 @@ def test_softmax_layers_equal_transformers_output_attentions(folders, captures, 
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "mamba2", "falcon_h1", "bamba", "nemotron_h",
-                                  "granitemoehybrid"])
+                                  "granitemoehybrid", "kimi_linear"])
 def test_linear_maps_rebuild_their_kernels_output(captures, name):
     cap = captures[name]
     mapped = [i for i, kind in enumerate(KINDS[name]) if kind in ("gated delta rule", "mamba2", "softmax + mamba2")]

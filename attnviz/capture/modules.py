@@ -74,7 +74,10 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     """The model's stack of decoder (or encoder) layers, in order: the longest nn.ModuleList whose every entry holds
     an attention module (Llama's model.layers, GPT-2's transformer.h, BERT's encoder.layer, ...), else (a hybrid,
     whose layers do not all hold attention) the list with one entry per configured layer."""
-    attention = {id(m) for m in attention_modules(model)}
+    try:
+        attention = {id(m) for m in attention_modules(model)}
+    except CaptureError:  # no attention at all (Mamba2)
+        return layer_stack(model)
     best: list = []
     for module in model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) > len(best) and all(

@@ -13,7 +13,7 @@ from functools import partial
 import torch
 
 from attnviz import lm
-from attnviz.capture import SharedHooks, attention_modules
+from attnviz.capture import SharedHooks, numbered_attention
 from attnviz.interventions.sites import InterventionError, Key, Plan, blocks, mlp_module
 from attnviz.projection import KnockoutError, output_projection
 
@@ -82,7 +82,7 @@ def _attention_input(layer: int, module, args, kwargs):
 
 def _install(model) -> list:
     handles = []
-    for layer, attn in enumerate(attention_modules(model)):
+    for layer, attn in numbered_attention(model).items():  # model layers: a hybrid's attention may be layer 3
         try:
             projection = output_projection(model, layer)
         except KnockoutError:  # no head sites in this family; the others stay
