@@ -156,3 +156,26 @@ def test_indexed_attention_keeps_its_selection_under_attnviz(folders, captures):
         np.testing.assert_allclose(long.layer_rows(layer), rows, atol=2e-6)
         kept = (rows > 0).sum(-1)
         assert kept.max() == 4 and kept[:, 10:].min() == 4  # index_topk = 4: four keys each once past the start
+
+
+def test_indexed_view_equals_the_indexers_own_selection(folders, captures):
+    """The capture's view of an indexed head (from the q, k and folded mask it recorded) against
+    attnviz.mixers.indexer's eager pass, which records the indexer's own top-k and transformers' eager weights."""
+    from transformers import AutoModelForCausalLM
+
+    from attnviz.capture.linear import indexed_view
+    from attnviz.mixers.indexer import indexed_selection
+
+    cap = captures["deepseek_v32"]
+    model = AutoModelForCausalLM.from_pretrained(folders / "deepseek_v32").eval()
+    selections = indexed_selection(model, torch.tensor([cap.token_ids]))
+    for layer in cap.layers:
+        for head in range(cap.n_heads):
+            view, selection = indexed_view(cap, layer, head), selections[layer]
+            assert np.array_equal(view.kept, selection.kept.numpy())
+            np.testing.assert_allclose(view.pattern, selection.pattern[head].numpy(), atol=2e-6)
+            np.testing.assert_allclose(view.dense, selection.dense[head].numpy(), atol=2e-6)
+            np.testing.assert_allclose(view.outside, selection.outside[head].numpy(), atol=2e-6)
+            assert view.outside.max() > 0.01  # the selection really dropped mass at this length
+    with pytest.raises(CaptureError, match="not an indexed"):
+        indexed_view(captures["qwen3_next"], 3, 0)

@@ -27,7 +27,7 @@ def root(tmp_path_factory):
     from attnviz.tokenizer import byte_tokenizer
 
     root = tmp_path_factory.mktemp("hybrid_pages")
-    for name in ("qwen3_next", "mamba2", "lfm2"):
+    for name in ("qwen3_next", "mamba2", "lfm2", "deepseek_v32"):
         mixer_models.build(name).save_pretrained(root / name)
         byte_tokenizer().save_pretrained(root / name)
     return root
@@ -67,6 +67,14 @@ def test_heads_page_shows_a_model_without_attention_by_its_mixers(root, monkeypa
 def test_heads_page_names_the_layers_it_cannot_map(root, monkeypatch):
     at = _page("heads.py", "heads", root / "lfm2", monkeypatch)
     assert any("layer 0 (conv)" in i.value for i in at.info)
+
+
+def test_heads_page_draws_an_indexers_selection(root, monkeypatch):
+    at = _page("heads.py", "heads", root / "deepseek_v32", monkeypatch)
+    assert at.selectbox(key="mixers_indexed_layer").options == ["0", "1"]
+    at.selectbox(key="mixers_indexed_head").set_value(2).run()
+    assert not at.exception, at.exception
+    assert any("fell outside the selection" in c.value for c in at.caption)
 
 
 def test_sinks_page_shows_the_gate_beside_the_sink(root, monkeypatch):

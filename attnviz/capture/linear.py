@@ -122,3 +122,33 @@ def gate_sink_table(capture, alpha: np.ndarray):
         rows += [{"layer": layer, "head": h, "sink α₀": float(alpha[li, h, 0]), "mean gate": float(mean[h]),
                   "share of gates under 0.1": float(sparse[h])} for h in range(len(mean))]
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class IndexedView:
+    """One head of an indexed (top-k) softmax layer (DeepSeek-V3.2), from the q, k and mask it saw: kept [query, key]
+    the keys its indexer kept (the mask it attended under, causal and selected); pattern the weights over those;
+    dense the weights the same q and k give over every causal key; outside [query] the dense mass on keys the
+    selection dropped, what dense attention would have added."""
+
+    kept: np.ndarray
+    pattern: np.ndarray
+    dense: np.ndarray
+    outside: np.ndarray
+
+
+def indexed_view(capture, layer: int, head: int) -> IndexedView:
+    """The IndexedView of one head of indexed layer `layer` (its selection folded into the recorded mask)."""
+    from dataclasses import replace
+
+    from attnviz import attention as core
+
+    if capture.layer_kind(layer) != "indexed" or not capture.inputs or int(layer) not in capture.inputs:
+        raise CaptureError(f"Layer {layer} is not an indexed (top-k) attention layer with its q and k recorded.")
+    x, n = capture.inputs[int(layer)], capture.n_tokens
+    kept = x.mask.rows(0, n)
+    dense_inputs = replace(x, mask=core.MaskRule(n, n, causal=True))
+    dense = core.layer_pattern(dense_inputs, 0, n, heads=[head])[0][0].numpy()
+    pattern = capture.head_pattern(layer, head)
+    outside = np.where(kept, 0.0, dense.astype(np.float64)).sum(-1)
+    return IndexedView(kept=kept, pattern=pattern, dense=dense, outside=outside)

@@ -63,3 +63,29 @@ def gate_sink_bars(rows: Mapping[str, Sequence[float]], labels: Sequence[str], *
         fig.add_trace(go.Bar(x=list(labels), y=list(values), name=name, marker_color=PALETTE[i % len(PALETTE)]))
     fig.update_layout(barmode="group")
     return apply_layout(fig, title=title, x_title="layer and head", y_title="fraction (0 to 1)")
+
+
+def selection_over_pattern(dense: np.ndarray, kept: np.ndarray, tokens: Sequence[str], *, title: str) -> go.Figure:
+    """The dense pattern [query, key] the head's q and k would give over every causal key, with the keys its
+    indexer kept marked by a white-edged square: weight outside the squares is what the selection dropped."""
+    labels = [f"{i}: {t}" for i, t in enumerate(tokens)]
+    d = np.asarray(dense, dtype=float).copy()
+    d[np.triu_indices(d.shape[0], 1, d.shape[1])] = np.nan
+    fig = heatmap(d, x_labels=labels, y_labels=labels, title=title, x_title="key token (position: token)",
+                  y_title="query token (position: token)", zmin=0.0, zmax=1.0, colorbar_title="dense weight",
+                  hovertemplate="query %{y}<br>key %{x}<br>dense weight %{z:.4f}<extra></extra>",
+                  height=min(900, 260 + 14 * d.shape[0]))
+    q, k = np.nonzero(np.asarray(kept))
+    fig.add_trace(go.Scatter(x=[labels[i] for i in k], y=[labels[i] for i in q], mode="markers",
+                             name="kept by the indexer",
+                             marker=dict(symbol="square-open", size=9, color="white", line=dict(width=1.5)),
+                             hoverinfo="skip"))
+    return fig
+
+
+def outside_mass(outside: np.ndarray, tokens: Sequence[str], *, title: str) -> go.Figure:
+    """Per query, the dense weight on keys the indexer dropped: what dense attention would have added."""
+    fig = go.Figure(go.Bar(x=[f"{i}: {t}" for i, t in enumerate(tokens)], y=np.asarray(outside),
+                           marker_color=PALETTE[0], hovertemplate="query %{x}<br>%{y:.3f} dropped<extra></extra>"))
+    return apply_layout(fig, title=title, x_title="query token (position: token)",
+                        y_title="dense mass outside the selection (fraction)")

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import ui
-from attnviz.capture.linear import LINEAR_NOTE, gate_sink_table, gate_table
+from attnviz.capture.linear import LINEAR_NOTE, gate_sink_table, gate_table, indexed_view
 from attnviz.figures import heads as head_figs
 from attnviz.figures import mixer_maps as figs
 from attnviz.mixers.stats import map_stats
@@ -34,6 +34,26 @@ def show(capture) -> None:
         _linear(capture)
     if capture.gates:
         _gates(capture)
+    indexed = [i for i in capture.layers if capture.layer_kind(i) == "indexed"]
+    if indexed and capture.inputs and capture.n_tokens <= STATS_MAX_TOKENS:
+        _indexed(capture, indexed)
+
+
+def _indexed(capture, indexed: list[int]) -> None:
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox("Indexed layer", indexed, key="mixers_indexed_layer")
+    head = c2.selectbox("Its head", list(range(capture.n_heads)), key="mixers_indexed_head")
+    view = indexed_view(capture, layer, head)
+    ui.plot(figs.selection_over_pattern(view.dense, view.kept, capture.tokens,
+                                        title=f"Layer {layer}, head {head}: the indexer's keys over the dense pattern"),
+            key="mixers_selection")
+    st.caption("What to see: the layer's indexer keeps a few keys per query (white squares) and the softmax runs "
+               "over those only. The colours are what the same q and k would give over every causal key; weight "
+               "outside the squares is what the selection dropped.")
+    ui.plot(figs.outside_mass(view.outside, capture.tokens, title=f"Layer {layer}, head {head}: mass the "
+                              "selection dropped"), key="mixers_outside")
+    st.caption(f"Mean over queries: {view.outside.mean():.1%} of the dense attention fell outside the selection. "
+               "While a query has no more earlier keys than the indexer keeps, it keeps them all and drops nothing.")
 
 
 def _linear(capture) -> None:
