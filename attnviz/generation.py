@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from attnviz import lm
-from attnviz.capture import MAX_TOKENS, recording_forward
+from attnviz.capture import MAX_TOKENS, numbered_attention, recording_forward
 from attnviz.errors import AttnvizError
 from attnviz.tokenizer import readable_tokens
 
@@ -75,6 +75,9 @@ def check_settings(loaded, prompt_ids, max_new_tokens: int, temperature: float) 
     if not lm.is_language_model(loaded.model):
         raise GenerationError(f"{loaded.spec.name} is an encoder: it has no next-token head and cannot generate. "
                               "Pick a decoder (toy-gpt2, smollm2-135m, ...).")
+    if not numbered_attention(loaded.model):
+        raise GenerationError(f"{loaded.spec.name} has no softmax attention layer: generation here shows each new "
+                              "token's attention row, and this model has none to show.")
     if len(prompt_ids) == 0:
         raise GenerationError("The prompt is empty: type a prompt to continue.")
     if not 1 <= int(max_new_tokens) <= MAX_NEW_TOKENS:

@@ -106,11 +106,18 @@ def test_layers_without_an_exact_map_are_named(captures):
     assert captures["qwen3_next"].skipped_message() == ""
 
 
-def test_a_layer_of_an_unmapped_kind_is_refused_by_name(folders):
-    with pytest.raises(CaptureError, match="Layer 0 is a conv layer"):
+def test_a_layer_of_an_unmapped_kind_is_refused_by_name_and_select_keeps_linear_layers(folders):
+    with pytest.raises(CaptureError, match=r"does not map layer 0 \(conv\) exactly"):
         attnviz.capture(str(folders / "lfm2"), TEXT, layers=[0])
+    assert attnviz.capture(str(folders / "lfm2"), TEXT, layers=[0, 1]).layers == [1]  # a range: the conv left out
     cap = attnviz.capture(str(folders / "qwen3_next"), TEXT, layers=[1, -1])
     assert cap.layers == [3] and cap.linear_layers == [1]
+    whole = attnviz.capture(str(folders / "qwen3_next"), TEXT)
+    narrowed = whole.select([2, 3])
+    assert narrowed.layers == [3] and narrowed.linear_layers == [2] and list(narrowed.gates) == [3]
+    np.testing.assert_array_equal(narrowed.head_pattern(2, 1), whole.head_pattern(2, 1))
+    with pytest.raises(CaptureError):
+        narrowed.head_pattern(1, 0)
 
 
 def test_long_text_store_builds_maps_from_the_records(folders, captures):

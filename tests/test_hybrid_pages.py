@@ -97,3 +97,20 @@ def test_gate_sink_table_equals_a_recomputation(root):
         assert row["mean gate"] == pytest.approx(float(gate[h].double().mean()), abs=1e-6)
         assert row["share of gates under 0.1"] == pytest.approx(float((gate[h] < 0.1).double().mean()), abs=1e-12)
     assert list(table["layer"]) == [3] * 4 and torch.is_tensor(gate)
+
+
+PICKERS = {"heads.py": "heads", "sinks.py": "sinks", "experiments.py": "exp", "positional.py": "pos_meas",
+           "softmax.py": "softmax", "variants.py": "variants", "corpus.py": "corpus"}
+
+
+@pytest.mark.parametrize("page", sorted(PICKERS))
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
+def test_every_page_with_a_model_picker_runs_on_a_hybrid_and_on_mamba2(root, monkeypatch, page, name):
+    """A page either shows what it can of these models or says why not, never an exception."""
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(root))
+    at = AppTest.from_file(str(PAGES / page), default_timeout=600)
+    prefix = PICKERS[page]
+    at.session_state[f"{prefix}_model"] = CUSTOM_MODEL
+    at.session_state[f"{prefix}_model_custom"] = str(root / name)
+    at.run()
+    assert not at.exception, at.exception

@@ -196,18 +196,20 @@ def _assembled(loaded, module, wanted: list[int], recorder: Recorder, ids: list[
 def model_layers(layers, numbered: dict, plan) -> list[int]:
     """The model layers a capture of `layers` (None: all) covers: its softmax layers (numbered: {layer: attention
     module}) and the linear mixers with an exact map (plan: attnviz.capture.linear.LinearPlan). Negative numbers
-    count from the end; a layer of a kind attnviz does not map is refused by name."""
+    count from the end. Layers of a kind attnviz does not map are left out (the capture names them, skipped); a
+    request of such layers only is refused by name."""
     kinds = plan.kinds if plan is not None else ()
     available = sorted(set(numbered) | set(plan.mapped if plan is not None else ()))
     if not kinds:
         return [available[i] for i in wanted_layers(layers, len(available))]
     if layers is None:
         return available
-    picked = wanted_layers(layers, len(kinds))
-    for i in picked:
-        if i not in available:
-            raise CaptureError(f"Layer {i} is a {kinds[i]} layer, which attnviz does not map exactly; pick among "
-                               f"layers {shape.spans(available)}.")
+    asked = wanted_layers(layers, len(kinds))
+    picked = [i for i in asked if i in available]
+    if not picked:
+        named = ", ".join(f"{i} ({kinds[i]})" for i in asked)
+        raise CaptureError(f"attnviz does not map layer{'s' if len(asked) > 1 else ''} {named} exactly; pick among "
+                           f"layers {shape.spans(available)}.")
     return picked
 
 

@@ -234,6 +234,8 @@ class AttentionCapture:
         """The same capture restricted to some of its layers (model layer numbers), sharing its arrays: narrowing
         the layers needs no new forward pass."""
         layers = sorted({int(i) for i in layers})
+        linear = [i for i in layers if i in self.linear_layers]
+        layers = [i for i in layers if i not in linear or i in self.layers]
         index = [self.index_of(i) for i in layers]
         return AttentionCapture(
             tokens=self.tokens, token_ids=self.token_ids, layers=layers, kv_head_of=self.kv_head_of,
@@ -247,7 +249,8 @@ class AttentionCapture:
             _sink=None if self._sink is None else self._sink[index],
             token_words=self.token_words, word_spans=self.word_spans, layer_kinds=self.layer_kinds,
             gates=None if self.gates is None else {i: g for i, g in self.gates.items() if i in layers},
-            skipped=self.skipped)
+            skipped=self.skipped, mixers=None if self.mixers is None else {i: self.mixers[i] for i in linear},
+            maps=None if self.maps is None else {i: self.maps[i] for i in linear})
 
     # -- words and spans --
     def span_attention(self, layer: int, head: int, queries, how: str = "sum") -> np.ndarray:

@@ -41,8 +41,9 @@ def show(capture) -> None:
 
 def _indexed(capture, indexed: list[int]) -> None:
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Indexed layer", indexed, key="mixers_indexed_layer")
-    head = c2.selectbox("Its head", list(range(capture.n_heads)), key="mixers_indexed_head")
+    layer = c1.selectbox("Indexed layer", indexed, key="mixers_indexed_layer", persist_state="session")
+    head = c2.selectbox("Its head", list(range(capture.n_heads)), key="mixers_indexed_head",
+                        persist_state="session")
     view = indexed_view(capture, layer, head)
     ui.plot(figs.selection_over_pattern(view.dense, view.kept, capture.tokens,
                                         title=f"Layer {layer}, head {head}: the indexer's keys over the dense pattern"),
@@ -59,9 +60,9 @@ def _indexed(capture, indexed: list[int]) -> None:
 def _linear(capture) -> None:
     c1, c2 = st.columns(2)
     layer = c1.selectbox("Linear layer", capture.linear_layers, key="mixers_layer",
-                         format_func=lambda i: f"{i} ({capture.layer_kind(i)})")
+                         format_func=lambda i: f"{i} ({capture.layer_kind(i)})", persist_state="session")
     n_heads = capture.layer_heads(layer, "linear")
-    head = c2.selectbox("Its head", list(range(n_heads)), key="mixers_head")
+    head = c2.selectbox("Its head", list(range(n_heads)), key="mixers_head", persist_state="session")
     w = capture.head_pattern(layer, head, mixer="linear")
     ui.plot(figs.implicit_map(w, capture.tokens, title=f"Layer {layer} ({capture.layer_kind(layer)}), head {head}: "
                               "implicit attention map w"), key="mixers_map")
@@ -85,7 +86,7 @@ def _linear(capture) -> None:
 
 def _gates(capture) -> None:
     gated = sorted(capture.gates)
-    layer = st.selectbox("Gated softmax layer", gated, key="mixers_gate_layer")
+    layer = st.selectbox("Gated softmax layer", gated, key="mixers_gate_layer", persist_state="session")
     gate = capture.gate(layer)
     ui.plot(figs.gate_heatmap(gate, capture.tokens, title=f"Layer {layer}: output gate per head and query"),
             key="mixers_gate")
@@ -95,7 +96,8 @@ def _gates(capture) -> None:
     mean, sparse = gate_table(capture)[layer]
     st.dataframe(pd.DataFrame({"head": range(len(mean)), "mean gate": mean, "share of gates under 0.1": sparse}),
                  hide_index=True)
-    head = st.selectbox("Head for the gated contribution", list(range(gate.shape[0])), key="mixers_gate_head")
+    head = st.selectbox("Head for the gated contribution", list(range(gate.shape[0])), key="mixers_gate_head",
+                        persist_state="session")
     weights = capture.head_pattern(layer, head) * gate[head][:, None]
     ui.plot(head_figs.head_detail(np.asarray(weights), capture.tokens,
                                   title=f"Layer {layer}, head {head}: weight × the query's mean gate"),
