@@ -57,6 +57,7 @@ QUICK = [
           marks=(pytest.mark.skipif(CUDA, reason="with CUDA, gpu_stats.py runs in full"),)),
     Quick("kernel", ("     N  naive ms   SDPA ms  naive/SDPA",) if not CUDA else ("Triton config",), seconds=3),
     Quick("knockout", ("method", "(c) batched, first layers shared", "knockout_effects (c)")),
+    Quick("hybrid_capture", ("run          wall s   cpu s  x forward (wall, cpu)  goal 1.5x", "capture qk"), seconds=8),
     Quick("lab", ("positions    steps to induction > 0.5  seconds  loss then  steps / rope",)),
     Quick("load", ("visitor    own result  first chart s  waited exceptions console errors  refusals",
                    "mixed results: none"), seconds=15, marks=(pytest.mark.browser, pytest.mark.slow)),

@@ -8,6 +8,7 @@ to 1 (o_t = sum_s w_ts v_s, exactly). The short convolution before the mixer is 
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,11 +74,19 @@ def linear_maps(records: dict, layers) -> dict[int, np.ndarray]:
     return maps
 
 
+_building = threading.Lock()
+
+
 def map_rows(capture, layer: int, start: int, stop: int, heads=None) -> np.ndarray:
-    """Rows start .. stop - 1 of linear layer `layer`'s implicit map [head, rows, key], float32: from the kept map
-    (pattern store), else built from the recorded kernel call (long-text store)."""
-    maps, mixers = capture.maps or {}, capture.mixers or {}
-    if layer in maps:
+    """Rows start .. stop - 1 of linear layer `layer`'s implicit map [head, rows, key], float32. The pattern store
+    builds a layer's whole map from its recorded kernel call the first time it is read and keeps it (read-only,
+    shared by every session reading the capture); the long-text store builds what it is asked for each time."""
+    maps, mixers = capture.maps, capture.mixers or {}
+    if maps is not None and layer in mixers:
+        with _building:  # one build per layer, however many sessions ask at once
+            if layer not in maps:
+                maps.update(linear_maps(mixers, [layer]))
+    if maps is not None and layer in maps:
         block = maps[layer][:, start:stop]
     elif layer in mixers:
         block = mixers[layer].implicit_map()[:, start:stop].float().numpy()

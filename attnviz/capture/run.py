@@ -21,7 +21,7 @@ from attnviz import attention as core
 from attnviz import shape
 from attnviz.capture.frugal import lean_forward
 from attnviz.capture.loading import records_inputs
-from attnviz.capture.linear import kept_gates, linear_maps, linear_plan, recording_linear
+from attnviz.capture.linear import kept_gates, linear_plan, recording_linear
 from attnviz.capture.modules import CaptureError, input_device, is_causal, numbered_attention, uses_interface
 from attnviz.capture.recording import Recorder, StopForward, recording, wanted_layers
 from attnviz.capture.store import AttentionCapture
@@ -214,14 +214,15 @@ def model_layers(layers, numbered: dict, plan) -> list[int]:
 
 
 def _add_linear(capture: AttentionCapture, plan, wanted_linear: list[int], records: dict, gates: dict) -> None:
-    """The linear mixers' records (and maps, in the pattern store), the gates and the kinds, added to a capture."""
+    """The linear mixers' records, the gates and the kinds, added to a capture; in the pattern store an empty dict
+    of maps, each built from its record when first read (attnviz.capture.linear.map_rows)."""
     missing = [i for i in wanted_linear if i not in records]
     if missing:
         raise CaptureError(f"The linear mixers of layers {missing} did not run transformers' reference kernel, so "
                            "attnviz has no exact map of them.")
     capture.layer_kinds = plan.kinds
     capture.mixers = {i: records[i] for i in wanted_linear}
-    capture.maps = linear_maps(records, wanted_linear) if capture.store == "pattern" else None
+    capture.maps = {} if capture.store == "pattern" else None  # each map built when first read (linear.map_rows)
     capture.gates = kept_gates(gates, capture.layers)
     capture.skipped = dict(plan.skipped)
 

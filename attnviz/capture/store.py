@@ -46,9 +46,10 @@ class AttentionCapture:
 
     A model whose layers are not all softmax attention (attnviz.capture.linear) also has, where it has them:
     layer_kinds: every model layer's kind ("softmax", "gated softmax", "gated delta rule", "mamba2", "conv", ...);
-    mixers: {layer: the linear mixer's recorded kernel call}; maps: {layer: its implicit map w [head, query, key]}
-    (the pattern store); gates: {gated softmax layer: sigmoid(gate) [head, query, head_dim]}; skipped: {layer: kind}
-    of the token mixers with no exact map. `layers` lists the softmax layers; `linear_layers` the mapped ones.
+    mixers: {layer: the linear mixer's recorded kernel call}; maps: {layer: its implicit map w [head, query, key]} (the
+    pattern store; each built when first read); gates: {gated softmax layer: sigmoid(gate) [head, query, head_dim]};
+    skipped: {layer: kind} of the token mixers with no exact map. `layers` lists the softmax layers; `linear_layers` the
+    mapped ones.
     """
 
     tokens: list[str]
@@ -250,7 +251,7 @@ class AttentionCapture:
             token_words=self.token_words, word_spans=self.word_spans, layer_kinds=self.layer_kinds,
             gates=None if self.gates is None else {i: g for i, g in self.gates.items() if i in layers},
             skipped=self.skipped, mixers=None if self.mixers is None else {i: self.mixers[i] for i in linear},
-            maps=None if self.maps is None else {i: self.maps[i] for i in linear})
+            maps=None if self.maps is None else {i: m for i, m in self.maps.items() if i in linear})
 
     # -- words and spans --
     def span_attention(self, layer: int, head: int, queries, how: str = "sum") -> np.ndarray:
