@@ -237,7 +237,7 @@ def test_the_maps_figure_draws_w_on_a_diverging_scale_and_patterns_on_the_attent
     assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (0.0, 1.0)
     np.testing.assert_array_equal(linear[0].z, maps["hybrid"].maps[0][1])
     titles = {fig.layout[a].title.text for a in fig.layout if a.startswith(("xaxis", "yaxis"))} - {None}
-    assert titles == {"key token", "query token"}
+    assert titles == {"key token", "hybrid: query token", "gated: query token", "ungated: query token"}
     scores = figs.layer_scores_grid(maps)
     np.testing.assert_array_equal(scores.data[1].z, maps["hybrid"].induction)
     snaps = trained.snapshots()
@@ -264,3 +264,47 @@ def test_the_snippet_trains_the_same_models_and_draws_the_same_maps():
     assert len(scope["fig"].data) == len(expected.data)
     for got, want in zip(scope["fig"].data, expected.data):
         np.testing.assert_allclose(got.z, want.z, rtol=0, atol=1e-6)
+
+
+def _plotly_values(y):
+    """plotly sends arrays as lists or as typed arrays {"dtype", "bdata" (base64), "shape"}."""
+    import base64
+
+    if isinstance(y, dict):
+        out = np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"])).astype(float)
+        return out.reshape([int(n) for n in str(y["shape"]).split(",")]) if "shape" in y else out
+    return np.asarray(y, dtype=float)
+
+
+def test_the_toy_lab_page_trains_the_hybrid_and_draws_what_the_library_reports(lab_cache):
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "toy_lab.py"),
+                           default_timeout=300)
+    for key, value in dict(lab_steps=20, lab_width=32, lab_heads=2, lab_batch=16, lab_segment_len=3,
+                           lab_hybrid_layers=2).items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, at.exception
+    assert any("No real hybrid checkpoint is on the package index" in m.value for m in at.markdown)
+    at.button(key="lab_hybrid_train").click().run()
+    assert not at.exception, at.exception
+    comparison = at.session_state["lab_hybrid"]
+    snaps = comparison.join(timeout=240)
+    assert all(s.status == "done" for s in snaps.values()), {n: s.status for n, s in snaps.items()}
+    at.run()
+    assert not at.exception, at.exception
+    figures = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    curves = next(f for f in figures if "first token over training" in f["layout"]["title"]["text"])
+    for name, snap in snaps.items():
+        trace = next(t for t in curves["data"] if t["name"].startswith(f"{name}: mean"))
+        np.testing.assert_allclose(_plotly_values(trace["y"]), [c.first_token_mass for c in snap.checkpoints])
+    grid = next(f for f in figures if f["layout"]["title"]["text"].startswith("Head 0 of every layer"))
+    expected = comparison.maps(comparison.map_text())
+    heatmaps = [t for t in grid["data"] if t["type"] == "heatmap"]
+    assert len(heatmaps) == 2 * 3
+    np.testing.assert_allclose(_plotly_values(heatmaps[0]["z"]), expected["hybrid"].maps[0][0], rtol=0, atol=1e-6)
+    assert any("not probabilities" in c.value for c in at.caption)

@@ -16,6 +16,7 @@ from attnviz.figures.common import (ATTENTION_SCALE, DIVERGING_SCALE, PALETTE, a
                                     label_margins, legend_below, unique_labels)
 
 SOFTMAX_KINDS = ("softmax", "gated softmax")
+SHORT = {"gated delta rule": "Gated DeltaNet", "gated softmax": "gated softmax", "softmax": "softmax"}
 STATISTICS = {"prev_token": "previous-token score", "induction": "induction score"}
 
 
@@ -30,16 +31,16 @@ def _w_range(maps: Mapping, head: int) -> float:
     return max(peaks, default=0.0) or 1.0
 
 
-def _panel_title(model: str, layer: int, kind: str, prev: float, ind: float) -> str:
-    return f"{model} L{layer} ({kind})<br>prev {prev:.2f} · ind {ind:.2f}"
+def _panel_title(layer: int, kind: str, prev: float, ind: float) -> str:
+    return f"L{layer} {SHORT.get(kind, kind)}<br>prev {prev:.2f} · ind {ind:.2f}"
 
 
 def layer_maps_grid(maps: Mapping, *, head: int, panel_px: int = 260) -> go.Figure:
-    """One row per model, one panel per layer: head `head`'s map on the same text (query down, key across). A Gated
-    DeltaNet layer draws its implicit map w on a diverging scale centred on 0 (from -max|w| to +max|w| over the
-    linear panels: w can be negative and its rows need not sum to 1); a softmax layer draws its pattern on the 0-1
-    attention scale. Each panel's title gives the head's previous-token and induction scores on |w| / row sum.
-    maps: model name -> LayerMaps. Built in one go from grid_layout."""
+    """One row per model (named in its query axis), one panel per layer: head `head`'s map on the same text (query
+    down, key across). A Gated DeltaNet layer draws its implicit map w on a diverging scale centred on 0 (from
+    -max|w| to +max|w| over the linear panels: w can be negative and its rows need not sum to 1); a softmax layer
+    draws its pattern on the 0-1 attention scale. Each panel's title gives the head's previous-token and induction
+    scores on |w| / row sum. maps: model name -> LayerMaps. Built in one go from grid_layout."""
     names = list(maps)
     cols = max(len(m.kinds) for m in maps.values())
     tokens = unique_labels(next(iter(maps.values())).tokens)
@@ -56,14 +57,14 @@ def layer_maps_grid(maps: Mapping, *, head: int, panel_px: int = 260) -> go.Figu
                 titles.append("")
                 continue
             kind = m.kinds[layer]
-            titles.append(_panel_title(name, layer, kind, m.prev_token[layer, head], m.induction[layer, head]))
+            titles.append(_panel_title(layer, kind, m.prev_token[layer, head], m.induction[layer, head]))
             what = "w" if _is_linear(kind) else "weight"
             traces.append(go.Heatmap(
                 z=np.asarray(m.maps[layer][head], dtype=float), x=tokens, y=tokens, xaxis=f"x{suffix}",
                 yaxis=f"y{suffix}", coloraxis="coloraxis2" if _is_linear(kind) else "coloraxis",
                 hovertemplate=f"{name} layer {layer} ({kind})<br>query %{{y}}<br>key %{{x}}<br>{what} %{{z:.3f}}"
                               "<extra></extra>"))
-    layout.update(grid_layout(len(names), cols, titles, horizontal_spacing=0.05, vertical_spacing=0.16))
+    layout.update(grid_layout(len(names), cols, titles, horizontal_spacing=0.06, vertical_spacing=0.16))
     for i in range(len(names) * cols):
         suffix = "" if i == 0 else str(i + 1)
         row, col = divmod(i, cols)
@@ -71,17 +72,17 @@ def layer_maps_grid(maps: Mapping, *, head: int, panel_px: int = 260) -> go.Figu
         layout[f"xaxis{suffix}"].update(showticklabels=bottom, tickangle=-90, **every_token,
                                         **({"title": dict(text="key token")} if bottom else {}))
         layout[f"yaxis{suffix}"].update(autorange="reversed", showticklabels=left, **every_token,
-                                        **({"title": dict(text="query token")} if left else {}))
+                                        **({"title": dict(text=f"{names[row]}: query token")} if left else {}))
     for annotation in layout["annotations"]:
-        annotation["font"] = dict(size=12)
+        annotation["font"] = dict(size=11)
     layout["coloraxis"] = dict(colorscale=ATTENTION_SCALE, cmin=0.0, cmax=1.0,
                                colorbar=dict(title=dict(text="softmax weight"), x=1.02, len=0.45, y=0.78))
     if any(t.coloraxis == "coloraxis2" for t in traces):
         layout["coloraxis2"] = dict(colorscale=DIVERGING_SCALE, cmin=-peak, cmax=peak, cmid=0.0,
                                     colorbar=dict(title=dict(text="implicit w (signed)"), x=1.02, len=0.45, y=0.22))
     fig = apply_layout(go.Figure(data=traces, layout=layout),
-                       title=f"Head {head} of every layer, on the same text", height=len(names) * panel_px + 220)
-    return label_margins(fig.update_layout(margin=dict(t=110)), x_labels=tokens, y_labels=tokens, x_angle=90)
+                       title=f"Head {head} of every layer, on the same text", height=len(names) * panel_px + 240)
+    return label_margins(fig.update_layout(margin=dict(t=140)), x_labels=tokens, y_labels=tokens, x_angle=90)
 
 
 def layer_scores_grid(maps: Mapping, *, panel_px: int = 200) -> go.Figure:
@@ -90,11 +91,11 @@ def layer_scores_grid(maps: Mapping, *, panel_px: int = 200) -> go.Figure:
     LayerMaps."""
     names = list(maps)
     titles = [f"{name}: {title}" for name in names for title in STATISTICS.values()]
-    layout = grid_layout(len(names), len(STATISTICS), titles, horizontal_spacing=0.12, vertical_spacing=0.18)
+    layout = grid_layout(len(names), len(STATISTICS), titles, horizontal_spacing=0.06, vertical_spacing=0.18)
     traces = []
     for row, name in enumerate(names):
         m = maps[name]
-        labels = [f"L{layer} {kind}" for layer, kind in enumerate(m.kinds)]
+        labels = [f"L{layer} {SHORT.get(kind, kind)}" for layer, kind in enumerate(m.kinds)]
         for col, stat in enumerate(STATISTICS):
             i = row * len(STATISTICS) + col
             suffix = "" if i == 0 else str(i + 1)
@@ -103,7 +104,8 @@ def layer_scores_grid(maps: Mapping, *, panel_px: int = 200) -> go.Figure:
                                      xaxis=f"x{suffix}", yaxis=f"y{suffix}",
                                      hovertemplate=f"{name}<br>%{{y}}, head %{{x}}<br>{STATISTICS[stat]} "
                                                    "%{z:.3f}<extra></extra>"))
-            layout[f"yaxis{suffix}"].update(autorange="reversed", title=dict(text="layer" if col == 0 else ""))
+            layout[f"yaxis{suffix}"].update(autorange="reversed", showticklabels=col == 0,
+                                            title=dict(text="layer" if col == 0 else ""))
             layout[f"xaxis{suffix}"].update(title=dict(text="head" if row == len(names) - 1 else ""))
     for annotation in layout["annotations"]:
         annotation["font"] = dict(size=13)
@@ -111,7 +113,7 @@ def layer_scores_grid(maps: Mapping, *, panel_px: int = 200) -> go.Figure:
                                colorbar=dict(title=dict(text="score (share of |w|, 0–1)")))
     fig = apply_layout(go.Figure(data=traces, layout=layout), title="Each head's scores on the shares |w| / row sum",
                        height=len(names) * panel_px + 140)
-    labels = [f"L{layer} {kind}" for m in maps.values() for layer, kind in enumerate(m.kinds)]
+    labels = [f"L{layer} {SHORT.get(kind, kind)}" for m in maps.values() for layer, kind in enumerate(m.kinds)]
     return label_margins(fig, y_labels=labels)
 
 

@@ -70,6 +70,16 @@ def softmax_patterns(model, ids: torch.Tensor) -> np.ndarray:
     return torch.stack(out.attentions, dim=1).double().numpy()
 
 
+def _implicit_maps(model, ids: torch.Tensor):
+    """attnviz.mixers.implicit_maps of ids [1, N], the model in eval mode for the pass."""
+    was_training = model.training
+    model.eval()
+    try:
+        return implicit_maps(model, ids)
+    finally:
+        model.train(was_training)
+
+
 def stacked_maps(model, ids: torch.Tensor) -> tuple[tuple[str, ...], np.ndarray, str]:
     """Every layer's map on each row of ids [row, N]: (kinds, [row, layer, head, query, key] float64, the note of
     the layers without an exact map). A linear layer's map is attnviz.mixers.implicit_maps' w, one row at a time
@@ -80,7 +90,7 @@ def stacked_maps(model, ids: torch.Tensor) -> tuple[tuple[str, ...], np.ndarray,
     rows = []
     note = ""
     for r in range(ids.shape[0]):
-        found = implicit_maps(model, ids[r:r + 1])
+        found = _implicit_maps(model, ids[r:r + 1])
         note = found.message()
         layers = {layer: w.double().numpy() for layer, w in found.maps.items()}
         layers.update({layer: patterns[r, i] for i, layer in enumerate(softmax)})

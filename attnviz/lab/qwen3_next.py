@@ -36,6 +36,7 @@ CONV_KERNEL = 4           # Qwen3-Next's linear_conv_kernel_dim
 # 1: no short convolution, so that the previous-token step, which a width of 4 hands every position for free, has to
 # be learnt in the Gated DeltaNet's own map
 CONV_KERNELS = (1, 2, 4)
+A_RANGE = (0.01, 16.0)    # A = exp(A_log) of each Gated DeltaNet head drawn uniformly from this range
 OPEN_GATE = "attnviz_gate_open"  # set on a q_proj whose gate is held open
 
 
@@ -78,7 +79,7 @@ def build_qwen3_next(config: LabConfig, model: str, conv_kernel: int = CONV_KERN
     with torch.no_grad():
         for name, p in net.named_parameters():
             if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=g).log())
+                p.copy_(torch.empty(p.shape).uniform_(*A_RANGE, generator=g).log())
             elif p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) * INIT_STD)
     if model == "ungated":
