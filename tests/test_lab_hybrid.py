@@ -51,6 +51,17 @@ def test_the_three_models_are_qwen3_next_as_the_mixers_read_it():
     assert hybrid.layer_maps(model, TEXT).kinds == ("gated delta rule", "gated delta rule", "gated softmax")
 
 
+@pytest.mark.parametrize("a_max", qwen3_next.A_MAXES)
+def test_the_decay_rates_are_drawn_below_a_max_from_the_seed(a_max):
+    wide = replace(TINY, n_heads=4, d_model=32, n_layers=4)
+    models = [qwen3_next.build_qwen3_next(wide, "hybrid", a_max=a_max) for _ in range(2)]
+    a = [torch.cat([p.detach().exp() for n, p in m.named_parameters() if n.endswith("A_log")]) for m in models]
+    assert a[0].numel() == 3 * 4 and torch.equal(a[0], a[1])
+    assert bool(((a[0] > 0.01 * (1 - 1e-6)) & (a[0] <= a_max * (1 + 1e-6))).all())
+    with pytest.raises(ValueError, match="a_max"):
+        qwen3_next.build_qwen3_next(wide, "hybrid", a_max=100.0)
+
+
 def test_training_lowers_the_hybrids_loss_on_the_induction_task(trained):
     snap = trained.snapshots()["hybrid"]
     assert snap.status == "done" and snap.step == TINY.steps
@@ -257,8 +268,8 @@ def test_the_snippet_trains_the_same_models_and_draws_the_same_maps():
     config = replace(TINY, steps=2, eval_every=2, n_layers=2)
     fields = {k: v for k, v in asdict(config).items() if k not in ("attention", "positional")}
     scope: dict = {}
-    exec(snippets.lab_hybrid_maps(fields, 1, 0), scope)
-    again = hybrid.HybridComparison(config, conv_kernel=1)
+    exec(snippets.lab_hybrid_maps(fields, 1, 1.0, 0), scope)
+    again = hybrid.HybridComparison(config, conv_kernel=1, a_max=1.0)
     again.run()
     expected = figs.layer_maps_grid(again.maps(again.map_text()), head=0)
     assert len(scope["fig"].data) == len(expected.data)

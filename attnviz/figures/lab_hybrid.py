@@ -138,4 +138,4 @@ def first_token_curves(steps: Mapping[str, Sequence[int]], mass: Mapping[str, Se
         fig.update_xaxes(range=[0, total_steps])
     fig = apply_layout(fig, title="Attention on the first token over training (softmax layers)",
                        x_title="training step", y_title="share (0–1)", height=440)
-    return legend_below(fig, y=-0.2, bottom=150)
+    return legend_below(fig, y=-0.26, bottom=180)

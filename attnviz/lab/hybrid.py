@@ -24,7 +24,7 @@ import torch
 from attnviz.diagnostics import repeated_token_scores
 from attnviz.lab.comparison import VariantComparison
 from attnviz.lab.config import MAX_SECONDS, LabConfig
-from attnviz.lab.qwen3_next import CONV_KERNEL, MODELS, build_qwen3_next
+from attnviz.lab.qwen3_next import A_MAX, CONV_KERNEL, MODELS, build_qwen3_next
 from attnviz.lab.tasks import make_probe, probe_lengths, text_probe
 from attnviz.lab.training import Checkpoint, LabError, LabRun, LabStateError
 from attnviz.mixers.kinds import module_kinds
@@ -148,15 +148,15 @@ class HybridRun(LabRun):
     """One of the Qwen3-Next models (attnviz.lab.qwen3_next.MODELS) trained on `config`'s task, with the lab's
     loop; its checkpoints are HybridCheckpoints. Not saved (the lab's folders hold its own architectures)."""
 
-    def __init__(self, config: LabConfig, model: str, *, conv_kernel: int = CONV_KERNEL,
+    def __init__(self, config: LabConfig, model: str, *, conv_kernel: int = CONV_KERNEL, a_max: float = A_MAX,
                  max_seconds: float = MAX_SECONDS, owner: str | None = None):
         if model == "hybrid" and config.n_layers < 2:
             raise LabError("the hybrid needs at least 2 layers: Gated DeltaNet layers before its one softmax layer")
-        self.kind, self.conv_kernel = model, conv_kernel
+        self.kind, self.conv_kernel, self.a_max = model, conv_kernel, a_max
         self.probe = make_probe(config.segment_len, n_letters=config.n_letters)
         self.sink_texts = (text_probe(config.text_len) if config.task == "text" else self.probe)[:SINK_TEXTS]
         super().__init__(config, max_seconds=max_seconds, owner=owner,
-                         model=build_qwen3_next(config, model, conv_kernel))
+                         model=build_qwen3_next(config, model, conv_kernel, a_max))
 
     def measure(self, step: int, loss: float) -> HybridCheckpoint:
         scores = probe_scores(self.model, self.probe, self.config.segment_len)
@@ -180,13 +180,14 @@ class HybridComparison(VariantComparison):
 
     default_variants = MODELS
 
-    def __init__(self, base: LabConfig, *, conv_kernel: int = CONV_KERNEL, **options):
-        self.conv_kernel = conv_kernel
+    def __init__(self, base: LabConfig, *, conv_kernel: int = CONV_KERNEL, a_max: float = A_MAX, **options):
+        self.conv_kernel, self.a_max = conv_kernel, a_max
         super().__init__(base, **options)
 
     def make_run(self, base: LabConfig, variant: str, *, auto_save: bool, owner: str | None) -> HybridRun:
         config = replace(base, attention="standard", positional="rope")   # Qwen3-Next's own RoPE
-        return HybridRun(config, variant, conv_kernel=self.conv_kernel, max_seconds=float("inf"), owner=owner)
+        return HybridRun(config, variant, conv_kernel=self.conv_kernel, a_max=self.a_max, max_seconds=float("inf"),
+                         owner=owner)
 
     def maps(self, text: str) -> dict[str, LayerMaps]:
         """Every model's layer_maps on the same text, once trained. LabStateError while they are still training."""

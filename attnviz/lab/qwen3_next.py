@@ -36,7 +36,11 @@ CONV_KERNEL = 4           # Qwen3-Next's linear_conv_kernel_dim
 # 1: no short convolution, so that the previous-token step, which a width of 4 hands every position for free, has to
 # be learnt in the Gated DeltaNet's own map
 CONV_KERNELS = (1, 2, 4)
-A_RANGE = (0.01, 16.0)    # A = exp(A_log) of each Gated DeltaNet head drawn uniformly from this range
+# A = exp(A_log) of each Gated DeltaNet head is drawn uniformly from (0.01, a_max); the decay per token is
+# exp(-A softplus(a + dt_bias)). transformers draws Qwen3-Next's with a_max 16: most heads of a toy model then forget
+# within a token, and a few hundred steps do not teach them otherwise. With a_max 1 they start able to look back.
+A_MAXES = (1.0, 16.0)
+A_MAX = 16.0
 OPEN_GATE = "attnviz_gate_open"  # set on a q_proj whose gate is held open
 
 
@@ -66,20 +70,24 @@ def qwen3_next_config(config: LabConfig, model: str, conv_kernel: int = CONV_KER
     return cfg
 
 
-def build_qwen3_next(config: LabConfig, model: str, conv_kernel: int = CONV_KERNEL) -> PreTrainedModel:
+def build_qwen3_next(config: LabConfig, model: str, conv_kernel: int = CONV_KERNEL,
+                     a_max: float = A_MAX) -> PreTrainedModel:
     """A fresh Qwen3NextForCausalLM of one of MODELS, eager attention, in training mode. Weights from a generator
     seeded with config.seed, never the global RNG: N(0, 0.02) for every matrix, embedding and convolution; A_log =
-    log(uniform(0.01, 16)) per Gated DeltaNet head as transformers draws it; the rest as transformers sets them
+    log(uniform(0.01, a_max)) per Gated DeltaNet head (a_max 16 as transformers draws it); the rest as transformers
+    sets them
     (dt_bias 1, Qwen3-Next's 1-centred norm weights 0). "gated" and "ungated" get the same weights."""
     if conv_kernel not in CONV_KERNELS:
         raise ValueError(f"the short convolution's width must be one of {CONV_KERNELS}")
+    if not 0.01 < a_max <= 16.0:
+        raise ValueError("a_max must be above 0.01 and at most 16")
     net = Qwen3NextForCausalLM(qwen3_next_config(config, model, conv_kernel))
     net.set_attn_implementation("eager")
     g = torch.Generator().manual_seed(config.seed)
     with torch.no_grad():
         for name, p in net.named_parameters():
             if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(*A_RANGE, generator=g).log())
+                p.copy_(torch.empty(p.shape).uniform_(0.01, a_max, generator=g).log())
             elif p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) * INIT_STD)
     if model == "ungated":
