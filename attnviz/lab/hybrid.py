@@ -89,10 +89,11 @@ def stacked_maps(model, ids: torch.Tensor) -> tuple[tuple[str, ...], np.ndarray,
     patterns = softmax_patterns(model, ids)
     rows = []
     note = ""
+    linear = len(softmax) < len(kinds)  # a model of softmax layers only needs no pass per row
     for r in range(ids.shape[0]):
-        found = _implicit_maps(model, ids[r:r + 1])
-        note = found.message()
-        layers = {layer: w.double().numpy() for layer, w in found.maps.items()}
+        found = _implicit_maps(model, ids[r:r + 1]) if linear else None
+        note = found.message() if linear else ""
+        layers = {layer: w.double().numpy() for layer, w in found.maps.items()} if linear else {}
         layers.update({layer: patterns[r, i] for i, layer in enumerate(softmax)})
         if len(layers) != len(kinds):
             missing = sorted(set(range(len(kinds))) - set(layers))
