@@ -117,8 +117,8 @@ def _view(comparison: hybrid.HybridComparison, was_running: bool) -> None:
     with left:
         ui.chart(lab_figs.variant_loss_curves({n: s.losses for n, s in snaps.items()},
                                               total_steps=first.config.steps),
-                 "Loss on the task's answer tokens, from the same seed on the same batches: where the hybrid's "
-                 "curve falls first, its Gated DeltaNet layers found the repeat sooner than softmax attention did.")
+                 "Loss on the task's answer tokens of the three models, from the same seed on the same batches: "
+                 "the curve that falls first learnt to find the repeat first.")
     with right:
         steps = {n: [c.step for c in s.checkpoints] for n, s in snaps.items()}
         ui.chart(figs.first_token_curves(steps, {n: [c.first_token_mass for c in s.checkpoints] for n, s in
