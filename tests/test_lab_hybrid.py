@@ -319,3 +319,20 @@ def test_the_toy_lab_page_trains_the_hybrid_and_draws_what_the_library_reports(l
     assert len(heatmaps) == 2 * 3
     np.testing.assert_allclose(_plotly_values(heatmaps[0]["z"]), expected["hybrid"].maps[0][0], rtol=0, atol=1e-6)
     assert any("not probabilities" in c.value for c in at.caption)
+
+
+def test_the_best_score_of_each_kind_over_training_by_hand(trained):
+    from attnviz.figures import lab_hybrid as figs
+
+    snap = trained.snapshots()["hybrid"]
+    best = hybrid.best_by_kind(snap.checkpoints, "induction")
+    assert list(best) == ["gated delta rule", "gated softmax"]
+    np.testing.assert_array_equal(best["gated delta rule"], [max(c.induction[0].max(), c.induction[1].max())
+                                                              for c in snap.checkpoints])
+    np.testing.assert_array_equal(best["gated softmax"], [c.induction[2].max() for c in snap.checkpoints])
+    fig = figs.best_score_curves({"hybrid": [c.step for c in snap.checkpoints]}, {"hybrid": best},
+                                 statistic="induction")
+    assert [t.name for t in fig.data] == ["hybrid: Gated DeltaNet", "hybrid: gated softmax"]
+    assert [t.line.dash for t in fig.data] == ["solid", "dot"]
+    np.testing.assert_array_equal(fig.data[0].y, best["gated delta rule"])
+    assert fig.layout.xaxis.title.text == "training step" and "0–1" in fig.layout.yaxis.title.text

@@ -139,3 +139,24 @@ def first_token_curves(steps: Mapping[str, Sequence[int]], mass: Mapping[str, Se
     fig = apply_layout(fig, title="Attention on the first token over training (softmax layers)",
                        x_title="training step", y_title="share (0–1)", height=440)
     return legend_below(fig, y=-0.26, bottom=180)
+
+
+def best_score_curves(steps: Mapping[str, Sequence[int]], best: Mapping[str, Mapping[str, Sequence[float]]], *,
+                      statistic: str, total_steps: int | None = None) -> go.Figure:
+    """Per model and mixer kind, over training: the highest score of `statistic` ("prev_token" or "induction") over
+    the heads of that kind's layers, on |w| / row sum (0-1). Gated DeltaNet solid, softmax dotted; one colour per
+    model. steps: model -> [checkpoint]; best: model -> kind -> [checkpoint]."""
+    fig = go.Figure()
+    for i, (name, kinds) in enumerate(best.items()):
+        for kind, y in kinds.items():
+            fig.add_trace(go.Scatter(x=np.asarray(steps[name]), y=np.asarray(y, dtype=float), mode="lines",
+                                     name=f"{name}: {SHORT.get(kind, kind)}",
+                                     line=dict(color=PALETTE[i % len(PALETTE)],
+                                               dash="solid" if _is_linear(kind) else "dot")))
+    fig.update_yaxes(range=[0, 1.02])
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    title = STATISTICS[statistic]
+    fig = apply_layout(fig, title=f"Best {title} by kind of layer", x_title="training step",
+                       y_title=f"highest {title} (share of |w|, 0–1)", height=400)
+    return legend_below(fig, y=-0.22, bottom=130)

@@ -133,6 +133,15 @@ def first_token_metrics(attention: np.ndarray) -> dict[str, np.ndarray | float]:
             "sink_rate": sink_rate(alpha0)}
 
 
+def best_by_kind(checkpoints, statistic: str) -> dict[str, np.ndarray]:
+    """{mixer kind: [checkpoint]}: at each checkpoint, the highest `statistic` ("previous_token" or "induction",
+    on |w| / row sum) over every head of the layers of that kind (HybridCheckpoint.kinds)."""
+    kinds = checkpoints[0].kinds
+    return {kind: np.array([getattr(c, statistic)[[i for i, k in enumerate(kinds) if k == kind]].max()
+                            for c in checkpoints])
+            for kind in dict.fromkeys(kinds)}
+
+
 @dataclass
 class HybridCheckpoint(Checkpoint):
     """A Checkpoint of a Qwen3-Next run: previous_token and induction [layer, head] on every layer's shares |w|;

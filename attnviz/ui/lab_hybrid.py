@@ -128,6 +128,13 @@ def _view(comparison: hybrid.HybridComparison, was_running: bool) -> None:
                  "Attention the softmax layers give <bos> over training: the mean α₀ (solid) and the share of heads "
                  "with α₀ > 0.3 (dashed). Compare gated with ungated: a head whose gate can shut has no need to park "
                  "its attention on the first token.")
+    columns = st.columns(2)
+    for column, (statistic, field) in zip(columns, (("prev_token", "previous_token"), ("induction", "induction"))):
+        with column:
+            best = {n: hybrid.best_by_kind(s.checkpoints, field) for n, s in snaps.items()}
+            ui.chart(figs.best_score_curves(steps, best, statistic=statistic, total_steps=first.config.steps),
+                     "The best head of each kind of layer, on the probe's repeated strings: a solid line that rises "
+                     "is a Gated DeltaNet map learning the pattern, a dotted one a softmax layer.")
     if was_running and comparison.finished:
         st.rerun()
     if comparison.finished:
