@@ -30,16 +30,16 @@ MAPS_NOTE = (
     "The Gated DeltaNet panels (red and blue) are implicit maps, not probabilities: w can be negative and a row "
     "need not sum to 1. The previous-token and induction scores in each title are read on |w| divided by its row "
     "sum, where they mean what they mean for a softmax head. With Qwen3-Next's short convolution (width 4) each "
-    "position's q, k and v already hold the three tokens before it, so the previous-token step often lives in the "
-    "convolution, not in w, and an induction stripe in w can sit one or two keys off the target the score reads: "
-    "set the width to 1 to make w do all the mixing.")
+    "position's q, k and v are mixed from it and the three tokens before it, so the previous-token step can live "
+    "in the convolution, not in w, and an induction stripe in w can sit one or two keys off the target the score "
+    "reads: set the width to 1 to make w do all the mixing.")
 
 DECAY_HELP = (
     "Each Gated DeltaNet head keeps exp(-A·softplus(·)) of its state per token, A drawn between 0.01 and this "
     "value. transformers draws Qwen3-Next's up to 16, and most heads of a model this small then forget within a "
-    "token; measured once (4 layers × 4 heads, width 32, 600 steps): up to 16, the Gated DeltaNet maps stayed on "
-    "the diagonal and the softmax layer learnt induction; up to 1, an induction stripe formed in a Gated DeltaNet "
-    "layer's own map.")
+    "token; measured once on the induction task (4 layers × 4 heads, width 32, 600 steps): up to 16, the Gated "
+    "DeltaNet maps stayed on the diagonal and the softmax layer learnt induction; up to 1, an induction stripe "
+    "formed in a Gated DeltaNet layer's own map.")
 
 
 def start(config: lab.LabConfig, conv_kernel: int, a_max: float) -> hybrid.HybridComparison | None:
