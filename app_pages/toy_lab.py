@@ -8,6 +8,7 @@ import streamlit as st
 from attnviz import lab, snippets, ui
 from attnviz.figures import lab as figs
 from attnviz.ui import lab as lab_ui
+from attnviz.ui import lab_hybrid
 from attnviz.ui import snippets as snippet_ui
 
 st.title("Toy lab")
@@ -275,4 +276,6 @@ else:
     show_trained(run)
 st.header("Sink-free attention, side by side")
 show_comparison(config, problems)
+st.header("A Qwen3-Next hybrid: Gated DeltaNet beside softmax")
+lab_hybrid.section(config, problems)
 lab_ui.my_models()

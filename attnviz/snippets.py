@@ -18,6 +18,7 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     kernel_step(n, d, block_m=..., block_n=..., causal=..., dtype=..., seed=..., window=..., step=...)  the Tiled
                                                    kernel page's step view
     lab_loss_curve(name)                           the Toy lab's loss curve, from a saved run's history
+    lab_hybrid_maps(config, conv_kernel, a_max, head)  the Toy lab's hybrid beside its softmax models: every layer's map
     head_stats(model, text), knockout(model, text, heads)  the tables of a report (attnviz.report)
 """
 
@@ -239,6 +240,25 @@ def lab_loss_curve(name: str) -> str:
         f"saved = lab.saved_history({name!r})  # lab/{name}: its config, per-step losses and checkpoints",
         "fig = figs.saved_loss_curve(saved)",
         EXPORT.format(name=_file_name("lab", name, "loss")),
+    ])
+
+
+def lab_hybrid_maps(config: dict, conv_kernel: int, a_max: float, head: int) -> str:
+    """The Toy lab's hybrid section: the Qwen3-Next hybrid and its softmax pair trained again with the page's settings
+    (config: the LabConfig's fields; same settings and seed, same weights), then one head of every layer on the same
+    text (attnviz.lab.hybrid.HybridComparison.maps, figures.lab_hybrid.layer_maps_grid)."""
+    fields = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    return "\n".join([
+        "import attnviz",
+        "from attnviz import lab",
+        "from attnviz.figures import lab_hybrid as figs",
+        "",
+        f"config = lab.LabConfig({fields})",
+        f"comparison = lab.HybridComparison(config, conv_kernel={int(conv_kernel)}, a_max={float(a_max)!r})",
+        "comparison.run()  # trains the three models here, one step of each in turn",
+        "maps = comparison.maps(comparison.map_text())  # model -> LayerMaps: kinds, maps [head, query, key], scores",
+        f"fig = figs.layer_maps_grid(maps, head={int(head)})",
+        EXPORT.format(name=_file_name("lab", "hybrid", f"H{head}")),
     ])
 
 

@@ -8,6 +8,10 @@
 - attnviz.lab.training: the loss, the head scores (attnviz.stats' and attnviz.diagnostics' definitions),
   checkpoints and LabRun (trains in a background thread, polled by snapshot());
 - attnviz.lab.comparison: VariantComparison, the attention variants trained side by side, and their maps;
+- attnviz.lab.qwen3_next: transformers' Qwen3-Next at toy size: the hybrid (Gated DeltaNet layers, one gated
+  softmax layer), its softmax model and that model with its output gate held open;
+- attnviz.lab.hybrid: HybridComparison, those three trained side by side, every layer's map (a Gated DeltaNet
+  layer's implicit map, attnviz.mixers) with its scores on |w|, and the sink metric over training;
 - attnviz.lab.storage: the saved folder (safetensors, tokenizer, LAB_FILE) that opens everywhere as lab/<name>,
   its owner, and the limits on what visitors keep.
 
@@ -25,12 +29,13 @@ from attnviz.lab.comparison import VariantComparison, weight_on_tokens
 from attnviz.lab.training import (MAX_CONCURRENT_RUNS, Checkpoint, LabBusyError, LabError, LabRun, LabStateError,
                                   RunSnapshot, active_runs, head_scores, task_loss)
 from attnviz.lab.variants import ARCHITECTURE, INIT_STD, N_POSITIONS, architecture, build_model
+from attnviz.lab.hybrid import HybridComparison, LayerMaps, layer_maps
 
 __all__ = ["ALPHABET", "ARCHITECTURE", "ATTENTION", "ATTENTION_INFO", "BOS_ID", "INIT_STD", "LAB_FILE",
            "MAX_CONCURRENT_RUNS", "MAX_NAME", "MAX_SECONDS", "MAX_STEPS", "N_POSITIONS", "POSITIONAL", "PROBE_BATCH",
            "PROBE_SEED", "SEPARATOR", "TASKS", "LETTER_TASKS", "TASK_INFO", "VARIANTS",
-           "Checkpoint", "LabBusyError", "LabError", "LabStateError",
+           "Checkpoint", "HybridComparison", "LabBusyError", "LayerMaps", "LabError", "LabStateError",
            "LabConfig", "LabRun", "NameTaken", "QuotaExceeded", "RunSnapshot", "StorageRefused", "VariantComparison",
-           "active_runs", "architecture", "build_model", "chance_loss", "example_text", "head_scores",
+           "active_runs", "architecture", "build_model", "chance_loss", "example_text", "head_scores", "layer_maps",
            "make_batch", "make_probe", "probe_lengths", "read_history", "saved_history", "saved_runs",
            "target_patterns", "task_loss", "text_probe", "weight_on_tokens"]

@@ -25,17 +25,22 @@ class VariantComparison:
     MAX_CONCURRENT_RUNS slots. max_seconds bounds the whole comparison; each run keeps its own snapshot.
     With auto_save, each run is saved by `owner` under its config's default name when it ends (LabRun)."""
 
+    default_variants = VARIANTS
+
     def __init__(self, base: LabConfig, *, variants=None, max_seconds: float = MAX_SECONDS,
                  auto_save: bool = False, owner: str | None = None):
-        self.variants = tuple(variants or VARIANTS)
-        configs = {v: replace(base, attention=v, positional="rope") for v in self.variants}
-        self.runs = {v: LabRun(c, max_seconds=float("inf"), auto_save=c.default_name() if auto_save else None,
-                               owner=owner)
-                     for v, c in configs.items()}
+        self.variants = tuple(variants or self.default_variants)
+        self.runs = {v: self.make_run(base, v, auto_save=auto_save, owner=owner) for v in self.variants}
         self.max_seconds = max_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.timed_out = False
+
+    def make_run(self, base: LabConfig, variant: str, *, auto_save: bool, owner: str | None) -> LabRun:
+        """The run of one variant: `base` with that attention (on RoPE), no time limit of its own."""
+        config = replace(base, attention=variant, positional="rope")
+        return LabRun(config, max_seconds=float("inf"), auto_save=config.default_name() if auto_save else None,
+                      owner=owner)
 
     def snapshots(self) -> dict[str, RunSnapshot]:
         return {v: r.snapshot() for v, r in self.runs.items()}

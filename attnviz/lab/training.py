@@ -168,12 +168,14 @@ class LabRun:
     run() trains in the calling thread (tests, scripts); start() trains in a daemon thread and returns at once.
     on_checkpoint(checkpoint), when given, is called in the training thread after each checkpoint (a benchmark
     stops a run there once its sink metric passes a threshold).
+    model, when given, is trained instead of build_model(config) (the config still sets the task and the training);
+    a subclass measures its own statistics by overriding measure().
     owner: who saves it (attnviz.lab.storage: an opaque token, one per visitor; None for scripts). auto_save names
     the folder saved when training ends; should another owner hold that name, the first free "<name>-k" is used.
     """
 
     def __init__(self, config: LabConfig, *, auto_save: str | None = None, owner: str | None = None,
-                 max_seconds: float = MAX_SECONDS, on_checkpoint=None):
+                 max_seconds: float = MAX_SECONDS, on_checkpoint=None, model: PreTrainedModel | None = None):
         problems = config.problems()
         if problems:
             raise LabError("; ".join(problems))
@@ -182,7 +184,7 @@ class LabRun:
         self.owner = owner
         self.max_seconds = max_seconds
         self.on_checkpoint = on_checkpoint
-        self.model = build_model(config)
+        self.model = build_model(config) if model is None else model
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -306,10 +308,14 @@ class LabRun:
         self._set(saved_as=target.name)
         return target
 
-    def _checkpoint(self, step: int, loss: float) -> None:
+    def measure(self, step: int, loss: float) -> Checkpoint:
+        """The statistics at `step`: every head's scores on the probe and the sink metric (head_scores)."""
         scores = head_scores(self.model, self._probe, self.config.segment_len, self._sink_probe)
-        checkpoint = Checkpoint(step, loss, scores["previous_token"], scores["induction"], scores["sink"],
-                                sink_rate(scores["alpha0"]), scores["alpha0"])
+        return Checkpoint(step, loss, scores["previous_token"], scores["induction"], scores["sink"],
+                          sink_rate(scores["alpha0"]), scores["alpha0"])
+
+    def _checkpoint(self, step: int, loss: float) -> None:
+        checkpoint = self.measure(step, loss)
         with self._lock:
             self._checkpoints.append(checkpoint)
         if self.on_checkpoint is not None and step > 0:
