@@ -75,6 +75,7 @@ with st.spinner("Computing the statistics of every head…"):
 n = capture.n_tokens
 n_kv = len(set(capture.kv_head_of))
 st.caption(f"{model}: {n:,} tokens, {capture.n_layers} layers x {capture.n_heads} heads captured"
+           + (f" (and {len(capture.linear_layers)} linear layers, below)" if capture.linear_layers else "")
            + (f"; its {capture.n_heads} query heads share {n_kv} key/value head{'s' if n_kv > 1 else ''}"
               if n_kv < capture.n_heads else "") + ".")
 kinds = loaded.shape.kinds_summary()
@@ -392,7 +393,6 @@ for name, panel in (("token", token_panel), ("predict", predictions_panel),
             panel()
 
 mixers_panel.show(capture)  # a hybrid's other layers: their kinds, implicit maps and gates
-
 # The view goes into the link last. The whole link is compared, text included: a text too long for the link must
 # also take an older text= out of it, or the next rerun would read that older text back as a new link (links.read)
 # over the user's own.

@@ -142,7 +142,7 @@ def _check_size(loaded, wanted: list[int], linear: list[int], n: int, store: str
         raise CaptureError(f"The text is {n:,} tokens long; the limit for {loaded.spec.name} here is {limit:,} "
                            "tokens. Shorten the text.")
     n_heads, n_layers = shape.n_heads(loaded.model.config), len(wanted) + len(linear)
-    facts = loaded.shape.layer_facts
+    facts = loaded.shape.layer_facts if getattr(loaded, "shape", None) is not None else ()
     heads = len(wanted) * n_heads + sum((facts[i].heads if i < len(facts) else None) or n_heads for i in linear)
     need = pattern_bytes(1, heads, n, itemsize)
     if store == "pattern" and need > MAX_CAPTURE_BYTES:

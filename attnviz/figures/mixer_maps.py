@@ -53,6 +53,7 @@ def kinds_strip(kinds: Sequence[str], *, title: str = "Each layer's token mixer"
                              hovertemplate=f"layer %{{x}}: {kind}<extra></extra>", width=0.9))
     fig.update_yaxes(visible=False)
     fig.update_xaxes(dtick=1 if len(kinds) <= 40 else None)
+    fig.update_layout(showlegend=True)  # the legend names the kinds, one of them too
     return apply_layout(fig, title=title, x_title="model layer", height=200)
 
 

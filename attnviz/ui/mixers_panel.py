@@ -26,7 +26,9 @@ def show(capture) -> None:
              "is still a weighted sum of per-token values, o_t = Σ_s w_ts v_s, so it has an exact attention map "
              "of its own, built from what the layer's kernel received.")
     ui.plot(figs.kinds_strip(capture.layer_kinds), key="mixers_kinds")
-    st.caption("What to see: which layers mix tokens how; the Heads views above show the softmax layers.")
+    st.caption("What to see: which layers mix tokens how."
+               + (" The views above show the softmax layers; this section the others." if capture.layers else
+                  " This model has no softmax attention: each layer below is a linear mixer's exact map."))
     message = capture.skipped_message()
     if message:
         st.info(message)
@@ -74,7 +76,7 @@ def _linear(capture) -> None:
     numbers = map_stats(capture.layer_rows(layer, mixer="linear"), capture.token_ids)
     table = pd.DataFrame({"head": range(n_heads), "prev_token": numbers["prev_token"],
                           "induction": numbers["induction"], "half_mass_distance": numbers["half_mass_distance"]})
-    st.dataframe(table, hide_index=True)
+    st.dataframe(table.round(4), hide_index=True)
     st.caption("On the shares |w_ts| / Σ_s |w_ts| (each row's absolute weight, summing to 1): prev_token and "
                "induction as the softmax heads' statistics define them; half_mass_distance, the fewest tokens back "
                "that hold half the mean row's share.")
@@ -94,8 +96,8 @@ def _gates(capture) -> None:
                "mean over the head's channels. Near 0 the head's output at that query is all but shut: the gate, "
                "not a sink token, lets a head attend nowhere (Qiu et al. 2025).")
     mean, sparse = gate_table(capture)[layer]
-    st.dataframe(pd.DataFrame({"head": range(len(mean)), "mean gate": mean, "share of gates under 0.1": sparse}),
-                 hide_index=True)
+    st.dataframe(pd.DataFrame({"head": range(len(mean)), "mean gate": mean, "share of gates under 0.1": sparse})
+                 .round(4), hide_index=True)
     head = st.selectbox("Head for the gated contribution", list(range(gate.shape[0])), key="mixers_gate_head",
                         persist_state="session")
     weights = capture.head_pattern(layer, head) * gate[head][:, None]
@@ -120,4 +122,4 @@ def gates_beside_sinks(capture, alpha: np.ndarray) -> None:
                "under 0.1 all but shuts the head at that query, which is what a sink does for an ungated head: "
                "gated heads need less sink. Both bars are fractions: α₀ the mean weight on token 0, the other the "
                "share of (query, channel) gates under 0.1.")
-    st.dataframe(table, hide_index=True)
+    st.dataframe(table.round(4), hide_index=True)
