@@ -186,3 +186,23 @@ def test_indexed_view_equals_the_indexers_own_selection(folders, captures):
             assert view.outside.max() > 0.01  # the selection really dropped mass at this length
     with pytest.raises(CaptureError, match="not an indexed"):
         indexed_view(captures["qwen3_next"], 3, 0)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
+@pytest.mark.parametrize("suffix", ["npz", "safetensors"])
+def test_capture_files_keep_the_linear_maps_and_kinds(captures, tmp_path, name, suffix):
+    from attnviz.capture import load_capture, save_capture
+
+    cap = captures[name]
+    path = tmp_path / f"cap.{suffix}"
+    cap.save(path)
+    back = load_capture(path)
+    assert back.layers == cap.layers and back.linear_layers == cap.linear_layers
+    assert back.layer_kinds == cap.layer_kinds
+    for layer in cap.linear_layers:
+        np.testing.assert_array_equal(back.layer_rows(layer, mixer="linear"), cap.layer_rows(layer, mixer="linear"))
+    for layer in cap.layers:
+        np.testing.assert_array_equal(back.layer_rows(layer), cap.layer_rows(layer))
+    if cap.layers:  # an export of some heads is of the softmax layers only
+        save_capture(cap, tmp_path / f"head.{suffix}", heads=[0])
+        assert load_capture(tmp_path / f"head.{suffix}").linear_layers == []

@@ -27,15 +27,29 @@ _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
 
 
 def export_bytes(capture: AttentionCapture, *, layers=None, heads=None, dtype=np.float32) -> int:
-    """Bytes of the pattern array write_capture would write for these layers and heads (before compression)."""
-    n_layers = capture.n_layers if layers is None else len(set(layers))
+    """Bytes of the pattern array (and the linear mixers' maps) write_capture would write for these layers and heads
+    (before compression)."""
+    layers = None if layers is None else sorted({int(i) for i in layers})
+    softmax, linear = _linear_plan(capture, layers, heads)
     n_heads = capture.n_heads if heads is None else len(set(heads))
-    return n_layers * n_heads * capture.n_tokens ** 2 * np.dtype(dtype).itemsize
+    heads_written = len(softmax) * n_heads + sum(capture.layer_heads(i, "linear") for i in linear)
+    return heads_written * capture.n_tokens ** 2 * np.dtype(dtype).itemsize
+
+
+def _linear_plan(capture: AttentionCapture, layers, heads) -> tuple[list[int], list[int]]:
+    """(softmax layers, linear layers) of an export: a linear mixer's map goes whole (every head) into its own
+    array, linear_map_<layer>, when every head is exported."""
+    linear = [i for i in capture.linear_layers if heads is None and (layers is None or i in layers)]
+    if layers is None:
+        return list(capture.layers), linear
+    return [i for i in layers if i not in linear or i in capture.layers], linear
 
 
 def _plan(capture: AttentionCapture, layers, heads, dtype):
-    """(layers, heads, dtype, the small arrays, metadata) of an export, checked before anything is written."""
-    layers = list(capture.layers) if layers is None else sorted({int(i) for i in layers})
+    """(layers, linear layers, heads, dtype, the small arrays, metadata) of an export, checked before anything is
+    written."""
+    layers = None if layers is None else sorted({int(i) for i in layers})
+    layers, linear = _linear_plan(capture, layers, heads)
     for layer in layers:
         capture.index_of(layer)  # a CaptureError names the captured layers
     heads = list(range(capture.n_heads)) if heads is None else sorted({int(h) for h in heads})
@@ -43,7 +57,7 @@ def _plan(capture: AttentionCapture, layers, heads, dtype):
         raise CaptureError(f"Heads must lie in 0 .. {capture.n_heads - 1}.")
     out_dtype = np.dtype(dtype) if dtype is not None else (
         capture.pattern.dtype if capture.pattern is not None else np.dtype(np.float32))
-    need = export_bytes(capture, layers=layers, heads=heads, dtype=out_dtype)
+    need = export_bytes(capture, layers=layers + linear, heads=heads, dtype=out_dtype)
     if need > MAX_EXPORT_BYTES:
         raise CaptureError(f"{len(layers)} layers x {len(heads)} heads x {capture.n_tokens:,}² weights would be "
                            f"{need / 2**30:.1f} GiB (limit {MAX_EXPORT_BYTES / 2**30:.0f} GiB): export fewer "
@@ -55,7 +69,9 @@ def _plan(capture: AttentionCapture, layers, heads, dtype):
              "kv_head_of": np.asarray([capture.kv_head_of[h] for h in heads], dtype=np.int64)}
     meta = {"tokens": capture.tokens, "model_name": capture.model_name, "causal": capture.causal,
             "scaling": capture.scaling, "head_dim": capture.head_dim}
-    return layers, heads, out_dtype, small, meta
+    if capture.layer_kinds:
+        meta["layer_kinds"] = list(capture.layer_kinds)
+    return layers, linear, heads, out_dtype, small, meta
 
 
 def _pattern_blocks(capture: AttentionCapture, layers, heads, dtype):
@@ -66,6 +82,15 @@ def _pattern_blocks(capture: AttentionCapture, layers, heads, dtype):
             for a in range(0, n, ROWS_PER_BLOCK):
                 b = min(n, a + ROWS_PER_BLOCK)
                 yield np.ascontiguousarray(capture.layer_rows(layer, a, b, heads=[h])[0], dtype=dtype)
+
+
+def _map_blocks(capture: AttentionCapture, layer: int, dtype):
+    """A linear layer's implicit map [head, query, key] in C order, as blocks of rows of one head."""
+    n = capture.n_tokens
+    for h in range(capture.layer_heads(layer, "linear")):
+        for a in range(0, n, ROWS_PER_BLOCK):
+            rows = capture.layer_rows(layer, a, min(n, a + ROWS_PER_BLOCK), heads=[h], mixer="linear")[0]
+            yield np.ascontiguousarray(rows, dtype=dtype)
 
 
 def _score_blocks(capture: AttentionCapture, layers, heads):
@@ -79,7 +104,8 @@ def write_capture(capture: AttentionCapture, out, fmt: str = "npz", *, layers=No
     """Writes the capture to `out` (a binary file object) as "npz" (numpy.load) or "safetensors"
     (safetensors.numpy.load_file; tokens and names in the metadata as JSON). Arrays: pattern [layer, head, query,
     key], token_ids, layers, heads (the model's head numbers), kv_head_of (of the heads written), scores if the
-    capture has them.
+    capture has them, and linear_map_<layer> [head, query, key] for each linear mixer's implicit map (written with
+    every head), with the layers' kinds in the metadata.
 
     layers, heads: write only these model layers and heads (default all captured); dtype: np.float16 halves the
     file (default: the capture's own dtype). In the long-text store the weights are computed from q and k, a block
@@ -87,9 +113,12 @@ def write_capture(capture: AttentionCapture, out, fmt: str = "npz", *, layers=No
     anything is written."""
     if fmt not in ("npz", "safetensors"):
         raise CaptureError(f"Unknown export format {fmt!r}: use npz or safetensors.")
-    layers, heads, dtype, small, meta = _plan(capture, layers, heads, dtype)
+    layers, linear, heads, dtype, small, meta = _plan(capture, layers, heads, dtype)
     n = capture.n_tokens
     big = {"pattern": ((len(layers), len(heads), n, n), dtype, lambda: _pattern_blocks(capture, layers, heads, dtype))}
+    for layer in linear:
+        big[f"linear_map_{layer}"] = ((capture.layer_heads(layer, "linear"), n, n), dtype,
+                                      lambda layer=layer: _map_blocks(capture, layer, dtype))
     if capture.computed_scores is not None:  # computed because they were asked for (with_scores, --scores)
         scores_dtype = capture.computed_scores.dtype
         big["scores"] = ((len(layers), len(heads), n, n), scores_dtype, lambda: _score_blocks(capture, layers, heads))
@@ -197,7 +226,13 @@ def load_capture(path) -> AttentionCapture:
     saved = {"scaling": meta["scaling"], "head_dim": meta["head_dim"]}
     if heads != list(range(len(heads))):
         saved["heads"] = heads
+    maps = {int(name.removeprefix("linear_map_")): array for name, array in arrays.items()
+            if name.startswith("linear_map_")}
+    for array in maps.values():
+        array.flags.writeable = False
+    kinds = meta.get("layer_kinds")
     return AttentionCapture(tokens=list(meta["tokens"]), token_ids=arrays["token_ids"].tolist(),
                             pattern=arrays["pattern"], layers=arrays["layers"].tolist(),
                             kv_head_of=arrays["kv_head_of"].tolist(), model_name=meta["model_name"],
-                            causal=bool(meta["causal"]), computed_scores=arrays.get("scores"), file_facts=saved)
+                            causal=bool(meta["causal"]), computed_scores=arrays.get("scores"), file_facts=saved,
+                            layer_kinds=tuple(kinds) if kinds else None, maps=maps or None)
