@@ -338,13 +338,13 @@ view["tab"] = next((slug for slug, tab in tabs.items() if tab.open), "grid")
 
 if tabs["grid"].open:
     with tabs["grid"], st.spinner("Drawing every head…"):
-        marks = tuple(loaded.shape.layer_kind(x)[0].upper() for x in capture.layers) if kinds else None
+        marks = tuple(loaded.shape.layer_mark(x) for x in capture.layers) if kinds else None
         ui.plot(cache.grid_of(*key, hide_sink, 0.5, figs.GRID_TILE, capture, pooled_grid, marks),
                         width="stretch")
         st.write("Each small map is one head (query down, key across, max-pooled to 48 px). A bright left column is "
                  "a sink; a bright diagonal is a self head; a stripe just below it is a previous-token head."
-                 + (" The layer axis marks local layers L and global ones G: a local layer's maps keep to a band "
-                    "along the diagonal as wide as its window." if marks else "")
+                 + (" The layer axis marks local layers L (maps kept to a band as wide as its window), global ones G,"
+                    " or a layer's mixer: gated, top-k, +SSM." if marks else "")
                  + (" Grey blocks lie wholly above the diagonal: a causal query cannot see later keys."
                     if capture.causal else ""))
         if hide_sink:

@@ -102,6 +102,13 @@ class ModelShape:
         """"local" or "global" (every layer is global in a model without sliding or chunked layers)."""
         return self.layer_facts[layer].kind if self.layer_facts else "global"
 
+    def layer_mark(self, layer: int) -> str:
+        """A short mark beside a layer's number in a chart: L or G (local or global softmax), or the mixer's own
+        ("gated", "top-k", "+SSM") where a layer's softmax attention is gated, indexed or runs beside Mamba2."""
+        facts = self.layer_facts[layer] if self.layer_facts else None
+        marks = {"gated softmax": "gated", "indexed": "top-k", "softmax + mamba2": "+SSM"}
+        return marks.get(facts.mixer, facts.kind[0].upper()) if facts else "G"
+
     def relative_depth(self, layers=None) -> list[float]:
         """Each layer's place in the stack, layer / (layers - 1): 0 the first, 1 the last. Two models of different
         depths (SmolLM2's 30 layers, Gemma 3's 18) are compared on this axis."""

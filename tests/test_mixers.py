@@ -182,6 +182,9 @@ def test_layer_facts_carry_the_mixer():
     # heads 4 with a cache that grows (no fixed state)
     assert (shape.layer_facts[0].heads, shape.layer_facts[0].state) == (4, 4 * 8 * 8)
     assert (shape.layer_facts[3].heads, shape.layer_facts[3].state) == (4, None)
+    assert shape.layer_mark(3) == "gated"  # the Heads grid's mark beside the layer number
+    assert [model_shape(mixer_models.configs()[name], causal=True).layer_mark(1) for name in
+            ("falcon_h1", "deepseek_v32", "lfm2")] == ["+SSM", "top-k", "G"]
     mamba = model_shape(mixer_models.configs()["mamba2"], causal=True)  # 4 heads, d_state 8, head_dim 16
     assert [(f.mixer, f.heads, f.state) for f in mamba.layer_facts] == [("mamba2", 4, 4 * 8 * 16)] * 2
     lfm2 = model_shape(mixer_models.configs()["lfm2"], causal=True)  # hidden 32, conv_L_cache 3
