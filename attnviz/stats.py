@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from attnviz.during import DuringForward
+from attnviz.errors import CaptureError
 from attnviz.streamed import InductionMatch, streamed_stats
 from attnviz.views import overview_in_pass
 
@@ -61,6 +62,9 @@ def head_stats(capture, *, block: int = 32, progress: Callable[[int, int], None]
     attnviz.views.pooled_heads) to the list pooled_out, from the same pass (the Heads page's grid costs no second
     pass over the scores); pooled_nosink_out likewise gets them with the first-token sink hidden.
     """
+    if not capture.layers:
+        raise CaptureError("This capture has no softmax attention layer, so no head statistics: a linear mixer's "
+                           "map has its own (attnviz.mixers.stats.map_stats; the Heads page shows them).")
     pattern = getattr(capture, "pattern", None)
     targets = induction_targets(capture.token_ids) if pattern is not None else None
     n_layers, n = len(capture.layers), len(capture.token_ids)

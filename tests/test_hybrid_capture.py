@@ -206,3 +206,9 @@ def test_capture_files_keep_the_linear_maps_and_kinds(captures, tmp_path, name, 
     if cap.layers:  # an export of some heads is of the softmax layers only
         save_capture(cap, tmp_path / f"head.{suffix}", heads=[0])
         assert load_capture(tmp_path / f"head.{suffix}").linear_layers == []
+
+
+def test_a_capture_without_softmax_layers_has_no_head_statistics_and_says_so(captures):
+    with pytest.raises(CaptureError, match="no softmax attention layer"):
+        captures["mamba2"].stats()
+    assert len(captures["qwen3_next"].stats()) == 4  # the softmax layer's 4 heads
