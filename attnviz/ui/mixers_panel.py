@@ -12,6 +12,7 @@ from attnviz import ui
 from attnviz.capture.linear import LINEAR_NOTE, gate_sink_table, gate_table, indexed_view
 from attnviz.figures import heads as head_figs
 from attnviz.figures import mixer_maps as figs
+from attnviz.mixers.gates import gated_weights
 from attnviz.mixers.stats import map_stats
 
 STATS_MAX_TOKENS = 2048  # the heads' statistics read each whole map: [head, n, n] float64 at most
@@ -100,12 +101,16 @@ def _gates(capture) -> None:
                  .round(4), hide_index=True)
     head = st.selectbox("Head for the gated contribution", list(range(gate.shape[0])), key="mixers_gate_head",
                         persist_state="session")
-    weights = capture.head_pattern(layer, head) * gate[head][:, None]
-    ui.plot(head_figs.head_detail(np.asarray(weights), capture.tokens,
+    pattern = capture.head_pattern(layer, head)
+    left, right = st.columns(2)
+    ui.plot(head_figs.head_detail(pattern, capture.tokens, title=f"Layer {layer}, head {head}: the pattern"),
+            where=left, key="mixers_pattern")
+    ui.plot(head_figs.head_detail(np.asarray(gated_weights(pattern[None], gate[head][None])[0]), capture.tokens,
                                   title=f"Layer {layer}, head {head}: weight × the query's mean gate"),
-            key="mixers_gated")
-    st.caption("What to see: each key's attention weight times the gate on the query's output; a row sums to the "
-               "share of the head's output the gate lets through on average, not to 1.")
+            where=right, key="mixers_gated")
+    st.caption("What to see: left, the softmax weights (each row sums to 1); right, each weight times the gate on "
+               "the query's output, so a row sums to the share of the head's output the gate lets through on "
+               "average. A row that is bright on the left and dark on the right is a query whose head the gate shut.")
 
 
 def gates_beside_sinks(capture, alpha: np.ndarray) -> None:
