@@ -212,3 +212,15 @@ def test_a_capture_without_softmax_layers_has_no_head_statistics_and_says_so(cap
     with pytest.raises(CaptureError, match="no softmax attention layer"):
         captures["mamba2"].stats()
     assert len(captures["qwen3_next"].stats()) == 4  # the softmax layer's 4 heads
+
+
+def test_gated_weights_rows_sum_to_the_mean_gate(captures):
+    """Each key's weight times the query's mean gate: a softmax row sums to 1, so a gated row sums to the gate."""
+    from attnviz.mixers.gates import gated_weights
+
+    cap = captures["qwen3_next"]
+    pattern, gate = cap.layer_rows(3).astype(np.float64), cap.gate(3).astype(np.float64)
+    weights = gated_weights(pattern, gate)
+    np.testing.assert_allclose(weights.sum(-1), gate, atol=1e-6)
+    np.testing.assert_allclose(weights[1, 5, 2], pattern[1, 5, 2] * float(cap.gates[3][1, 5].double().mean()),
+                               rtol=1e-6)
