@@ -142,7 +142,7 @@ def print_style(fig: go.Figure, *, size: tuple[float, float] | None = None) -> g
         note.font.size = min(note.font.size or FONT_PX, TITLE_PX)
     bar = dict(thickness=10, outlinewidth=0, tickfont=dict(size=TICK_PX), title=dict(font=dict(size=FONT_PX)))
     for holder in _colour_holders(out):
-        if "colorbar" in holder:
+        if "colorbar" in holder and _draws_scale(holder):  # a colour bar set on a plain marker would be drawn
             holder.colorbar.update(bar)
     _recolour(out)
     return out
@@ -159,6 +159,18 @@ def _wrapped(text: str, width: float) -> list[str]:
     if "<" in text:
         return [text]
     return textwrap.wrap(text, max(12, int((width - 16) / (TITLE_PX * 0.62)))) or [text]
+
+
+_SCALE_TRACES = ("heatmap", "contour", "histogram2d", "histogram2dcontour", "surface")
+
+
+def _draws_scale(holder) -> bool:
+    """Whether a holder of _colour_holders draws a colour bar: showscale where it is set, else the traces that
+    draw one by default (heatmaps, contours) and the layout's colour axes; a marker or line does not."""
+    shows = holder.showscale if "showscale" in holder else None
+    if shows is not None:
+        return bool(shows)
+    return getattr(holder, "type", None) in _SCALE_TRACES or holder.plotly_name.startswith("coloraxis")
 
 
 def _colour_holders(fig: go.Figure) -> list:

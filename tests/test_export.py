@@ -95,6 +95,17 @@ def test_print_style_is_white_legible_and_colour_blind_safe():
     assert export.print_style(image).data[1].marker.colorscale == image.data[1].marker.colorscale  # its pixels
 
 
+def test_print_style_gives_a_colour_bar_only_where_one_is_drawn():
+    """A lines+markers chart gets no colour bar (styling a plain marker's colorbar would draw an empty one); a
+    heatmap's and an image's bar are styled."""
+    markers = go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 0, 1], mode="lines+markers"))
+    assert export.print_style(markers).data[0].marker.colorbar.to_plotly_json() == {}
+    heat = export.print_style(common.heatmap(np.eye(3), colorbar_title="w"))
+    assert heat.data[0].colorbar.thickness == 10
+    image = export.print_style(head_figs.image_figure(np.eye(4), title="map", x_title="key", y_title="query"))
+    assert image.data[1].marker.colorbar.thickness == 10
+
+
 def test_which_scales_are_sequential():
     assert export.scale_trend("Viridis") == 1 and export.scale_trend("Blues") == -1
     assert export.scale_trend("RdBu_r") == 0 and export.scale_trend("Picnic") == 0
