@@ -112,8 +112,10 @@ def _layer_hooks(mixers) -> list:
 def record_mixers(model):
     """Within the block, this thread's forward passes of `model` fill the yielded dict {layer: record}
     (a DeltaRuleRecord, KdaRecord or SsdRecord, batch row 0) of every linear mixer transformers' reference kernel
-    ran, the last call of each layer kept. A call that starts from a carried state (a cached generation step) is not
-    kept: its map would miss what the state holds."""
+    ran, the last chunked call of each layer kept. A call that starts from a carried state is not kept (its map would
+    miss what the state holds), and the one-token steps of a cached generation run the modules' recurrent kernels,
+    which are not recorded: after a prefill and cached steps, a layer's record is still the prefill's. Captures run
+    without a cache, so theirs is the whole text's."""
     mixers = mixer_modules(model)
     keys = _install(mixers.values())
     handles = _layer_hooks(mixers)
