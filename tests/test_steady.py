@@ -93,3 +93,33 @@ def test_a_texts_token_count_is_counted_once_and_is_the_tokenizers():
     n = token_count("toy-gpt2", text, loaded)
     assert n == len(tokenizer(text)["input_ids"]) and n > 10
     assert token_count("toy-gpt2", text, loaded) == n and calls == [text]  # the second rerun does not tokenize
+
+
+def test_the_heads_beside_the_one_drawn_are_made_ahead(monkeypatch):
+    import threading
+
+    from attnviz import ui
+    from attnviz.capture import capture_attention
+    from attnviz.figures import heads as figs
+    from attnviz.models import load_model
+    from attnviz.ui import heads as cache
+    from attnviz.ui.heads_next import neighbours
+
+    assert neighbours([0, 1, 2], 4, 1, 0) == [(1, 1), (2, 0), (0, 0)]  # no head -1
+    assert neighbours([3, 5], 4, 5, 3) == [(5, 2), (3, 3)]  # no head 4, no layer after 5: the captured layers
+    text = TEXT.replace("keeps", "makes")
+    heads_page({"model": "toy-gpt2", "text": text, "layer": "1", "head": "2", "boost": "1", "sink": "0",
+                "tab": "head"})
+    for thread in threading.enumerate():
+        if thread.name == "heads-next":
+            thread.join(60)
+    capture = capture_attention(load_model("toy-gpt2"), text)
+    built = []
+    real = figs.head_detail
+    monkeypatch.setattr(figs, "head_detail", lambda *a, **k: built.append(1) or real(*a, **k))
+    key = ("toy-gpt2", ui.model_version("toy-gpt2"), text, None)
+    for layer, head in [(1, 3), (1, 1), (0, 2)]:  # toy-gpt2: layers 0 and 1, heads 0-3
+        cache.head_figure(*key, layer, head, 0.5, False, capture)
+    assert built == [], "a head beside the one drawn was not made ahead"
+    cache.head_figure(*key, 0, 0, 0.5, False, capture)  # not beside (1, 2): made now
+    assert built == [1]
