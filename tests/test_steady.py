@@ -105,8 +105,7 @@ def test_the_heads_beside_the_one_drawn_are_made_ahead(monkeypatch):
     from attnviz.ui import heads as cache
     from attnviz.ui.heads_next import neighbours
 
-    assert neighbours([0, 1, 2], 4, 1, 0) == [(1, 1), (2, 0), (0, 0)]  # no head -1
-    assert neighbours([3, 5], 4, 5, 3) == [(5, 2), (3, 3)]  # no head 4, no layer after 5: the captured layers
+    assert neighbours(4, 1, 0) == [(1, 1)] and neighbours(4, 5, 3) == [(5, 2)]  # no head -1, no head 4
     text = TEXT.replace("keeps", "makes")
     heads_page({"model": "toy-gpt2", "text": text, "layer": "1", "head": "2", "boost": "1", "sink": "0",
                 "tab": "head"})
@@ -118,8 +117,8 @@ def test_the_heads_beside_the_one_drawn_are_made_ahead(monkeypatch):
     real = figs.head_detail
     monkeypatch.setattr(figs, "head_detail", lambda *a, **k: built.append(1) or real(*a, **k))
     key = ("toy-gpt2", ui.model_version("toy-gpt2"), text, None)
-    for layer, head in [(1, 3), (1, 1), (0, 2)]:  # toy-gpt2: layers 0 and 1, heads 0-3
+    for layer, head in [(1, 3), (1, 1)]:  # toy-gpt2: layers 0 and 1, heads 0-3
         cache.head_figure(*key, layer, head, 0.5, False, capture)
     assert built == [], "a head beside the one drawn was not made ahead"
-    cache.head_figure(*key, 0, 0, 0.5, False, capture)  # not beside (1, 2): made now
+    cache.head_figure(*key, 0, 2, 0.5, False, capture)  # the same head in another layer: made now
     assert built == [1]
