@@ -9,7 +9,7 @@ from attnviz.pooling import MIN_REMAINING
 from attnviz.report import default_heads
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
-from attnviz.ui import heads_tabs
+from attnviz.ui import heads_next, heads_tabs
 from attnviz.ui import links
 from attnviz.ui import mixers_panel
 from attnviz.ui import snippets as snippet_ui
@@ -29,6 +29,7 @@ st.write("Run a model on your text, record what every attention head saw (its qu
          "the interesting ones: sinks (everything looks at the first token), previous-token heads (a stripe just "
          "below the diagonal), induction heads (on repeated text, a stripe one step after the earlier copy).")
 links.read(cache.LINK.with_choices("tab", TABS))
+ui.steady_reruns()  # a view change keeps the page lit: no greying while it reruns
 
 left, right = st.columns([1, 2])
 with left:
@@ -382,6 +383,7 @@ if tabs["head"].open:
                          f"{n:,} rows have under {MIN_REMAINING:.0%} and are blank in the map above.")
         snippet_ui.show(snippets.heads_head(model, text, layer, head, gamma=gamma, hide_sink=hide_sink,
                                             layers=layers))
+        heads_next.prefetch_maps(key, layer, head, gamma, hide_sink, capture)  # the heads beside it, made ahead
 
 
 for name, panel in (("token", token_panel), ("predict", predictions_panel),

@@ -29,6 +29,8 @@ heads-1800-qk).
 
     python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--page positional] [--page variants] ...
     python benchmarks/browser_latency.py --quick    one widget (the Positional page's first), once
+    python benchmarks/browser_latency.py --page heads --tab head --limit 4    the Heads page's layer, head, boost
+        and sink changes with its One head tab open (--tab: the tab a Heads view opens on, by its link's slug)
 
 A page that fails is reported with a screenshot, the others are still measured, and the run exits 1.
 """
@@ -170,9 +172,11 @@ def say(row) -> None:
           f"{', '.join(f'{t[1]:.2f}' for t in times)} s; load {load:.1f}", file=sys.stderr, flush=True)
 
 
-def measure(page, url: str, target, run: Run) -> None:
+def measure(page, url: str, target, run: Run, tab: str | None = None) -> None:
     title, path, query = target
     params = query()
+    if tab and path == "heads":
+        params = {**params, "tab": tab}
     page.goto(f"{url}/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else ""))
     page.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=600_000)
     settle(page, 1200)  # the first run, a capture included (not timed)
@@ -194,10 +198,11 @@ def run_pages(names: list[str], args) -> list[Run]:
             context.add_init_script(COUNT_MESSAGES)
             page = context.new_page()
             for name in names:
-                run = Run(every[name][0], args.repeat, args.limit)
+                title = every[name][0] + (f" ({args.tab} tab)" if args.tab and every[name][1] == "heads" else "")
+                run = Run(title, args.repeat, args.limit)
                 runs.append(run)
                 try:
-                    measure(page, url, every[name], run)
+                    measure(page, url, every[name], run, args.tab)
                 except Exception as exc:  # the other pages are still measured
                     shot = f"browser-latency-{name}-failed.png"
                     page.screenshot(path=shot, full_page=True)
@@ -238,6 +243,7 @@ def main() -> None:
     parser.add_argument("--page", choices=names, action="append", help="time this page only (repeatable)")
     parser.add_argument("--limit", type=int, help="time at most this many widgets of each page")
     parser.add_argument("--quick", action="store_true", help="one widget, once: the Positional page's first")
+    parser.add_argument("--tab", help="the tab the Heads views open on, by its link's slug (grid, head, token, ...)")
     args = parser.parse_args()
     if args.quick:
         args.repeat, args.page, args.limit, args.port = 1, ["positional"], 1, None  # None: a free port

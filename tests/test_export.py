@@ -139,10 +139,19 @@ def test_without_a_browser_files_say_why_and_nothing_breaks(no_browser, tmp_path
         view.save(tmp_path / "grid.pdf")
     assert view.save(tmp_path / "grid.html")[0].exists()  # HTML needs no browser
 
-    at = AppTest.from_function(_page_with_two_charts).run()
+    at = _open_figure_files(AppTest.from_function(_page_with_two_charts).run())
     assert not at.exception
     assert any(export.NO_BROWSER in c.value for c in at.caption)
     assert not at.toggle
+
+
+def _open_figure_files(at: AppTest) -> AppTest:
+    """Opens every chart's Figure files popover, as a click would, and reruns."""
+    shelves = [k for k in at.session_state.keys() if str(k).startswith("chart_") and str(k).endswith("_files")]
+    assert len(shelves) == 2  # one popover per chart, the second numbered
+    for key in shelves:
+        at.session_state[key] = True
+    return at.run()
 
 
 def _page_with_two_charts():
@@ -161,6 +170,8 @@ def test_the_app_offers_each_chart_as_files_drawn_on_demand(monkeypatch):
 
     at = AppTest.from_function(_page_with_two_charts).run()
     assert not at.exception
+    assert not at.toggle and not at.get("download_button")  # closed: a rerun sends each chart's popover only
+    assert not _open_figure_files(at).exception
     assert len(at.toggle) == 2 and all(t.value for t in at.toggle)  # the print style by default
     buttons = at.get("download_button")
     assert len(buttons) == 6 and {b.proto.label for b in buttons} == {"SVG", "PDF", "PNG"}

@@ -20,6 +20,7 @@ from pathlib import Path
 import streamlit as st
 
 from attnviz.ui.chart_files import PRINT_STYLE, figure_files  # noqa: F401  (the package's names)
+from attnviz.ui.steady import same_axes, steady_reruns  # noqa: F401  (the package's names)
 from attnviz.ui.loaded import (  # noqa: F401  (the package's names)
     MAX_MODELS, MAX_TEXT_CHARS, cached_model, capture_need, capture_store, get_capture, get_model, model_roots,
     model_version, show_error)
@@ -172,6 +173,22 @@ def text_input(key: str, default: str = DEFAULT_TEXT, *, label: str = "Text", he
     # the text is used (get_capture), with a message that gives the limit
     return st.text_area(label, key=key, persist_state="session", height=height,
                         help=f"Up to {MAX_TEXT_CHARS:,} characters.")
+
+
+def figure_cache(max_entries: int):
+    """st.cache_resource for a function that returns figures (alone or in a tuple): one object for every session,
+    handed out as it is. st.cache_data would hand each rerun a copy, unpickled, and plotly validates every property
+    of a figure it unpickles again (20-30 ms a figure, the largest part of a Heads rerun's time in Python) before
+    Streamlit serialises it. Nothing may change a figure once cached: ui.plot and the Figure files only read it
+    (tests/test_heads_page.py checks a drawn figure against a fresh build)."""
+    return st.cache_resource(show_spinner=False, max_entries=max_entries)
+
+
+def frozen(array):
+    """An array kept with a figure_cache'd figure, made read-only (None stays None): it too is shared."""
+    if array is not None:
+        array.flags.writeable = False
+    return array
 
 
 def chart(fig, caption: str) -> None:

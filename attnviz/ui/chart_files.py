@@ -23,25 +23,34 @@ _FIGURE_FILES = ComputeOnce(max_items=32)  # (figure's digest, format, print sty
 
 def figure_files(fig, caption: str) -> None:
     """The figure as SVG, PDF and PNG (attnviz.export, plotly's own exporter), one download button each, and a Print
-    style toggle, behind a small popover. Nothing is drawn on a rerun: a file is drawn when its button is pressed
-    (Streamlit calls the button's function), and kept by figure. Without a browser, one caption says why."""
+    style toggle, behind a small popover. A rerun sends the popover's button only: what is inside is drawn when the
+    visitor opens it (a rerun of the page or fragment, on_change="rerun"), and a file when its button is pressed
+    (Streamlit calls the button's function), kept by figure. Without a browser, one caption says why."""
+    key = _chart_key(fig, caption)
+    shelf = st.popover("Figure files", icon=":material/download:", type="tertiary", key=f"{key}_files",
+                       on_change="rerun")
+    if shelf.open:
+        with shelf:
+            _file_buttons(fig, caption, key)
+
+
+def _file_buttons(fig, caption: str, key: str) -> None:
+    """What the Figure files popover holds: the Print style toggle and a button for each format."""
     from attnviz import export
 
-    with st.popover("Figure files", icon=":material/download:", type="tertiary"):
-        why = export.unavailable()
-        if why:
-            st.caption(why)
-            return
-        key = _chart_key(fig, caption)
-        st.session_state[key] = st.session_state.get(PRINT_STYLE, True)  # the same choice on every chart
-        styled = st.toggle("Print style", key=key, persist_state="session", on_change=_remember_print_style,
-                           args=(key,), help="A white background, type legible at one column's width (3.3 in), "
-                                             "colour-blind-safe colours; the PNG at 300 dpi.")
-        name = export.file_stem(fig, caption)
-        with st.container(horizontal=True):
-            for fmt, mime in export.FORMATS.items():
-                st.download_button(fmt.upper(), data=functools.partial(_figure_file, fig, fmt, styled),
-                                   file_name=f"{name}.{fmt}", mime=mime, key=f"{key}_{fmt}", on_click="ignore")
+    why = export.unavailable()
+    if why:
+        st.caption(why)
+        return
+    st.session_state[key] = st.session_state.get(PRINT_STYLE, True)  # the same choice on every chart
+    styled = st.toggle("Print style", key=key, persist_state="session", on_change=_remember_print_style,
+                       args=(key,), help="A white background, type legible at one column's width (3.3 in), "
+                                         "colour-blind-safe colours; the PNG at 300 dpi.")
+    name = export.file_stem(fig, caption)
+    with st.container(horizontal=True):
+        for fmt, mime in export.FORMATS.items():
+            st.download_button(fmt.upper(), data=functools.partial(_figure_file, fig, fmt, styled),
+                               file_name=f"{name}.{fmt}", mime=mime, key=f"{key}_{fmt}", on_click="ignore")
 
 
 def _chart_key(fig, caption: str) -> str:
@@ -54,7 +63,7 @@ def _chart_key(fig, caption: str) -> str:
     shared = getattr(get_script_run_ctx(), "shared", None)
     used = getattr(shared, "widget_user_keys_this_run", ())
     key, n = base, 1
-    while key in used:
+    while f"{key}_files" in used:  # the popover's key, registered whether it is open or not
         n += 1
         key = f"{base}_{n}"
     return key

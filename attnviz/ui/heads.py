@@ -1,12 +1,10 @@
 """The Heads page's caches: statistics, figures and research views of a capture, each computed once per input.
 
 Every function is keyed on (model name, ui.model_version(name), text, captured layers, ...): model_version changes
-when a toy-lab model is saved again under its name. The capture itself is passed underscored (not hashed: the key
-names it). st.cache_data hands every session its own copy of what it returns (a figure, a table), so nothing
-cached here is shared mutable state.
-
-A rerun that changes only the layer, the head or a toggle finds every figure it does not change in these caches:
-no map is renormalised, pooled or encoded as a PNG again (the Heads page's latency, benchmarks/browser_latency.py).
+when a toy-lab model is saved again under its name; the capture is passed underscored (not hashed: the key names it).
+A table or an array comes as each session's copy (st.cache_data), a figure as the one kept for every session
+(ui.figure_cache). A rerun that changes only the layer, the head or a toggle finds every figure it does not change
+here: no map is renormalised, pooled or encoded as a PNG again (benchmarks/browser_latency.py).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from attnviz.figures import heads as figs
 from attnviz.figures import text as text_figs
 from attnviz.once import ComputeOnce
 from attnviz.stats import head_stats
+from attnviz import ui
 from attnviz.ui import links
 from attnviz.views import FULL_MAP_MAX_TOKENS, OVERVIEW
 
@@ -40,7 +39,7 @@ def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | No
     return stats, {False: np.stack(pooled), True: np.stack(pooled_nosink)}
 
 
-@st.cache_data(show_spinner=False, max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
+@ui.figure_cache(max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
 def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, hide_sink: bool, gamma: float,
             tile: int, _capture, _pooled=None, marks: tuple[str, ...] | None = None):
     """The grid of all heads, with the sink hidden layer by layer when asked. _pooled: the long capture's heads
@@ -50,11 +49,11 @@ def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | Non
     if _capture.pattern is None:  # long-text store: each layer pooled a block of rows at a time from q and k
         pooled = _pooled[hide_sink] if (_pooled is not None and tile == figs.GRID_TILE) else np.stack(
             [views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink) for layer in _capture.layers])
-        return figs.head_grid(pooled, names, gamma=gamma, tile=tile, causal=_capture.causal,
-                              n_tokens=_capture.n_tokens)
-    layer_map = views.sink_hidden if hide_sink else None
-    return figs.head_grid(_capture.pattern, names, gamma=gamma, tile=tile, layer_map=layer_map,
-                          causal=_capture.causal)
+        fig = figs.head_grid(pooled, names, gamma=gamma, tile=tile, causal=_capture.causal, n_tokens=_capture.n_tokens)
+    else:
+        fig = figs.head_grid(_capture.pattern, names, gamma=gamma, tile=tile, causal=_capture.causal,
+                             layer_map=views.sink_hidden if hide_sink else None)
+    return ui.same_axes(fig, "grid", model, version, text, layers, tile, marks)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -87,7 +86,7 @@ def head_window(capture, layer: int, head: int, rows: tuple[int, int], keys: tup
     return views.head_window(capture.inputs[layer], head, rows, keys, hide_sink=hide_sink)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+@ui.figure_cache(max_entries=64)
 def head_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, gamma: float,
                 hide_sink: bool, _capture):
     """(the One head map, the weight each row keeps off the sink or None): a dense capture's head as drawn."""
@@ -96,16 +95,18 @@ def head_figure(model: str, version: tuple, text: str, layers, layer: int, head:
                            causal=_capture.causal,
                            title=f"Layer {layer}, head {head}: attention weights (reads KV head "
                                  f"{_capture.kv_head_of[head]})")
-    return fig, (views.mass_off_sink(p) if hide_sink else None)
+    axes = ("map", model, version, text, layers)  # the tokens: the same for every layer and head, boost or sink
+    return ui.same_axes(fig, *axes), (ui.frozen(views.mass_off_sink(p)) if hide_sink else None)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+@ui.figure_cache(max_entries=64)
 def remaining_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, _kept):
     """What is left off the sink row by row (figs.remaining_mass), for the head named in the key."""
-    return figs.remaining_mass(_kept, title=f"Layer {layer}, head {head}: what is left off the sink, row by row")
+    return ui.same_axes(figs.remaining_mass(_kept, title=f"Layer {layer}, head {head}: what is left off the sink, "
+                                                      "row by row"), "remaining", model, version, text, layers)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
+@ui.figure_cache(max_entries=32)
 def overview_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, gamma: float,
                     hide_sink: bool, _capture):
     """A long capture's head: its max-pooled overview figure and the weight each row keeps off the sink."""
@@ -114,7 +115,7 @@ def overview_figure(model: str, version: tuple, text: str, layers, layer: int, h
     fig = figs.pooled_overview(pooled, n, gamma=gamma, causal=_capture.causal,
                                title=f"Layer {layer}, head {head}: every {n:,} x {n:,} weight, max-pooled to "
                                      f"{pooled.shape[-1]} px")
-    return fig, kept, pooled.shape[-1]
+    return ui.same_axes(fig, "overview", model, version, text, layers), ui.frozen(kept), pooled.shape[-1]
 
 
 def query_rows(capture, layer_ids: list[int], query: int, hide_sink: bool) -> np.ndarray:
@@ -129,14 +130,15 @@ def query_rows(capture, layer_ids: list[int], query: int, hide_sink: bool) -> np
     return views.sink_hidden(rows) if hide_sink else rows
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+@ui.figure_cache(max_entries=64)
 def token_figure(model: str, version: tuple, text: str, layers, layer_ids: tuple[int, ...], query: int,
                  gamma: float, hide_sink: bool, _capture):
     """Where one query looks, head by head (figs.token_looks), over the captured layers at positions layer_ids."""
     rows = query_rows(_capture, list(layer_ids), query, hide_sink)
     keys = query + 1 if _capture.causal else _capture.n_tokens
     labels = [f"L{_capture.layers[i]} H{h}" for i in layer_ids for h in range(_capture.n_heads)]
-    return figs.token_looks(rows[:, :keys], _capture.tokens, labels, query, gamma=gamma)
+    fig = figs.token_looks(rows[:, :keys], _capture.tokens, labels, query, gamma=gamma)
+    return ui.same_axes(fig, "token", model, version, text, layers, layer_ids, query)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -219,7 +221,7 @@ def compared(model: str, version: tuple, text: str, layers, a_key: tuple, b_key:
                                 heads=(_a.heads, _b.heads))
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@ui.figure_cache(max_entries=16)
 def pooled_compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple, gamma: float,
                            hide_sink: bool, _result, _a, _b):
     """The Compare figures of a comparison made block by block: each map max-pooled (as One head draws a long
@@ -238,7 +240,7 @@ def pooled_compare_figures(model: str, version: tuple, text: str, layers, a_key:
     return fig_a, fig_b, diff, _result.summary
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@ui.figure_cache(max_entries=16)
 def compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple, gamma: float,
                     hide_sink: bool, _a, _b, _tokens_a, _tokens_b, causal: bool, titles: tuple[str, str]):
     """The two Compare maps of at most FULL_MAP_MAX_TOKENS tokens drawn whole, their difference and
@@ -288,9 +290,8 @@ def open_tab(labels: list[str]) -> list:
 
 def export_file(capture, fmt: str, export: dict, dtype):
     """The file a download button hands the browser, made when the button is pressed: the capture (the layers and
-    heads in `export`) streamed by attnviz.capture.files.write_capture into a temporary file a block of rows at a
-    time, and returned open for reading. Streamlit reads it once: the pattern is never built in memory besides that. Its
-    bytes are admitted by the memory budget while it is written (the page refuses one larger than the budget)."""
+    heads in `export`) streamed into a temporary file a block of rows at a time (files.write_capture), returned open
+    for reading, its bytes admitted by the memory budget while it is written; the pattern is never built in memory."""
     from attnviz import budget
     from attnviz.capture.files import export_bytes, export_to_temporary_file
 

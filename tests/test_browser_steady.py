@@ -1,0 +1,112 @@
+"""A view change on the Heads page in a real browser (Debian's Chromium driven by playwright, Streamlit on
+127.0.0.1): the One head map keeps the visitor's zoom across a head change and a boost toggle, forgets it after a
+double-click's reset, and no element of the page is greyed while the rerun draws it again (attnviz.ui.steady)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.latency.idle import COUNT_MESSAGES, settle, wait_idle, watch  # noqa: E402
+from benchmarks.latency.widgets import discover, move  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+# Every animation frame while it runs: how many element containers are stale (drawn by the last run, not yet by
+# this one), and each stale one whose opacity is below 1 or is fading (an opacity transition, running or waiting
+# for its delay: Streamlit's greying starts 0.5 s into a rerun, so a fast rerun would hide it from opacity alone).
+SAMPLE = """() => {
+    const seen = window.__stale = {frames: 0, staleFrames: 0, greyed: []};
+    window.__sampling = true;
+    const tick = () => {
+        if (!window.__sampling) return;
+        seen.frames += 1;
+        const stale = document.querySelectorAll('[data-testid="stElementContainer"][data-stale="true"]');
+        if (stale.length) seen.staleFrames += 1;
+        for (const e of stale) {
+            const fading = e.getAnimations().some(a => a.transitionProperty === 'opacity');
+            const opacity = getComputedStyle(e).opacity;
+            if (opacity !== '1' || fading) seen.greyed.push(`${e.innerText.slice(0, 40)}: ${opacity}`);
+        }
+        requestAnimationFrame(tick);
+    };
+    requestAnimationFrame(tick);
+}"""
+STOP = "() => { window.__sampling = false; return window.__stale; }"
+MAP = '[data-testid="stPlotlyChart"] .js-plotly-plot'
+RANGES = "g => [g._fullLayout.xaxis.range.slice(), g._fullLayout.yaxis.range.slice(), g.layout.title.text]"
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    """The Heads page on toy-gpt2's default text, its One head tab open by the link."""
+    from tests.servers import streamlit_server
+
+    with streamlit_server() as (url, _):
+        context = browser.new_context(viewport={"width": 1400, "height": 1300})
+        context.add_init_script(COUNT_MESSAGES)
+        tab = context.new_page()
+        tab.goto(f"{url}/heads?model=toy-gpt2&layer=0&head=0&boost=0&tab=head")
+        tab.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=240_000)
+        settle(tab, 240)
+        yield tab
+        context.close()
+
+
+def _map(page):
+    charts = page.query_selector_all(MAP)
+    assert charts, "the One head map is not drawn"
+    return charts[0]
+
+
+def _change(page, key: str) -> dict:
+    """Moves the widget `key` to another value as a person would, waits until the page is idle, and returns what
+    the sampler saw during the rerun."""
+    page.evaluate(SAMPLE)
+    widget = next(w for w in discover(page) if w.key == key)
+    watch(page)
+    move(page, widget, set())
+    wait_idle(page, time.perf_counter(), 120)
+    return page.evaluate(STOP)
+
+
+def _zoom(page) -> None:
+    """Drags a box over the map's upper-left part: plotly zooms both axes to it."""
+    box = _map(page).query_selector(".nsewdrag").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.15, box["y"] + box["height"] * 0.15)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.5, steps=8)
+    page.mouse.up()
+    page.wait_for_timeout(300)
+
+
+def test_a_view_change_keeps_the_zoom_and_greys_nothing(page):
+    whole_x, whole_y, title = _map(page).evaluate(RANGES)
+    assert "Layer 0, head 0" in title
+    _zoom(page)
+    zoom_x, zoom_y, _ = _map(page).evaluate(RANGES)
+    assert zoom_x[1] - zoom_x[0] < 0.6 * (whole_x[1] - whole_x[0]), "the drag did not zoom the map"
+    for key, drawn in (("heads_head", "Layer 0, head 1"), ("heads_gamma", "Layer 0, head 1")):
+        seen = _change(page, key)
+        x, y, title = _map(page).evaluate(RANGES)
+        assert drawn in title, f"after {key}: {title}"  # a new map was drawn (the head's, or with the boost)
+        assert x == pytest.approx(zoom_x) and y == pytest.approx(zoom_y), f"{key} lost the zoom: {x}, {y}"
+        assert seen["staleFrames"] > 0, f"no frame saw a stale element during the rerun: {seen}"
+        assert seen["greyed"] == [], f"{key}: elements greyed during the rerun: {seen['greyed'][:5]}"
+
+
+def test_a_reset_zoom_is_not_brought_back(page):
+    _zoom(page)
+    box = _map(page).query_selector(".nsewdrag").bounding_box()
+    page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # plotly's autorange
+    page.wait_for_timeout(500)
+    whole_x, whole_y, _ = _map(page).evaluate(RANGES)
+    _change(page, "heads_head")
+    x, y, title = _map(page).evaluate(RANGES)
+    assert "head 0" in title or "head 2" in title
+    assert x == pytest.approx(whole_x) and y == pytest.approx(whole_y)
