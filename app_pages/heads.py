@@ -10,8 +10,7 @@ from attnviz.report import default_heads
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import heads_next, heads_tabs
-from attnviz.ui import links
-from attnviz.ui import mixers_panel
+from attnviz.ui import links, mixers_panel
 from attnviz.ui import snippets as snippet_ui
 from attnviz.ui import spans
 
@@ -395,8 +394,7 @@ for name, panel in (("token", token_panel), ("predict", predictions_panel),
             panel()
 
 mixers_panel.show(capture)  # a hybrid's other layers: their kinds, implicit maps and gates
-# The view goes into the link last. The whole link is compared, text included: a text too long for the link must
-# also take an older text= out of it, or the next rerun would read that older text back as a new link (links.read)
-# over the user's own.
+# The view goes into the link last, compared whole: a text too long for the link must also take an older text= out
+# of it, or the next rerun would read that older text back as a new link (links.read) over the user's own.
 view["query"] = str(st.session_state["heads_query"])
 links.write(cache.LINK, view)
