@@ -33,25 +33,52 @@ def _per_head(x, heads: int) -> torch.Tensor:
 
 
 def ssd_map(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0.0, float("inf")),
-            dtype=torch.float32) -> torch.Tensor:
+            dtype=torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """w [head, query, key] of a Mamba2 layer, so that y = w @ x + D x per head.
 
     dt: [N, head] before the bias and softplus, as the scan receives it; A: [head]; B, C: [N, group, n]. O(N^2 n)
-    per head: (C B^T) times the decay exp(cum_t - cum_s) (cum the running sum of dt A, in float64 so that long
-    texts lose no digits to the difference) times dt_s, zero above the diagonal; one head at a time, so that no
-    [head, N, N] float64 array is made."""
+    per group: (C B^T) times the decay exp(cum_t - cum_s) (cum the running sum of dt A, in float64 so that long
+    texts lose no digits to the difference) times dt_s, zero above the diagonal; a block of rows of one head at a
+    time (ssd_rows), so that no [head, N, N] float64 array is made. out: a [head, N, N] tensor of `dtype` to write
+    w into; returned."""
+    heads, n = dt.shape[1], dt.shape[0]
+    if out is None:
+        out = torch.empty(heads, n, n, dtype=dtype, device=dt.device)
+    elif out.shape != (heads, n, n) or out.dtype != dtype:
+        raise ValueError(f"out must be a {dtype} tensor of shape {(heads, n, n)}, got {out.dtype} {tuple(out.shape)}")
+    for a, b, _ in ssd_rows(dt, A, B, C, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, dtype=dtype,
+                            into=lambda a, b: out[:, a:b]):
+        out[:, a:b, b:] = 0
+    return out
+
+
+def ssd_rows(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0.0, float("inf")),
+             dtype=torch.float32, block: int = 128, into=None):
+    """The rows of ssd_map `block` at a time, never an N x N array: yields (a, b, rows), rows [head, b - a, b] the
+    map's rows a .. b - 1 on keys 0 .. b - 1 (every later key's weight is 0), equal to ssd_map(...)[:, a:b, :b].
+    into(a, b): where to write them, a [head, b - a, >= b] tensor (its first b columns are written); by default one
+    buffer that every block reuses, so each block is valid until the next is asked for."""
     wide = torch.promote_types(dt.dtype, dtype)  # float32 as the scan, or float64
     dt = step_sizes(dt.to(wide), dt_bias=None if dt_bias is None else dt_bias.to(wide), dt_softplus=dt_softplus,
                     dt_limit=dt_limit)  # [N, head]
-    heads, n = dt.shape[1], dt.shape[0]
-    b, c = (_per_head(x, heads).to(dtype) for x in (B, C))  # [head, N, n]
+    n, heads, groups = dt.shape[0], dt.shape[1], B.shape[1]
+    b_, c_ = (x.transpose(0, 1).to(dtype) for x in (B, C))  # [group, N, n]
     cum = (dt.double() * A.double()).transpose(0, 1).cumsum(-1)  # [head, N]
-    upper = torch.ones(n, n, dtype=torch.bool, device=cum.device).triu(1)
-    w = torch.empty(heads, n, n, dtype=dtype, device=cum.device)
-    for h in range(heads):
-        decay = (cum[h, :, None] - cum[h, None, :]).masked_fill(upper, float("-inf")).exp().to(dtype)
-        torch.mul(c[h] @ b[h].T, decay * dt[:, h].to(dtype)[None, :], out=w[h])
-    return w
+    step = dt.transpose(0, 1).to(dtype)  # [head, N]
+    if into is None:
+        flat = torch.empty(heads * min(block, n) * n, dtype=dtype, device=dt.device)
+        into = lambda a, b: flat[:heads * (b - a) * b].view(heads, b - a, b)  # noqa: E731
+    positions = torch.arange(n, device=dt.device)
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        rows = into(a, b)[:, :, :b]
+        later = positions[None, :b] > positions[a:b, None]  # keys after each row
+        for group in range(groups):
+            scores = c_[group, a:b] @ b_[group, :b].T  # C_t . B_s, shared by the group's heads
+            for h in range(group * heads // groups, (group + 1) * heads // groups):
+                decay = (cum[h, a:b, None] - cum[h, None, :b]).masked_fill_(later, float("-inf")).exp_().to(dtype)
+                torch.mul(scores, decay.mul_(step[h, None, :b]), out=rows[h])
+        yield a, b, rows
 
 
 def ssd_map_naive(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False,

@@ -8,10 +8,18 @@ the half-mass distance: the smallest r at which the mean row holds half its shar
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import torch
 
 from attnviz import stats
 from attnviz.distance import attention_by_distance
+from attnviz.mixers.delta import CHUNK, delta_rule_rows
+from attnviz.mixers.ssd import ssd_rows
+from attnviz.streamed import InductionMatch
+
+SSD_BLOCK = 64  # rows of a Mamba2 map per block: [128 heads, 64, 8,192] float32 is 256 MiB
 
 
 def shares(w) -> np.ndarray:
@@ -36,3 +44,84 @@ def map_stats(w, token_ids) -> dict[str, np.ndarray]:
     return {"prev_token": stats.previous_token_score(a),
             "induction": stats.induction_score(a, stats.induction_targets(list(token_ids))),
             "distance_profile": profile, "half_mass_distance": half_mass_distance(profile)}
+
+
+def streamed_map_stats(rows_of, heads: int, n: int, token_ids, *, block: int, dtype=torch.float32) -> dict:
+    """map_stats of an implicit map [head, N, N] from its rows `block` at a time, never an N x N array.
+
+    rows_of(into): the map's row blocks, (a, b, rows [head, b - a, b]) written into into(a, b) (delta_rule_rows or
+    ssd_rows; b - a <= block). token_ids: the text's ids, or the InductionMatch that every layer of a text shares.
+    Each block is turned into its shares in place (|w| / row sum, the sum in float64) and read three ways: its
+    diagonals (key = row - r) summed into the distance profile, whose r = 1 entry is prev_token (the same mean as
+    attnviz.stats.previous_token_score); the shares on each row's induction targets (attnviz.streamed's
+    InductionMatch, the softmax statistics' matching); the half-mass distance of the profile at the end. The
+    diagonals are read through a strided view of the block laid out with one zero row before each head's rows
+    (_Skewed), so no [rows, distance] array is made. Sums over rows in float64."""
+    match = token_ids if isinstance(token_ids, InductionMatch) else InductionMatch(token_ids)
+    skewed = _Skewed(heads, block, n, dtype)
+    profile = torch.zeros(heads, n, dtype=torch.float64)
+    induction = torch.zeros(heads, dtype=torch.float64)
+    for a, b, rows in rows_of(skewed.into):
+        total = rows.abs_().sum(-1, dtype=torch.float64)  # [head, rows]
+        rows.mul_(torch.where(total > 0, 1 / total, 0).to(dtype)[..., None])  # the shares
+        profile[:, :b] += skewed.by_distance(a, b).flip(-1)
+        on_targets = torch.zeros(heads, b - a, dtype=dtype)
+        match.add_matched(on_targets, rows, a, b, 0, b)
+        induction += on_targets.sum(-1, dtype=torch.float64)
+    profile = (profile / torch.arange(n, 0, -1, dtype=torch.float64)).numpy()  # n - r rows reach distance r
+    with_targets = int(match.with_targets.sum())
+    return {"prev_token": profile[:, 1] if n > 1 else np.full(heads, np.nan),
+            "induction": induction.numpy() / with_targets if with_targets else np.full(heads, np.nan),
+            "distance_profile": profile, "half_mass_distance": half_mass_distance(profile)}
+
+
+def record_stats(record, token_ids, *, block: int | None = None, dtype=torch.float32) -> dict:
+    """streamed_map_stats of one recorded linear mixer (attnviz.mixers.records: a gated delta rule or Mamba2 call)
+    on its text: its map's rows `block` at a time (default: the delta rule's chunk, CHUNK; 64 rows of a Mamba2
+    map), peak memory a few [head, block, N] arrays whatever N is."""
+    if record.kind == "gated delta rule":
+        heads, block = record.beta.shape[-1], block or CHUNK
+        rows_of = functools.partial(delta_rule_rows, record.query, record.key, record.g, record.beta,
+                                    l2norm=record.l2norm, chunk=block, dtype=dtype)
+    elif record.kind == "mamba2":
+        heads, block = record.dt.shape[-1], block or SSD_BLOCK
+        rows_of = functools.partial(ssd_rows, record.dt, record.A, record.B, record.C, dt_bias=record.dt_bias,
+                                    dt_softplus=record.dt_softplus, dt_limit=record.dt_limit, dtype=dtype,
+                                    block=block)
+    else:
+        raise ValueError(f"no implicit map for a {record.kind} layer")
+    n = record.g.shape[0] if record.kind == "gated delta rule" else record.dt.shape[0]
+    return streamed_map_stats(lambda into: rows_of(into=into), heads, n, token_ids, block=block, dtype=dtype)
+
+
+def linear_stats(records: dict, token_ids, **options) -> dict[int, dict]:
+    """{layer: record_stats} of every recorded linear mixer of one text (attnviz.mixers.record.mixer_records), one
+    layer at a time; the text's induction pairs are matched once for all of them. options: block, dtype."""
+    match = InductionMatch(token_ids)
+    return {layer: record_stats(record, match, **options) for layer, record in sorted(records.items())}
+
+
+class _Skewed:
+    """One flat buffer that holds a block of rows a .. b - 1 on keys 0 .. b - 1 as [head, 1 + rows, b], a zero row
+    first in each head. Row i (query t = a + i) read from column i - (rows - 1) + m on, with stride b + 1 between
+    rows, gives at m its key t - (b - 1 - m), distance b - 1 - m, for every row at once: a key before 0 falls in
+    the row above at a column after that row's query (causal: 0) or in the zero row, never past the row's own
+    query."""
+
+    def __init__(self, heads: int, block: int, n: int, dtype):
+        self.heads, self.flat = heads, torch.empty(heads * (min(block, n) + 1) * n, dtype=dtype)
+
+    def _layout(self, a: int, b: int) -> torch.Tensor:
+        return self.flat[:self.heads * (b - a + 1) * b].view(self.heads, b - a + 1, b)
+
+    def into(self, a: int, b: int) -> torch.Tensor:
+        """Where the rows a .. b - 1 go: [head, b - a, b], after a zeroed row per head."""
+        layout = self._layout(a, b)
+        layout[:, 0] = 0
+        return layout[:, 1:]
+
+    def by_distance(self, a: int, b: int) -> torch.Tensor:
+        """[head, b] float64: at m, the block's sum over rows of the share at distance b - 1 - m."""
+        size = b - a
+        skew = torch.as_strided(self.flat, (self.heads, size, b), ((size + 1) * b, b + 1, 1), b - (size - 1))
+        return skew.sum(1, dtype=torch.float64)
