@@ -72,13 +72,25 @@ def ssd_rows(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(
     for a in range(0, n, block):
         b = min(n, a + block)
         rows = into(a, b)[:, :, :b]
-        later = positions[None, :b] > positions[a:b, None]  # keys after each row
+        later = positions[None, a:b] > positions[a:b, None]  # keys after each row, within the block
         for group in range(groups):
             scores = c_[group, a:b] @ b_[group, :b].T  # C_t . B_s, shared by the group's heads
             for h in range(group * heads // groups, (group + 1) * heads // groups):
-                decay = (cum[h, a:b, None] - cum[h, None, :b]).masked_fill_(later, float("-inf")).exp_().to(dtype)
-                torch.mul(scores, decay.mul_(step[h, None, :b]), out=rows[h])
+                _head_rows(rows[h], scores, cum[h], step[h], a, b, later)
         yield a, b, rows
+
+
+def _head_rows(rows, scores, cum, step, a: int, b: int, later) -> None:
+    """One head's rows a .. b - 1 on keys 0 .. b - 1 into rows [b - a, b]: scores (C_t . B_s) times the decay times
+    dt_s. The decay of an earlier key (s < a) as the product e^(cum_t - cum_a) e^(cum_a - cum_s), both factors at
+    most 1 (cum falls), so the [rows, keys] part is two products in the map's dtype and only b - a + a
+    exponentials; the block's own keys by exp(cum_t - cum_s) directly. Exponents in float64."""
+    if a:
+        into_row = (cum[a:b] - cum[a]).exp().to(rows.dtype)  # e^(cum_t - cum_a)
+        from_key = ((cum[a] - cum[:a]).exp() * step[:a]).to(rows.dtype)  # e^(cum_a - cum_s) dt_s
+        torch.mul(scores[:, :a], into_row[:, None], out=rows[:, :a]).mul_(from_key)
+    own = (cum[a:b, None] - cum[None, a:b]).masked_fill_(later, float("-inf")).exp_().to(rows.dtype)
+    torch.mul(scores[:, a:], own.mul_(step[None, a:b]), out=rows[:, a:])
 
 
 def ssd_map_naive(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False,

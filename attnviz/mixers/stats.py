@@ -4,7 +4,12 @@ Each is read on the shares a = |w| / (row sum of |w|): for query t, the fraction
 carries, a causal row summing to 1 as a softmax row does. On those shares the softmax heads' own definitions apply
 unchanged: attnviz.stats.previous_token_score, attnviz.stats.induction_score (targets from the text's repeats,
 attnviz.stats.induction_targets) and attnviz.distance.attention_by_distance. Decay with distance is summed up by
-the half-mass distance: the smallest r at which the mean row holds half its share within r tokens back."""
+the half-mass distance: the smallest r at which the mean row holds half its share within r tokens back.
+
+map_stats reads a dense map. streamed_map_stats computes the same from the map's rows a block at a time
+(attnviz.mixers.delta.delta_rule_rows, attnviz.mixers.ssd.ssd_rows), as the softmax statistics stream a long text
+(attnviz.streamed): record_stats for one recorded layer, linear_stats for every linear layer of a text, with no
+N x N array (8,192 tokens of a Qwen3-Next layer: benchmarks/mixer_memory.py); the tests hold the two equal."""
 
 from __future__ import annotations
 
@@ -51,23 +56,25 @@ def streamed_map_stats(rows_of, heads: int, n: int, token_ids, *, block: int, dt
 
     rows_of(into): the map's row blocks, (a, b, rows [head, b - a, b]) written into into(a, b) (delta_rule_rows or
     ssd_rows; b - a <= block). token_ids: the text's ids, or the InductionMatch that every layer of a text shares.
-    Each block is turned into its shares in place (|w| / row sum, the sum in float64) and read three ways: its
+    Each block is turned into its shares in place (|w| / row sum) and read three ways: its
     diagonals (key = row - r) summed into the distance profile, whose r = 1 entry is prev_token (the same mean as
     attnviz.stats.previous_token_score); the shares on each row's induction targets (attnviz.streamed's
     InductionMatch, the softmax statistics' matching); the half-mass distance of the profile at the end. The
     diagonals are read through a strided view of the block laid out with one zero row before each head's rows
-    (_Skewed), so no [rows, distance] array is made. Sums over rows in float64."""
+    (_Skewed), so no [rows, distance] array is made. A block's sums are in the map's dtype (torch sums float32
+    pairwise: relative error about 1e-7; a float64 sum of float32 would first copy the block into float64), the
+    totals over blocks in float64."""
     match = token_ids if isinstance(token_ids, InductionMatch) else InductionMatch(token_ids)
     skewed = _Skewed(heads, block, n, dtype)
     profile = torch.zeros(heads, n, dtype=torch.float64)
     induction = torch.zeros(heads, dtype=torch.float64)
     for a, b, rows in rows_of(skewed.into):
-        total = rows.abs_().sum(-1, dtype=torch.float64)  # [head, rows]
-        rows.mul_(torch.where(total > 0, 1 / total, 0).to(dtype)[..., None])  # the shares
+        total = rows.abs_().sum(-1)  # [head, rows]
+        rows.mul_(torch.where(total > 0, 1 / total, 0)[..., None])  # the shares
         profile[:, :b] += skewed.by_distance(a, b).flip(-1)
         on_targets = torch.zeros(heads, b - a, dtype=dtype)
         match.add_matched(on_targets, rows, a, b, 0, b)
-        induction += on_targets.sum(-1, dtype=torch.float64)
+        induction += on_targets.sum(-1)
     profile = (profile / torch.arange(n, 0, -1, dtype=torch.float64)).numpy()  # n - r rows reach distance r
     with_targets = int(match.with_targets.sum())
     return {"prev_token": profile[:, 1] if n > 1 else np.full(heads, np.nan),
@@ -121,7 +128,7 @@ class _Skewed:
         return layout[:, 1:]
 
     def by_distance(self, a: int, b: int) -> torch.Tensor:
-        """[head, b] float64: at m, the block's sum over rows of the share at distance b - 1 - m."""
+        """[head, b]: at m, the block's sum over rows of the share at distance b - 1 - m."""
         size = b - a
         skew = torch.as_strided(self.flat, (self.heads, size, b), ((size + 1) * b, b + 1, 1), b - (size - 1))
-        return skew.sum(1, dtype=torch.float64)
+        return skew.sum(1)
