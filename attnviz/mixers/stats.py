@@ -9,7 +9,7 @@ the half-mass distance: the smallest r at which the mean row holds half its shar
 map_stats reads a dense map. streamed_map_stats computes the same from the map's rows a block at a time
 (attnviz.mixers.delta.delta_rule_rows, attnviz.mixers.ssd.ssd_rows), as the softmax statistics stream a long text
 (attnviz.streamed): record_stats for one recorded layer, linear_stats for every linear layer of a text, with no
-N x N array (8,192 tokens of a Qwen3-Next layer: benchmarks/mixer_memory.py); the tests hold the two equal."""
+N x N array (8,192 tokens of a Qwen3-Next layer: benchmarks/mixers.py); the tests hold the two equal."""
 
 from __future__ import annotations
 
