@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnviz.mixers.delta import checked_out, zeros_for
+
 
 def step_sizes(dt, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0.0, float("inf"))) -> torch.Tensor:
     """dt [N, head] as the scan uses it: the bias added, softplus taken where the layer asks, clamped to
@@ -40,15 +42,15 @@ def ssd_map(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0
     per group: (C B^T) times the decay exp(cum_t - cum_s) (cum the running sum of dt A, in float64 so that long
     texts lose no digits to the difference) times dt_s, zero above the diagonal; a block of rows of one head at a
     time (ssd_rows), so that no [head, N, N] float64 array is made. out: a [head, N, N] tensor of `dtype` to write
-    w into; returned."""
+    w into (every entry is written); returned. Without it, fresh zeroed memory (delta.zeros_for), written below the
+    diagonal only."""
     heads, n = dt.shape[1], dt.shape[0]
-    if out is None:
-        out = torch.empty(heads, n, n, dtype=dtype, device=dt.device)
-    elif out.shape != (heads, n, n) or out.dtype != dtype:
-        raise ValueError(f"out must be a {dtype} tensor of shape {(heads, n, n)}, got {out.dtype} {tuple(out.shape)}")
+    fresh = out is None
+    out = zeros_for((heads, n, n), dtype, dt.device) if fresh else checked_out(out, (heads, n, n), dtype)
     for a, b, _ in ssd_rows(dt, A, B, C, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, dtype=dtype,
                             into=lambda a, b: out[:, a:b]):
-        out[:, a:b, b:] = 0
+        if not fresh:
+            out[:, a:b, b:] = 0
     return out
 
 
