@@ -21,6 +21,8 @@ import math
 import numpy as np
 import torch
 
+from attnviz.cores import run_each, workers
+
 CHUNK = 128  # with dk = 128 (Qwen3-Next), the earlier keys then cost N^2 dk multiply-adds per head
 # Weights under TINY are set to 0 where they would be carried on: far below float32's resolution of any sum they
 # enter (w's entries are O(1) at most), and as subnormal floats they make every later product ten to a hundred
@@ -56,15 +58,29 @@ def delta_rule_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHU
     chunk) / 2 for the earlier keys, about 6 N chunk dk for the chunks' own, no N^2 dk^2 term. Keys whose decay
     since has fallen under TINY (1e-18) get weight 0 (see _bury). out: a [value head, N, N] tensor of `dtype` to
     write w into (every entry is written); returned. Without it, w is fresh zeroed memory (zeros_for) and only its
-    weights that are not 0 are written."""
+    weights that are not 0 are written. The heads are split into a group per core, each run on one core
+    (head_groups, attnviz.cores.run_each): no operator forks and joins over the cores, which a busy machine's other
+    threads slow many times over."""
     q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype)
     heads, n, _ = q.shape
     fresh = out is None
     out = zeros_for((heads, n, n), dtype, q.device) if fresh else checked_out(out, (heads, n, n), dtype)
-    for a, b, _ in _rows(q, k, g, beta, chunk=chunk, l2norm=l2norm, into=lambda a, b: out[:, a:b], zeroed=fresh):
-        if not fresh:
-            out[:, a:b, b:] = 0
+
+    def group(part: slice) -> None:
+        w = out[part]
+        for a, b, _ in _rows(q[part], k[part], g[part], beta[part], chunk=chunk, l2norm=l2norm,
+                             into=lambda a, b: w[:, a:b], zeroed=fresh):
+            if not fresh:
+                w[:, a:b, b:] = 0
+
+    run_each(group, head_groups(heads))
     return out
+
+
+def head_groups(heads: int) -> list[slice]:
+    """The heads as contiguous groups, one per core that attnviz.cores.run_each runs on (one group without them)."""
+    parts = min(workers(), heads)
+    return [slice(i * heads // parts, (i + 1) * heads // parts) for i in range(parts)]
 
 
 def zeros_for(shape, dtype, device) -> torch.Tensor:
@@ -86,17 +102,18 @@ def checked_out(out: torch.Tensor, shape, dtype) -> torch.Tensor:
 
 
 def delta_rule_rows(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK, dtype=torch.float32,
-                    into=None):
+                    into=None, heads: slice = slice(None)):
     """The rows of delta_rule_map a chunk at a time, never an N x N array: yields (a, b, rows), rows
     [value head, b - a, b] the map's rows a .. b - 1 on keys 0 .. b - 1 (every later key's weight is 0), equal to
     delta_rule_map(...)[:, a:b, :b] (the same products). into(a, b): where to write them, a [value head, b - a, >= b]
     tensor (its first b columns are written); by default one buffer that every chunk's rows reuse, so each block
-    is valid until the next is asked for. Memory: the state, 2 [value head, dk, N], and one block."""
-    q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype)
-    heads, n, _ = q.shape
+    is valid until the next is asked for. Memory: the state, 2 [value head, dk, N], and one block. heads: only
+    these value heads (rows [len, b - a, b])."""
+    q, k, g, beta = (x[heads] for x in prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype))
+    size, n, _ = q.shape
     if into is None:
-        flat = torch.empty(heads * min(chunk, n) * n, dtype=dtype, device=q.device)
-        into = lambda a, b: flat[:heads * (b - a) * b].view(heads, b - a, b)  # noqa: E731
+        flat = torch.empty(size * min(chunk, n) * n, dtype=dtype, device=q.device)
+        into = lambda a, b: flat[:size * (b - a) * b].view(size, b - a, b)  # noqa: E731
     yield from _rows(q, k, g, beta, chunk=chunk, l2norm=l2norm, into=into)
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnviz.mixers.delta import checked_out, zeros_for
+from attnviz.cores import run_each
+from attnviz.mixers.delta import checked_out, head_groups, zeros_for
 
 
 def step_sizes(dt, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0.0, float("inf"))) -> torch.Tensor:
@@ -43,42 +44,50 @@ def ssd_map(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0
     texts lose no digits to the difference) times dt_s, zero above the diagonal; a block of rows of one head at a
     time (ssd_rows), so that no [head, N, N] float64 array is made. out: a [head, N, N] tensor of `dtype` to write
     w into (every entry is written); returned. Without it, fresh zeroed memory (delta.zeros_for), written below the
-    diagonal only."""
+    diagonal only. A group of heads per core (delta.head_groups)."""
     heads, n = dt.shape[1], dt.shape[0]
     fresh = out is None
     out = zeros_for((heads, n, n), dtype, dt.device) if fresh else checked_out(out, (heads, n, n), dtype)
-    for a, b, _ in ssd_rows(dt, A, B, C, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, dtype=dtype,
-                            into=lambda a, b: out[:, a:b]):
-        if not fresh:
-            out[:, a:b, b:] = 0
+
+    def group(part: slice) -> None:
+        w = out[part]
+        for a, b, _ in ssd_rows(dt, A, B, C, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                                dtype=dtype, into=lambda a, b: w[:, a:b], heads=part):
+            if not fresh:
+                w[:, a:b, b:] = 0
+
+    run_each(group, head_groups(heads))
     return out
 
 
 def ssd_rows(dt, A, B, C, *, dt_bias=None, dt_softplus: bool = False, dt_limit=(0.0, float("inf")),
-             dtype=torch.float32, block: int = 128, into=None):
+             dtype=torch.float32, block: int = 128, into=None, heads: slice = slice(None)):
     """The rows of ssd_map `block` at a time, never an N x N array: yields (a, b, rows), rows [head, b - a, b] the
     map's rows a .. b - 1 on keys 0 .. b - 1 (every later key's weight is 0), equal to ssd_map(...)[:, a:b, :b].
     into(a, b): where to write them, a [head, b - a, >= b] tensor (its first b columns are written); by default one
-    buffer that every block reuses, so each block is valid until the next is asked for."""
+    buffer that every block reuses, so each block is valid until the next is asked for. heads: only these heads
+    (rows [len, b - a, b])."""
     wide = torch.promote_types(dt.dtype, dtype)  # float32 as the scan, or float64
     dt = step_sizes(dt.to(wide), dt_bias=None if dt_bias is None else dt_bias.to(wide), dt_softplus=dt_softplus,
                     dt_limit=dt_limit)  # [N, head]
-    n, heads, groups = dt.shape[0], dt.shape[1], B.shape[1]
+    n, per_group = dt.shape[0], dt.shape[1] // B.shape[1]  # consecutive heads share a group's B and C
+    chosen = range(dt.shape[1])[heads]
     b_, c_ = (x.transpose(0, 1).to(dtype) for x in (B, C))  # [group, N, n]
     cum = (dt.double() * A.double()).transpose(0, 1).cumsum(-1)  # [head, N]
     step = dt.transpose(0, 1).to(dtype)  # [head, N]
     if into is None:
-        flat = torch.empty(heads * min(block, n) * n, dtype=dtype, device=dt.device)
-        into = lambda a, b: flat[:heads * (b - a) * b].view(heads, b - a, b)  # noqa: E731
+        flat = torch.empty(len(chosen) * min(block, n) * n, dtype=dtype, device=dt.device)
+        into = lambda a, b: flat[:len(chosen) * (b - a) * b].view(len(chosen), b - a, b)  # noqa: E731
     positions = torch.arange(n, device=dt.device)
     for a in range(0, n, block):
         b = min(n, a + block)
-        rows = into(a, b)[:, :, :b]
+        rows, group = into(a, b)[:, :, :b], None
         later = positions[None, a:b] > positions[a:b, None]  # keys after each row, within the block
-        for group in range(groups):
-            scores = c_[group, a:b] @ b_[group, :b].T  # C_t . B_s, shared by the group's heads
-            for h in range(group * heads // groups, (group + 1) * heads // groups):
-                _head_rows(rows[h], scores, cum[h], step[h], a, b, later)
+        for i, h in enumerate(chosen):
+            if h // per_group != group:
+                group = h // per_group
+                scores = c_[group, a:b] @ b_[group, :b].T  # C_t . B_s, shared by the group's heads
+            _head_rows(rows[i], scores, cum[h], step[h], a, b, later)
         yield a, b, rows
 
 

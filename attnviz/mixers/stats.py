@@ -20,7 +20,8 @@ import torch
 
 from attnviz import stats
 from attnviz.distance import attention_by_distance
-from attnviz.mixers.delta import CHUNK, delta_rule_rows
+from attnviz.cores import run_each
+from attnviz.mixers.delta import CHUNK, delta_rule_rows, head_groups
 from attnviz.mixers.ssd import ssd_rows
 from attnviz.streamed import InductionMatch
 
@@ -85,20 +86,32 @@ def streamed_map_stats(rows_of, heads: int, n: int, token_ids, *, block: int, dt
 def record_stats(record, token_ids, *, block: int | None = None, dtype=torch.float32) -> dict:
     """streamed_map_stats of one recorded linear mixer (attnviz.mixers.records: a gated delta rule or Mamba2 call)
     on its text: its map's rows `block` at a time (default: the delta rule's chunk, CHUNK; 64 rows of a Mamba2
-    map), peak memory a few [head, block, N] arrays whatever N is."""
+    map), peak memory a few [head, block, N] arrays whatever N is. A group of heads per core
+    (attnviz.mixers.delta.head_groups, each on one core), their statistics put side by side."""
     if record.kind == "gated delta rule":
-        heads, block = record.beta.shape[-1], block or CHUNK
+        heads, n, block = record.beta.shape[-1], record.g.shape[0], block or CHUNK
         rows_of = functools.partial(delta_rule_rows, record.query, record.key, record.g, record.beta,
                                     l2norm=record.l2norm, chunk=block, dtype=dtype)
     elif record.kind == "mamba2":
-        heads, block = record.dt.shape[-1], block or SSD_BLOCK
+        heads, n, block = record.dt.shape[-1], record.dt.shape[0], block or SSD_BLOCK
         rows_of = functools.partial(ssd_rows, record.dt, record.A, record.B, record.C, dt_bias=record.dt_bias,
                                     dt_softplus=record.dt_softplus, dt_limit=record.dt_limit, dtype=dtype,
                                     block=block)
     else:
         raise ValueError(f"no implicit map for a {record.kind} layer")
-    n = record.g.shape[0] if record.kind == "gated delta rule" else record.dt.shape[0]
-    return streamed_map_stats(lambda into: rows_of(into=into), heads, n, token_ids, block=block, dtype=dtype)
+    match = token_ids if isinstance(token_ids, InductionMatch) else InductionMatch(token_ids)
+    groups = head_groups(heads)
+    parts: list = [None] * len(groups)
+
+    def group(i: int) -> None:
+        part = groups[i]
+        parts[i] = streamed_map_stats(lambda into: rows_of(into=into, heads=part), len(range(heads)[part]), n,
+                                      match, block=block, dtype=dtype)
+
+    run_each(group, range(len(groups)))
+    out = {key: np.concatenate([part[key] for part in parts]) for key in ("prev_token", "induction",
+                                                                           "distance_profile")}
+    return {**out, "half_mass_distance": half_mass_distance(out["distance_profile"])}
 
 
 def linear_stats(records: dict, token_ids, **options) -> dict[int, dict]:
