@@ -31,16 +31,20 @@ TINY = 1e-18
 LOCAL_BATCH = 64  # (head, chunk) pairs whose own work _local batches: [64, 128, 128] float32 stays in cache
 
 
-def prepared(query, key, g, beta, *, l2norm: bool, dtype=torch.float32):
+def prepared(query, key, g, beta, *, l2norm: bool, dtype=torch.float32, heads: slice = slice(None)):
     """The kernel's own preparation: q, k [head, N, dk] (k heads repeated to the value heads, l2-normalised if
-    `l2norm`, q scaled by dk^-1/2), g, beta [head, N]. query, key [N, k heads, dk]; g, beta [N, value heads]."""
-    heads = beta.shape[-1]
-    query, key = (x.repeat_interleave(heads // x.shape[1], dim=1) if x.shape[1] != heads else x
+    `l2norm`, q scaled by dk^-1/2), g, beta [head, N]. query, key [N, k heads, dk]; g, beta [N, value heads].
+    heads: only these value heads (each value head h reads k head h // (value heads / k heads), as the kernel's
+    repeat_interleave)."""
+    chosen = torch.arange(beta.shape[-1], device=beta.device)[heads]
+    # [head, N, dk], contiguous copies (index_select's result), normalised in place: no second copy at a time
+    query, key = (x.transpose(0, 1).index_select(0, chosen // (beta.shape[-1] // x.shape[1])).to(dtype)
                   for x in (query, key))
-    query, key, g, beta = (x.transpose(0, 1).to(dtype) for x in (query, key, g, beta))
+    g, beta = (x[:, heads].transpose(0, 1).to(dtype) for x in (g, beta))
     if l2norm:
-        query, key = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (query, key))
-    return query * query.shape[-1] ** -0.5, key, g, beta
+        for x in (query, key):
+            x.mul_(torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6))
+    return query.mul_(query.shape[-1] ** -0.5), key, g, beta
 
 
 def delta_rule_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK, dtype=torch.float32,
@@ -109,7 +113,7 @@ def delta_rule_rows(query, key, g, beta, *, l2norm: bool = True, chunk: int = CH
     tensor (its first b columns are written); by default one buffer that every chunk's rows reuse, so each block
     is valid until the next is asked for. Memory: the state, 2 [value head, dk, N], and one block. heads: only
     these value heads (rows [len, b - a, b])."""
-    q, k, g, beta = (x[heads] for x in prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype))
+    q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype, heads=heads)
     size, n, _ = q.shape
     if into is None:
         flat = torch.empty(size * min(chunk, n) * n, dtype=dtype, device=q.device)
