@@ -12,7 +12,7 @@ random inputs as the kernel receives them (q, k after the short convolution, bet
 It prints, from one run, by the wall clock and by this process's CPU time (all threads' seconds added, which a busy
 machine's other work inflates less): the float32 matmul rate (benchmarks/longcontext.py's yardstick, measured before
 and after each case, the faster of the two: the harder limit), the seconds of attnviz.mixers.delta_rule_map (best of
-5) into fresh memory ("map s") and into a preallocated array (its out argument: "into s"), the limit (2·N²·dk·heads
+8) into fresh memory ("map s") and into a preallocated array (its out argument: "into s"), the limit (2·N²·dk·heads
 FLOPs at that rate), both ratios against the goal, and transformers' torch_chunk_gated_delta_rule on the same inputs
 (the layer's own output, O(N) work, not its map: the peer that computes the layer), its seconds and the map's
 multiple of them. The header gives the thread count and the load average: a shared machine's other work slows the
@@ -87,9 +87,9 @@ def case(n: int, k_heads: int, v_heads: int, dk: int, size: int, decay: float) -
 
     q, k, v, g, beta = inputs(n, k_heads, v_heads, dk, dk, decay)
     before = matmul_rates(size)
-    fresh = best_of(lambda: delta_rule_map(q, k, g, beta), repeats=5)
+    fresh = best_of(lambda: delta_rule_map(q, k, g, beta), repeats=8)
     out = torch.empty(v_heads, n, n)
-    into = best_of(lambda: delta_rule_map(q, k, g, beta, out=out), repeats=5)
+    into = best_of(lambda: delta_rule_map(q, k, g, beta, out=out), repeats=8)
     wall_rate, cpu_rate = (max(x, y) for x, y in zip(before, matmul_rates(size)))  # the faster: the harder limit
     kernel = best_of(lambda: torch_chunk_gated_delta_rule(q[None], k[None], v[None], g=g[None], beta=beta[None],
                                                           use_qk_l2norm_in_kernel=True))
