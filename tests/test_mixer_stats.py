@@ -165,3 +165,17 @@ def test_streamed_stats_of_a_known_map():
     assert got["induction"][1] == 0.5 and got["induction"][0] == 0.0
     assert got["distance_profile"][0, 0] == 1 / n  # only row 0 puts weight at distance 0
     assert got["distance_profile"][1, 5] == 0.5 * 6 / (n - 5)  # six rows put half their weight 5 back
+
+
+def test_rows_of_some_heads_are_those_heads_rows():
+    # the per-core groups (record_stats, the dense maps) compute a slice of the heads each: the same rows
+    q, k, g, beta = _delta_inputs(n=21)
+    full = delta_rule_map(q, k, g, beta, chunk=8, dtype=torch.float64)
+    for part in (slice(1, 3), slice(3, 4), slice(0, 4)):
+        for a, b, rows in delta_rule_rows(q, k, g, beta, chunk=8, dtype=torch.float64, heads=part):
+            assert torch.allclose(rows, full[part, a:b, :b], rtol=0, atol=1e-14)
+    args, options = _ssd_inputs(n=21)
+    full = ssd_map(*args, dtype=torch.float64, **options)
+    for part in (slice(1, 3), slice(2, 4)):  # across the two groups' B and C, and within one
+        for a, b, rows in ssd_rows(*args, block=5, dtype=torch.float64, heads=part, **options):
+            assert torch.allclose(rows, full[part, a:b, :b], rtol=1e-13, atol=1e-15)
