@@ -18,29 +18,37 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+from attnviz.cores import run_each, workers
 
 CHUNK = 128  # with dk = 128 (Qwen3-Next), the earlier keys then cost N^2 dk multiply-adds per head
 # Weights under TINY are set to 0 where they would be carried on: far below float32's resolution of any sum they
 # enter (w's entries are O(1) at most), and as subnormal floats they make every later product ten to a hundred
 # times slower on a CPU. 1e-18, so that the product of two kept numbers is still a normal float32 (over 1.2e-38).
 TINY = 1e-18
+LOCAL_BATCH = 64  # (head, chunk) pairs whose own work _local batches: [64, 128, 128] float32 stays in cache
 
 
-def prepared(query, key, g, beta, *, l2norm: bool, dtype=torch.float32):
+def prepared(query, key, g, beta, *, l2norm: bool, dtype=torch.float32, heads: slice = slice(None)):
     """The kernel's own preparation: q, k [head, N, dk] (k heads repeated to the value heads, l2-normalised if
-    `l2norm`, q scaled by dk^-1/2), g, beta [head, N]. query, key [N, k heads, dk]; g, beta [N, value heads]."""
-    heads = beta.shape[-1]
-    query, key = (x.repeat_interleave(heads // x.shape[1], dim=1) if x.shape[1] != heads else x
+    `l2norm`, q scaled by dk^-1/2), g, beta [head, N]. query, key [N, k heads, dk]; g, beta [N, value heads].
+    heads: only these value heads (each value head h reads k head h // (value heads / k heads), as the kernel's
+    repeat_interleave)."""
+    chosen = torch.arange(beta.shape[-1], device=beta.device)[heads]
+    # [head, N, dk], contiguous copies (index_select's result), normalised in place: no second copy at a time
+    query, key = (x.transpose(0, 1).index_select(0, chosen // (beta.shape[-1] // x.shape[1])).to(dtype)
                   for x in (query, key))
-    query, key, g, beta = (x.transpose(0, 1).to(dtype) for x in (query, key, g, beta))
+    g, beta = (x[:, heads].transpose(0, 1).to(dtype) for x in (g, beta))
     if l2norm:
-        query, key = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (query, key))
-    return query * query.shape[-1] ** -0.5, key, g, beta
+        for x in (query, key):
+            x.mul_(torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6))
+    return query.mul_(query.shape[-1] ** -0.5), key, g, beta
 
 
-def delta_rule_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK,
-                   dtype=torch.float32) -> torch.Tensor:
+def delta_rule_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK, dtype=torch.float32,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """w [value head, query, key] of a gated delta rule layer, so that o = w @ v per head.
 
     query, key: [N, k heads, dk] as the kernel receives them; g: [N, value heads], the log decay; beta:
@@ -52,29 +60,110 @@ def delta_rule_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHU
     M = lower (Q K^T * Gamma): Q_hat = e^G Q - M T (beta e^G K) and F = e^(G_last) I - (K e^(G_last - G))^T T
     (beta e^G K), the chunk's transition P_last ... P_first in WY form. Multiply-adds per head: N^2 (dk + dk^2 /
     chunk) / 2 for the earlier keys, about 6 N chunk dk for the chunks' own, no N^2 dk^2 term. Keys whose decay
-    since has fallen under TINY (1e-18) get weight 0 (see _bury)."""
+    since has fallen under TINY (1e-18) get weight 0 (see _bury). out: a [value head, N, N] tensor of `dtype` to
+    write w into (every entry is written); returned. Without it, w is fresh zeroed memory (zeros_for) and only its
+    weights that are not 0 are written. The heads are split into a group per core, each run on one core
+    (head_groups, attnviz.cores.run_each): no operator forks and joins over the cores, which a busy machine's other
+    threads slow many times over."""
     q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype)
+    heads, n, _ = q.shape
+    fresh = out is None
+    out = zeros_for((heads, n, n), dtype, q.device) if fresh else checked_out(out, (heads, n, n), dtype)
+
+    def group(part: slice) -> None:
+        w = out[part]
+        for a, b, _ in _rows(q[part], k[part], g[part], beta[part], chunk=chunk, l2norm=l2norm,
+                             into=lambda a, b: w[:, a:b], zeroed=fresh):
+            if not fresh:
+                w[:, a:b, b:] = 0
+
+    run_each(group, head_groups(heads))
+    return out
+
+
+def head_groups(heads: int) -> list[slice]:
+    """The heads as contiguous groups, one per core that attnviz.cores.run_each runs on (one group without them)."""
+    parts = min(workers(), heads)
+    return [slice(i * heads // parts, (i + 1) * heads // parts) for i in range(parts)]
+
+
+def zeros_for(shape, dtype, device) -> torch.Tensor:
+    """A fresh zeroed array for a map. On the CPU, numpy's zeros: calloc's pages, zeroed by the kernel when first
+    written, and never touched where the map is 0 (above the diagonal, forgotten keys), so a causal map costs about
+    half the first-touch work of torch.empty filled in full (which, at 2,048 tokens x 32 heads, took about as long
+    as the map's products)."""
+    kind = {torch.float32: np.float32, torch.float64: np.float64}.get(dtype)
+    if torch.device(device).type != "cpu" or kind is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(shape, dtype=kind))
+
+
+def checked_out(out: torch.Tensor, shape, dtype) -> torch.Tensor:
+    """out, when it is a `dtype` tensor of `shape` (the dense maps' out argument); else a ValueError."""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"out must be a {dtype} tensor of shape {tuple(shape)}, got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+def delta_rule_rows(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK, dtype=torch.float32,
+                    into=None, heads: slice = slice(None)):
+    """The rows of delta_rule_map a chunk at a time, never an N x N array: yields (a, b, rows), rows
+    [value head, b - a, b] the map's rows a .. b - 1 on keys 0 .. b - 1 (every later key's weight is 0), equal to
+    delta_rule_map(...)[:, a:b, :b] (the same products). into(a, b): where to write them, a [value head, b - a, >= b]
+    tensor (its first b columns are written); by default one buffer that every chunk's rows reuse, so each block
+    is valid until the next is asked for. Memory: the state, 2 [value head, dk, N], and one block. heads: only
+    these value heads (rows [len, b - a, b])."""
+    q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype, heads=heads)
+    size, n, _ = q.shape
+    if into is None:
+        flat = torch.empty(size * min(chunk, n) * n, dtype=dtype, device=q.device)
+        into = lambda a, b: flat[:size * (b - a) * b].view(size, b - a, b)  # noqa: E731
+    yield from _rows(q, k, g, beta, chunk=chunk, l2norm=l2norm, into=into)
+
+
+def _rows(q, k, g, beta, *, chunk: int, l2norm: bool, into, zeroed: bool = False):
+    """(a, b, rows a .. b - 1 on keys 0 .. b - 1) of the map of prepared q, k, g, beta, a chunk at a time, written
+    into into(a, b)[:, :, :b] (delta_rule_map's docstring says how); zeroed: into's arrays are 0 already, so the
+    forgotten keys' zeros are not written."""
     heads, n, dk = q.shape
-    w = torch.empty(heads, n, n, dtype=dtype, device=q.device)
     # [head, dk, key], two buffers: each chunk's products write in place (torch.bmm's out), the state to the other
-    state, spare = (torch.zeros(heads, dk, n, dtype=dtype, device=q.device) for _ in range(2))
+    state, spare = (torch.zeros(heads, dk, n, dtype=q.dtype, device=q.device) for _ in range(2))
     total = g.double().cumsum(-1)  # [head, N]: the log decay from the first token
     dead = [0] * heads  # per head, the earlier keys whose state columns are 0 for good
-    for a in range(0, n, chunk):
-        b = min(a + chunk, n)
-        q_hat, own, transition, entering = _chunk(q[:, a:b], k[:, a:b], g[:, a:b], beta[:, a:b])
-        w[:, a:b, a:b] = own
-        w[:, a:b, b:] = 0
+    for a, b, q_hat, own, transition, entering in _local(q, k, g, beta, chunk):
+        rows = into(a, b)[:, :, :b]
+        rows[:, :, a:b] = own
         live = min(dead)
-        w[:, a:b, :live] = 0
+        if not zeroed:
+            rows[:, :, :live] = 0
         if a > live:
-            torch.bmm(q_hat, state[:, :, live:a], out=w[:, a:b, live:a])
+            torch.bmm(q_hat, state[:, :, live:a], out=rows[:, :, live:a])
             torch.bmm(transition, state[:, :, live:a], out=spare[:, :, live:a])
             state, spare = spare, state
         state[:, :, a:b] = entering
         if l2norm:
             _bury(state, spare, total[:, :b], dead)
-    return w
+        yield a, b, rows
+
+
+def _local(q, k, g, beta, chunk: int):
+    """(a, b, Q_hat, own block, F, entering columns) of each chunk, in order (_chunk's), computed for
+    LOCAL_BATCH // heads chunks at once (one batched product each instead of one per chunk); the text padded to a
+    whole number of chunks with zero keys and queries, g = beta = 0, which no real row reads."""
+    heads, n, dk = q.shape
+    per = max(1, LOCAL_BATCH // heads) * chunk
+    for start in range(0, n, per):
+        stop = min(n, start + per)
+        m, pad = -(-(stop - start) // chunk), -(stop - start) % chunk
+        parts = [torch.nn.functional.pad(x[:, start:stop], (0, 0, 0, pad) if x.dim() == 3 else (0, pad))
+                 for x in (q, k, g, beta)]
+        q_hat, own, transition, entering = (x.view(heads, m, *x.shape[1:]) for x in _chunk(
+            *(x.reshape(heads * m, chunk, *x.shape[2:]) for x in parts)))
+        for i in range(m):
+            a = start + i * chunk
+            size = min(chunk, n - a)
+            yield (a, a + size, q_hat[:, i, :size], own[:, i, :size, :size], transition[:, i],
+                   entering[:, i, :, :size])
 
 
 def _bury(state, spare, total, dead: list[int]) -> None:
@@ -90,20 +179,26 @@ def _bury(state, spare, total, dead: list[int]) -> None:
 
 
 def _chunk(q, k, g, beta):
-    """One chunk's Q_hat [head, C, dk], its own block of w [head, C, C], its transition F [head, dk, dk] and the
-    state columns of its own keys at its end [head, dk, C]; q, k [head, C, dk], g, beta [head, C]."""
-    size = q.shape[1]
-    cum = g.cumsum(-1)  # [head, C]: G_t, the log decay from the chunk's start to t
-    lower = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-    decay = _exp((cum[:, :, None] - cum[:, None, :]).masked_fill(~lower, float("-inf")))  # Gamma
-    strict = (beta[:, :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)  # A
-    inverse = unit_lower_inverse(_flushed(strict))
-    mixed = _flushed(((q @ k.transpose(-1, -2)) * decay) @ inverse)  # M T
-    k_in = k * (beta * _exp(cum))[:, :, None]  # beta e^G K: what the earlier state subtracts
-    q_hat = _exp(cum)[:, :, None] * q - mixed @ k_in
-    k_out = (k * _exp(cum[:, -1:] - cum)[:, :, None]).transpose(-1, -2) @ inverse  # (K e^(G_last-G))^T T
-    transition = _exp(cum[:, -1, None, None]) * torch.eye(q.shape[-1], dtype=q.dtype, device=q.device) - k_out @ k_in
-    return _flushed(q_hat), mixed * beta[:, None, :], _flushed(transition), _flushed(k_out * beta[:, None, :])
+    """Chunks' Q_hat [batch, C, dk], own blocks of w [batch, C, C], transitions F [batch, dk, dk] and the state
+    columns of their own keys at their ends [batch, dk, C]; q, k [batch, C, dk], g, beta [batch, C] (a batch of
+    (head, chunk) pairs). Products are written over in place where nothing else reads them."""
+    size, dk = q.shape[-2:]
+    cum = g.cumsum(-1)  # [batch, C]: G_t, the log decay from the chunk's start to t
+    # Gamma: e^(G_t - G_s) on and below the diagonal (tril_ writes 0 over the upper triangle's overflow)
+    decay = _flushed((cum[:, :, None] - cum[:, None, :]).exp_()).tril_()
+    kt = k.transpose(-1, -2)
+    strict = torch.bmm(k, kt).mul_(decay).mul_(beta[:, :, None])  # A: Gamma is 0 above the diagonal
+    strict.diagonal(dim1=-2, dim2=-1).zero_()
+    inverse = unit_lower_inverse(_flushed(strict))  # T
+    mixed = _flushed(torch.bmm(torch.bmm(q, kt).mul_(decay), inverse))  # M T
+    grow = _exp_(cum.clone())  # e^G
+    k_in = k * (beta * grow)[:, :, None]  # beta e^G K: what the earlier state subtracts
+    q_hat = torch.baddbmm(grow[:, :, None] * q, mixed, k_in, alpha=-1)
+    k_out = torch.bmm((k * _exp_(cum[:, -1:] - cum)[:, :, None]).transpose(-1, -2), inverse)  # (K e^(G_last-G))^T T
+    eye = torch.eye(dk, dtype=q.dtype, device=q.device)
+    transition = torch.baddbmm(_exp_(cum[:, -1, None, None].clone()) * eye, k_out, k_in, alpha=-1)
+    return (_flushed(q_hat), mixed.mul_(beta[:, None, :]), _flushed(transition),
+            _flushed(k_out.mul_(beta[:, None, :])))
 
 
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
@@ -126,14 +221,14 @@ def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def _exp(x: torch.Tensor) -> torch.Tensor:
-    """exp(x), 0 where it would be under TINY."""
-    return x.masked_fill(x < math.log(TINY), float("-inf")).exp()
+def _exp_(x: torch.Tensor) -> torch.Tensor:
+    """exp(x), 0 where it would be under TINY; in place, x returned."""
+    return x.masked_fill_(x < math.log(TINY), float("-inf")).exp_()
 
 
 def _flushed(x: torch.Tensor) -> torch.Tensor:
-    """x with its entries under TINY in magnitude set to 0."""
-    return x.masked_fill(x.abs() < TINY, 0)
+    """x with its entries of magnitude TINY or less set to 0 (one pass: torch's hardshrink)."""
+    return torch.nn.functional.hardshrink(x, TINY)
 
 
 def delta_rule_map_naive(query, key, g, beta, *, l2norm: bool = True) -> torch.Tensor:
