@@ -120,13 +120,31 @@ def test_a_layer_of_an_unmapped_kind_is_refused_by_name_and_select_keeps_linear_
         narrowed.head_pattern(1, 0)
 
 
-def test_long_text_store_builds_maps_from_the_records(folders, captures):
-    dense = captures["qwen3_next"]
-    long = attnviz.capture(str(folders / "qwen3_next"), TEXT, store="qk")
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2", "kimi_linear"])
+def test_long_text_store_builds_map_rows_from_the_records(folders, captures, name):
+    """The qk store keeps each linear layer's kernel call and builds the rows asked for a block at a time (Kimi's
+    whole map): equal to the pattern store's rows, for every head or some."""
+    dense = captures[name]
+    long = attnviz.capture(str(folders / name), TEXT, store="qk")
     assert long.maps is None and long.linear_layers == dense.linear_layers
     for layer in dense.linear_layers:
-        np.testing.assert_array_equal(long.layer_rows(layer, 2, 9, mixer="linear"),
-                                      dense.layer_rows(layer, 2, 9, mixer="linear"))
+        np.testing.assert_allclose(long.layer_rows(layer, 2, 9, mixer="linear"),
+                                   dense.layer_rows(layer, 2, 9, mixer="linear"), atol=1e-6)
+        np.testing.assert_allclose(long.layer_rows(layer, 30, 41, heads=[3, 1], mixer="linear"),
+                                   dense.layer_rows(layer, 30, 41, mixer="linear")[[3, 1]], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2", "kimi_linear"])
+def test_layer_stats_streamed_from_the_record_equal_the_whole_maps(captures, name):
+    from attnviz.capture.linear import layer_stats, streams_stats
+    from attnviz.mixers.stats import map_stats
+
+    cap = captures[name]
+    layer = cap.linear_layers[0]
+    assert streams_stats(cap, layer) == (name != "kimi_linear")
+    got, want = layer_stats(cap, layer), map_stats(cap.layer_rows(layer, mixer="linear"), cap.token_ids)
+    for key in ("prev_token", "induction", "distance_profile"):
+        np.testing.assert_allclose(got[key], want[key], atol=2e-5)
 
 
 def test_softmax_only_models_are_unchanged(folders):

@@ -18,7 +18,11 @@ from attnviz.errors import CaptureError
 from attnviz.mixers.gates import gate_map, gate_stats, record_gates
 from attnviz.mixers.kinds import module_kinds
 from attnviz.mixers.maps import SOFTMAX_KINDS
+from attnviz.mixers.delta import delta_rule_rows
 from attnviz.mixers.record import mixer_modules, record_mixers
+from attnviz.mixers.records import DeltaRuleRecord, SsdRecord
+from attnviz.mixers.ssd import ssd_rows
+from attnviz.mixers.stats import map_stats, record_stats
 
 LINEAR_NOTE = ("A linear mixer's implicit map is not a probability: o_t = Σ_s w_ts v_s exactly, its weights can be "
                "negative and a row need not sum to 1.")
@@ -89,11 +93,59 @@ def map_rows(capture, layer: int, start: int, stop: int, heads=None) -> np.ndarr
     if maps is not None and layer in maps:
         block = maps[layer][:, start:stop]
     elif layer in mixers:
-        block = mixers[layer].implicit_map()[:, start:stop].float().numpy()
+        return record_rows(mixers[layer], start, stop, heads)
     else:
         raise CaptureError(f"Layer {layer} has no linear mixer map in this capture"
                            f"{' (' + capture.layer_kind(layer) + ')' if capture.layer_kinds else ''}.")
     return block if heads is None else block[list(heads)]
+
+
+def _rows_of(record, heads: slice):
+    """The record's map rows a block at a time (attnviz.mixers: delta_rule_rows, ssd_rows), or None for a kind
+    without a row-block form (Kimi Delta Attention: its whole map)."""
+    if isinstance(record, DeltaRuleRecord):
+        return delta_rule_rows(record.query, record.key, record.g, record.beta, l2norm=record.l2norm, heads=heads)
+    if isinstance(record, SsdRecord):
+        return ssd_rows(record.dt, record.A, record.B, record.C, dt_bias=record.dt_bias,
+                        dt_softplus=record.dt_softplus, dt_limit=record.dt_limit, heads=heads)
+    return None
+
+
+def record_rows(record, start: int, stop: int, heads=None) -> np.ndarray:
+    """Rows start .. stop - 1 of a recorded mixer's implicit map [head, rows, key] float32, built a block of rows at
+    a time up to `stop` (never the N x N map, where the kind has a row-block form): the long-text store's read."""
+    n = record.output.shape[0]
+    picked = None if heads is None else [int(h) for h in heads]
+    span = slice(None) if picked is None else slice(min(picked), max(picked) + 1)
+    blocks = _rows_of(record, span)
+    if blocks is None:
+        whole = record.implicit_map()[:, start:stop].float().numpy()
+        return whole if picked is None else whole[picked]
+    out = None
+    for a, b, rows in blocks:
+        if out is None:
+            out = np.zeros((rows.shape[0], stop - start, n), dtype=np.float32)
+        lo, hi = max(a, start), min(b, stop)
+        if lo < hi:
+            out[:, lo - start:hi - start, :b] = rows[:, lo - a:hi - a].float().numpy()
+        if b >= stop:
+            break
+    return out if picked is None else out[[h - span.start for h in picked]]
+
+
+def streams_stats(capture, layer: int) -> bool:
+    """Whether layer_stats reads this layer a block of rows at a time (its record is a gated delta rule's or a
+    Mamba2 scan's), rather than from its whole map."""
+    return isinstance((capture.mixers or {}).get(int(layer)), (DeltaRuleRecord, SsdRecord))
+
+
+def layer_stats(capture, layer: int) -> dict:
+    """A linear layer's statistics on |w| (attnviz.mixers.stats: prev_token, induction, distance_profile,
+    half_mass_distance per head): streamed over row blocks from its record (no N x N array), else (a capture read
+    from a file, or Kimi Delta Attention) from its map."""
+    if streams_stats(capture, layer):
+        return record_stats(capture.mixers[int(layer)], capture.token_ids)
+    return map_stats(capture.layer_rows(layer, mixer="linear"), capture.token_ids)
 
 
 def mean_gate(capture, layer: int) -> np.ndarray:

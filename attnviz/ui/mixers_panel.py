@@ -9,13 +9,27 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import ui
-from attnviz.capture.linear import LINEAR_NOTE, gate_sink_table, gate_table, indexed_view
+from attnviz.capture.linear import (LINEAR_NOTE, gate_sink_table, gate_table, indexed_view, layer_stats,
+                                    streams_stats)
 from attnviz.figures import heads as head_figs
 from attnviz.figures import mixer_maps as figs
 from attnviz.mixers.gates import gated_weights
-from attnviz.mixers.stats import map_stats
 
-STATS_MAX_TOKENS = 2048  # the heads' statistics read each whole map: [head, n, n] float64 at most
+STATS_MAX_TOKENS = 2048  # a map read whole for its statistics (a file's; Kimi Delta Attention's): [head, n, n]
+STREAMED_MAX_TOKENS = 16384  # statistics streamed over row blocks from the record: no N x N array, O(N² d) time
+MAP_MAX_TOKENS = 1024  # a head's map drawn over its first tokens; longer texts get the rest in the statistics
+
+
+@st.cache_data(show_spinner="Reading every head of the layer, a block of rows at a time…", max_entries=32)
+def _stats(capture_id: int, model: str, ids_digest: str, layer: int, _capture) -> dict:
+    """layer_stats, once per capture and layer (the capture is the cached, shared object `capture_id` names)."""
+    return layer_stats(_capture, layer)
+
+
+def _digest(ids) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
 
 
 def show(capture) -> None:
@@ -66,15 +80,19 @@ def _linear(capture) -> None:
                          format_func=lambda i: f"{i} ({capture.layer_kind(i)})", persist_state="session")
     n_heads = capture.layer_heads(layer, "linear")
     head = c2.selectbox("Its head", list(range(n_heads)), key="mixers_head", persist_state="session")
-    w = capture.head_pattern(layer, head, mixer="linear")
-    ui.plot(figs.implicit_map(w, capture.tokens, title=f"Layer {layer} ({capture.layer_kind(layer)}), head {head}: "
-                              "implicit attention map w"), key="mixers_map")
+    shown = min(capture.n_tokens, MAP_MAX_TOKENS)
+    w = capture.layer_rows(layer, 0, shown, heads=[head], mixer="linear")[0][:, :shown]
+    ui.plot(figs.implicit_map(w, capture.tokens[:shown], title=f"Layer {layer} ({capture.layer_kind(layer)}), head "
+                              f"{head}: implicit attention map w"), key="mixers_map")
     st.caption(f"What to see: how much of each earlier token's value reaches each query. {LINEAR_NOTE} So the "
-               "scale is diverging: white is 0, the two colours the two signs.")
-    if capture.n_tokens > STATS_MAX_TOKENS:
-        st.caption(f"The heads' statistics are shown up to {STATS_MAX_TOKENS:,} tokens.")
+               "scale is diverging: white is 0, the two colours the two signs."
+               + (f" Drawn over the first {shown:,} of {capture.n_tokens:,} tokens; the statistics below read every "
+                  "row." if shown < capture.n_tokens else ""))
+    limit = STREAMED_MAX_TOKENS if streams_stats(capture, layer) else STATS_MAX_TOKENS
+    if capture.n_tokens > limit:
+        st.caption(f"The heads' statistics of this layer are shown up to {limit:,} tokens.")
         return
-    numbers = map_stats(capture.layer_rows(layer, mixer="linear"), capture.token_ids)
+    numbers = _stats(id(capture), capture.model_name, _digest(capture.token_ids), layer, capture)
     table = pd.DataFrame({"head": range(n_heads), "prev_token": numbers["prev_token"],
                           "induction": numbers["induction"], "half_mass_distance": numbers["half_mass_distance"]})
     st.dataframe(table.round(4), hide_index=True)
