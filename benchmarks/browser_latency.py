@@ -38,6 +38,7 @@ A page that fails is reported with a screenshot, the others are still measured, 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -49,7 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.latency.idle import COUNT_MESSAGES, settle, untimed, wait_idle, watch  # noqa: E402
+from benchmarks.latency.idle import COUNT_MESSAGES, answered, settle, untimed, wait_idle, watch  # noqa: E402
 from benchmarks.latency.widgets import (  # noqa: E402
     NoMove, Widget, choose_radio, discover, move, open_expanders, open_tab, radio_choice, radio_options, tabs)
 
@@ -113,6 +114,9 @@ def time_widget(page, run: Run, widget: Widget) -> list[tuple[float, float]]:
         watch(page)
         started = time.perf_counter()
         move(page, now, seen)
+        if not answered(page):  # the page ignored the move (disabled, or already at its limit): nothing to time
+            times.append((math.nan, math.nan))
+            continue
         times.append(wait_idle(page, started, 600))
     return times
 
@@ -222,10 +226,15 @@ def table(runs: list[Run], repeat: int, rate: float, load_before: float) -> None
     over = 0
     for run in runs:
         for page, widget, times, load in run.rows:
-            median = statistics.median(t[1] for t in times)
+            timed = [t for t in times if not math.isnan(t[1])]
+            runs_text = ", ".join("no rerun" if math.isnan(t[1]) else f"{t[1]:.2f}" for t in times)
+            if not timed:  # every move ignored: the row says so, and no figure is made up
+                print(f"| {page} | {widget} | no rerun | no rerun | {runs_text} | {load:.1f} |  |")
+                continue
+            median = statistics.median(t[1] for t in timed)
             over += median > GOAL_S
-            print(f"| {page} | {widget} | {median:.2f} | {statistics.median(t[0] for t in times):.2f} | "
-                  f"{', '.join(f'{t[1]:.2f}' for t in times)} | {load:.1f} | {'OVER' if median > GOAL_S else ''} |")
+            print(f"| {page} | {widget} | {median:.2f} | {statistics.median(t[0] for t in timed):.2f} | "
+                  f"{runs_text} | {load:.1f} | {'OVER' if median > GOAL_S else ''} |")
     print(f"{sum(len(r.rows) for r in runs)} widgets timed, {over} over the goal")
     for kind, what in (("left out", "skipped"), ("failed", "failed")):
         lines = [row for run in runs for row in getattr(run, what)]

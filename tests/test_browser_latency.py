@@ -25,6 +25,23 @@ def test_pick_prefers_options_not_had_then_any_other():
         _pick(["a"], "a", set())
 
 
+def test_a_move_the_page_ignored_is_shown_as_no_rerun_and_left_out_of_the_median(capsys):
+    import math
+
+    from benchmarks.browser_latency import Run, table
+
+    run = Run(title="t", repeat=3, limit=None)
+    run.rows = [("P", "ignored", [(math.nan, math.nan)] * 3, 1.0),
+                ("P", "half", [(0.3, 0.2), (math.nan, math.nan), (0.5, 0.4)], 1.0),
+                ("P", "slow", [(0.9, 0.8), (0.7, 0.6), (0.8, 0.7)], 1.0)]
+    table([run], 3, 1e11, 0.5)
+    out = capsys.readouterr().out
+    assert "| P | ignored | no rerun | no rerun | no rerun, no rerun, no rerun | 1.0 |  |" in out
+    assert "| P | half | 0.30 | 0.40 | 0.20, no rerun, 0.40 | 1.0 |  |" in out  # medians of the two answered
+    assert "| P | slow | 0.70 | 0.80 | 0.80, 0.60, 0.70 | 1.0 | OVER |" in out
+    assert "3 widgets timed, 1 over the goal" in out
+
+
 @pytest.fixture(scope="module")
 def page(browser):
     from tests.servers import streamlit_server

@@ -76,16 +76,24 @@ def quiet(page, timeout_s: float = 600.0) -> tuple[float, float]:
     return since, since_browser
 
 
+def answered(page, wait_s: float = 5.0) -> bool:
+    """Whether the server answered the change within wait_s: a rerun seen running, or messages sent since watch().
+    A move the page ignores (a disabled widget, a multiselect already at its limit) gets no answer."""
+    deadline = time.perf_counter() + wait_s
+    while time.perf_counter() < deadline:
+        if page.evaluate("(window.__states || []).includes('running') || window.__received > window.__receivedAtWatch"):
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def wait_idle(page, started: float, timeout_s: float = 600.0) -> tuple[float, float]:
     """(driver, input) seconds until the page became idle (and stayed so for three polls): driver from `started`,
     input from the browser's timestamp of the last pointerdown or keydown. The server must first answer (a change it
     has not answered yet looks idle): a MutationObserver installed by watch() records every change of the script
     state, and a rerun so short that the page never shows it running is seen by the messages the server sent since
     watch()."""
-    deadline = time.perf_counter() + 5.0
-    while time.perf_counter() < deadline and not page.evaluate(
-            "(window.__states || []).includes('running') || window.__received > window.__receivedAtWatch"):
-        time.sleep(0.01)
+    answered(page)
     since, since_browser = quiet(page, timeout_s)
     pressed = page.evaluate("window.__input || 0")
     return since - started, (since_browser - pressed) / 1000.0
