@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from attnviz.mixers.delta import apply_map, delta_rule_map
-from attnviz.mixers.kda import KdaRecord, kda_map
+from attnviz.mixers.kda import kda_map
+from attnviz.mixers.records import KdaRecord
 from attnviz.mixers.record import mixer_records, record_mixers
 from attnviz.mixers.records import MixerError, record_of
 from tests import mixer_models

@@ -20,11 +20,9 @@ part of w either.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 
-from attnviz.mixers.delta import TINY, apply_map, unit_lower_inverse
+from attnviz.mixers.delta import TINY, unit_lower_inverse
 
 CHUNK = 64  # the reference kernel's chunk
 BLOCK = 16  # inside a chunk, pairs of tokens this close have their decays as a [head, block, block, dk] array
@@ -118,29 +116,3 @@ def _exp(x: torch.Tensor) -> torch.Tensor:
 def _flushed(x: torch.Tensor) -> torch.Tensor:
     """x with its entries under TINY in magnitude set to 0."""
     return x.masked_fill(x.abs() < TINY, 0)
-
-
-@dataclass(frozen=True)
-class KdaRecord:
-    """A Kimi Delta Attention call (chunk_kimi_delta_attention): query, key, value [N, head, d], after the short
-    convolution; g [N, head, dk], each key channel's log decay; beta [N, head]; l2norm: the kernel's
-    use_qk_l2norm_in_kernel; output [N, head, dv]: what the kernel returned (before the layer's gated RMSNorm and
-    output projection)."""
-
-    layer: int
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    l2norm: bool
-    output: torch.Tensor
-    kind = "gated delta rule"
-
-    def implicit_map(self, **options) -> torch.Tensor:
-        """w [head, query, key] (kda_map); options: chunk, dtype."""
-        return kda_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
-
-    def mixed(self, w: torch.Tensor) -> torch.Tensor:
-        """The kernel's output rebuilt from a map: sum_s w_ts v_s; there is no other term."""
-        return apply_map(w, self.value)

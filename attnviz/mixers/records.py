@@ -9,7 +9,7 @@ import torch
 
 from attnviz.errors import AttnvizError
 from attnviz.mixers.delta import apply_map, delta_rule_map
-from attnviz.mixers.kda import KdaRecord
+from attnviz.mixers.kda import kda_map
 from attnviz.mixers.ssd import apply_ssd, ssd_map
 
 
@@ -18,10 +18,11 @@ class MixerError(AttnvizError, ValueError):
 
 
 @dataclass(frozen=True)
-class DeltaRuleRecord:
-    """A gated delta rule call: query, key [N, k heads, dk]; value [N, value heads, dv]; g (log decay), beta
+class DeltaCall:
+    """A delta rule kernel call: query, key [N, k heads, dk]; value [N, value heads, dv]; g (log decay), beta
     [N, value heads]; l2norm: the kernel's use_qk_l2norm_in_kernel; output [N, value heads, dv]: what the kernel
-    returned (before the layer's gated RMSNorm and output projection)."""
+    returned (before the layer's gated RMSNorm and output projection). The two kinds below differ in g and so in
+    their map."""
 
     layer: int
     query: torch.Tensor
@@ -33,13 +34,26 @@ class DeltaRuleRecord:
     output: torch.Tensor
     kind = "gated delta rule"
 
+    def mixed(self, w: torch.Tensor) -> torch.Tensor:
+        """The kernel's output rebuilt from a map: sum_s w_ts v_s; there is no other term."""
+        return apply_map(w, self.value)
+
+
+class DeltaRuleRecord(DeltaCall):
+    """A gated delta rule call (Qwen3-Next, Qwen3.5): g [N, value heads], one log decay per head."""
+
     def implicit_map(self, **options) -> torch.Tensor:
         """w [value head, query, key] (attnviz.mixers.delta.delta_rule_map)."""
         return delta_rule_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
 
-    def mixed(self, w: torch.Tensor) -> torch.Tensor:
-        """The kernel's output rebuilt from a map: sum_s w_ts v_s; there is no other term."""
-        return apply_map(w, self.value)
+
+class KdaRecord(DeltaCall):
+    """A Kimi Delta Attention call (chunk_kimi_delta_attention): query, key, value [N, head, d], after the short
+    convolution; g [N, head, dk], each key channel's log decay (attnviz.mixers.kda)."""
+
+    def implicit_map(self, **options) -> torch.Tensor:
+        """w [head, query, key] (attnviz.mixers.kda.kda_map); options: chunk, dtype."""
+        return kda_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
 
 
 @dataclass(frozen=True)
