@@ -237,15 +237,8 @@ def show_comparison(config: lab.LabConfig, problems: list[str]) -> None:
 
 def _comparison_view(comparison, was_running: bool) -> None:
     """The four variants' training so far: progress, losses, sink metric; their maps once finished."""
-    snaps = comparison.snapshots()
+    snaps = lab_ui.comparison_progress(comparison, "variant")
     first = next(iter(snaps.values()))
-    late = " (time limit reached)" if comparison.timed_out else ""
-    st.progress(min(1.0, min(s.progress for s in snaps.values())),
-                text=f"step {min(s.step for s in snaps.values())} of {first.config.steps} for each variant, "
-                     f"{max(s.elapsed_s for s in snaps.values()):.0f} s{late}")
-    for name, snap in snaps.items():
-        if snap.error:
-            st.error(f"{name.replace('_', ' ')}: {snap.error}.")
     left, right = st.columns(2)
     with left:
         losses = {n: s.losses for n, s in snaps.items()}

@@ -120,3 +120,19 @@ def variant_maps(comparison: lab.VariantComparison) -> tuple[list[str], dict[str
         return None
     st.session_state["lab_comparison_maps"] = (comparison, maps)
     return maps
+
+
+def comparison_progress(comparison, noun: str) -> dict:
+    """A side-by-side training's progress bar (the slowest model's step, the longest time) and each model's error,
+    for a lab.VariantComparison or lab.HybridComparison; its snapshots {name: snapshot}, returned for the charts.
+    noun: what the page calls one of the models ("variant", "model")."""
+    snaps = comparison.snapshots()
+    first = next(iter(snaps.values()))
+    late = " (time limit reached)" if comparison.timed_out else ""
+    st.progress(min(1.0, min(s.progress for s in snaps.values())),
+                text=f"step {min(s.step for s in snaps.values())} of {first.config.steps} for each {noun}, "
+                     f"{max(s.elapsed_s for s in snaps.values()):.0f} s{late}")
+    for name, snap in snaps.items():
+        if snap.error:
+            st.error(f"{name.replace('_', ' ')}: {snap.error}.")
+    return snaps

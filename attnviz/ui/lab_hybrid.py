@@ -14,7 +14,7 @@ from attnviz.figures import lab as lab_figs
 from attnviz.figures import lab_hybrid as figs
 from attnviz.lab import hybrid, qwen3_next
 from attnviz.ui import snippets as snippet_ui
-from attnviz.ui.lab import visitor
+from attnviz.ui.lab import comparison_progress, visitor
 
 INTRO = (
     "Qwen3-Next mixes tokens two ways: three layers in four are **Gated DeltaNet**, a linear attention whose state "
@@ -104,15 +104,8 @@ def section(config: lab.LabConfig, problems: list[str]) -> None:
 
 def _view(comparison: hybrid.HybridComparison, was_running: bool) -> None:
     """Progress, losses and first-token attention over training; every layer's map once finished."""
-    snaps = comparison.snapshots()
+    snaps = comparison_progress(comparison, "model")
     first = next(iter(snaps.values()))
-    late = " (time limit reached)" if comparison.timed_out else ""
-    st.progress(min(1.0, min(s.progress for s in snaps.values())),
-                text=f"step {min(s.step for s in snaps.values())} of {first.config.steps} for each model, "
-                     f"{max(s.elapsed_s for s in snaps.values()):.0f} s{late}")
-    for name, snap in snaps.items():
-        if snap.error:
-            st.error(f"{name}: {snap.error}.")
     left, right = st.columns(2)
     with left:
         ui.chart(lab_figs.variant_loss_curves({n: s.losses for n, s in snaps.items()},
