@@ -33,12 +33,14 @@ def root(tmp_path_factory):
     return root
 
 
-def _page(page: str, prefix: str, folder: Path, monkeypatch) -> AppTest:
+def _page(page: str, prefix: str, folder: Path, monkeypatch, text: str | None = TEXT) -> AppTest:
+    """The page run with the folder typed in as the visitor's model (and `text`; None: the page's own)."""
     monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folder.parent))
     at = AppTest.from_file(str(PAGES / page), default_timeout=600)
     at.session_state[f"{prefix}_model"] = CUSTOM_MODEL
     at.session_state[f"{prefix}_model_custom"] = str(folder)
-    at.session_state[f"{prefix}_text"] = TEXT
+    if text is not None:
+        at.session_state[f"{prefix}_text"] = text
     at.run()
     assert not at.exception, at.exception
     return at
@@ -107,10 +109,4 @@ PICKERS = {"heads.py": "heads", "sinks.py": "sinks", "experiments.py": "exp", "p
 @pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
 def test_every_page_with_a_model_picker_runs_on_a_hybrid_and_on_mamba2(root, monkeypatch, page, name):
     """A page either shows what it can of these models or says why not, never an exception."""
-    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(root))
-    at = AppTest.from_file(str(PAGES / page), default_timeout=600)
-    prefix = PICKERS[page]
-    at.session_state[f"{prefix}_model"] = CUSTOM_MODEL
-    at.session_state[f"{prefix}_model_custom"] = str(root / name)
-    at.run()
-    assert not at.exception, at.exception
+    _page(page, PICKERS[page], root / name, monkeypatch, text=None)
