@@ -18,10 +18,8 @@ from attnviz.errors import CaptureError
 from attnviz.mixers.gates import gate_map, gate_stats, record_gates
 from attnviz.mixers.kinds import module_kinds
 from attnviz.mixers.maps import SOFTMAX_KINDS
-from attnviz.mixers.delta import delta_rule_rows
 from attnviz.mixers.record import mixer_modules, record_mixers
 from attnviz.mixers.records import DeltaRuleRecord, SsdRecord
-from attnviz.mixers.ssd import ssd_rows
 from attnviz.mixers.stats import map_stats, record_stats
 
 LINEAR_NOTE = ("A linear mixer's implicit map is not a probability: o_t = Σ_s w_ts v_s exactly, its weights can be "
@@ -101,14 +99,9 @@ def map_rows(capture, layer: int, start: int, stop: int, heads=None) -> np.ndarr
 
 
 def _rows_of(record, heads: slice):
-    """The record's map rows a block at a time (attnviz.mixers: delta_rule_rows, ssd_rows), or None for a kind
+    """The record's map rows a block at a time (records: DeltaRuleRecord.rows, SsdRecord.rows), or None for a kind
     without a row-block form (Kimi Delta Attention: its whole map)."""
-    if isinstance(record, DeltaRuleRecord):
-        return delta_rule_rows(record.query, record.key, record.g, record.beta, l2norm=record.l2norm, heads=heads)
-    if isinstance(record, SsdRecord):
-        return ssd_rows(record.dt, record.A, record.B, record.C, dt_bias=record.dt_bias,
-                        dt_softplus=record.dt_softplus, dt_limit=record.dt_limit, heads=heads)
-    return None
+    return record.rows(heads=heads) if isinstance(record, (DeltaRuleRecord, SsdRecord)) else None
 
 
 def record_rows(record, start: int, stop: int, heads=None) -> np.ndarray:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.errors import AttnvizError
-from attnviz.mixers.delta import apply_map, delta_rule_map
+from attnviz.mixers.delta import apply_map, delta_rule_map, delta_rule_rows
 from attnviz.mixers.kda import kda_map
-from attnviz.mixers.ssd import apply_ssd, ssd_map
+from attnviz.mixers.ssd import apply_ssd, ssd_map, ssd_rows
 
 
 class MixerError(AttnvizError, ValueError):
@@ -46,6 +46,11 @@ class DeltaRuleRecord(DeltaCall):
         """w [value head, query, key] (attnviz.mixers.delta.delta_rule_map)."""
         return delta_rule_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
 
+    def rows(self, **options):
+        """The map's rows a chunk at a time (attnviz.mixers.delta.delta_rule_rows; options: chunk, dtype, into,
+        heads)."""
+        return delta_rule_rows(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
+
 
 class KdaRecord(DeltaCall):
     """A Kimi Delta Attention call (chunk_kimi_delta_attention): query, key, value [N, head, d], after the short
@@ -79,6 +84,11 @@ class SsdRecord:
         """w [head, query, key] (attnviz.mixers.ssd.ssd_map)."""
         return ssd_map(self.dt, self.A, self.B, self.C, dt_bias=self.dt_bias, dt_softplus=self.dt_softplus,
                        dt_limit=self.dt_limit, **options)
+
+    def rows(self, **options):
+        """The map's rows a block at a time (attnviz.mixers.ssd.ssd_rows; options: block, dtype, into, heads)."""
+        return ssd_rows(self.dt, self.A, self.B, self.C, dt_bias=self.dt_bias, dt_softplus=self.dt_softplus,
+                        dt_limit=self.dt_limit, **options)
 
     def skip(self) -> torch.Tensor:
         """The term outside the map, D x_t [N, head, p] (zero where the layer has no D)."""

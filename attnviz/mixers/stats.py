@@ -21,9 +21,8 @@ import torch
 from attnviz import stats
 from attnviz.distance import attention_by_distance
 from attnviz.cores import run_each
-from attnviz.mixers.delta import CHUNK, delta_rule_rows, head_groups
+from attnviz.mixers.delta import CHUNK, head_groups
 from attnviz.mixers.records import DeltaRuleRecord, SsdRecord
-from attnviz.mixers.ssd import ssd_rows
 from attnviz.streamed import InductionMatch
 
 SSD_BLOCK = 64  # rows of a Mamba2 map per block: [128 heads, 64, 8,192] float32 is 256 MiB
@@ -91,13 +90,10 @@ def record_stats(record, token_ids, *, block: int | None = None, dtype=torch.flo
     (attnviz.mixers.delta.head_groups, each on one core), their statistics put side by side."""
     if isinstance(record, DeltaRuleRecord):  # Kimi Delta Attention's per-channel decay has no row-block form
         heads, n, block = record.beta.shape[-1], record.g.shape[0], block or CHUNK
-        rows_of = functools.partial(delta_rule_rows, record.query, record.key, record.g, record.beta,
-                                    l2norm=record.l2norm, chunk=block, dtype=dtype)
+        rows_of = functools.partial(record.rows, chunk=block, dtype=dtype)
     elif isinstance(record, SsdRecord):
         heads, n, block = record.dt.shape[-1], record.dt.shape[0], block or SSD_BLOCK
-        rows_of = functools.partial(ssd_rows, record.dt, record.A, record.B, record.C, dt_bias=record.dt_bias,
-                                    dt_softplus=record.dt_softplus, dt_limit=record.dt_limit, dtype=dtype,
-                                    block=block)
+        rows_of = functools.partial(record.rows, block=block, dtype=dtype)
     else:
         raise ValueError(f"no implicit map for a {record.kind} layer")
     match = token_ids if isinstance(token_ids, InductionMatch) else InductionMatch(token_ids)
