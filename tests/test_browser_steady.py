@@ -40,6 +40,11 @@ SAMPLE = """() => {
 STOP = "() => { window.__sampling = false; return window.__stale; }"
 MAP = '[data-testid="stPlotlyChart"] .js-plotly-plot'
 RANGES = "g => [g._fullLayout.xaxis.range.slice(), g._fullLayout.yaxis.range.slice(), g.layout.title.text]"
+# What the first map shows: its title and its colour bar's title (the boost changes only the latter).
+DRAWN = f"""() => {{
+    const g = document.querySelector('{MAP}');
+    return g ? g.layout.title.text + ' | ' + (g.querySelector('.cbtitle')?.textContent || '') : '';
+}}"""
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +70,16 @@ def _map(page):
 
 
 def _change(page, key: str) -> dict:
-    """Moves the widget `key` to another value as a person would, waits until the page is idle, and returns what
-    the sampler saw during the rerun."""
+    """Moves the widget `key` to another value as a person would, waits until the page is idle and the map drawn
+    anew (on a loaded machine the rerun may start after the page first looks idle), and returns what the sampler
+    saw during the rerun."""
+    before = page.evaluate(DRAWN)
     page.evaluate(SAMPLE)
     widget = next(w for w in discover(page) if w.key == key)
     watch(page)
     move(page, widget, set())
+    wait_idle(page, time.perf_counter(), 120)
+    page.wait_for_function(f"before => ({DRAWN})() !== before", arg=before, timeout=120_000)
     wait_idle(page, time.perf_counter(), 120)
     return page.evaluate(STOP)
 
