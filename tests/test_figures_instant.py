@@ -21,12 +21,12 @@ def test_frames_carry_only_what_differs_and_replay_to_each_stop():
     values = [0.5, 1.0, 2.0]
     fig = instant.slider_over(_line, values, 1.0, parameter="a")
     assert [f.name for f in fig.frames] == ["0.5", "1", "2"]
-    for frame, a in zip(fig.frames, values):
-        assert frame.traces == (0,)  # the fixed trace is in no frame
-        (data,) = frame.data
-        assert set(data.to_plotly_json()) == {"type", "y", "name"}  # x is the same at every stop
-        np.testing.assert_array_equal(instant.array(data.y), a * np.arange(5.0))
-        assert set(frame.layout.to_plotly_json()) == {"title"}  # the shape is the same at every stop
+    for frame, a in zip(instant.figure_dict(fig)["frames"], values):
+        assert frame["traces"] == [0]  # the fixed trace is in no frame
+        (data,) = frame["data"]
+        assert set(data) == {"type", "y", "name"}  # x is the same at every stop
+        np.testing.assert_array_equal(instant.array(data["y"]), a * np.arange(5.0))
+        assert set(frame["layout"]) == {"title"}  # the shape is the same at every stop
     (slider,) = fig.layout.sliders
     assert slider.active == 1 and [s.label for s in slider.steps] == ["0.5", "1", "2"]
     assert all(s.method == "animate" and list(s.args[0]) == [f.name] for s, f in zip(slider.steps, fig.frames))
@@ -106,3 +106,29 @@ def test_window_is_consecutive_around_the_current_stop_within_the_budget():
     assert instant.window(100, 99, stop_bytes=1.0, most=20) == range(80, 100)
     assert instant.window(100, 50, stop_bytes=30.0, most=20, budget=100.0) == range(49, 52)
     assert instant.window(100, 50, stop_bytes=1e9, most=20, budget=100.0) == range(50, 51)  # at least the current
+
+
+def _heat(a: float) -> go.Figure:
+    z = np.outer(np.arange(4.0), np.arange(3.0)) * a
+    fig = go.Figure([go.Heatmap(z=z, x=np.arange(3), y=[f"row {i}" for i in range(4)], zmax=float(a)),
+                     go.Scatter(x=np.arange(3, dtype=np.int64), y=np.full(3, a), name=f"a = {a:g}")])
+    return fig.update_layout(title=dict(text=f"scale {a:g}"), height=300, margin=dict(t=50, b=60),
+                             xaxis=dict(tickvals=np.arange(3) * a))
+
+
+@pytest.mark.parametrize("build", [_line, _heat])
+def test_frames_set_without_plotly_checks_send_the_same_json_as_with_them(build, monkeypatch):
+    """The frames are set without plotly's per-attribute checks and with their arrays written once (_set_frames):
+    the JSON Streamlit sends (to_dict, then plotly.io.to_json) must be what plotly's own checked setter gives."""
+    import json
+
+    import plotly.io as pio
+
+    values = [0.5, 1.0, 2.0, 3.0]
+    fast = instant.slider_over(build, values, 2.0, parameter="a")
+    monkeypatch.setattr(instant, "_set_frames", lambda fig, frames: setattr(fig, "frames", frames))
+    checked = instant.slider_over(build, values, 2.0, parameter="a")
+    assert len(checked.frames) == len(values)
+    sent = [json.loads(pio.to_json(fig.to_dict(), validate=False)) for fig in (fast, checked)]
+    assert sent[0] == sent[1]  # the same JSON, up to the order of keys in an object
+    assert "bdata" in json.dumps(sent[0]["frames"])  # the arrays travel as typed arrays either way

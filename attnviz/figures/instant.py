@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+from _plotly_utils.utils import convert_to_base64
 
 FRAME_BUDGET = 1_800_000  # bytes of JSON the frames of one figure may take (the figure itself comes on top)
 SLIDER_PX = 100  # the height a slider takes: its current value, rail, ticks and labels (plotly draws ~90 px)
@@ -160,8 +161,29 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
         steps.append(dict(method="animate", label=label, args=[[frame_name], _ANIMATE]))
     new = _slider(fig, steps, active, parameter)
     fig.layout.sliders = _sliders(fig) + [new]  # assigned: plotly's update would merge into the old ones, slowly
-    fig.frames = frames
+    _set_frames(fig, frames)
     return fig
+
+
+def _set_frames(fig: go.Figure, frames: list[dict]) -> None:
+    """fig.frames = frames, without plotly checking each frame's every attribute again (`fig.frames = ...` does,
+    even for Frame objects: 0.2 s for the RoPE charts' 201 stops, most of a rerun). The frames are plotly's own
+    dicts, made from traces it already checked. Their arrays are written as plotly's JSON writes them (base64
+    typed arrays, convert_to_base64) once here, not again at every rerun that sends the figure.
+    tests/test_figures_instant.py checks that the JSON sent is the same as with plotly's checks (plotly is pinned:
+    this sets the attribute its frames setter sets)."""
+    frames = _copied(frames)
+    convert_to_base64(frames)
+    fig._frame_objs = tuple(go.Frame(frame, _validate=False) for frame in frames)
+
+
+def _copied(obj):
+    """obj's dicts, lists and tuples copied (arrays and other values shared): convert_to_base64 rewrites them."""
+    if isinstance(obj, Mapping):
+        return {k: _copied(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_copied(v) for v in obj]
+    return obj
 
 
 def add_group_slider(fig: go.Figure, groups: Sequence[Sequence[int]], labels: Sequence[str], active: int, *,
