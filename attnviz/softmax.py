@@ -197,27 +197,42 @@ def saturation_sweep(d_ks, *, n_queries: int, n_keys: int, seed: int = 0, temper
     per-row Frobenius Jacobian norm), and, with_gradient, grad_q_p50 (median ||dL/dq|| of gradient_demo, here by
     the chain rule of query_gradient_chain_rule, which the tests check against autograd).
     """
-    temperature = _check_temperature(temperature)
+    return saturation_sweeps(d_ks, [temperature], n_queries=n_queries, n_keys=n_keys, seed=seed,
+                             threshold=threshold, with_gradient=with_gradient)[0]
+
+
+def saturation_sweeps(d_ks, temperatures, *, n_queries: int, n_keys: int, seed: int = 0,
+                      threshold: float = SATURATION_THRESHOLD, with_gradient: bool = True) -> list[pd.DataFrame]:
+    """saturation_sweep at each of the temperatures, in their order: each d_k's q and k drawn and multiplied once
+    for all of them (the draws are most of a sweep's time)."""
+    temperatures = [_check_temperature(t) for t in temperatures]
     v, g = _values_and_upstream(n_queries, n_keys, 16, seed)
     dl_dp = g @ v.T  # [n_query, n_key], the same for every d_k
-    records = []
+    records = [[] for _ in temperatures]
     for d_k in d_ks:
         d_k = int(d_k)
         q, k = random_qk(n_queries, n_keys, d_k, seed)
-        raw = q @ k.T  # [n_query, n_key]: computed once, shared by both variants (the matmul dominates the cost)
+        raw = q @ k.T  # [n_query, n_key]: computed once, shared by both variants and every temperature
         for variant, scaled in ((SCALED, True), (UNSCALED, False)):
-            scale = attention_scale(d_k, scaled) / temperature
-            pattern = softmax(raw * scale)
-            stats = row_stats(pattern, threshold)
-            p10, p50, p90 = np.percentile(stats.jacobian_norm, [10, 50, 90])
-            record = dict(d_k=d_k, variant=variant, logit_var=float(np.var(raw * scale * temperature)),
-                          max_weight=float(stats.max_weight.mean()), entropy=float(stats.entropy.mean()),
-                          saturated_share=stats.saturated_share, jac_p10=p10, jac_p50=p50, jac_p90=p90)
-            if with_gradient:
-                dscores = pattern * (dl_dp - (pattern * dl_dp).sum(-1, keepdims=True))  # J_i (V g_i), row by row
-                record["grad_q_p50"] = float(np.median(np.linalg.norm(scale * dscores @ k, axis=-1)))
-            records.append(record)
-    return pd.DataFrame.from_records(records)
+            logit_var = float(np.var(raw * attention_scale(d_k, scaled)))
+            for temperature, out in zip(temperatures, records):
+                scale = attention_scale(d_k, scaled) / temperature
+                out.append(dict(d_k=d_k, variant=variant, logit_var=logit_var,
+                                **_saturation_record(raw, k, scale, dl_dp, threshold, with_gradient)))
+    return [pd.DataFrame.from_records(out) for out in records]
+
+
+def _saturation_record(raw, k, scale: float, dl_dp, threshold: float, with_gradient: bool) -> dict:
+    """One (d_k, variant, temperature) row of saturation_sweep past its logit variance."""
+    pattern = softmax(raw * scale)
+    stats = row_stats(pattern, threshold)
+    p10, p50, p90 = np.percentile(stats.jacobian_norm, [10, 50, 90])
+    record = dict(max_weight=float(stats.max_weight.mean()), entropy=float(stats.entropy.mean()),
+                  saturated_share=stats.saturated_share, jac_p10=p10, jac_p50=p50, jac_p90=p90)
+    if with_gradient:
+        dscores = pattern * (dl_dp - (pattern * dl_dp).sum(-1, keepdims=True))  # J_i (V g_i), row by row
+        record["grad_q_p50"] = float(np.median(np.linalg.norm(scale * dscores @ k, axis=-1)))
+    return record
 
 
 def _values_and_upstream(n_queries: int, n_keys: int, d_v: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

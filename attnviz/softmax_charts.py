@@ -40,20 +40,24 @@ def variant_logits(d_k: int, n_keys: int, seed: int, temperature: float) -> dict
             for variant, scaled in ((sm.SCALED, True), (sm.UNSCALED, False))}
 
 
+def _panels(logits: dict, d_k: int, temperature: float) -> dict:
+    text, variance = scale_text(d_k), predicted_variance(d_k, temperature)
+    return {variant: {"scores": scores, "pattern": pattern, "predicted_var": variance[variant],
+                      "title": text[variant]} for variant, (scores, pattern) in logits.items()}
+
+
 def variants_figure(logits: dict, d_k: int, temperature: float, rows_shown: int = ROWS_SHOWN) -> go.Figure:
     """The logits' histograms (with the normal density of the predicted variance) and the first rows of both
     variants, at one d_k, from variant_logits."""
-    text, variance = scale_text(d_k), predicted_variance(d_k, temperature)
-    return figs.variants_figure({variant: {"scores": scores, "pattern": pattern, "predicted_var": variance[variant],
-                                           "title": text[variant]} for variant, (scores, pattern) in logits.items()},
-                                rows_shown=rows_shown)
+    return figs.variants_figure(_panels(logits, d_k, temperature), rows_shown=rows_shown)
 
 
 def variants_stop(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int = ROWS_SHOWN) -> dict:
     """One d_k's variants figure as plain dicts (a stop of the chart's d_k slider): binned logits and the shown
-    rows only."""
-    return instant.figure_dict(variants_figure(variant_logits(d_k, n_keys, seed, temperature), d_k, temperature,
-                                               rows_shown))
+    rows only, and the panel titles (they name d_k)."""
+    traces, layout = figs.variants_parts(_panels(variant_logits(d_k, n_keys, seed, temperature), d_k, temperature),
+                                         rows_shown=rows_shown)
+    return {"data": traces, "layout": {"annotations": layout["annotations"]}}
 
 
 def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int = ROWS_SHOWN, *,
@@ -66,7 +70,7 @@ def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_sh
         raise ValueError(f"d_k = {d_k} is not one of the chart's values {DIMS}")
     stop_bytes = instant.json_bytes({"data": stop(d_k, n_keys, seed, temperature, rows_shown)["data"]})
     dims = [DIMS[i] for i in instant.thinned(len(DIMS), DIMS.index(d_k), stop_bytes)]
-    chart = go.Figure(stop(d_k, n_keys, seed, temperature, rows_shown))
+    chart = variants_figure(variant_logits(d_k, n_keys, seed, temperature), d_k, temperature, rows_shown)
     instant.add_frame_slider(chart, [stop(d, n_keys, seed, temperature, rows_shown) for d in dims],
                              [str(d) for d in dims], dims.index(d_k), parameter="d_k")
     return chart, dims

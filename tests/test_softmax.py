@@ -19,6 +19,7 @@ from attnviz.softmax import (
     random_qk,
     row_stats,
     saturation_sweep,
+    saturation_sweeps,
     scale_sweep,
     scores_and_pattern,
     softmax,
@@ -258,6 +259,24 @@ def test_sweep_gradient_column_equals_autograd_demo():
         for variant in (SCALED, UNSCALED):
             got = df[(df.d_k == d_k) & (df.variant == variant)].grad_q_p50.item()
             assert got == pytest.approx(np.median(demo[variant]), rel=1e-8, abs=1e-12)
+
+
+def test_sweeps_at_many_temperatures_equal_each_temperatures_own_computation():
+    """saturation_sweeps draws each d_k's q and k once for every temperature: each table must equal what that
+    temperature's softmax of q·k gives (scores_and_pattern) and autograd's gradient (gradient_demo)."""
+    temperatures = [0.5, 1.5, 4.0]
+    tables = saturation_sweeps([1, 64, 1024], temperatures, n_queries=40, n_keys=24, seed=5)
+    assert len(tables) == len(temperatures)
+    for temperature, df in zip(temperatures, tables):
+        for d_k in (1, 64, 1024):
+            q, k = random_qk(40, 24, d_k, 5)
+            demo = gradient_demo(d_k, 24, n_queries=40, seed=5, temperature=temperature)
+            for variant, scaled in ((SCALED, True), (UNSCALED, False)):
+                row = df[(df.d_k == d_k) & (df.variant == variant)]
+                scores, pattern = scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
+                assert row.max_weight.item() == pytest.approx(pattern.max(-1).mean(), rel=1e-12)
+                assert row.logit_var.item() == pytest.approx(np.var(scores * temperature), rel=1e-12)
+                assert row.grad_q_p50.item() == pytest.approx(np.median(demo[variant]), rel=1e-8, abs=1e-12)
 
 
 def test_gradient_vanishes_unscaled_at_large_d_k():

@@ -47,7 +47,11 @@ def array(value) -> np.ndarray:
 
 
 def json_bytes(obj) -> int:
-    """Size of a figure, or of a figure dict, as the JSON st.plotly_chart sends (plotly.io.to_json)."""
+    """Size of a figure, or of a figure dict, as the JSON st.plotly_chart sends (plotly.io.to_json; a figure's
+    arrays as base64 typed arrays, as its to_dict writes them)."""
+    if not isinstance(obj, go.Figure):
+        obj = _copied(obj)
+        convert_to_base64(obj)
     return len(pio.to_json(obj, validate=False))
 
 

@@ -30,7 +30,17 @@ def variants_figure(panels: Mapping[str, dict], *, rows_shown: int, height: int 
     """The random-logits section in one figure (one chart to draw per slider move, not four): a column per variant
     (panels: name -> {"scores", "pattern", "predicted_var", "title"}). Top, the histogram of every logit as a
     density (logit_density) with the normal density of the predicted variance, dashed; bottom, the first
-    rows_shown attention rows on one 0..1 colour scale. Built in one go from grid_layout (see sweep_panels)."""
+    rows_shown attention rows on one 0..1 colour scale. Built in one go from variants_parts."""
+    traces, layout = variants_parts(panels, rows_shown=rows_shown)
+    fig = go.Figure(data=traces, layout=dict(layout, bargap=0))
+    apply_layout(fig, height=height)
+    return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.06, xanchor="left", x=0.0),
+                             margin=dict(t=110))
+
+
+def variants_parts(panels: Mapping[str, dict], *, rows_shown: int) -> tuple[list[dict], dict]:
+    """variants_figure's traces and panel layout as plain dicts, no plotly object built (a stop of an in-chart
+    slider needs no more: attnviz.figures.instant)."""
     names = list(panels)
     layout = grid_layout(2, len(names), [f"Logits, {panels[n]['title']}" for n in names]
                          + [f"First {rows_shown} attention rows, {panels[n]['title']}" for n in names],
@@ -42,31 +52,28 @@ def variants_figure(panels: Mapping[str, dict], *, rows_shown: int, height: int 
         color = VARIANT_COLORS.get(name, PALETTE[(i + 1) % len(PALETTE)])
         x = np.asarray(panel["scores"], dtype=float).ravel()
         density, edges = logit_density(x)
-        traces.append(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=density, width=np.diff(edges),
-                             name=f"{name}: sampled logits", marker=dict(color=color, line=dict(width=0)),
-                             opacity=0.75, customdata=np.stack([edges[:-1], edges[1:]], axis=-1),
-                             hovertemplate="logits %{customdata[0]:.3g} to %{customdata[1]:.3g}<br>"
-                                           "density %{y:.3g} per nat<extra></extra>", xaxis=f"x{top}",
-                             yaxis=f"y{top}"))
+        traces.append(dict(type="bar", x=(edges[:-1] + edges[1:]) / 2, y=density, width=np.diff(edges),
+                           name=f"{name}: sampled logits", marker=dict(color=color, line=dict(width=0)),
+                           opacity=0.75, customdata=np.stack([edges[:-1], edges[1:]], axis=-1),
+                           hovertemplate="logits %{customdata[0]:.3g} to %{customdata[1]:.3g}<br>"
+                                         "density %{y:.3g} per nat<extra></extra>", xaxis=f"x{top}",
+                           yaxis=f"y{top}"))
         sd = float(np.sqrt(panel["predicted_var"]))
         grid = np.linspace(min(x.min(), -4 * sd), max(x.max(), 4 * sd), 300)
         normal = np.exp(-0.5 * (grid / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-        traces.append(go.Scatter(x=grid, y=normal, mode="lines",
-                                 name=f"{name}: normal, variance {panel['predicted_var']:.4g}",
-                                 line=dict(color=color, dash="dash"), xaxis=f"x{top}", yaxis=f"y{top}"))
-        pattern = np.asarray(panel["pattern"], dtype=float)[:rows_shown]
-        traces.append(go.Heatmap(z=pattern, zmin=0.0, zmax=1.0, colorscale=ATTENTION_SCALE, showscale=i == 0,
-                                 colorbar=dict(title=dict(text="weight"), len=0.4, y=0.2, yanchor="middle"),
-                                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
-                                 xaxis=f"x{bottom}", yaxis=f"y{bottom}"))
+        traces.append(dict(type="scatter", x=grid, y=normal, mode="lines",
+                           name=f"{name}: normal, variance {panel['predicted_var']:.4g}",
+                           line=dict(color=color, dash="dash"), xaxis=f"x{top}", yaxis=f"y{top}"))
+        traces.append(dict(type="heatmap", z=np.asarray(panel["pattern"], dtype=float)[:rows_shown], zmin=0.0,
+                           zmax=1.0, colorscale=ATTENTION_SCALE, showscale=i == 0,
+                           colorbar=dict(title=dict(text="weight"), len=0.4, y=0.2, yanchor="middle"),
+                           hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
+                           xaxis=f"x{bottom}", yaxis=f"y{bottom}"))
         layout[f"xaxis{top}"]["title"] = dict(text="logit q·k × scale / T (nats)")
         layout[f"yaxis{top}"]["title"] = dict(text="density (per nat)")
         layout[f"xaxis{bottom}"]["title"] = dict(text="key index")
         layout[f"yaxis{bottom}"].update(title=dict(text="query index"), autorange="reversed")
-    fig = go.Figure(data=traces, layout=dict(layout, bargap=0))
-    apply_layout(fig, height=height)
-    return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.06, xanchor="left", x=0.0),
-                             margin=dict(t=110))
+    return traces, layout
 
 
 def _box_traces(values: Mapping[str, Sequence[float]], *, log_y: bool, colors: Mapping[str, str]) -> list:
@@ -116,11 +123,29 @@ def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: in
     percentile range; reference (name -> (x, y), e.g. a theoretical curve) is drawn dashed in the panels that ask
     for it; current_d_k is a dotted vertical marker in every panel. Variants share one legend.
 
-    Built in one go from grid_layout: plotly re-validates a many-panel figure on every update, which made per-panel
+    Built in one go from sweep_parts: plotly re-validates a many-panel figure on every update, which made per-panel
     updates most of the page's time on a slider move."""
     layout = grid_layout(-(-len(panels) // cols), cols, [p["title"] for p in panels], vertical_spacing=0.22)
+    shapes, notes = [], layout["annotations"]
+    for i, panel in enumerate(panels):
+        suffix = "" if i == 0 else str(i + 1)
+        if current_d_k is not None:
+            shape, note = _log_vline_parts(current_d_k, f"d_k = {current_d_k}", "#868e96", "left", axis=suffix)
+            shapes.append(shape)
+            notes.append(note)
+        layout[f"xaxis{suffix}"].update(type="log", title=dict(text="d_k (log scale)"))
+        layout[f"yaxis{suffix}"].update(title=dict(text=panel["y_title"]),
+                                        **(dict(type="log", exponentformat="power") if panel.get("log_y") else {}))
+    fig = go.Figure(data=sweep_traces(sweep, panels, reference=reference), layout=dict(layout, shapes=shapes))
+    apply_layout(fig, height=height)
+    return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="left", x=0.0),
+                             margin=dict(t=90))
+
+
+def sweep_traces(sweep: pd.DataFrame, panels: Sequence[dict], *, reference: Mapping[str, tuple] = ()) -> list[dict]:
+    """sweep_panels' traces as plain dicts, no plotly object built (a stop of an in-chart slider needs no more)."""
     ordered = list(sweep.sort_values("d_k").groupby("variant", sort=False))
-    traces, shapes, notes = [], [], layout["annotations"]
+    traces = []
     for i, panel in enumerate(panels):
         suffix = "" if i == 0 else str(i + 1)
         on = dict(xaxis=f"x{suffix}", yaxis=f"y{suffix}")
@@ -131,28 +156,19 @@ def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: in
             if band is not None:
                 lo, hi = (np.maximum(part[c].to_numpy(float), NORM_FLOOR) if log_y else part[c].to_numpy(float)
                           for c in band)
-                traces.append(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
-                                         fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0),
-                                         hoverinfo="skip", showlegend=False, name=f"{variant} 10-90 %", **on))
+                traces.append(dict(type="scatter", x=np.concatenate([x, x[::-1]]),
+                                   y=np.concatenate([hi, lo[::-1]]), fill="toself", fillcolor=color, opacity=0.18,
+                                   line=dict(width=0), hoverinfo="skip", showlegend=False,
+                                   name=f"{variant} 10-90 %", **on))
             y = part[panel["column"]].to_numpy(float)
-            traces.append(go.Scatter(x=x, y=np.maximum(y, NORM_FLOOR) if log_y else y, mode="lines+markers",
-                                     name=variant, legendgroup=variant, showlegend=i == 0,
-                                     line=dict(color=color), marker=dict(size=5), **on))
+            traces.append(dict(type="scatter", x=x, y=np.maximum(y, NORM_FLOOR) if log_y else y,
+                               mode="lines+markers", name=variant, legendgroup=variant, showlegend=i == 0,
+                               line=dict(color=color), marker=dict(size=5), **on))
         if panel.get("reference"):
             for j, (name, (x, y)) in enumerate(dict(reference).items()):
-                traces.append(go.Scatter(x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines", name=name,
-                                         line=dict(color=PALETTE[(j + 4) % len(PALETTE)], dash="dash"), **on))
-        if current_d_k is not None:
-            shape, note = _log_vline_parts(current_d_k, f"d_k = {current_d_k}", "#868e96", "left", axis=suffix)
-            shapes.append(shape)
-            notes.append(note)
-        layout[f"xaxis{suffix}"].update(type="log", title=dict(text="d_k (log scale)"))
-        layout[f"yaxis{suffix}"].update(title=dict(text=panel["y_title"]),
-                                        **(dict(type="log", exponentformat="power") if log_y else {}))
-    fig = go.Figure(data=traces, layout=dict(layout, shapes=shapes))
-    apply_layout(fig, height=height)
-    return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="left", x=0.0),
-                             margin=dict(t=90))
+                traces.append(dict(type="scatter", x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines",
+                                   name=name, line=dict(color=PALETTE[(j + 4) % len(PALETTE)], dash="dash"), **on))
+    return traces
 
 
 def logit_formula(factor: str, bias: bool, softcap) -> str:

@@ -24,8 +24,18 @@ def sample(d_k: int, n_keys: int, seed: int, temperature: float):
     return out, sm.gradient_demo(d_k, n_keys, n_queries=N_QUERIES, seed=seed, temperature=temperature)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _sweeps(n_keys: int, seed: int) -> dict:
+    """{T: saturation_sweep at T} for every T of TEMPERATURES, each d_k's draws made once (saturation_sweeps);
+    shared, read only."""
+    return dict(zip(TEMPERATURES, sm.saturation_sweeps(DIMS, TEMPERATURES, n_queries=N_QUERIES, n_keys=n_keys,
+                                                       seed=seed)))
+
+
 def sweep(n_keys: int, seed: int, temperature: float) -> pd.DataFrame:
+    """saturation_sweep over DIMS at this temperature (one of TEMPERATURES: from _sweeps; else computed)."""
+    if temperature in TEMPERATURES:
+        return _sweeps(n_keys, seed)[temperature]
     return sm.saturation_sweep(DIMS, n_queries=N_QUERIES, n_keys=n_keys, seed=seed, temperature=temperature)
 
 
@@ -35,10 +45,10 @@ def _variants_stop(d_k: int, n_keys: int, seed: int, temperature: float, rows_sh
     return charts.variants_stop(d_k, n_keys, seed, temperature, rows_shown)
 
 
-def sweep_figure(n_keys: int, seed: int, temperature: float, d_k: int | None):
-    """The curves against d_k at this temperature, the current d_k marked in every panel (None: unmarked)."""
+def _sweep_spec(n_keys: int, temperature: float) -> tuple[list[dict], dict]:
+    """(panels, reference curves) of the curves against d_k (figs.sweep_panels)."""
     log_n = float(np.log(n_keys))
-    return figs.sweep_panels(sweep(n_keys, seed, temperature), [
+    return [
         {"column": "logit_var", "title": "Variance of the logits", "y_title": "variance (nats², log scale)",
          "log_y": True, "reference": True},
         {"column": "max_weight", "title": "Mean max weight", "y_title": "mean largest weight (0 to 1)"},
@@ -49,13 +59,20 @@ def sweep_figure(n_keys: int, seed: int, temperature: float, d_k: int | None):
          "y_title": "‖J‖_F per row (log scale)", "log_y": True, "band": ("jac_p10", "jac_p90")},
         {"column": "grad_q_p50", "title": "Gradient reaching q, median", "y_title": "‖∂L/∂q‖ (log scale)",
          "log_y": True},
-    ], current_d_k=d_k, reference={"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
-                                   "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))})
+    ], {"theory: d_k / T²": (DIMS, np.array(DIMS) / temperature**2),
+        "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}
 
 
-@st.cache_resource(show_spinner=False, max_entries=64)
+def sweep_figure(n_keys: int, seed: int, temperature: float, d_k: int | None):
+    """The curves against d_k at this temperature, the current d_k marked in every panel (None: unmarked)."""
+    panels, reference = _sweep_spec(n_keys, temperature)
+    return figs.sweep_panels(sweep(n_keys, seed, temperature), panels, current_d_k=d_k, reference=reference)
+
+
 def _sweep_stop(n_keys: int, seed: int, temperature: float) -> dict:
-    return instant.figure_dict(sweep_figure(n_keys, seed, temperature, None))
+    """The curves at one temperature as plain dicts: a stop of the chart's T slider (its traces only)."""
+    panels, reference = _sweep_spec(n_keys, temperature)
+    return {"data": figs.sweep_traces(sweep(n_keys, seed, temperature), panels, reference=reference)}
 
 
 def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> tuple:
