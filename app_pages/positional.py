@@ -103,18 +103,11 @@ if section == "RoPE":
     c1, c2 = st.columns(2)
     m_pos = c1.slider("Query position m", POSITIONS[0], POSITIONS[-1], 3, key="pos_rope_m", persist_state="session")
     n_pos_k = c2.slider("Key position n", POSITIONS[0], POSITIONS[-1], 10, key="pos_rope_n", persist_state="session")
-    rng = np.random.default_rng(int(seed))
-    q, k = rng.standard_normal((2, d_rope))
-    theta = P.rope_frequencies(d_rope, base_rope)
-    # the paper's layout: pair i is features (2i, 2i+1)
+    q, k = ui_pos.rope_qk(d_rope, int(seed))
     left, right = st.columns(2)
     with left:
-        plane = slice(2 * pair, 2 * pair + 2)
-        ui.chart(F.rope_pair_rotation_instant(
-            q[plane], k[plane], {b: P.rope_pair_at(q, pair, POSITIONS, b) for b in BASES},
-            {b: P.rope_pair_at(k, pair, [n_pos_k], b)[0] for b in BASES}, POSITIONS, m_pos, n_pos_k, base_rope,
-            {b: f"Pair {pair} turns by θ_{pair} = {P.rope_frequencies(d_rope, b)[pair]:.3g} rad per position"
-             for b in BASES}),
+        ui.chart(ui_pos.rope_rotation_chart(d_rope, base_rope, pair, int(seed), m_pos, n_pos_k, tuple(POSITIONS),
+                                            tuple(BASES)),
             "The angle between R_m q and R_n k changes only when n − m does. **Instant:** the chart's query "
             "position and base sliders (drawn by the browser, no server); the controls above recompute, and the "
             "table beside it follows them.")
@@ -147,10 +140,7 @@ if section == "RoPE":
     factor = c5.select_slider("Scale factor s", options=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], value=4.0,
                               key="pos_bound_factor", persist_state="session", disabled=scaling == "none")
     log_x = st.toggle("Log distance axis", value=False, key="pos_bound_logx", persist_state="session")
-    bounds = {b: ui_pos.decay_curves(max_dist, d_bound, b, scaling, factor) for b in BASES}
-    distances = bounds[base_bound][0]
-    ui.chart(F.decay_bound_instant(distances if not log_x else np.maximum(distances, 0.5),
-                                   {b: curves for b, (_, curves) in bounds.items()}, base_bound, log_x=log_x),
+    ui.chart(ui_pos.decay_bound_chart(max_dist, d_bound, base_bound, scaling, factor, log_x, tuple(BASES)),
              f"Starts at (d/2+1)/2 = {(d_bound / 2 + 1) / 2:g} and falls with distance, with ripples; a larger base "
              "or context scaling stretches the decay over more tokens." +
              (" Above 4000 tokens the curve is sampled at 4001 evenly spaced distances." if max_dist > 4000 else "") +
@@ -160,9 +150,7 @@ if section == "RoPE":
     d_small = 8
     perm = P.interleaved_to_half_permutation(d_small)
     x = np.random.default_rng(int(seed)).standard_normal((1, d_small))
-    paper = [P.rope_rotation_matrix(p, d_small, base_rope, interleaved=True) for p in POSITIONS]
-    half = [P.rope_rotation_matrix(p, d_small, base_rope) for p in POSITIONS]
-    ui.chart(F.rope_layouts_instant(paper, half, np.eye(d_small)[perm], POSITIONS, m_pos),
+    ui.chart(ui_pos.rope_layouts_chart(d_small, base_rope, m_pos, tuple(POSITIONS)),
              "The paper pairs (x_2i, x_2i+1): 2×2 blocks on the diagonal; transformers' rotate_half pairs (x_i, "
              "x_i+d/2): the same rotations, spread over four diagonals. P reorders the features by "
              f"{perm.tolist()}: what transformers does to each head's W_q, W_k rows when it loads a llama.cpp GGUF "

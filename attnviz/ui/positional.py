@@ -6,6 +6,8 @@ import numpy as np
 import streamlit as st
 
 from attnviz import positional as P
+from attnviz import ui
+from attnviz.figures import positional as F
 from attnviz.once import ComputeOnce
 
 _PROFILES = ComputeOnce(max_items=8)  # shared by every session; a long text's profile takes a pass over its capture
@@ -21,6 +23,46 @@ def decay_curves(max_distance: int, d_head: int, base: float, scaling: str, fact
         curves[f"{scaling} scaling × {factor:g}"] = P.rope_decay_bound(distances, d_head, base, scaling=scaling,
                                                                       factor=factor)
     return distances, curves
+
+
+# The RoPE section's charts, each built once for every session on what it depends on: a rerun that moves one
+# control rebuilds only the charts that read it (their in-chart sliders carry up to 201 x 5 stops each).
+def rope_qk(d_head: int, seed: int) -> np.ndarray:
+    """The RoPE section's seeded random q and k ([2, d_head]: the chart and the identity table read the same)."""
+    return np.random.default_rng(int(seed)).standard_normal((2, d_head))
+
+
+@ui.figure_cache(max_entries=32)
+def rope_rotation_chart(d_head: int, base: float, pair: int, seed: int, m: int, n: int, positions: tuple,
+                        bases: tuple):
+    """Feature pair `pair` of seeded random q and k (d_head features) rotated to positions m and n: the chart
+    with its in-chart query position and base sliders (figures.positional.rope_pair_rotation_instant)."""
+    q, k = rope_qk(d_head, seed)
+    plane = slice(2 * pair, 2 * pair + 2)
+    return F.rope_pair_rotation_instant(
+        q[plane], k[plane], {b: P.rope_pair_at(q, pair, list(positions), b) for b in bases},
+        {b: P.rope_pair_at(k, pair, [n], b)[0] for b in bases}, list(positions), m, n, base,
+        {b: f"Pair {pair} turns by θ_{pair} = {P.rope_frequencies(d_head, b)[pair]:.3g} rad per position"
+         for b in bases})
+
+
+@ui.figure_cache(max_entries=32)
+def rope_layouts_chart(d_small: int, base: float, m: int, positions: tuple):
+    """The paper's and transformers' rotation matrices at every position, the query position's drawn."""
+    perm = P.interleaved_to_half_permutation(d_small)
+    paper = [P.rope_rotation_matrix(p, d_small, base, interleaved=True) for p in positions]
+    half = [P.rope_rotation_matrix(p, d_small, base) for p in positions]
+    return F.rope_layouts_instant(paper, half, np.eye(d_small)[perm], list(positions), m)
+
+
+@ui.figure_cache(max_entries=32)
+def decay_bound_chart(max_distance: int, d_head: int, base: float, scaling: str, factor: float, log_x: bool,
+                      bases: tuple):
+    """RoFormer's decay bound against distance at this base, with an in-chart slider over the bases."""
+    bounds = {b: decay_curves(max_distance, d_head, b, scaling, factor) for b in bases}
+    distances = bounds[base][0]
+    return F.decay_bound_instant(distances if not log_x else np.maximum(distances, 0.5),
+                                 {b: curves for b, (_, curves) in bounds.items()}, base, log_x=log_x)
 
 
 def profile(name: str, text: str, skip: int, capture):
