@@ -204,8 +204,8 @@ def saturation_sweep(d_ks, *, n_queries: int, n_keys: int, seed: int = 0, temper
 def saturation_sweeps(d_ks, temperatures, *, n_queries: int, n_keys: int, seed: int = 0,
                       threshold: float = SATURATION_THRESHOLD, with_gradient: bool = True) -> list[pd.DataFrame]:
     """saturation_sweep at each of the temperatures, in their order: each d_k's q and k drawn and multiplied once
-    for all of them (the draws are most of a sweep's time)."""
-    temperatures = [_check_temperature(t) for t in temperatures]
+    for all of them (the draws are most of a sweep's time), every temperature's softmax in one array op."""
+    temperatures = np.array([_check_temperature(t) for t in temperatures], dtype=np.float64)
     v, g = _values_and_upstream(n_queries, n_keys, 16, seed)
     dl_dp = g @ v.T  # [n_query, n_key], the same for every d_k
     records = [[] for _ in temperatures]
@@ -215,24 +215,26 @@ def saturation_sweeps(d_ks, temperatures, *, n_queries: int, n_keys: int, seed: 
         raw = q @ k.T  # [n_query, n_key]: computed once, shared by both variants and every temperature
         for variant, scaled in ((SCALED, True), (UNSCALED, False)):
             logit_var = float(np.var(raw * attention_scale(d_k, scaled)))
-            for temperature, out in zip(temperatures, records):
-                scale = attention_scale(d_k, scaled) / temperature
+            scales = attention_scale(d_k, scaled) / temperatures
+            columns = _saturation_columns(raw, k, scales, dl_dp, threshold, with_gradient)
+            for i, out in enumerate(records):
                 out.append(dict(d_k=d_k, variant=variant, logit_var=logit_var,
-                                **_saturation_record(raw, k, scale, dl_dp, threshold, with_gradient)))
+                                **{name: float(values[i]) for name, values in columns.items()}))
     return [pd.DataFrame.from_records(out) for out in records]
 
 
-def _saturation_record(raw, k, scale: float, dl_dp, threshold: float, with_gradient: bool) -> dict:
-    """One (d_k, variant, temperature) row of saturation_sweep past its logit variance."""
-    pattern = softmax(raw * scale)
-    stats = row_stats(pattern, threshold)
-    p10, p50, p90 = np.percentile(stats.jacobian_norm, [10, 50, 90])
-    record = dict(max_weight=float(stats.max_weight.mean()), entropy=float(stats.entropy.mean()),
-                  saturated_share=stats.saturated_share, jac_p10=p10, jac_p50=p50, jac_p90=p90)
+def _saturation_columns(raw, k, scales, dl_dp, threshold: float, with_gradient: bool) -> dict:
+    """saturation_sweep's statistics past the logit variance at each scale ([n_scales] arrays): the softmax of
+    raw * scale, its row statistics (row_stats), and the gradient reaching q (query_gradient_chain_rule)."""
+    pattern = softmax(raw[None] * scales[:, None, None])  # [n_scales, n_query, n_key]
+    top, norms = pattern.max(axis=-1), jacobian_norm(pattern)
+    p10, p50, p90 = np.percentile(norms, [10, 50, 90], axis=-1)
+    columns = dict(max_weight=top.mean(-1), entropy=entropy(pattern).mean(-1),
+                   saturated_share=(top > threshold).mean(-1), jac_p10=p10, jac_p50=p50, jac_p90=p90)
     if with_gradient:
         dscores = pattern * (dl_dp - (pattern * dl_dp).sum(-1, keepdims=True))  # J_i (V g_i), row by row
-        record["grad_q_p50"] = float(np.median(np.linalg.norm(scale * dscores @ k, axis=-1)))
-    return record
+        columns["grad_q_p50"] = np.median(np.linalg.norm(scales[:, None, None] * dscores @ k, axis=-1), axis=-1)
+    return columns
 
 
 def _values_and_upstream(n_queries: int, n_keys: int, d_v: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
