@@ -182,7 +182,7 @@ st.markdown(
     "(the stepper above).\n"
     "- **fused Triton kernel**: the same loop as one GPU kernel, tiles held on chip."
 )
-results = None if run is None else uk.comparison(*settings)
+results = None if run is None else uk.comparison(*settings, run=run)
 if run is None:
     st.info("Not timed at these settings: the comparison runs the same Triton kernel and tiled loops, which cannot "
             "run here (the reason is in section 1). The byte counts above need no run.")

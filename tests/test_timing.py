@@ -28,6 +28,20 @@ def test_compare_methods_checks_every_method():
         assert "not a speed" in results[-1].note
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="the step view's call stands in for the interpreter's only")
+def test_the_step_views_interpreted_call_reports_what_a_fresh_call_would():
+    """The page hands compare_methods the step view's traced kernel call (kernel_run) rather than interpreting the
+    kernel twice: the kernel row's error must be a fresh call's, and its time the call's own."""
+    from attnviz.kernels.steps_view import kernel_run
+
+    run = kernel_run(40, 16, block_m=16, block_n=16, causal=True, seed=3)
+    fresh = compare_methods(40, 16, block_m=16, block_n=16, causal=True, seed=3, repeats=1)[-1]
+    reused = compare_methods(40, 16, block_m=16, block_n=16, causal=True, seed=3, repeats=1,
+                             interpreted_call=run.kernel_call)[-1]
+    assert reused.error == fresh.error and reused.error == pytest.approx(run.kernel_error, abs=1e-7)
+    assert reused.seconds == run.kernel_call[0] > 0
+
+
 @needs_gpu
 def test_gpu_compare_methods_reports_tflops_on_the_device():
     results = compare_methods(512, 64, block_m=128, block_n=64, causal=True, dtype="float16", repeats=3)

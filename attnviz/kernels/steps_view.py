@@ -19,7 +19,7 @@ from .limits import refusal
 from .naive import reference_attention
 from .stages import tile_map
 from .stepper import tiled_steps
-from .timing import make_inputs
+from .timing import timed_once, make_inputs
 from .triton_attention import KernelTrace, flash_attention
 
 STEP_STOPS = 64  # the most steps the step view's in-chart slider carries
@@ -44,6 +44,7 @@ class KernelRun:
     out_error: dict[int, float]
     causal: bool
     window: int | None
+    kernel_call: tuple | None = None  # (seconds, output [1, 1, n, d]) of the kernel's traced call, as timing.measure
 
 
 def kernel_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtype: str = "float32", seed: int = 0,
@@ -56,8 +57,8 @@ def kernel_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtyp
         raise KernelRefused(reason)
     q, k, v = make_inputs(n, d, dtype=dtype, seed=seed)
     steps = list(tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n, window=window))
-    out, trace = flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n, trace=True,
-                                 window=window)
+    seconds, (out, trace) = timed_once(lambda: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n,
+                                                           trace=True, window=window))
     reference = reference_attention(q, k, v, causal=causal, window=window)[0, 0].numpy()
     codes = tile_map(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window)
     return KernelRun(steps, trace, codes, [min(i * block_m, n) for i in range(codes.shape[0] + 1)],
@@ -65,7 +66,7 @@ def kernel_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtyp
                      kernel_error=float(np.abs(out[0, 0].double().numpy() - reference).max()),
                      out_error={s.index: float(np.abs(s.out - reference[s.q_start:s.q_stop]).max())
                                 for s in steps if s.last},
-                     causal=causal, window=window)
+                     causal=causal, window=window, kernel_call=(seconds, out))
 
 
 def step_title(run: KernelRun, index: int) -> str:

@@ -137,15 +137,17 @@ class MethodResult:
 
 
 def compare_methods(n, head_dim, *, block_m, block_n, causal, dtype="float32", seed=0, repeats=5,
-                    measure_memory=False):
+                    measure_memory=False, interpreted_call=None):
     """Runs naive, torch SDPA, two-pass tiled, the online-softmax stepper and the Triton kernel on the same seeded
     inputs [1, 1, n, head_dim]; checks each against float64 and times each, in this one call.
     measure_memory: also measure each torch method's peak CPU-allocator bytes (the first torch.profiler session
-    in a process takes seconds). CPU times are taken on one torch thread (one_cpu_thread). Returns
+    in a process takes seconds). CPU times are taken on one torch thread (one_cpu_thread). interpreted_call: under
+    the Triton interpreter, (seconds, output) of the kernel's one call on these inputs made already (the step
+    view's, attnviz.kernels.steps_view.kernel_run), checked and reported instead of a second call. Returns
     list[MethodResult]."""
     with one_cpu_thread():
         return _compare_methods(n, head_dim, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
-                                repeats=repeats, measure_memory=measure_memory)
+                                repeats=repeats, measure_memory=measure_memory, interpreted_call=interpreted_call)
 
 
 _THREADS_LOCK = threading.Lock()
@@ -174,7 +176,8 @@ def one_cpu_thread():
                 _saved_threads = None
 
 
-def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repeats, measure_memory):
+def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repeats, measure_memory,
+                     interpreted_call):
     q, k, v = make_inputs(n, head_dim, dtype=dtype, seed=seed, device=KERNEL_DEVICE)
     reference = reference_attention(q, k, v, causal=causal)
     steps = tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal)
@@ -188,7 +191,7 @@ def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repe
         results.append(MethodResult(name, how, error, seconds, steps if tiled else None, peak, f"wall time on {on}"))
     kernel = lambda: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n)  # noqa: E731
     if INTERPRETED:  # one call, checked and timed: nothing is compiled, and each call costs ~8 ms per tile step
-        seconds, out = _timed(kernel)
+        seconds, out = interpreted_call or timed_once(kernel)
     else:  # the first call compiles the kernel: untimed
         seconds, out = measure(kernel, repeats=repeats)
     error = (out.double().cpu() - reference).abs().max().item()
@@ -248,14 +251,14 @@ def measure(fn, *, repeats=5):
     allocator; its output is returned for checking), then one timed warm call; when that took under SLOW_CALL_S,
     the median of `repeats` more. CUDA is synchronised around every timed call."""
     out = fn()
-    seconds, _ = _timed(fn)
+    seconds, _ = timed_once(fn)
     if seconds < SLOW_CALL_S:
         seconds = time_call(fn, repeats=repeats, warmup=0)
     return seconds, out
 
 
-def _timed(fn):
-    """(wall seconds, result) of one call."""
+def timed_once(fn):
+    """(wall seconds, result) of one call of fn (the GPU synchronised before and after)."""
     _sync()
     start = time.perf_counter()
     result = fn()

@@ -56,16 +56,20 @@ def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) ->
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _comparison(n, d, block_m, block_n, causal, dtype, seed) -> list[dict]:
-    results = kn.compare_methods(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed)
+def _comparison(n, d, block_m, block_n, causal, dtype, seed, _interpreted_call) -> list[dict]:
+    results = kn.compare_methods(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
+                                 interpreted_call=_interpreted_call)
     return [r.__dict__ for r in results]
 
 
-def comparison(n, d, block_m, block_n, causal, dtype, seed) -> list[dict] | None:
-    """kernels.compare_methods as dicts (one per method), or None after an st.error when the kernel refuses."""
+def comparison(n, d, block_m, block_n, causal, dtype, seed, run: KernelRun | None = None) -> list[dict] | None:
+    """kernels.compare_methods as dicts (one per method), or None after an st.error when the kernel refuses. run:
+    the step view's run of these settings; without a sliding window its interpreted kernel call is the one the
+    table reports (under the interpreter a call is a functional simulation: the same call need not be made twice)."""
+    call = run.kernel_call if kn.INTERPRETED and run is not None and run.window is None else None
     try:
         with st.spinner("Running and timing the five methods…"):
-            return _comparison(n, d, block_m, block_n, causal, dtype, seed)
+            return _comparison(n, d, block_m, block_n, causal, dtype, seed, call)
     except AttnvizError as exc:
         st.error(BLOCKS_TOO_BIG.format(exc))
         return None
