@@ -63,10 +63,10 @@ def _sweep_spec(n_keys: int, temperature: float) -> tuple[list[dict], dict]:
         "theory: 1 / T²": (DIMS, np.full(len(DIMS), 1 / temperature**2))}
 
 
-def sweep_figure(n_keys: int, seed: int, temperature: float, d_k: int | None):
-    """The curves against d_k at this temperature, the current d_k marked in every panel (None: unmarked)."""
+def sweep_figure(n_keys: int, seed: int, temperature: float):
+    """The curves against d_k at this temperature."""
     panels, reference = _sweep_spec(n_keys, temperature)
-    return figs.sweep_panels(sweep(n_keys, seed, temperature), panels, current_d_k=d_k, reference=reference)
+    return figs.sweep_panels(sweep(n_keys, seed, temperature), panels, reference=reference)
 
 
 def _sweep_stop(n_keys: int, seed: int, temperature: float) -> dict:
@@ -80,10 +80,13 @@ def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_sh
     return charts.variants_chart(d_k, n_keys, seed, temperature, rows_shown, stop=_variants_stop)
 
 
-def sweeps_chart(d_k: int, n_keys: int, seed: int, temperature: float):
-    """The curves against d_k at this temperature, d_k marked, with an in-chart slider over every one of
-    TEMPERATURES (a frame each: the curves at that temperature)."""
-    chart = sweep_figure(n_keys, seed, temperature, d_k)
+@st.cache_resource(show_spinner=False, max_entries=32)
+def sweeps_chart(n_keys: int, seed: int, temperature: float):
+    """The curves against d_k at this temperature, with an in-chart slider over every one of TEMPERATURES (a frame
+    each: the curves at that temperature). The d_k control's value is not marked on it: the chart stays the same
+    object when only d_k changes, and the browser then keeps it as drawn (redrawing its six panels and twelve
+    frames took a quarter of a second of a d_k change on a 2-core machine)."""
+    chart = sweep_figure(n_keys, seed, temperature)
     return instant.add_frame_slider(chart, [_sweep_stop(n_keys, seed, t) for t in TEMPERATURES],
                                     [instant.stop_label(t) for t in TEMPERATURES], TEMPERATURES.index(temperature),
                                     parameter="T")
@@ -116,7 +119,7 @@ def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_s
             {"values": per_variant("jacobian_norm"), "title": "Jacobian norm per row",
              "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
         ]),
-        "sweeps": sweeps_chart(d_k, n_keys, seed, temperature),
+        "sweeps": sweeps_chart(n_keys, seed, temperature),
         "gradients": figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
                                            y_title="gradient norm reaching q (log scale)"),
     }
@@ -129,7 +132,7 @@ def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float
     """Builds, in a background thread, section_figures one step either way of the slider just moved (setting and
     previous: {"d_k", "n_keys", "seed", "temperature"} of this run and the last), while the browser draws this
     one: a slider moved again by a step then finds its figures ready. Nothing is built when no slider moved."""
-    if previous is None or True:
+    if previous is None:
         return
     steps = {"n_keys": list(range(N_KEYS_RANGE[0], N_KEYS_RANGE[1] + 1)), "d_k": list(DIMS),
              "temperature": list(temperatures)}
