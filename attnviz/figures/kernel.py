@@ -163,7 +163,7 @@ _VIEW_COLS = (((0.0, 0.44), (0.56, 1.0)), ((0.0, 0.27), (0.365, 0.635), (0.73, 1
 VIEW_HEIGHT, _VIEW_TOP, _VIEW_BOTTOM = 1150, 80, 70
 
 
-def _step_view_parts(step, states, title: str, q_edges, k_edges, *, causal: bool,
+def step_view_parts(step, states, title: str, q_edges, k_edges, *, causal: bool,
                      window: int | None) -> tuple[list[dict], dict]:
     """step_view_figure's traces and layout for one step, as plain dicts (a stop of its slider)."""
     axes = {}
@@ -219,7 +219,7 @@ def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], a
     before and after the tile. steps: TileStep-like (scores, q_start, q_stop, k_start, m_prev, m_i, l_prev, l_i,
     alpha, acc_rescaled, acc; attnviz.kernels.tiled_steps); titles[i]: the chart's title at steps[i]; drawn at
     steps[active]. Steps are labelled by their index."""
-    parts = [_step_view_parts(s, st, t, q_edges, k_edges, causal=causal, window=window)
+    parts = [step_view_parts(s, st, t, q_edges, k_edges, causal=causal, window=window)
              for s, st, t in zip(steps, states, titles)]
     traces, layout = parts[active]
     fig = go.Figure(data=traces, layout=layout)

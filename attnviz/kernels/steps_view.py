@@ -96,6 +96,8 @@ def step_view(run: KernelRun, index: int, *, most: int = STEP_STOPS) -> tuple:
                                      [step_title(run, i) for i in indices], active, q_edges=run.q_edges,
                                      k_edges=run.k_edges, causal=run.causal, window=run.window)
 
-    stop_bytes = instant.json_bytes({"data": view([index], 0).to_plotly_json()["data"]})
+    traces, _ = figs.step_view_parts(run.steps[index], states(index), step_title(run, index), run.q_edges,
+                                     run.k_edges, causal=run.causal, window=run.window)
+    stop_bytes = instant.json_bytes({"data": traces})
     shown = instant.window(len(run.steps), index, stop_bytes, most=most)
     return view(shown, index - shown.start), shown
