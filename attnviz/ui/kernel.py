@@ -55,6 +55,20 @@ def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) ->
                             "attnviz-kernel-prefetch")
 
 
+def note_full_run() -> None:
+    """Counts the page's full runs (called at its top): step_view's fragment then tells a Step move, which reruns
+    it alone, from a full run, which goes on to time the five methods."""
+    st.session_state["kernel_full_runs"] = st.session_state.get("kernel_full_runs", 0) + 1
+
+
+def fragment_alone() -> bool:
+    """Whether the step view's fragment runs alone (a Step move) rather than inside a full run (note_full_run)."""
+    runs = st.session_state.get("kernel_full_runs")
+    alone = st.session_state.get("kernel_fragment_seen") == runs
+    st.session_state["kernel_fragment_seen"] = runs
+    return alone
+
+
 @st.cache_data(max_entries=8, show_spinner=False)
 def _comparison(n, d, block_m, block_n, causal, dtype, seed, _interpreted_call) -> list[dict]:
     results = kn.compare_methods(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
