@@ -33,13 +33,15 @@ def test_a_move_the_page_ignored_is_shown_as_no_rerun_and_left_out_of_the_median
     run = Run(title="t", repeat=3, limit=None)
     run.rows = [("P", "ignored", [(math.nan, math.nan)] * 3, 1.0),
                 ("P", "half", [(0.3, 0.2), (math.nan, math.nan), (0.5, 0.4)], 1.0),
-                ("P", "slow", [(0.9, 0.8), (0.7, 0.6), (0.8, 0.7)], 1.0)]
+                ("P", "slow", [(0.9, 0.8), (0.7, 0.6), (0.8, 0.7)], 1.0),
+                ("P", "Layers (slider, heads_layer_range)", [(9.0, 8.9)] * 3, 1.0)]
     table([run], 3, 1e11, 0.5)
     out = capsys.readouterr().out
     assert "| P | ignored | no rerun | no rerun | no rerun, no rerun, no rerun | 1.0 |  |" in out
     assert "| P | half | 0.30 | 0.40 | 0.20, no rerun, 0.40 | 1.0 |  |" in out  # medians of the two answered
     assert "| P | slow | 0.70 | 0.80 | 0.80, 0.60, 0.70 | 1.0 | OVER |" in out
-    assert "3 widgets timed, 1 over the goal" in out
+    assert "| 8.90 | 9.00 | 8.90, 8.90, 8.90 | 1.0 | OVER (new work: a capture of other layers" in out
+    assert "4 widgets timed, 2 over the goal, 1 of them new work (the model run again)" in out
 
 
 @pytest.fixture(scope="module")
