@@ -155,8 +155,9 @@ def random_logits_section() -> None:
         variants, grads = ui_softmax.sample(d_k, n_keys, seed, temperature)
 
     _variant_metrics(variants, d_k, n_keys, temperature)
-    variants_chart, dims = ui_softmax.variants_figure(d_k, n_keys, seed, temperature, ROWS_SHOWN)
-    ui.plot(variants_chart, width="stretch", key="softmax_variants")
+    charts = ui_softmax.section_figures(d_k, n_keys, seed, temperature, ROWS_SHOWN)
+    ui.plot(charts["variants"], width="stretch", key="softmax_variants")
+    dims = charts["variants_stops"]
     st.caption(
         "**Instant:** the d_k slider in this chart redraws it in the browser, no server ("
         + (f"all {len(DIMS)} values of d_k" if len(dims) == len(DIMS) else f"d_k = {', '.join(map(str, dims))}")
@@ -169,7 +170,7 @@ def random_logits_section() -> None:
     snippet_ui.show(snippets.softmax_variants(d_k, n_keys, seed, temperature, ROWS_SHOWN))
 
     st.subheader("Every row, not only the mean")
-    ui.plot(ui_softmax.rows_figure(d_k, n_keys, seed, temperature), width="stretch", key="softmax_rows")
+    ui.plot(charts["rows"], width="stretch", key="softmax_rows")
     st.caption(
         "Each dot is one query row. The Jacobian norm is the Frobenius norm: it is the root-mean-square size of the "
         "gradient that reaches the logits when the gradient arriving at the weights has independent unit-variance "
@@ -179,7 +180,7 @@ def random_logits_section() -> None:
     )
 
     st.subheader("Against d_k")
-    ui.plot(ui_softmax.sweeps_chart(n_keys, seed, temperature), width="stretch", key="softmax_sweeps")
+    ui.plot(charts["sweeps"], width="stretch", key="softmax_sweeps")
     st.caption(
         f"**Instant:** the T slider in this chart redraws it in the browser, no server (all {len(TEMPERATURES)} "
         "temperatures); the controls above recompute on the server. "
@@ -188,7 +189,7 @@ def random_logits_section() -> None:
         "the Jacobian collapses by orders of magnitude."
     )
 
-    _gradient_to_q(grads, ui_softmax.gradients_figure(d_k, n_keys, seed, temperature))
+    _gradient_to_q(grads, charts["gradients"])
     setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
     ui_softmax.prefetch_next(setting, st.session_state.get("softmax_last_setting"), TEMPERATURES, ROWS_SHOWN)
     st.session_state["softmax_last_setting"] = setting

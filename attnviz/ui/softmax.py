@@ -92,51 +92,37 @@ def sweeps_chart(n_keys: int, seed: int, temperature: float):
                                     parameter="T")
 
 
-# Each figure is kept as an object (plotly reads a figure only to draw it) for every session, built when first
-# asked for: the page draws each as soon as it is built, so the browser draws one while the server builds the next,
-# and a slider moved back to a value it had draws them again without building them.
+# the figures are kept as objects (plotly reads a figure only to draw it), so a slider moved back to a value it had
+# draws them again without building them
 @st.cache_resource(show_spinner=False, max_entries=32)
-def variants_figure(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> tuple:
-    """(figure, d_ks): the logits and first rows of both variants, with an in-chart slider over the d_k values d_ks
-    (variants_chart)."""
-    return variants_chart(d_k, n_keys, seed, temperature, rows_shown)
-
-
-@st.cache_resource(show_spinner=False, max_entries=32)
-def rows_figure(d_k: int, n_keys: int, seed: int, temperature: float):
-    """Every row's max weight, entropy and Jacobian norm, both variants."""
-    variants, _ = sample(d_k, n_keys, seed, temperature)
+def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> dict:
+    """The random-logits section's four figures for one setting of its sliders: "variants" (logits and first rows
+    of both variants, with an in-chart slider over the d_k values "variants_stops": variants_chart), "rows" (every
+    row's statistics), "sweeps" (against d_k, with an in-chart slider over TEMPERATURES: sweeps_chart) and
+    "gradients" (‖∂L/∂q‖ per row)."""
+    variants, grads = sample(d_k, n_keys, seed, temperature)
     stats = {variant: variants[variant][2] for variant in (sm.SCALED, sm.UNSCALED)}
+    log_n = float(np.log(n_keys))
 
     def per_variant(field: str) -> dict:
         return {variant: getattr(s, field) for variant, s in stats.items()}
 
-    return figs.row_distributions([
-        {"values": per_variant("max_weight"), "title": "Max weight per row",
-         "y_title": "largest weight in the row (0 to 1)"},
-        {"values": per_variant("entropy"), "title": f"Entropy per row (max {np.log(n_keys):.2f})",
-         "y_title": "entropy (nats)"},
-        {"values": per_variant("jacobian_norm"), "title": "Jacobian norm per row",
-         "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
-    ])
-
-
-@st.cache_resource(show_spinner=False, max_entries=32)
-def gradients_figure(d_k: int, n_keys: int, seed: int, temperature: float):
-    """‖∂L/∂q‖ per query row, both variants."""
-    _, grads = sample(d_k, n_keys, seed, temperature)
-    return figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
-                                 y_title="gradient norm reaching q (log scale)")
-
-
-def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> dict:
-    """The random-logits section's four figures for one setting of its sliders, each from its own cache:
-    "variants" and "variants_stops" (variants_figure), "rows" (rows_figure), "sweeps" (against d_k, with an
-    in-chart slider over TEMPERATURES: sweeps_chart) and "gradients" (gradients_figure)."""
-    chart, dims = variants_figure(d_k, n_keys, seed, temperature, rows_shown)
-    return {"variants": chart, "variants_stops": dims, "rows": rows_figure(d_k, n_keys, seed, temperature),
-            "sweeps": sweeps_chart(n_keys, seed, temperature),
-            "gradients": gradients_figure(d_k, n_keys, seed, temperature)}
+    chart, dims = variants_chart(d_k, n_keys, seed, temperature, rows_shown)
+    return {
+        "variants": chart,
+        "variants_stops": dims,
+        "rows": figs.row_distributions([
+            {"values": per_variant("max_weight"), "title": "Max weight per row",
+             "y_title": "largest weight in the row (0 to 1)"},
+            {"values": per_variant("entropy"), "title": f"Entropy per row (max {log_n:.2f})",
+             "y_title": "entropy (nats)"},
+            {"values": per_variant("jacobian_norm"), "title": "Jacobian norm per row",
+             "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
+        ]),
+        "sweeps": sweeps_chart(n_keys, seed, temperature),
+        "gradients": figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
+                                           y_title="gradient norm reaching q (log scale)"),
+    }
 
 
 N_KEYS_RANGE = (2, 512)  # the "keys per query" slider's bounds
