@@ -233,7 +233,11 @@ def _saturation_columns(raw, k, scales, dl_dp, threshold: float, with_gradient: 
                    saturated_share=(top > threshold).mean(-1), jac_p10=p10, jac_p50=p50, jac_p90=p90)
     if with_gradient:
         dscores = pattern * (dl_dp - (pattern * dl_dp).sum(-1, keepdims=True))  # J_i (V g_i), row by row
-        columns["grad_q_p50"] = np.median(np.linalg.norm(scales[:, None, None] * dscores @ k, axis=-1), axis=-1)
+        if k.shape[0] < k.shape[1]:  # ‖dscores_i K‖ by the keys' Gram matrix K Kᵀ: fewer FLOPs with fewer keys than d_k
+            norms = np.sqrt(np.maximum(np.einsum("tqj,tqj->tq", dscores @ (k @ k.T), dscores), 0.0))
+        else:
+            norms = np.linalg.norm(dscores @ k, axis=-1)
+        columns["grad_q_p50"] = np.median(scales[:, None] * norms, axis=-1)
     return columns
 
 
