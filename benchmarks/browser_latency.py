@@ -20,6 +20,11 @@ playwright makes the change (so it includes the automation itself: opening a sel
 "input" starts at the browser's own timestamp of the input event that makes the change (the last pointerdown or
 keydown) and ends at the browser's timestamp of the first idle poll: what a person at the page waits for.
 
+The sliders plotly draws inside a chart (the instant ones: frames or trace groups switched by the browser,
+attnviz.figures.instant) are found in every chart in view and timed apart: a click on a stop not clicked yet, REPEAT
+times, from the pointerdown to the first paint after plotly applied the stop, with the messages the page sent the
+server meanwhile (benchmarks/latency/charts.py). Their table has its own goal: 0.1 s, and no message.
+
 Beside the table: the float32 matmul rate measured first (benchmarks/longcontext.matmul_rate) and the load average
 after each widget. Rows whose median input -> idle is over the goal (0.5 s) are marked.
 
@@ -51,6 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.latency.idle import COUNT_MESSAGES, answered, settle, untimed, wait_idle, watch  # noqa: E402
+from benchmarks.latency.charts import chart_sliders, click_stop, next_stop  # noqa: E402
 from benchmarks.latency.widgets import (  # noqa: E402
     NoMove, Widget, choose_radio, discover, move, open_expanders, open_tab, radio_choice, radio_options, tabs)
 
@@ -65,6 +71,7 @@ NEW_WORK = {
 MODEL = "smollm2-135m"
 N_TOKENS = 1_800
 GOAL_S = 0.5
+CHART_GOAL_S = 0.1  # an in-chart slider: drawn by the browser, no message to the server
 
 
 def long_text(n_tokens: int) -> str:
@@ -98,6 +105,7 @@ class Run:
     limit: int | None
     rows: list = field(default_factory=list)  # (page, widget, [(driver s, input s)], load average)
     skipped: list = field(default_factory=list)  # (page, widget, why)
+    chart_rows: list = field(default_factory=list)  # (page, slider, [(seconds, messages sent)])
     failed: list = field(default_factory=list)  # (page, widget, what went wrong)
     done: set = field(default_factory=set)  # widget idents timed or left out
     explored: set = field(default_factory=set)  # radios and tabs whose every option was opened
@@ -129,9 +137,28 @@ def time_widget(page, run: Run, widget: Widget) -> list[tuple[float, float]]:
     return times
 
 
+def time_charts_in_view(page, run: Run) -> None:
+    """Clicks REPEAT stops of every in-chart slider in view not timed yet (benchmarks/latency/charts.py)."""
+    for slider in chart_sliders(page):
+        if slider.ident in run.done or slider.stops < 2:
+            continue
+        run.done.add(slider.ident)
+        seen, current, times = {slider.active}, slider.active, []
+        try:
+            for _ in range(run.repeat):
+                current = next_stop(slider, seen, current)
+                seen.add(current)
+                times.append(click_stop(page, slider, current))
+        except Exception as exc:  # the page's other sliders are still timed
+            run.failed.append((run.title, slider.name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
+        if times:
+            run.chart_rows.append((run.title, slider.name, times))
+
+
 def time_in_view(page, run: Run) -> None:
-    """Times every widget in view not timed yet, radios last (a radio changes what is in view), and the widgets
-    that its moves bring into view."""
+    """Times every in-chart slider and every widget in view not timed yet, radios last (a radio changes what is in
+    view), and the widgets that its moves bring into view."""
+    time_charts_in_view(page, run)
     while not run.full():
         open_expanders(page)
         fresh = [w for w in discover(page) if w.ident not in run.done]
@@ -248,12 +275,34 @@ def table(runs: list[Run], repeat: int, rate: float, load_before: float) -> None
                   f"{runs_text} | {load:.1f} | {mark} |")
     print(f"{sum(len(r.rows) for r in runs)} widgets timed, {over} over the goal"
           + (f", {new_work} of them new work (the model run again)" if new_work else ""))
+    chart_table(runs)
     for kind, what in (("left out", "skipped"), ("failed", "failed")):
         lines = [row for run in runs for row in getattr(run, what)]
         if lines:
             print(f"{kind}:")
             for page, widget, why in lines:
                 print(f"  {page}: {widget}: {why}")
+
+
+def chart_table(runs: list[Run]) -> None:
+    """The in-chart sliders: seconds from the click to the first paint after plotly applied the stop, and the
+    messages the page sent the server meanwhile (none, for a slider the browser draws by itself)."""
+    rows = [row for run in runs for row in run.chart_rows]
+    if not rows:
+        return
+    print(f"\nIn-chart sliders (drawn by the browser): goal {CHART_GOAL_S} s from the click to the redraw, no "
+          "message to the server")
+    print("| page | in-chart slider | click -> drawn, median s | all runs (s) | messages sent | over the goal |")
+    print("|---|---|---|---|---|---|")
+    over = 0
+    for page, slider, times in rows:
+        median = statistics.median(t for t, _ in times)
+        sent = sum(n for _, n in times)
+        bad = median > CHART_GOAL_S or sent > 0
+        over += bad
+        print(f"| {page} | {slider} | {median:.3f} | {', '.join(f'{t:.3f}' for t, _ in times)} | {sent} | "
+              f"{'OVER' if bad else ''} |")
+    print(f"{len(rows)} in-chart sliders timed, {over} over the goal")
 
 
 def main() -> None:

@@ -44,6 +44,21 @@ def test_a_move_the_page_ignored_is_shown_as_no_rerun_and_left_out_of_the_median
     assert "4 widgets timed, 2 over the goal, 1 of them new work (the model run again)" in out
 
 
+def test_an_in_chart_slider_is_over_its_goal_when_slow_or_when_it_spoke_to_the_server(capsys):
+    from benchmarks.browser_latency import Run, chart_table
+
+    run = Run(title="t", repeat=3, limit=None)
+    run.chart_rows = [("P", "fast", [(0.05, 0), (0.04, 0), (0.06, 0)]),
+                      ("P", "slow", [(0.2, 0), (0.15, 0), (0.3, 0)]),
+                      ("P", "chatty", [(0.05, 1), (0.04, 0), (0.06, 0)])]
+    chart_table([run])
+    out = capsys.readouterr().out
+    assert "| P | fast | 0.050 | 0.050, 0.040, 0.060 | 0 |  |" in out
+    assert "| P | slow | 0.200 | 0.200, 0.150, 0.300 | 0 | OVER |" in out
+    assert "| P | chatty | 0.050 | 0.050, 0.040, 0.060 | 1 | OVER |" in out
+    assert "3 in-chart sliders timed, 2 over the goal" in out
+
+
 @pytest.fixture(scope="module")
 def page(browser):
     from tests.servers import streamlit_server

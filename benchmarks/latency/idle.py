@@ -31,13 +31,17 @@ WATCH = """() => {
     }
 }"""
 
-# Counts the messages the server sends over Streamlit's websocket (installed before any page script runs).
+# Counts the messages the server sends over Streamlit's websocket, and those the page sends it (installed before any
+# page script runs).
 COUNT_MESSAGES = """(() => {
     const Socket = window.WebSocket;
     window.__received = 0;
+    window.__sent = 0;
     window.WebSocket = function (...args) {
         const socket = new Socket(...args);
         socket.addEventListener('message', () => { window.__received += 1; });
+        const send = socket.send.bind(socket);
+        socket.send = data => { window.__sent += 1; return send(data); };
         return socket;
     };
     window.WebSocket.prototype = Socket.prototype;
