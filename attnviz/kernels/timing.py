@@ -197,7 +197,7 @@ def _compare_methods(n, head_dim, *, block_m, block_n, causal, dtype, seed, repe
     error = (out.double().cpu() - reference).abs().max().item()
     if INTERPRETED:
         note = (f"functional simulation under the Triton interpreter: {seconds / steps * 1e3:.2f} ms per tile step, "
-                "not a speed")
+                "not a speed" + (" (the step view's call, with its debug trace)" if interpreted_call else ""))
     else:
         tflops = forward_flops(n, n, head_dim, causal=causal) / seconds / 1e12
         peak = device_peak_tflops(where, dtype)
