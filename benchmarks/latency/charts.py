@@ -64,7 +64,10 @@ def click_stop(page, slider: ChartSlider, step: int, timeout_s: float = 10.0) ->
     messages the page sent meanwhile)."""
     chart = page.query_selector_all('[data-testid="stPlotlyChart"] .js-plotly-plot')[slider.chart]
     chart.evaluate(ARM)
-    group = chart.query_selector_all(".slider-container")[slider.slider]
+    # plotly draws a chart's sliders in an order of its own: each is found by the value it shows ("<prefix> (in
+    # this chart) = ...")
+    group = next(g for g in chart.query_selector_all(".slider-container")
+                 if (g.query_selector(".slider-label").text_content() or "").startswith(f"{slider.prefix} ("))
     label = group.query_selector_all(".slider-label-group")[step]
     label.scroll_into_view_if_needed()
     box = label.bounding_box()
