@@ -49,6 +49,7 @@ import shutil
 import statistics
 import sys
 import time
+import traceback
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,7 +151,7 @@ def time_charts_in_view(page, run: Run) -> None:
                 seen.add(current)
                 times.append(click_stop(page, slider, current))
         except Exception as exc:  # the page's other sliders are still timed
-            run.failed.append((run.title, slider.name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
+            run.failed.append((run.title, slider.name, f"{type(exc).__name__}: {(str(exc) or '-').splitlines()[0]}"))
         if times:
             run.chart_rows.append((run.title, slider.name, times))
 
@@ -243,6 +244,7 @@ def run_pages(names: list[str], args) -> list[Run]:
                 try:
                     measure(page, url, every[name], run, args.tab)
                 except Exception as exc:  # the other pages are still measured
+                    traceback.print_exc()
                     shot = f"browser-latency-{name}-failed.png"
                     page.screenshot(path=shot, full_page=True)
                     run.failed.append((run.title, "(the page)", f"{type(exc).__name__}: "

@@ -66,8 +66,11 @@ def click_stop(page, slider: ChartSlider, step: int, timeout_s: float = 10.0) ->
     chart.evaluate(ARM)
     # plotly draws a chart's sliders in an order of its own: each is found by the value it shows ("<prefix> (in
     # this chart) = ...")
-    group = next(g for g in chart.query_selector_all(".slider-container")
-                 if (g.query_selector(".slider-label").text_content() or "").startswith(f"{slider.prefix} ("))
+    groups = [g for g in chart.query_selector_all(".slider-group")
+              if (g.query_selector(".slider-label").text_content() or "").startswith(f"{slider.prefix} (")]
+    if not groups:
+        raise LookupError(f"no slider showing {slider.prefix!r} in the chart")
+    group = groups[0]
     label = group.query_selector_all(".slider-label-group")[step]
     label.scroll_into_view_if_needed()
     box = label.bounding_box()
