@@ -147,25 +147,6 @@ HIDDEN_SINK_NOTE = (f"With the sink hidden, token 0's weight is removed and each
 
 
 @st.fragment
-def zoom_panel():
-    """A long head's window at full resolution: moving the window reruns this panel only."""
-    causal_offset = 0 if capture.causal else None
-    z1, z2, z3 = st.columns(3)
-    size = z3.select_slider("Window (tokens)", [32, 64, 96, 128, 160], 64, key="heads_zoom_size",
-                            persist_state="session")
-    span = max(0, n - size)  # the last window start; the window is the whole text when it is that short
-    q0 = z1.slider("Queries from", 0, span, span, key="heads_zoom_q", persist_state="session") if span else 0
-    k0 = z2.slider("Keys from", 0, span, min(span, q0), key="heads_zoom_k", persist_state="session") if span else 0
-    window = cache.head_window(capture, layer, head, (q0, min(n, q0 + size)), (k0, min(n, k0 + size)), hide_sink)
-    ui.plot(figs.window_detail(window, capture.tokens, q0, k0, gamma=gamma, causal_offset=causal_offset,
-                                       title=f"Layer {layer}, head {head}: queries {q0:,}–{q0 + len(window) - 1:,}"
-                                             f", keys {k0:,}–{k0 + window.shape[1] - 1:,}"), width="stretch")
-    st.write("The window's weights at full resolution, "
-             + ("computed from the layer's q and k for these rows only." if long_text else "read from the capture.")
-             + (" Grey cells are masked: a causal query cannot see later keys." if capture.causal else ""))
-
-
-@st.fragment
 def token_panel():
     """Where one query looks: its selector reruns this panel only, and keeps the link's query token."""
     query = st.selectbox("Query token", list(range(n)), key="heads_query", persist_state="session",
@@ -359,7 +340,7 @@ if tabs["head"].open:
             st.write(f"Each pixel is the largest weight in a block of about {n / m:.0f} x {n / m:.0f} query x key "
                      "tokens, so a one-token stripe (the diagonal, a sink column) survives. Zoom in below to read "
                      "the weights token by token.")
-            zoom_panel()
+            heads_tabs.zoom_panel(capture, key, layer, head, hide_sink, gamma)
             if hide_sink:
                 st.caption(HIDDEN_SINK_NOTE)
                 ui.plot(cache.remaining_figure(*key, layer, head, kept), width="stretch")

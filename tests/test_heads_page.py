@@ -258,6 +258,23 @@ def test_a_text_too_long_for_the_dense_pattern_uses_the_qk_store_and_every_tab_r
     at.selectbox(key="heads_head").set_value(2).run()
     at.toggle(key="heads_hide_sink").set_value(True).run()
     assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    # the zoom window drawn (a cached figure) is head 2's rows n-32.. with the sink hidden: its exact weights
+    # (the hover values) equal the dense pattern of a capture made here, the sink hidden over each whole row
+    from attnviz import views
+    from attnviz.capture import capture_attention
+    from attnviz.figures import instant
+    from attnviz.models import load_model
+
+    title, drawn = next((json.loads(c.proto.spec)["layout"]["title"]["text"],
+                         instant.array(json.loads(c.proto.spec)["data"][0]["customdata"]))
+                        for c in at.get("plotly_chart")
+                        if "queries" in json.loads(c.proto.spec)["layout"].get("title", {}).get("text", ""))
+    layer = int(title.split("Layer ")[1].split(",")[0])
+    assert f"head 2: queries {n - 32:,}" in title
+    monkeypatch.setattr(cap, "MAX_CAPTURE_BYTES", 10**9)
+    dense = capture_attention(load_model("toy-llama-gqa"), text)
+    want = views.sink_hidden(dense.pattern[dense.index_of(layer), 2])[n - 32:, n - 32:]
+    np.testing.assert_allclose(drawn, want, rtol=1e-5, atol=1e-6, equal_nan=True)
     compared = open_tab(at, "Compare")  # from q and k a block of rows at a time, as at any length
     assert not compared.error and any("Largest difference" in m.value for m in compared.markdown)
     table = open_tab(at, "Statistics").dataframe[-1].value  # the statistics table, from the streamed pass

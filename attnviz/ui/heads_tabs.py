@@ -1,5 +1,6 @@
-"""Two tabs of the Heads page that run on their own (fragments): the Induction test on a repeated random sequence,
-and Many texts, every head's statistics averaged over windows and two models compared.
+"""Parts of the Heads page that run on their own (fragments): the Induction test tab on a repeated random sequence,
+the Many texts tab (every head's statistics averaged over windows, two models compared), and the One head tab's
+zoom window on a long text.
 """
 
 from __future__ import annotations
@@ -16,6 +17,38 @@ from attnviz.stats import COLUMNS
 from attnviz.ui import heads as cache
 
 MAX_CORPUS_CHARS = 500_000  # an uploaded text: at most 64 windows of it are run anyway
+
+
+@st.fragment
+def zoom_panel(capture, key: tuple, layer: int, head: int, hide_sink: bool, gamma: float) -> None:
+    """A long head's window at full resolution: moving the window reruns this panel only. key: (model, version,
+    text, captured layers), what every cached view of this capture is keyed on."""
+    n = capture.n_tokens
+    z1, z2, z3 = st.columns(3)
+    size = z3.select_slider("Window (tokens)", [32, 64, 96, 128, 160], 64, key="heads_zoom_size",
+                            persist_state="session")
+    span = max(0, n - size)  # the last window start; the window is the whole text when it is that short
+    q0 = z1.slider("Queries from", 0, span, span, key="heads_zoom_q", persist_state="session") if span else 0
+    k0 = z2.slider("Keys from", 0, span, min(span, q0), key="heads_zoom_k", persist_state="session") if span else 0
+    ui.plot(window_figure(*key, layer, head, (q0, min(n, q0 + size)), (k0, min(n, k0 + size)), hide_sink, gamma,
+                          capture), width="stretch")
+    st.write("The window's weights at full resolution, "
+             + ("read from the capture." if capture.pattern is not None else
+                "computed from the layer's q and k for these rows only.")
+             + (" Grey cells are masked: a causal query cannot see later keys." if capture.causal else ""))
+
+
+@ui.figure_cache(max_entries=32)
+def window_figure(model: str, version: tuple, text: str, layers, layer: int, head: int, rows: tuple, keys: tuple,
+                  hide_sink: bool, gamma: float, _capture):
+    """The zoom window's figure (figs.window_detail of cache.head_window), built once for every session: a rerun
+    of the page that leaves the window as it was (another panel's control) draws it again without computing it."""
+    window = cache.head_window(_capture, layer, head, rows, keys, hide_sink)
+    (q0, _), (k0, _) = rows, keys
+    return figs.window_detail(window, _capture.tokens, q0, k0, gamma=gamma,
+                              causal_offset=0 if _capture.causal else None,
+                              title=f"Layer {layer}, head {head}: queries {q0:,}–{q0 + len(window) - 1:,}, keys "
+                                    f"{k0:,}–{k0 + window.shape[1] - 1:,}")
 
 
 @st.fragment
