@@ -57,6 +57,24 @@ def test_heads_page_shows_a_hybrids_other_layers(root, monkeypatch):
     at.selectbox(key="mixers_gate_head").set_value(1).run()
     assert not at.exception, at.exception
     assert any("not a probability" in c.value for c in at.caption)
+    # the section's figures are cached per capture, layer and head: what is drawn after the moves is layer 2's
+    # head 3 map and layer 3's head 1 pattern, equal to a capture of the folder made here
+    import json
+
+    from attnviz.figures import instant
+
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    drawn = {s["layout"].get("title", {}).get("text", ""): s for s in specs}
+    title = next(t for t in drawn if "implicit attention map" in t)
+    assert title.startswith("Layer 2 (") and "head 3:" in title
+    cap = attnviz.capture(str(root / "qwen3_next"), TEXT)
+    want = np.asarray(cap.head_pattern(2, 3), dtype=np.float64)
+    want[np.triu_indices(want.shape[0], 1)] = np.nan
+    np.testing.assert_allclose(instant.array(drawn[title]["data"][0]["z"]), want, rtol=1e-5, atol=1e-7,
+                               equal_nan=True)
+    pattern = next(s for t, s in drawn.items() if t.startswith("Layer 3, head 1: the pattern"))
+    np.testing.assert_allclose(instant.array(pattern["data"][0]["customdata"]), cap.head_pattern(3, 1), rtol=1e-5,
+                               atol=1e-7, equal_nan=True)  # the hover values: the weights as they are
 
 
 def test_heads_page_shows_a_model_without_attention_by_its_mixers(root, monkeypatch):

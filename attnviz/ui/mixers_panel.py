@@ -32,6 +32,18 @@ def _digest(ids) -> str:
     return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
 
 
+@ui.figure_cache(max_entries=64)
+def _figure(what: str, capture_id: int, model: str, ids_digest: str, args: tuple, _build):
+    """A figure of this section (or a tuple holding figures), built once for every session: `what` and `args`
+    name it within the capture, which capture_id, model and ids_digest name (as for _stats); _build makes it."""
+    return _build()
+
+
+def _cached(capture, what: str, args: tuple, build):
+    """_figure for this capture: a rerun that leaves this part of the section as it was builds nothing again."""
+    return _figure(what, id(capture), capture.model_name, _digest(capture.token_ids), args, build)
+
+
 def show(capture) -> None:
     """The section, when the capture knows its layers' kinds (a hybrid or linear model); nothing otherwise."""
     if not capture.layer_kinds:
@@ -40,7 +52,7 @@ def show(capture) -> None:
     st.write("Each layer's token mixer. Where the mixer is linear (Gated DeltaNet, Mamba2), its output at query t "
              "is still a weighted sum of per-token values, o_t = Σ_s w_ts v_s, so it has an exact attention map "
              "of its own, built from what the layer's kernel received.")
-    ui.plot(figs.kinds_strip(capture.layer_kinds), key="mixers_kinds")
+    ui.plot(_cached(capture, "kinds", (), lambda: figs.kinds_strip(capture.layer_kinds)), key="mixers_kinds")
     st.caption("What to see: which layers mix tokens how."
                + (" The views above show the softmax layers; this section the others." if capture.layers else
                   " This model has no softmax attention: each layer below is a linear mixer's exact map."))
@@ -61,16 +73,20 @@ def _indexed(capture, indexed: list[int]) -> None:
     layer = c1.selectbox("Indexed layer", indexed, key="mixers_indexed_layer", persist_state="session")
     head = c2.selectbox("Its head", list(range(capture.n_heads)), key="mixers_indexed_head",
                         persist_state="session")
-    view = indexed_view(capture, layer, head)
-    ui.plot(figs.selection_over_pattern(view.dense, view.kept, capture.tokens,
-                                        title=f"Layer {layer}, head {head}: the indexer's keys over the dense pattern"),
-            key="mixers_selection")
+    def build():
+        view = indexed_view(capture, layer, head)
+        return (figs.selection_over_pattern(view.dense, view.kept, capture.tokens, title=f"Layer {layer}, head "
+                                            f"{head}: the indexer's keys over the dense pattern"),
+                figs.outside_mass(view.outside, capture.tokens, title=f"Layer {layer}, head {head}: mass the "
+                                  "selection dropped"), float(view.outside.mean()))
+
+    selection, outside, dropped = _cached(capture, "indexed", (layer, head), build)
+    ui.plot(selection, key="mixers_selection")
     st.caption("What to see: the layer's indexer keeps a few keys per query (white squares) and the softmax runs "
                "over those only. The colours are what the same q and k would give over every causal key; weight "
                "outside the squares is what the selection dropped.")
-    ui.plot(figs.outside_mass(view.outside, capture.tokens, title=f"Layer {layer}, head {head}: mass the "
-                              "selection dropped"), key="mixers_outside")
-    st.caption(f"Mean over queries: {view.outside.mean():.1%} of the dense attention fell outside the selection. "
+    ui.plot(outside, key="mixers_outside")
+    st.caption(f"Mean over queries: {dropped:.1%} of the dense attention fell outside the selection. "
                "While a query has no more earlier keys than the indexer keeps, it keeps them all and drops nothing.")
 
 
@@ -81,9 +97,9 @@ def _linear(capture) -> None:
     n_heads = capture.layer_heads(layer, "linear")
     head = c2.selectbox("Its head", list(range(n_heads)), key="mixers_head", persist_state="session")
     shown = min(capture.n_tokens, MAP_MAX_TOKENS)
-    w = capture.layer_rows(layer, 0, shown, heads=[head], mixer="linear")[0][:, :shown]
-    ui.plot(figs.implicit_map(w, capture.tokens[:shown], title=f"Layer {layer} ({capture.layer_kind(layer)}), head "
-                              f"{head}: implicit attention map w"), key="mixers_map")
+    ui.plot(_cached(capture, "map", (layer, head), lambda: figs.implicit_map(
+        capture.layer_rows(layer, 0, shown, heads=[head], mixer="linear")[0][:, :shown], capture.tokens[:shown],
+        title=f"Layer {layer} ({capture.layer_kind(layer)}), head {head}: implicit attention map w")), key="mixers_map")
     st.caption(f"What to see: how much of each earlier token's value reaches each query. {LINEAR_NOTE} So the "
                "scale is diverging: white is 0, the two colours the two signs."
                + (f" Drawn over the first {shown:,} of {capture.n_tokens:,} tokens; the statistics below read every "
@@ -99,8 +115,8 @@ def _linear(capture) -> None:
     st.caption("On the shares |w_ts| / Σ_s |w_ts| (each row's absolute weight, summing to 1): prev_token and "
                "induction as the softmax heads' statistics define them; half_mass_distance, the fewest tokens back "
                "that hold half the mean row's share.")
-    ui.plot(figs.distance_profiles(numbers["distance_profile"], title=f"Layer {layer}: share of |w| by distance"),
-            key="mixers_distance")
+    ui.plot(_cached(capture, "distance", (layer,), lambda: figs.distance_profiles(
+        numbers["distance_profile"], title=f"Layer {layer}: share of |w| by distance")), key="mixers_distance")
     st.caption("What to see: a head whose share falls off within a few tokens forgets fast (strong decay); a flat "
                "one carries far-back tokens.")
 
@@ -109,8 +125,8 @@ def _gates(capture) -> None:
     gated = sorted(capture.gates)
     layer = st.selectbox("Gated softmax layer", gated, key="mixers_gate_layer", persist_state="session")
     gate = capture.gate(layer)
-    ui.plot(figs.gate_heatmap(gate, capture.tokens, title=f"Layer {layer}: output gate per head and query"),
-            key="mixers_gate")
+    ui.plot(_cached(capture, "gate", (layer,), lambda: figs.gate_heatmap(
+        gate, capture.tokens, title=f"Layer {layer}: output gate per head and query")), key="mixers_gate")
     st.caption("What to see: each head's output is multiplied, channel by channel, by sigmoid(gate); shown is the "
                "mean over the head's channels. Near 0 the head's output at that query is all but shut: the gate, "
                "not a sink token, lets a head attend nowhere (Qiu et al. 2025).")
@@ -119,13 +135,16 @@ def _gates(capture) -> None:
                  .round(4), hide_index=True)
     head = st.selectbox("Head for the gated contribution", list(range(gate.shape[0])), key="mixers_gate_head",
                         persist_state="session")
-    pattern = capture.head_pattern(layer, head)
+    def build():
+        pattern = capture.head_pattern(layer, head)
+        return (head_figs.head_detail(pattern, capture.tokens, title=f"Layer {layer}, head {head}: the pattern"),
+                head_figs.head_detail(np.asarray(gated_weights(pattern[None], gate[head][None])[0]), capture.tokens,
+                                      title=f"Layer {layer}, head {head}: weight × the query's mean gate"))
+
+    plain, gated_map = _cached(capture, "gated", (layer, head), build)
     left, right = st.columns(2)
-    ui.plot(head_figs.head_detail(pattern, capture.tokens, title=f"Layer {layer}, head {head}: the pattern"),
-            where=left, key="mixers_pattern")
-    ui.plot(head_figs.head_detail(np.asarray(gated_weights(pattern[None], gate[head][None])[0]), capture.tokens,
-                                  title=f"Layer {layer}, head {head}: weight × the query's mean gate"),
-            where=right, key="mixers_gated")
+    ui.plot(plain, where=left, key="mixers_pattern")
+    ui.plot(gated_map, where=right, key="mixers_gated")
     st.caption("What to see: left, the softmax weights (each row sums to 1); right, each weight times the gate on "
                "the query's output, so a row sums to the share of the head's output the gate lets through on "
                "average. A row that is bright on the left and dark on the right is a query whose head the gate shut.")
