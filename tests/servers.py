@@ -19,6 +19,25 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+@contextmanager
+def watched_page(browser, path: str, timeout_s: float = 300.0):
+    """A tab of the app at `path` (a page and its link's query) in its own browser context, 1400 x 1300, with
+    benchmarks/latency/idle.py's message counters installed, once its first run has finished (not timed)."""
+    from benchmarks.latency.idle import COUNT_MESSAGES, settle
+
+    with streamlit_server() as (url, _):
+        context = browser.new_context(viewport={"width": 1400, "height": 1300})
+        context.add_init_script(COUNT_MESSAGES)
+        tab = context.new_page()
+        tab.goto(f"{url}/{path}")
+        tab.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=timeout_s * 1000)
+        settle(tab, timeout_s)
+        try:
+            yield tab
+        finally:
+            context.close()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

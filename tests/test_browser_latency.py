@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.latency.idle import COUNT_MESSAGES, settle, wait_idle, watch  # noqa: E402
+from benchmarks.latency.idle import wait_idle, watch  # noqa: E402
 from benchmarks.latency.widgets import NoMove, _pick, discover, element, move  # noqa: E402
 
 
@@ -61,16 +61,10 @@ def test_an_in_chart_slider_is_over_its_goal_when_slow_or_when_it_spoke_to_the_s
 
 @pytest.fixture(scope="module")
 def page(browser):
-    from tests.servers import streamlit_server
+    from tests.servers import watched_page
 
-    with streamlit_server() as (url, _):
-        context = browser.new_context(viewport={"width": 1400, "height": 1300})
-        context.add_init_script(COUNT_MESSAGES)
-        tab = context.new_page()
-        tab.goto(f"{url}/worked-example")
-        settle(tab, 300)
+    with watched_page(browser, "worked-example") as tab:
         yield tab
-        context.close()
 
 
 def _value(page, key: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.latency.idle import COUNT_MESSAGES, settle, wait_idle, watch  # noqa: E402
+from benchmarks.latency.idle import wait_idle, watch  # noqa: E402
 from benchmarks.latency.widgets import discover, move  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -50,17 +50,10 @@ DRAWN = f"""() => {{
 @pytest.fixture(scope="module")
 def page(browser):
     """The Heads page on toy-gpt2's default text, its One head tab open by the link."""
-    from tests.servers import streamlit_server
+    from tests.servers import watched_page
 
-    with streamlit_server() as (url, _):
-        context = browser.new_context(viewport={"width": 1400, "height": 1300})
-        context.add_init_script(COUNT_MESSAGES)
-        tab = context.new_page()
-        tab.goto(f"{url}/heads?model=toy-gpt2&layer=0&head=0&boost=0&tab=head")
-        tab.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=240_000)
-        settle(tab, 240)
+    with watched_page(browser, "heads?model=toy-gpt2&layer=0&head=0&boost=0&tab=head", 240) as tab:
         yield tab
-        context.close()
 
 
 def _map(page):
