@@ -35,12 +35,12 @@ def selections(model, ids):
     return indexed_selection(model, ids)
 
 
-def _layer_outputs(model, ids) -> dict:
-    """What each attention layer computed before its output projection, in a plain pass of the model as it is."""
-    seen, handles = {}, []
-    for i, layer in enumerate(model.model.layers):
-        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(
-            lambda _m, args, i=i: seen.__setitem__(i, args[0][0].detach())))
+def _one_pass(model, ids, hook) -> dict:
+    """{layer index: what hook(layer, keep) made its hook keep} over a plain pass of the model as it is: hook
+    registers a hook on the layer that calls keep(value) and returns its handle."""
+    seen = {}
+    handles = [hook(layer, lambda value, i=i: seen.__setitem__(i, value))
+               for i, layer in enumerate(model.model.layers)]
     try:
         with torch.no_grad():
             model(ids, use_cache=False)
@@ -48,6 +48,12 @@ def _layer_outputs(model, ids) -> dict:
         for handle in handles:
             handle.remove()
     return seen
+
+
+def _layer_outputs(model, ids) -> dict:
+    """What each attention layer computed before its output projection, in a plain pass of the model as it is."""
+    return _one_pass(model, ids, lambda layer, keep: layer.self_attn.o_proj.register_forward_pre_hook(
+        lambda _m, args: keep(args[0][0].detach())))
 
 
 def test_pattern_times_values_is_the_layer_output(model, ids, selections):
@@ -111,17 +117,9 @@ def _index_scores(attention, hidden, cos, sin) -> torch.Tensor:
 
 
 def test_float64_indexer_scores_pick_the_same_keys(model, ids, selections):
-    seen = {}
-    handles = [layer.self_attn.register_forward_pre_hook(
-        lambda _m, _a, kwargs, i=i: seen.__setitem__(i, (kwargs["hidden_states"][0],
-                                                         *(x[0] for x in kwargs["position_embeddings"]))),
-        with_kwargs=True) for i, layer in enumerate(model.model.layers)]
-    try:
-        with torch.no_grad():
-            model(ids, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen = _one_pass(model, ids, lambda layer, keep: layer.self_attn.register_forward_pre_hook(
+        lambda _m, _a, kwargs: keep((kwargs["hidden_states"][0], *(x[0] for x in kwargs["position_embeddings"]))),
+        with_kwargs=True))
     topk = model.config.index_topk
     strict = 0
     for layer, selection in selections.items():
