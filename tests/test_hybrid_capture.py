@@ -81,6 +81,12 @@ def test_linear_maps_rebuild_their_kernels_output(captures, name):
         rebuilt, output = record.mixed(w), record.output.float()
         assert torch.allclose(rebuilt, output, atol=2e-5 * float(output.abs().max()))
         assert np.array_equal(cap.layer_rows(layer, 3, 7, mixer="linear"), w[:, 3:7].numpy())
+        assert cap.layer_heads(layer, "linear") == cap.maps[layer].shape[0] == record.output.shape[1]
+
+
+def test_counting_a_linear_layers_heads_builds_no_map(folders):
+    cap = attnviz.capture(str(folders / "mamba2"), TEXT)
+    assert cap.layer_heads(0, "linear") == cap.mixers[0].output.shape[1] and 0 not in cap.maps
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])

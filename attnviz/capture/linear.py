@@ -84,7 +84,7 @@ def map_rows(capture, layer: int, start: int, stop: int, heads=None) -> np.ndarr
     builds a layer's whole map from its recorded kernel call the first time it is read and keeps it (read-only,
     shared by every session reading the capture); the long-text store builds what it is asked for each time."""
     maps, mixers = capture.maps, capture.mixers or {}
-    if maps is not None and layer in mixers:
+    if maps is not None and layer in mixers and layer not in maps:  # a built map is read with no lock
         with _building:  # one build per layer, however many sessions ask at once
             if layer not in maps:
                 maps.update(linear_maps(mixers, [layer]))

@@ -131,8 +131,9 @@ class AttentionCapture:
     def layer_heads(self, layer: int, mixer: str | None = None) -> int:
         """How many heads layer `layer` has: its attention's, or its linear mixer's (mixer: "linear" for a
         layer with both, as Falcon-H1's)."""
-        if self._is_linear(layer, mixer):
-            return int(linear.map_rows(self, int(layer), 0, 1).shape[0])
+        if self._is_linear(layer, mixer):  # from the map or the kernel call: counting builds no map
+            built = (self.maps or {}).get(int(layer))
+            return int(built.shape[0]) if built is not None else self.mixers[int(layer)].heads
         return self.n_heads
 
     def gate(self, layer: int) -> np.ndarray:

@@ -34,6 +34,11 @@ class DeltaCall:
     output: torch.Tensor
     kind = "gated delta rule"
 
+    @property
+    def heads(self) -> int:
+        """How many heads its map has: one per value head."""
+        return int(self.beta.shape[-1])
+
     def mixed(self, w: torch.Tensor) -> torch.Tensor:
         """The kernel's output rebuilt from a map: sum_s w_ts v_s; there is no other term."""
         return apply_map(w, self.value)
@@ -79,6 +84,11 @@ class SsdRecord:
     dt_limit: tuple
     output: torch.Tensor
     kind = "mamba2"
+
+    @property
+    def heads(self) -> int:
+        """How many heads its map has."""
+        return int(self.dt.shape[-1])
 
     def implicit_map(self, **options) -> torch.Tensor:
         """w [head, query, key] (attnviz.mixers.ssd.ssd_map)."""
