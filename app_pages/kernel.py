@@ -49,7 +49,6 @@ window = None if window == "off" or not causal else int(window)
 dtype = c6.selectbox("dtype", ["float32", "float16", "bfloat16"], key="kernel_dtype", persist_state="session")
 seed = int(c7.number_input("Seed for Q, K, V", 0, 10_000, 0, key="kernel_seed", persist_state="session"))
 settings = (n, d, block_m, block_n, causal, dtype, seed)
-uk.note_full_run()
 
 traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
 

@@ -55,18 +55,12 @@ def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) ->
                             "attnviz-kernel-prefetch")
 
 
-def note_full_run() -> None:
-    """Counts the page's full runs (called at its top): step_view's fragment then tells a Step move, which reruns
-    it alone, from a full run, which goes on to time the five methods."""
-    st.session_state["kernel_full_runs"] = st.session_state.get("kernel_full_runs", 0) + 1
-
-
 def fragment_alone() -> bool:
-    """Whether the step view's fragment runs alone (a Step move) rather than inside a full run (note_full_run)."""
-    runs = st.session_state.get("kernel_full_runs")
-    alone = st.session_state.get("kernel_fragment_seen") == runs
-    st.session_state["kernel_fragment_seen"] = runs
-    return alone
+    """Whether this is a rerun of a fragment alone (the kernel page's step view after a Step move) rather than a
+    full run of the page, which goes on to time the five methods: Streamlit names the fragments it reruns alone."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    return bool(getattr(get_script_run_ctx(), "fragment_ids_this_run", None))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
