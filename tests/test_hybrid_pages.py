@@ -13,7 +13,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import attnviz
-from attnviz.capture.linear import gate_sink_table
+from attnviz.capture.linear import gate_sink_table, gate_table
 from attnviz.sinks import sink_scores
 from attnviz.ui import CUSTOM_MODEL
 from tests import mixer_models
@@ -117,6 +117,9 @@ def test_gate_sink_table_equals_a_recomputation(root):
         assert row["mean gate"] == pytest.approx(float(gate[h].double().mean()), abs=1e-6)
         assert row["share of gates under 0.1"] == pytest.approx(float((gate[h] < 0.1).double().mean()), abs=1e-12)
     assert list(table["layer"]) == [3] * 4 and torch.is_tensor(gate)
+    mean, sparse = gate_table(cap, [3])[3]  # one layer's row of the table, as the Heads page reads it
+    np.testing.assert_allclose(mean, [float(gate[h].double().mean()) for h in range(4)], atol=1e-6)
+    assert gate_table(cap, []) == {}
 
 
 PICKERS = {"heads.py": "heads", "sinks.py": "sinks", "experiments.py": "exp", "positional.py": "pos_meas",

@@ -150,10 +150,13 @@ def mean_gate(capture, layer: int) -> np.ndarray:
     return gate_map(gates[layer]).numpy()
 
 
-def gate_table(capture) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """{gated layer: (mean gate per head, share of gates under 0.1 per head)} (attnviz.mixers.gates.gate_stats)."""
+def gate_table(capture, layers=None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{gated layer: (mean gate per head, share of gates under 0.1 per head)} (attnviz.mixers.gates.gate_stats), for
+    every gated layer or those of `layers`."""
     out = {}
     for layer, gate in sorted((capture.gates or {}).items()):
+        if layers is not None and layer not in layers:
+            continue
         stats = gate_stats(gate)
         out[layer] = (stats.mean.numpy(), stats.sparse.numpy())
     return out

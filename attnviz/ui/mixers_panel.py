@@ -130,7 +130,7 @@ def _gates(capture) -> None:
     st.caption("What to see: each head's output is multiplied, channel by channel, by sigmoid(gate); shown is the "
                "mean over the head's channels. Near 0 the head's output at that query is all but shut: the gate, "
                "not a sink token, lets a head attend nowhere (Qiu et al. 2025).")
-    mean, sparse = gate_table(capture)[layer]
+    mean, sparse = gate_table(capture, [layer])[layer]
     st.dataframe(pd.DataFrame({"head": range(len(mean)), "mean gate": mean, "share of gates under 0.1": sparse})
                  .round(4), hide_index=True)
     head = st.selectbox("Head for the gated contribution", list(range(gate.shape[0])), key="mixers_gate_head",
