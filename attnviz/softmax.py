@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.attention import attention_scores, layer_scores, masked_softmax, scaled_dot_product_attention
+from attnviz.attention import layer_scores, masked_softmax, scaled_dot_product_attention
 
 SATURATION_THRESHOLD = 0.99  # a row is "saturated" when one key takes more than 99 % of its weight
 SCALED, UNSCALED = "scaled", "unscaled"
@@ -133,15 +133,15 @@ def attention_scale(d_k: int, scaled: bool) -> float:
 
 
 def scores_and_pattern(q, k, *, scaled: bool, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """scores = q k^T * scale / T [n_query, n_key] and pattern = softmax(scores), through attnviz.attention.
+    """scores = q k^T * scale / T [n_query, n_key] and pattern = softmax(scores), in float64 numpy (attnviz's one
+    softmax, attention.masked_softmax: small torch ops pay thread-pool overheads that dominate the Softmax page's
+    sweeps, and on a loaded 2-core machine each cost milliseconds).
 
     q: [n_query, d_k], k: [n_key, d_k]; scale = 1/sqrt(d_k) when scaled, else 1.
     """
     q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
-    scale = attention_scale(q.shape[-1], scaled) / _check_temperature(temperature)
-    values = np.zeros((k.shape[0], 1))  # only the weights are needed here
-    _, pattern = scaled_dot_product_attention(q, k, values, scale=scale)
-    return attention_scores(q, k, scale=scale), pattern
+    scores = (q @ np.swapaxes(k, -1, -2)) * (attention_scale(q.shape[-1], scaled) / _check_temperature(temperature))
+    return scores, softmax(scores)
 
 
 def query_gradient(q, k, v, upstream, *, scale: float):
