@@ -116,8 +116,8 @@ def record_rows(record, start: int, stop: int, heads=None) -> np.ndarray:
 
 
 def streams_stats(capture, layer: int) -> bool:
-    """Whether layer_stats reads this layer a block of rows at a time (the capture kept its kernel call, as every
-    capture made in this process does), rather than from its whole map (a capture read from a file)."""
+    """Whether layer_stats reads this layer a block of rows at a time from its recorded kernel call (a capture made
+    from a model keeps it), rather than from its whole map (a capture read from a file)."""
     return int(layer) in (capture.mixers or {})
 
 
