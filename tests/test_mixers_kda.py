@@ -1,5 +1,6 @@
-"""attnviz.mixers.kda: Kimi Delta Attention's implicit map, checked against a float64 step-by-step reading of its
-recurrence written here, against transformers' own KDA kernels, and on a tiny random Kimi Linear model."""
+"""attnviz.mixers.kda: Kimi Delta Attention's implicit map, whole and a block of rows at a time, checked against a
+float64 step-by-step reading of its recurrence written here, against transformers' own KDA kernels, and on a tiny
+random Kimi Linear model; its statistics streamed over row blocks against those of the whole map."""
 
 from __future__ import annotations
 
@@ -152,3 +153,95 @@ def test_kda_call_from_a_carried_state_is_not_recorded():
     assert records == {}
     with pytest.raises(MixerError):
         record_of("chunk_kimi_delta_attention", 0, {"initial_state": torch.zeros(1)}, torch.zeros(1))
+
+
+def _blocks(rows_of):
+    """The blocks (a, b, rows) a row-block function yields, copied (its buffer is reused), checked to cover the
+    rows 0 .. n - 1 in order, each once, and put together as the [head, N, N] map they make (0 past each block's
+    last key b - 1)."""
+    blocks = [(a, b, rows.clone()) for a, b, rows in rows_of]
+    assert blocks[0][0] == 0 and all(x[1] == y[0] for x, y in zip(blocks, blocks[1:]))
+    heads, n = blocks[-1][2].shape[0], blocks[-1][1]
+    w = torch.full((heads, n, n), float("nan"), dtype=blocks[0][2].dtype)
+    for a, b, rows in blocks:
+        assert rows.shape == (heads, b - a, b)
+        w[:, a:b, :b], w[:, a:b, b:] = rows, 0
+    return w
+
+
+@pytest.mark.parametrize("l2norm", [True, False])
+def test_kda_rows_make_the_full_map_and_the_recurrence(l2norm):
+    from attnviz.mixers.kda import kda_rows
+
+    q, k, _, g, beta = _inputs(n=37)
+    want = recurrence(q, k, g, beta, l2norm=l2norm)
+    for chunk in (1, 5, 8, 64):  # 64: one block longer than the text
+        dense = kda_map(q, k, g, beta, l2norm=l2norm, chunk=chunk)
+        got = _blocks(kda_rows(q, k, g, beta, l2norm=l2norm, chunk=chunk))
+        assert (got - dense).abs().max() <= 1e-6 * dense.abs().max()  # the same products, float32 rounding
+        exact = _blocks(kda_rows(q, k, g, beta, l2norm=l2norm, chunk=chunk, dtype=torch.float64))
+        assert torch.allclose(exact, want, rtol=0, atol=1e-10)
+        for part in (slice(1, 3), slice(2, 3)):  # some heads: those heads' rows
+            some = _blocks(kda_rows(q, k, g, beta, l2norm=l2norm, chunk=chunk, dtype=torch.float64, heads=part))
+            assert torch.allclose(some, want[part], rtol=0, atol=1e-10)
+
+
+def test_kda_rows_rebuild_transformers_output():
+    from transformers.models.kimi_linear.modeling_kimi_linear import recurrent_kimi_delta_attention
+
+    from attnviz.mixers.kda import kda_rows
+
+    q, k, v, g, beta = _inputs(n=29)
+    step, _ = recurrent_kimi_delta_attention(q[None], k[None], v[None], g=g[None], beta=beta[None],
+                                             initial_state=None, output_final_state=False,
+                                             use_qk_l2norm_in_kernel=True)
+    w = _blocks(kda_rows(q, k, g, beta, chunk=8))
+    _close(apply_map(w, v), step[0])
+
+
+def test_kda_rows_keep_a_channel_that_does_not_forget():
+    # every channel but one forgets at once: the decay's bound is its slowest channel's, so keys far back stay
+    # (a bound from the mean or the fastest channel would drop them); the fast channels' entries are set to 0
+    from attnviz.mixers.kda import kda_rows
+
+    q, k, _, g, beta = _inputs(n=80, dk=4)
+    g[:, :, 1:] = -60.0
+    g[:, :, 0] = 0.0
+    beta = beta * 0.2  # small corrections: channel 0 keeps much of what it holds
+    want = recurrence(q, k, g, beta)
+    assert want[:, 70:, :10].abs().max() > 1e-3  # the far keys still matter
+    for got in (_blocks(kda_rows(q, k, g, beta, chunk=16)), kda_map(q, k, g, beta, chunk=16)):
+        _close(got, want)
+        _close(got[:, 70:, :10], want[:, 70:, :10])  # on their own scale
+
+
+def test_kda_record_rows_rebuild_the_kernel_output():
+    model = mixer_models.build("kimi_linear")
+    record = mixer_records(model, mixer_models.text_ids(70))[0]
+    for block in (None, 16):  # the kernel's chunk of 64: two blocks; 16: five
+        w = _blocks(record.rows(block=block))
+        assert w.shape == (record.heads, 70, 70)
+        _close(record.mixed(w), record.output)
+    exact = _blocks(record.rows(dtype=torch.float64, heads=slice(1, record.heads)))
+    assert torch.allclose(exact, recurrence(record.query, record.key, record.g, record.beta)[1:], rtol=0, atol=1e-10)
+
+
+def test_kda_streamed_stats_equal_the_full_maps():
+    import numpy as np
+
+    from attnviz.mixers.stats import linear_stats, map_stats, record_stats
+
+    half = torch.randint(0, 256, (25,), generator=torch.Generator().manual_seed(3))
+    tokens = torch.cat([half, half]).tolist()  # a repeat: induction targets
+    q, k, v, g, beta = _inputs(n=50, strength=0.05)  # slow decay: weight far back, every statistic away from 0
+    record = KdaRecord(0, q, k, v, g, beta, True, None)
+    want = map_stats(recurrence(q, k, g, beta).numpy(), tokens)  # dense, on the float64 recurrence
+    assert (want["half_mass_distance"] >= 3).all() and (want["induction"] > 0.01).all()
+    found = [(map_stats(kda_map(q, k, g, beta).numpy(), tokens), 2e-5),  # the full map attnviz builds
+             (linear_stats({4: record}, tokens)[4], 2e-5)]  # the record's own block, 64: one block
+    for block in (3, 16, 50):
+        found += [(record_stats(record, tokens, block=block, dtype=torch.float64), 1e-10),
+                  (record_stats(record, tokens, block=block), 2e-5)]  # float32 rows
+    for got, rtol in found:
+        for key in ("prev_token", "induction", "distance_profile", "half_mass_distance"):
+            np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=rtol * 1e-3, err_msg=key)

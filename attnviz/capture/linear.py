@@ -19,7 +19,6 @@ from attnviz.mixers.gates import gate_map, gate_stats, record_gates
 from attnviz.mixers.kinds import module_kinds
 from attnviz.mixers.maps import SOFTMAX_KINDS
 from attnviz.mixers.record import mixer_modules, record_mixers
-from attnviz.mixers.records import DeltaRuleRecord, SsdRecord
 from attnviz.mixers.stats import map_stats, record_stats
 
 LINEAR_NOTE = ("A linear mixer's implicit map is not a probability: o_t = Σ_s w_ts v_s exactly, its weights can be "
@@ -98,24 +97,14 @@ def map_rows(capture, layer: int, start: int, stop: int, heads=None) -> np.ndarr
     return block if heads is None else block[list(heads)]
 
 
-def _rows_of(record, heads: slice):
-    """The record's map rows a block at a time (records: DeltaRuleRecord.rows, SsdRecord.rows), or None for a kind
-    without a row-block form (Kimi Delta Attention: its whole map)."""
-    return record.rows(heads=heads) if isinstance(record, (DeltaRuleRecord, SsdRecord)) else None
-
-
 def record_rows(record, start: int, stop: int, heads=None) -> np.ndarray:
     """Rows start .. stop - 1 of a recorded mixer's implicit map [head, rows, key] float32, built a block of rows at
-    a time up to `stop` (never the N x N map, where the kind has a row-block form): the long-text store's read."""
-    n = record.output.shape[0]
+    a time up to `stop` (the record's rows, never the N x N map): the long-text store's read."""
+    n = record.n_tokens
     picked = None if heads is None else [int(h) for h in heads]
     span = slice(None) if picked is None else slice(min(picked), max(picked) + 1)
-    blocks = _rows_of(record, span)
-    if blocks is None:
-        whole = record.implicit_map()[:, start:stop].float().numpy()
-        return whole if picked is None else whole[picked]
     out = None
-    for a, b, rows in blocks:
+    for a, b, rows in record.rows(heads=span):
         if out is None:
             out = np.zeros((rows.shape[0], stop - start, n), dtype=np.float32)
         lo, hi = max(a, start), min(b, stop)
@@ -127,15 +116,15 @@ def record_rows(record, start: int, stop: int, heads=None) -> np.ndarray:
 
 
 def streams_stats(capture, layer: int) -> bool:
-    """Whether layer_stats reads this layer a block of rows at a time (its record is a gated delta rule's or a
-    Mamba2 scan's), rather than from its whole map."""
-    return isinstance((capture.mixers or {}).get(int(layer)), (DeltaRuleRecord, SsdRecord))
+    """Whether layer_stats reads this layer a block of rows at a time from its recorded kernel call (a capture made
+    from a model keeps it), rather than from its whole map (a capture read from a file)."""
+    return int(layer) in (capture.mixers or {})
 
 
 def layer_stats(capture, layer: int) -> dict:
     """A linear layer's statistics on |w| (attnviz.mixers.stats: prev_token, induction, distance_profile,
     half_mass_distance per head): streamed over row blocks from its record (no N x N array), else (a capture read
-    from a file, or Kimi Delta Attention) from its map."""
+    from a file) from its map."""
     if streams_stats(capture, layer):
         return record_stats(capture.mixers[int(layer)], capture.token_ids)
     return map_stats(capture.layer_rows(layer, mixer="linear"), capture.token_ids)

@@ -33,9 +33,10 @@ LOCAL_BATCH = 64  # (head, chunk) pairs whose own work _local batches: [64, 128,
 
 def prepared(query, key, g, beta, *, l2norm: bool, dtype=torch.float32, heads: slice = slice(None)):
     """The kernel's own preparation: q, k [head, N, dk] (k heads repeated to the value heads, l2-normalised if
-    `l2norm`, q scaled by dk^-1/2), g, beta [head, N]. query, key [N, k heads, dk]; g, beta [N, value heads].
-    heads: only these value heads (each value head h reads k head h // (value heads / k heads), as the kernel's
-    repeat_interleave)."""
+    `l2norm`, q scaled by dk^-1/2), g [head, N] (or [head, N, dk]), beta [head, N]. query, key [N, k heads, dk];
+    g [N, value heads], or [N, value heads, dk] for a decay per key channel (Kimi Delta Attention, attnviz.mixers.kda);
+    beta [N, value heads]. heads: only these value heads (each value head h reads k head
+    h // (value heads / k heads), as the kernel's repeat_interleave)."""
     chosen = torch.arange(beta.shape[-1], device=beta.device)[heads]
     # [head, N, dk], contiguous copies (index_select's result), normalised in place: no second copy at a time
     query, key = (x.transpose(0, 1).index_select(0, chosen // (beta.shape[-1] // x.shape[1])).to(dtype)
@@ -58,21 +59,29 @@ def delta_rule_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHU
     its own, and S moves past the chunk as F S, where, with G the running log decay inside the chunk,
     Gamma_ts = e^(G_t - G_s) (s <= t), A = strictly lower (beta_t Gamma_ts k_t.k_s), T = (I + A)^-1,
     M = lower (Q K^T * Gamma): Q_hat = e^G Q - M T (beta e^G K) and F = e^(G_last) I - (K e^(G_last - G))^T T
-    (beta e^G K), the chunk's transition P_last ... P_first in WY form. Multiply-adds per head: N^2 (dk + dk^2 /
-    chunk) / 2 for the earlier keys, about 6 N chunk dk for the chunks' own, no N^2 dk^2 term. Keys whose decay
-    since has fallen under TINY (1e-18) get weight 0 (see _bury). out: a [value head, N, N] tensor of `dtype` to
-    write w into (every entry is written); returned. Without it, w is fresh zeroed memory (zeros_for) and only its
-    weights that are not 0 are written. The heads are split into a group per core, each run on one core
-    (head_groups, attnviz.cores.run_each): no operator forks and joins over the cores, which a busy machine's other
-    threads slow many times over."""
-    q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype)
+    (beta e^G K), the chunk's transition P_last ... P_first in WY form (_chunk). Multiply-adds per head: N^2 (dk +
+    dk^2 / chunk) / 2 for the earlier keys, about 6 N chunk dk for the chunks' own, no N^2 dk^2 term. The loop over
+    chunks, the memory and the cores: chunked_map (out: where to write w)."""
+    return chunked_map(prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype), _chunk, chunk=chunk,
+                       l2norm=l2norm, out=out)
+
+
+def chunked_map(prepared_qkgb, chunk_of, *, chunk: int, l2norm: bool, out: torch.Tensor | None = None):
+    """w [head, N, N] of a delta rule's chunkwise form, for the prepared (q, k, g, beta) (prepared) and the
+    kind's chunk maths chunk_of (this module's _chunk for a scalar decay, attnviz.mixers.kda's for a decay per key
+    channel): the rows of chunked_rows written in place. Keys whose decay since has fallen under TINY (1e-18) get
+    weight 0 (see _bury). out: a [head, N, N] tensor of q's dtype to write w into (every entry is written);
+    returned. Without it, w is fresh zeroed memory (zeros_for) and only its weights that are not 0 are written. The
+    heads are split into a group per core, each run on one core (head_groups, attnviz.cores.run_each): no operator
+    forks and joins over the cores, which a busy machine's other threads slow many times over."""
+    q, k, g, beta = prepared_qkgb
     heads, n, _ = q.shape
     fresh = out is None
-    out = zeros_for((heads, n, n), dtype, q.device) if fresh else checked_out(out, (heads, n, n), dtype)
+    out = zeros_for((heads, n, n), q.dtype, q.device) if fresh else checked_out(out, (heads, n, n), q.dtype)
 
     def group(part: slice) -> None:
         w = out[part]
-        for a, b, _ in _rows(q[part], k[part], g[part], beta[part], chunk=chunk, l2norm=l2norm,
+        for a, b, _ in _rows(q[part], k[part], g[part], beta[part], chunk_of, chunk=chunk, l2norm=l2norm,
                              into=lambda a, b: w[:, a:b], zeroed=fresh):
             if not fresh:
                 w[:, a:b, b:] = 0
@@ -107,30 +116,41 @@ def checked_out(out: torch.Tensor, shape, dtype) -> torch.Tensor:
 
 def delta_rule_rows(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK, dtype=torch.float32,
                     into=None, heads: slice = slice(None)):
-    """The rows of delta_rule_map a chunk at a time, never an N x N array: yields (a, b, rows), rows
-    [value head, b - a, b] the map's rows a .. b - 1 on keys 0 .. b - 1 (every later key's weight is 0), equal to
-    delta_rule_map(...)[:, a:b, :b] (the same products). into(a, b): where to write them, a [value head, b - a, >= b]
-    tensor (its first b columns are written); by default one buffer that every chunk's rows reuse, so each block
-    is valid until the next is asked for. Memory: the state, 2 [value head, dk, N], and one block. heads: only
-    these value heads (rows [len, b - a, b])."""
-    q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype, heads=heads)
+    """The rows of delta_rule_map a chunk at a time, never an N x N array (chunked_rows): yields (a, b, rows), rows
+    [value head, b - a, b] the map's rows a .. b - 1 on keys 0 .. b - 1, equal to delta_rule_map(...)[:, a:b, :b]
+    (the same products). heads: only these value heads (rows [len, b - a, b])."""
+    yield from chunked_rows(prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype, heads=heads), _chunk,
+                            chunk=chunk, l2norm=l2norm, into=into)
+
+
+def chunked_rows(prepared_qkgb, chunk_of, *, chunk: int, l2norm: bool, into=None):
+    """The rows of chunked_map(prepared_qkgb, chunk_of, ...) a chunk at a time: yields (a, b, rows), rows
+    [head, b - a, b] the map's rows a .. b - 1 on keys 0 .. b - 1 (every later key's weight is 0). into(a, b):
+    where to write them, a [head, b - a, >= b] tensor (its first b columns are written); by default one buffer that
+    every chunk's rows reuse, so each block is valid until the next is asked for. Memory: the state,
+    2 [head, dk, N], and one block."""
+    q, k, g, beta = prepared_qkgb
     size, n, _ = q.shape
     if into is None:
-        flat = torch.empty(size * min(chunk, n) * n, dtype=dtype, device=q.device)
+        flat = torch.empty(size * min(chunk, n) * n, dtype=q.dtype, device=q.device)
         into = lambda a, b: flat[:size * (b - a) * b].view(size, b - a, b)  # noqa: E731
-    yield from _rows(q, k, g, beta, chunk=chunk, l2norm=l2norm, into=into)
+    yield from _rows(q, k, g, beta, chunk_of, chunk=chunk, l2norm=l2norm, into=into)
 
 
-def _rows(q, k, g, beta, *, chunk: int, l2norm: bool, into, zeroed: bool = False):
+def _rows(q, k, g, beta, chunk_of, *, chunk: int, l2norm: bool, into, zeroed: bool = False):
     """(a, b, rows a .. b - 1 on keys 0 .. b - 1) of the map of prepared q, k, g, beta, a chunk at a time, written
-    into into(a, b)[:, :, :b] (delta_rule_map's docstring says how); zeroed: into's arrays are 0 already, so the
-    forgotten keys' zeros are not written."""
+    into into(a, b)[:, :, :b] (delta_rule_map's docstring says how; chunk_of: the chunk's maths, chunked_map's);
+    zeroed: into's arrays are 0 already, so the forgotten keys' zeros are not written. With a decay per key channel
+    (g [head, N, dk]) one entry of a column can fall under TINY while the others do not: the earlier keys' state
+    entries under TINY are set to 0 after each transition (_bury sets whole columns only)."""
     heads, n, dk = q.shape
+    per_channel = g.dim() == 3
     # [head, dk, key], two buffers: each chunk's products write in place (torch.bmm's out), the state to the other
     state, spare = (torch.zeros(heads, dk, n, dtype=q.dtype, device=q.device) for _ in range(2))
-    total = g.double().cumsum(-1)  # [head, N]: the log decay from the first token
+    # [head, N]: the log of a bound on the decay from the first token, the largest channel's (_bury)
+    total = (g.amax(-1) if per_channel else g).double().cumsum(-1)
     dead = [0] * heads  # per head, the earlier keys whose state columns are 0 for good
-    for a, b, q_hat, own, transition, entering in _local(q, k, g, beta, chunk):
+    for a, b, q_hat, own, transition, entering in _local(q, k, g, beta, chunk_of, chunk):
         rows = into(a, b)[:, :, :b]
         rows[:, :, a:b] = own
         live = min(dead)
@@ -140,14 +160,17 @@ def _rows(q, k, g, beta, *, chunk: int, l2norm: bool, into, zeroed: bool = False
             torch.bmm(q_hat, state[:, :, live:a], out=rows[:, :, live:a])
             torch.bmm(transition, state[:, :, live:a], out=spare[:, :, live:a])
             state, spare = spare, state
+            if per_channel:
+                earlier = state[:, :, live:a]
+                earlier.masked_fill_(earlier.abs() <= TINY, 0)
         state[:, :, a:b] = entering
         if l2norm:
             _bury(state, spare, total[:, :b], dead)
         yield a, b, rows
 
 
-def _local(q, k, g, beta, chunk: int):
-    """(a, b, Q_hat, own block, F, entering columns) of each chunk, in order (_chunk's), computed for
+def _local(q, k, g, beta, chunk_of, chunk: int):
+    """(a, b, Q_hat, own block, F, entering columns) of each chunk, in order (chunk_of's), computed for
     LOCAL_BATCH // heads chunks at once (one batched product each instead of one per chunk); the text padded to a
     whole number of chunks with zero keys and queries, g = beta = 0, which no real row reads."""
     heads, n, dk = q.shape
@@ -157,7 +180,7 @@ def _local(q, k, g, beta, chunk: int):
         m, pad = -(-(stop - start) // chunk), -(stop - start) % chunk
         parts = [torch.nn.functional.pad(x[:, start:stop], (0, 0, 0, pad) if x.dim() == 3 else (0, pad))
                  for x in (q, k, g, beta)]
-        q_hat, own, transition, entering = (x.view(heads, m, *x.shape[1:]) for x in _chunk(
+        q_hat, own, transition, entering = (x.view(heads, m, *x.shape[1:]) for x in chunk_of(
             *(x.reshape(heads * m, chunk, *x.shape[2:]) for x in parts)))
         for i in range(m):
             a = start + i * chunk
@@ -168,9 +191,10 @@ def _local(q, k, g, beta, chunk: int):
 
 def _bury(state, spare, total, dead: list[int]) -> None:
     """Sets to 0 the state columns of keys whose decay since has fallen under TINY. With unit keys and beta in
-    (0, 1), every P_r is a contraction, so column s is at most e^(total_now - total_s) in norm: these columns hold
-    nothing a float32 sum can see, and as subnormal numbers they would slow every later product many times over.
-    total: [head, b], the running log decay up to the state's position b - 1."""
+    (0, 1), I - beta_r k_r k_r^T is a contraction, so P_r's norm is at most its largest channel's decay (alpha_r for
+    a scalar decay), and column s is at most e^(total_now - total_s) in norm: these columns hold nothing a float32
+    sum can see, and as subnormal numbers they would slow every later product many times over. total: [head, b],
+    the running sum of the log of that bound up to the state's position b - 1."""
     gone = ((total[:, -1:] - total) < math.log(TINY)).sum(-1).tolist()  # a prefix: total only falls
     for head, (before, now) in enumerate(zip(dead, gone)):
         if now > before:
@@ -185,20 +209,21 @@ def _chunk(q, k, g, beta):
     size, dk = q.shape[-2:]
     cum = g.cumsum(-1)  # [batch, C]: G_t, the log decay from the chunk's start to t
     # Gamma: e^(G_t - G_s) on and below the diagonal (tril_ writes 0 over the upper triangle's overflow)
-    decay = _flushed((cum[:, :, None] - cum[:, None, :]).exp_()).tril_()
+    decay = flushed((cum[:, :, None] - cum[:, None, :]).exp_()).tril_()
     kt = k.transpose(-1, -2)
     strict = torch.bmm(k, kt).mul_(decay).mul_(beta[:, :, None])  # A: Gamma is 0 above the diagonal
     strict.diagonal(dim1=-2, dim2=-1).zero_()
-    inverse = unit_lower_inverse(_flushed(strict))  # T
-    mixed = _flushed(torch.bmm(torch.bmm(q, kt).mul_(decay), inverse))  # M T
-    grow = _exp_(cum.clone())  # e^G
+    inverse = unit_lower_inverse(flushed(strict))  # T
+    mixed = flushed(torch.bmm(torch.bmm(q, kt).mul_(decay), inverse))  # M T
+    grow = exp_flushed_(cum.clone())  # e^G
     k_in = k * (beta * grow)[:, :, None]  # beta e^G K: what the earlier state subtracts
     q_hat = torch.baddbmm(grow[:, :, None] * q, mixed, k_in, alpha=-1)
-    k_out = torch.bmm((k * _exp_(cum[:, -1:] - cum)[:, :, None]).transpose(-1, -2), inverse)  # (K e^(G_last-G))^T T
+    # (K e^(G_last - G))^T T
+    k_out = torch.bmm((k * exp_flushed_(cum[:, -1:] - cum)[:, :, None]).transpose(-1, -2), inverse)
     eye = torch.eye(dk, dtype=q.dtype, device=q.device)
-    transition = torch.baddbmm(_exp_(cum[:, -1, None, None].clone()) * eye, k_out, k_in, alpha=-1)
-    return (_flushed(q_hat), mixed.mul_(beta[:, None, :]), _flushed(transition),
-            _flushed(k_out.mul_(beta[:, None, :])))
+    transition = torch.baddbmm(exp_flushed_(cum[:, -1, None, None].clone()) * eye, k_out, k_in, alpha=-1)
+    return (flushed(q_hat), mixed.mul_(beta[:, None, :]), flushed(transition),
+            flushed(k_out.mul_(beta[:, None, :])))
 
 
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
@@ -209,24 +234,24 @@ def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     size = a.shape[-1]
     eye = torch.eye(size, dtype=a.dtype, device=a.device)
     if size <= 16:
-        inverse, power = eye - a, _flushed(a @ a)
+        inverse, power = eye - a, flushed(a @ a)
         for _ in range(max(size - 1, 1).bit_length() - 1):
-            inverse, power = _flushed(inverse @ (eye + power)), _flushed(power @ power)
+            inverse, power = flushed(inverse @ (eye + power)), flushed(power @ power)
         return inverse
     h = size // 2  # the blocks made contiguous: batched products of strided views take a slow path
     top, bottom = unit_lower_inverse(a[..., :h, :h].contiguous()), unit_lower_inverse(a[..., h:, h:].contiguous())
     inverse = torch.zeros_like(a)
     inverse[..., :h, :h], inverse[..., h:, h:] = top, bottom
-    inverse[..., h:, :h] = -_flushed(_flushed(bottom @ a[..., h:, :h].contiguous()) @ top)
+    inverse[..., h:, :h] = -flushed(flushed(bottom @ a[..., h:, :h].contiguous()) @ top)
     return inverse
 
 
-def _exp_(x: torch.Tensor) -> torch.Tensor:
+def exp_flushed_(x: torch.Tensor) -> torch.Tensor:
     """exp(x), 0 where it would be under TINY; in place, x returned."""
     return x.masked_fill_(x < math.log(TINY), float("-inf")).exp_()
 
 
-def _flushed(x: torch.Tensor) -> torch.Tensor:
+def flushed(x: torch.Tensor) -> torch.Tensor:
     """x with its entries of magnitude TINY or less set to 0 (one pass: torch's hardshrink)."""
     return torch.nn.functional.hardshrink(x, TINY)
 

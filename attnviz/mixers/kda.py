@@ -19,26 +19,16 @@ part of w either.
 
 from __future__ import annotations
 
-import math
 import torch
 
-from attnviz.mixers.delta import TINY, unit_lower_inverse
+from attnviz.mixers.delta import chunked_map, chunked_rows, exp_flushed_, flushed, prepared, unit_lower_inverse
 
 CHUNK = 64  # the reference kernel's chunk
-BLOCK = 16  # inside a chunk, pairs of tokens this close have their decays as a [head, block, block, dk] array
+BLOCK = 16  # inside a chunk, pairs of tokens this close have their decays as a [batch, block, block, dk] array
 
 
-def prepared(query, key, g, beta, *, l2norm: bool, dtype=torch.float32):
-    """The kernel's own preparation: q, k, g [head, N, dk] (l2-normalised if `l2norm`, q scaled by dk^-1/2),
-    beta [head, N]. query, key, g: [N, head, dk]; beta: [N, head]."""
-    q, k, g, beta = (x.transpose(0, 1).to(dtype) for x in (query, key, g, beta))
-    if l2norm:
-        q, k = (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
-    return q * q.shape[-1] ** -0.5, k, g, beta
-
-
-def kda_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK,
-            dtype=torch.float32) -> torch.Tensor:
+def kda_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK, dtype=torch.float32,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """w [head, query, key] of a Kimi Delta Attention layer, so that o = w @ v per head.
 
     query, key, g: [N, head, dk] as the kernel receives them (g the log decay of each key channel); beta:
@@ -48,47 +38,43 @@ def kda_map(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK,
     earlier keys and M T beta for its own, and Z moves past the chunk as F Z. With G_t [dk] the running log decay
     inside the chunk and Gamma_tsc = e^(G_tc - G_sc) (s <= t): A = strictly lower (beta_t sum_c k_tc k_sc
     Gamma_tsc), T = (I + A)^-1, M = lower (sum_c q_tc k_sc Gamma_tsc); Q_hat = q e^G - M T (beta k e^G),
-    F = diag(e^(G_last)) - (k e^(G_last - G))^T T (beta k e^G). Multiply-adds per head: N^2 (dk + dk^2 / chunk) / 2
-    for the earlier keys, about N chunk dk for the chunks' own. Entries under TINY (1e-18) are set to 0 where they
-    would be carried on (as in attnviz.mixers.delta: below float32's resolution of any sum they enter, and slow as
-    subnormal numbers)."""
-    q, k, g, beta = prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype)
-    heads, n, dk = q.shape
-    w = torch.zeros(heads, n, n, dtype=dtype, device=q.device)
-    # [head, dk, key]: Z for the keys before the chunk, two buffers so that each product writes in place (bmm's out)
-    state, spare = (torch.zeros(heads, dk, n, dtype=dtype, device=q.device) for _ in range(2))
-    for a in range(0, n, chunk):
-        b = min(a + chunk, n)
-        q_hat, own, transition, entering = _chunk(q[:, a:b], k[:, a:b], g[:, a:b], beta[:, a:b])
-        w[:, a:b, a:b] = own
-        if a:
-            torch.bmm(q_hat, state[:, :, :a], out=w[:, a:b, :a])
-            torch.bmm(transition, state[:, :, :a], out=spare[:, :, :a])
-            state, spare = spare, state
-            earlier = state[:, :, :a]
-            earlier.masked_fill_(earlier.abs() < TINY, 0)
-        state[:, :, a:b] = entering
-    return w
+    F = diag(e^(G_last)) - (k e^(G_last - G))^T T (beta k e^G) (_chunk). Multiply-adds per head:
+    N^2 (dk + dk^2 / chunk) / 2 for the earlier keys, about N chunk dk for the chunks' own. The loop over chunks,
+    the preparation of q and k, the entries under TINY (1e-18) set to 0, the memory, the cores and out are the
+    gated delta rule's (attnviz.mixers.delta: prepared, chunked_map): only the chunk's maths differs."""
+    return chunked_map(prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype), _chunk, chunk=chunk,
+                       l2norm=l2norm, out=out)
+
+
+def kda_rows(query, key, g, beta, *, l2norm: bool = True, chunk: int = CHUNK, dtype=torch.float32, into=None,
+             heads: slice = slice(None)):
+    """The rows of kda_map a chunk at a time, never an N x N array (attnviz.mixers.delta.chunked_rows): yields
+    (a, b, rows), rows [head, b - a, b] the map's rows a .. b - 1 on keys 0 .. b - 1, equal to
+    kda_map(...)[:, a:b, :b] (the same products). heads: only these heads (rows [len, b - a, b])."""
+    yield from chunked_rows(prepared(query, key, g, beta, l2norm=l2norm, dtype=dtype, heads=heads), _chunk,
+                            chunk=chunk, l2norm=l2norm, into=into)
 
 
 def _chunk(q, k, g, beta):
-    """One chunk's Q_hat [head, C, dk], its own block of w [head, C, C], its transition F [head, dk, dk] and the
-    state columns of its own keys at its end [head, dk, C]; q, k, g [head, C, dk], beta [head, C]."""
-    cum = g.cumsum(1)  # [head, C, dk]: G_t, each channel's log decay from the chunk's start to t
+    """Chunks' Q_hat [batch, C, dk], own blocks of w [batch, C, C], transitions F [batch, dk, dk] and the state
+    columns of their own keys at their ends [batch, dk, C]; q, k, g [batch, C, dk], beta [batch, C] (a batch of
+    (head, chunk) pairs, as attnviz.mixers.delta's loop asks for them)."""
+    cum = g.cumsum(1)  # [batch, C, dk]: G_t, each channel's log decay from the chunk's start to t
     kk, qk = _decayed(k, cum, k, q)
     strict = (beta[:, :, None] * kk).tril(-1)  # A
-    inverse = unit_lower_inverse(_flushed(strict))  # T
-    mixed = _flushed(qk @ inverse)  # M T
-    k_in = k * beta[:, :, None] * _exp(cum)  # beta k e^G: what the earlier state subtracts
-    q_hat = q * _exp(cum) - mixed @ k_in
-    k_out = (k * _exp(cum[:, -1:] - cum)).transpose(-1, -2) @ inverse  # (k e^(G_last - G))^T T: [head, dk, C]
-    transition = torch.diag_embed(_exp(cum[:, -1])) - k_out @ k_in
-    return _flushed(q_hat), mixed * beta[:, None, :], _flushed(transition), _flushed(k_out * beta[:, None, :])
+    inverse = unit_lower_inverse(flushed(strict))  # T
+    mixed = flushed(qk @ inverse)  # M T
+    grow = exp_flushed_(cum.clone())  # e^G
+    k_in = k * beta[:, :, None] * grow  # beta k e^G: what the earlier state subtracts
+    q_hat = q * grow - mixed @ k_in
+    k_out = (k * exp_flushed_(cum[:, -1:] - cum)).transpose(-1, -2) @ inverse  # (k e^(G_last - G))^T T
+    transition = torch.diag_embed(exp_flushed_(cum[:, -1].clone())) - k_out @ k_in
+    return flushed(q_hat), mixed * beta[:, None, :], flushed(transition), flushed(k_out * beta[:, None, :])
 
 
 def _decayed(k, cum, *xs, block: int = BLOCK) -> list[torch.Tensor]:
-    """For each x of xs, [head, C, C]: sum_c x_tc k_sc Gamma_tsc for s <= t, 0 above; x, k, cum [head, C, dk].
-    Pairs inside a block of `block` tokens directly ([head, block, block, dk] decays, made once for every x); pairs
+    """For each x of xs, [batch, C, C]: sum_c x_tc k_sc Gamma_tsc for s <= t, 0 above; x, k, cum [batch, C, dk].
+    Pairs inside a block of `block` tokens directly ([batch, block, block, dk] decays, made once for every x); pairs
     across blocks as one product split at the last token r before t's block, e^(G_t - G_s) = e^(G_t - G_r)
     e^(G_r - G_s), both factors at most 1 (G only falls), so neither overflows and a factor that underflows stands
     for a product that is smaller still."""
@@ -98,21 +84,11 @@ def _decayed(k, cum, *xs, block: int = BLOCK) -> list[torch.Tensor]:
         b = min(a + block, size)
         lower = torch.ones(b - a, b - a, dtype=torch.bool, device=k.device).tril()
         gaps = (cum[:, a:b, None, :] - cum[:, None, a:b, :]).masked_fill(~lower[:, :, None], float("-inf"))
-        near = k[:, None, a:b, :] * _exp(gaps)  # [head, t, s, dk]
-        r = cum[:, a - 1:a]  # [head, 1, dk]: the log decay at the last token before the block
-        far = (k[:, :a] * _exp(r - cum[:, :a])).transpose(-1, -2) if a else None  # [head, dk, a]
+        near = k[:, None, a:b, :] * exp_flushed_(gaps)  # [batch, t, s, dk]
+        r = cum[:, a - 1:a]  # [batch, 1, dk]: the log decay at the last token before the block
+        far = (k[:, :a] * exp_flushed_(r - cum[:, :a])).transpose(-1, -2) if a else None  # [batch, dk, a]
         for x, out in zip(xs, outs):
             out[:, a:b, a:b] = (x[:, a:b, None, :] * near).sum(-1)
             if a:
-                out[:, a:b, :a] = (x[:, a:b] * _exp(cum[:, a:b] - r)) @ far
+                out[:, a:b, :a] = (x[:, a:b] * exp_flushed_(cum[:, a:b] - r)) @ far
     return outs
-
-
-def _exp(x: torch.Tensor) -> torch.Tensor:
-    """exp(x), 0 where it would be under TINY."""
-    return x.masked_fill(x < math.log(TINY), float("-inf")).exp()
-
-
-def _flushed(x: torch.Tensor) -> torch.Tensor:
-    """x with its entries under TINY in magnitude set to 0."""
-    return x.masked_fill(x.abs() < TINY, 0)

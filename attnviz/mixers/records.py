@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.errors import AttnvizError
+from attnviz.mixers import delta, kda
 from attnviz.mixers.delta import apply_map, delta_rule_map, delta_rule_rows
-from attnviz.mixers.kda import kda_map
+from attnviz.mixers.kda import kda_map, kda_rows
 from attnviz.mixers.ssd import apply_ssd, ssd_map, ssd_rows
 
 
@@ -22,7 +23,8 @@ class DeltaCall:
     """A delta rule kernel call: query, key [N, k heads, dk]; value [N, value heads, dv]; g (log decay), beta
     [N, value heads]; l2norm: the kernel's use_qk_l2norm_in_kernel; output [N, value heads, dv]: what the kernel
     returned (before the layer's gated RMSNorm and output projection). The two kinds below differ in g and so in
-    their map."""
+    their map. Every record reads its map whole (implicit_map) or `block` rows at a time (rows; block: its
+    default, the rows per block a streamed read takes)."""
 
     layer: int
     query: torch.Tensor
@@ -39,6 +41,11 @@ class DeltaCall:
         """How many heads its map has: one per value head."""
         return int(self.beta.shape[-1])
 
+    @property
+    def n_tokens(self) -> int:
+        """How many tokens (rows and keys) its map has."""
+        return int(self.beta.shape[0])
+
     def mixed(self, w: torch.Tensor) -> torch.Tensor:
         """The kernel's output rebuilt from a map: sum_s w_ts v_s; there is no other term."""
         return apply_map(w, self.value)
@@ -47,23 +54,34 @@ class DeltaCall:
 class DeltaRuleRecord(DeltaCall):
     """A gated delta rule call (Qwen3-Next, Qwen3.5): g [N, value heads], one log decay per head."""
 
+    block = delta.CHUNK
+
     def implicit_map(self, **options) -> torch.Tensor:
         """w [value head, query, key] (attnviz.mixers.delta.delta_rule_map)."""
         return delta_rule_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
 
-    def rows(self, **options):
-        """The map's rows a chunk at a time (attnviz.mixers.delta.delta_rule_rows; options: chunk, dtype, into,
-        heads)."""
-        return delta_rule_rows(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
+    def rows(self, block: int | None = None, **options):
+        """The map's rows a chunk of `block` rows at a time (attnviz.mixers.delta.delta_rule_rows; options: dtype,
+        into, heads)."""
+        return delta_rule_rows(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, chunk=block or self.block,
+                               **options)
 
 
 class KdaRecord(DeltaCall):
     """A Kimi Delta Attention call (chunk_kimi_delta_attention): query, key, value [N, head, d], after the short
     convolution; g [N, head, dk], each key channel's log decay (attnviz.mixers.kda)."""
 
+    block = kda.CHUNK
+
     def implicit_map(self, **options) -> torch.Tensor:
-        """w [head, query, key] (attnviz.mixers.kda.kda_map); options: chunk, dtype."""
+        """w [head, query, key] (attnviz.mixers.kda.kda_map); options: chunk, dtype, out."""
         return kda_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
+
+    def rows(self, block: int | None = None, **options):
+        """The map's rows a chunk of `block` rows at a time (attnviz.mixers.kda.kda_rows; options: dtype, into,
+        heads)."""
+        return kda_rows(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, chunk=block or self.block,
+                        **options)
 
 
 @dataclass(frozen=True)
@@ -84,21 +102,27 @@ class SsdRecord:
     dt_limit: tuple
     output: torch.Tensor
     kind = "mamba2"
+    block = 64  # rows of a Mamba2 map per block: [128 heads, 64, 8,192] float32 is 256 MiB
 
     @property
     def heads(self) -> int:
         """How many heads its map has."""
         return int(self.dt.shape[-1])
 
+    @property
+    def n_tokens(self) -> int:
+        """How many tokens (rows and keys) its map has."""
+        return int(self.dt.shape[0])
+
     def implicit_map(self, **options) -> torch.Tensor:
         """w [head, query, key] (attnviz.mixers.ssd.ssd_map)."""
         return ssd_map(self.dt, self.A, self.B, self.C, dt_bias=self.dt_bias, dt_softplus=self.dt_softplus,
                        dt_limit=self.dt_limit, **options)
 
-    def rows(self, **options):
-        """The map's rows a block at a time (attnviz.mixers.ssd.ssd_rows; options: block, dtype, into, heads)."""
+    def rows(self, block: int | None = None, **options):
+        """The map's rows `block` at a time (attnviz.mixers.ssd.ssd_rows; options: dtype, into, heads)."""
         return ssd_rows(self.dt, self.A, self.B, self.C, dt_bias=self.dt_bias, dt_softplus=self.dt_softplus,
-                        dt_limit=self.dt_limit, **options)
+                        dt_limit=self.dt_limit, block=block or self.block, **options)
 
     def skip(self) -> torch.Tensor:
         """The term outside the map, D x_t [N, head, p] (zero where the layer has no D)."""

@@ -6,10 +6,11 @@ unchanged: attnviz.stats.previous_token_score, attnviz.stats.induction_score (ta
 attnviz.stats.induction_targets) and attnviz.distance.attention_by_distance. Decay with distance is summed up by
 the half-mass distance: the smallest r at which the mean row holds half its share within r tokens back.
 
-map_stats reads a dense map. streamed_map_stats computes the same from the map's rows a block at a time
-(attnviz.mixers.delta.delta_rule_rows, attnviz.mixers.ssd.ssd_rows), as the softmax statistics stream a long text
-(attnviz.streamed): record_stats for one recorded layer, linear_stats for every linear layer of a text, with no
-N x N array (8,192 tokens of a Qwen3-Next layer: benchmarks/mixers.py); the tests hold the two equal."""
+map_stats reads a dense map. streamed_map_stats computes the same from the map's rows a block at a time (each
+record's rows: attnviz.mixers.delta.delta_rule_rows, attnviz.mixers.kda.kda_rows, attnviz.mixers.ssd.ssd_rows), as
+the softmax statistics stream a long text (attnviz.streamed): record_stats for one recorded layer, linear_stats for
+every linear layer of a text, with no N x N array (8,192 tokens of a Qwen3-Next layer: benchmarks/mixers.py); the
+tests hold the two equal."""
 
 from __future__ import annotations
 
@@ -21,11 +22,8 @@ import torch
 from attnviz import stats
 from attnviz.distance import attention_by_distance
 from attnviz.cores import run_each
-from attnviz.mixers.delta import CHUNK, head_groups
-from attnviz.mixers.records import DeltaRuleRecord, SsdRecord
+from attnviz.mixers.delta import head_groups
 from attnviz.streamed import InductionMatch
-
-SSD_BLOCK = 64  # rows of a Mamba2 map per block: [128 heads, 64, 8,192] float32 is 256 MiB
 
 
 def shares(w) -> np.ndarray:
@@ -84,18 +82,12 @@ def streamed_map_stats(rows_of, heads: int, n: int, token_ids, *, block: int, dt
 
 
 def record_stats(record, token_ids, *, block: int | None = None, dtype=torch.float32) -> dict:
-    """streamed_map_stats of one recorded linear mixer (attnviz.mixers.records: a gated delta rule or Mamba2 call)
-    on its text: its map's rows `block` at a time (default: the delta rule's chunk, CHUNK; 64 rows of a Mamba2
-    map), peak memory a few [head, block, N] arrays whatever N is. A group of heads per core
+    """streamed_map_stats of one recorded linear mixer (attnviz.mixers.records: a gated delta rule, Kimi Delta
+    Attention or Mamba2 call) on its text: its map's rows `block` at a time (default: the record's own block, the
+    chunk of a delta rule), peak memory a few [head, block, N] arrays whatever N is. A group of heads per core
     (attnviz.mixers.delta.head_groups, each on one core), their statistics put side by side."""
-    if isinstance(record, DeltaRuleRecord):  # Kimi Delta Attention's per-channel decay has no row-block form
-        heads, n, block = record.beta.shape[-1], record.g.shape[0], block or CHUNK
-        rows_of = functools.partial(record.rows, chunk=block, dtype=dtype)
-    elif isinstance(record, SsdRecord):
-        heads, n, block = record.dt.shape[-1], record.dt.shape[0], block or SSD_BLOCK
-        rows_of = functools.partial(record.rows, block=block, dtype=dtype)
-    else:
-        raise ValueError(f"no implicit map for a {record.kind} layer")
+    heads, n, block = record.heads, record.n_tokens, block or record.block
+    rows_of = functools.partial(record.rows, block=block, dtype=dtype)
     match = token_ids if isinstance(token_ids, InductionMatch) else InductionMatch(token_ids)
     groups = head_groups(heads)
     parts: list = [None] * len(groups)

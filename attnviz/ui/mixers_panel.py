@@ -15,7 +15,7 @@ from attnviz.figures import heads as head_figs
 from attnviz.figures import mixer_maps as figs
 from attnviz.mixers.gates import gated_weights
 
-STATS_MAX_TOKENS = 2048  # a map read whole for its statistics (a file's; Kimi Delta Attention's): [head, n, n]
+STATS_MAX_TOKENS = 2048  # a map read whole for its statistics (a capture read from a file): [head, n, n]
 STREAMED_MAX_TOKENS = 16384  # statistics streamed over row blocks from the record: no N x N array, O(N² d) time
 MAP_MAX_TOKENS = 1024  # a head's map drawn over its first tokens; longer texts get the rest in the statistics
 
