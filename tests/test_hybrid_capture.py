@@ -191,11 +191,11 @@ def test_indexed_attention_keeps_its_selection_under_attnviz(folders, captures):
 
 def test_indexed_view_equals_the_indexers_own_selection(folders, captures):
     """The capture's view of an indexed head (from the q, k and folded mask it recorded) against
-    attnviz.mixers.indexer's eager pass, which records the indexer's own top-k and transformers' eager weights."""
+    tests.indexer_oracle's eager pass, which records the indexer's own top-k and transformers' eager weights."""
     from transformers import AutoModelForCausalLM
 
     from attnviz.capture.linear import indexed_view
-    from attnviz.mixers.indexer import indexed_selection
+    from tests.indexer_oracle import indexed_selection
 
     cap = captures["deepseek_v32"]
     model = AutoModelForCausalLM.from_pretrained(folders / "deepseek_v32").eval()
