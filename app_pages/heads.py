@@ -64,12 +64,12 @@ if n_model_layers > 12:
 capture = ui.get_capture(model, text, layers=layers, store="auto")
 if capture is None:
     st.stop()
-if not capture.layers:  # no softmax attention (Mamba2): its mixers' maps are the page
-    mixers_panel.show(capture)
-    st.stop()
-long_text = capture.pattern is None  # the qk store: maps are computed from q and k, never the whole N x N
 version = ui.model_version(model)
 key = (model, version, text, layers)  # what every cached view of this capture is keyed on
+if not capture.layers:  # no softmax attention (Mamba2): its mixers' maps are the page
+    mixers_panel.show(capture, key)
+    st.stop()
+long_text = capture.pattern is None  # the qk store: maps are computed from q and k, never the whole N x N
 with st.spinner("Computing the statistics of every head…"):
     stats, pooled_grid = cache.stats_of(*key, capture)
 n = capture.n_tokens
@@ -374,7 +374,7 @@ for name, panel in (("token", token_panel), ("predict", predictions_panel),
         with tabs[name]:
             panel()
 
-mixers_panel.show(capture)  # a hybrid's other layers: their kinds, implicit maps and gates
+mixers_panel.show(capture, key)  # a hybrid's other layers: their kinds, implicit maps and gates
 # The view goes into the link last, compared whole: a text too long for the link must also take an older text= out
 # of it, or the next rerun would read that older text back as a new link (links.read) over the user's own.
 view["query"] = str(st.session_state["heads_query"])

@@ -32,7 +32,7 @@ class LayerFacts:
     mixer, one of attnviz.mixers.kinds.KINDS ("softmax", "gated softmax", "gated delta rule", "mamba2", "conv",
     "indexed", ...); heads: the mixer's heads (a gated delta rule layer's value heads, a Mamba2 layer's heads;
     None where the config does not say); state: the numbers the layer carries from token to token (a linear
-    mixer's fixed state, attnviz.mixers.sizes; None for softmax attention, whose cache grows with the text)."""
+    mixer's fixed state, layer_sizes; None for softmax attention, whose cache grows with the text)."""
 
     mask: str
     window: int | None = None
@@ -167,16 +167,20 @@ def _first(config, keys, default=None):
     return default
 
 
+_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "mamba_n_heads")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
+
+
 def n_heads(config) -> int:
     """Attention heads; a model without attention (Mamba2) its mixer's heads."""
-    value = _first(config, ("num_attention_heads", "n_head", "n_heads", "num_heads", "mamba_n_heads"))
+    value = _first(config, _HEAD_KEYS)
     if value is None:
         raise ShapeError(f"Cannot tell how many heads {type(config).__name__} has.")
     return int(value)
 
 
 def hidden_size(config) -> int:
-    value = _first(config, ("hidden_size", "n_embd", "d_model", "dim"))
+    value = _first(config, _HIDDEN_KEYS)
     if value is None:
         raise ShapeError(f"Cannot tell the hidden size of {type(config).__name__}.")
     return int(value)
@@ -231,7 +235,6 @@ def layer_facts(config, n_layers: int, *, causal: bool, rope: bool, attention=No
     type follow the layer type where rope_parameters are given per type (Gemma 3). attention: {model layer: its
     attention module} (a hybrid's layers without one have no scaling), or a list with one per layer."""
     from attnviz.mixers.kinds import layer_kinds
-    from attnviz.mixers.sizes import layer_sizes
 
     types = getattr(config, "layer_types", None)
     if not types or len(types) != n_layers:
@@ -250,6 +253,36 @@ def layer_facts(config, n_layers: int, *, causal: bool, rope: bool, attention=No
                                 rope_type=rope_type, scaling=_module_scaling(attention.get(i)), mixer=mixers[i],
                                 heads=heads, state=state))
     return tuple(facts)
+
+
+def layer_sizes(config, kind: str) -> tuple[int | None, int | None]:
+    """(heads, state size) of a layer of `kind` (attnviz.mixers.kinds.KINDS) under this config. The state is what
+    the layer carries from one token to the next, in numbers per layer: a gated delta rule head keeps a d_k x d_v
+    matrix, a Mamba2 head a d_state x head_dim one, a short convolution the last (kernel - 1) inputs of every
+    channel. None where the config does not say, where the kind has no fixed state (softmax attention: its
+    key/value cache grows with the text) or no heads (a convolution)."""
+    config = getattr(config, "text_config", None) or config
+    if kind == "gated delta rule":
+        heads = _first(config, ("linear_num_value_heads", "linear_num_heads"))
+        d_k = _first(config, ("linear_key_head_dim", "linear_head_dim"))
+        d_v = _first(config, ("linear_value_head_dim", "linear_head_dim"))
+        return heads, None if None in (heads, d_k, d_v) else heads * d_k * d_v
+    if kind == "conv":
+        width, hidden = _first(config, ("conv_L_cache",)), _first(config, _HIDDEN_KEYS)
+        return None, None if None in (width, hidden) else hidden * (width - 1)
+    if kind == "mlp" or kind.startswith("unknown"):
+        return None, None
+    if kind == "mamba2":
+        return _mamba2_sizes(config)
+    # softmax attention (a Falcon-H1 layer's beside its Mamba2 mixer): its heads, and no fixed state of its own
+    return _first(config, _HEAD_KEYS), _mamba2_sizes(config)[1] if kind == "softmax + mamba2" else None
+
+
+def _mamba2_sizes(config) -> tuple[int | None, int | None]:
+    heads = _first(config, ("mamba_n_heads", "mamba_num_heads", "num_heads"))
+    d_state = _first(config, ("mamba_d_state", "ssm_state_size", "state_size"))
+    d_head = _first(config, ("mamba_d_head", "mamba_head_dim", "head_dim"))
+    return heads, None if None in (heads, d_state, d_head) else heads * d_state * d_head
 
 
 def _layer_rope(config, kind: str) -> tuple[float, str]:

@@ -339,3 +339,31 @@ def test_each_mask_is_read_once_per_capture(monkeypatch, store):
     capture = capture_attention(load_model("toy-llama-gqa"), "a mask read once", store=store)
     assert len(capture.layers) == 2 and len(reads) == 1
     assert capture.inputs[0].mask is capture.inputs[1].mask
+
+
+def test_store_auto_picks_by_size_and_reads_the_model_once(toys, monkeypatch):
+    """store="auto": the pattern while [layers asked for, head, n, n] float32 fits MAX_CAPTURE_BYTES, else q and k
+    (the limit worked out here from the sizes); the model's attention modules and its linear plan are read once for
+    both the choice and the capture."""
+    import attnviz.capture.loading as loading
+    import attnviz.capture.run as run
+
+    loaded = toys["toy-llama-gqa"]
+    reads = []
+
+    def counted(name, read):
+        return lambda model: reads.append(name) or read(model)
+
+    for module in (run, loading):
+        monkeypatch.setattr(module, "numbered_attention", counted("attention", module.numbered_attention))
+    monkeypatch.setattr(run, "linear_plan", counted("plan", run.linear_plan))
+    cap = capture_attention(loaded, TEXT, layers=[0], store="auto")
+    assert cap.store == "pattern" and sorted(reads) == ["attention", "plan"]
+    assert np.array_equal(cap.pattern, capture_attention(loaded, TEXT, layers=[0]).pattern)
+    one_layer = loaded.shape.heads * cap.n_tokens ** 2 * 4
+    monkeypatch.setattr(run, "MAX_CAPTURE_BYTES", one_layer)  # one layer's pattern fits exactly, two do not
+    assert capture_attention(loaded, TEXT, layers=[0], store="auto").store == "pattern"
+    two = capture_attention(loaded, TEXT, layers=[0, 1], store="auto")
+    assert two.store == "qk" and two.pattern is None
+    monkeypatch.setattr(run, "MAX_CAPTURE_BYTES", one_layer - 1)
+    assert capture_attention(loaded, TEXT, layers=[0], store="auto").store == "qk"

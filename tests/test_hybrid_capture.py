@@ -191,11 +191,11 @@ def test_indexed_attention_keeps_its_selection_under_attnviz(folders, captures):
 
 def test_indexed_view_equals_the_indexers_own_selection(folders, captures):
     """The capture's view of an indexed head (from the q, k and folded mask it recorded) against
-    attnviz.mixers.indexer's eager pass, which records the indexer's own top-k and transformers' eager weights."""
+    tests.indexer_oracle's eager pass, which records the indexer's own top-k and transformers' eager weights."""
     from transformers import AutoModelForCausalLM
 
     from attnviz.capture.linear import indexed_view
-    from attnviz.mixers.indexer import indexed_selection
+    from tests.indexer_oracle import indexed_selection
 
     cap = captures["deepseek_v32"]
     model = AutoModelForCausalLM.from_pretrained(folders / "deepseek_v32").eval()
@@ -248,3 +248,16 @@ def test_gated_weights_rows_sum_to_the_mean_gate(captures):
     np.testing.assert_allclose(weights.sum(-1), gate, atol=1e-6)
     np.testing.assert_allclose(weights[1, 5, 2], pattern[1, 5, 2] * float(cap.gates[3][1, 5].double().mean()),
                                rtol=1e-6)
+
+
+def test_store_auto_keeps_q_and_k_for_a_long_text_without_attention(folders, monkeypatch):
+    """A model without softmax attention (Mamba2) has nothing to record, so every store serves it: past MAX_TOKENS
+    "auto" takes the qk store, whose maps are rebuilt from the record, equal to the pattern store's."""
+    import attnviz.capture.run as run
+
+    dense = attnviz.capture(str(folders / "mamba2"), TEXT)
+    monkeypatch.setattr(run, "MAX_TOKENS", dense.n_tokens - 1)
+    long = attnviz.capture(str(folders / "mamba2"), TEXT)
+    assert (dense.store, long.store) == ("pattern", "qk") and long.linear_layers == dense.linear_layers
+    for layer in dense.linear_layers:
+        np.testing.assert_array_equal(long.layer_rows(layer, mixer="linear"), dense.layer_rows(layer, mixer="linear"))

@@ -77,6 +77,64 @@ def test_heads_page_shows_a_hybrids_other_layers(root, monkeypatch):
                                atol=1e-7, equal_nan=True)  # the hover values: the weights as they are
 
 
+def _implicit_map(at: AppTest) -> tuple[str, np.ndarray]:
+    """The title and the values of the implicit map the section drew."""
+    import json
+
+    from attnviz.figures import instant
+
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    spec = next(s for s in specs if "implicit attention map" in s["layout"].get("title", {}).get("text", ""))
+    return spec["layout"]["title"]["text"], instant.array(spec["data"][0]["z"])
+
+
+def test_the_sections_figures_follow_the_text(root, monkeypatch):
+    """The section's caches are keyed on the page's key (model, files' version, text, layers): after the text
+    changes to another of the same length, the map drawn is the new text's, equal to a capture of it made here,
+    and no longer the first text's."""
+    folder = root / "qwen3_next"
+    at = _page("heads.py", "heads", folder, monkeypatch)
+    other = TEXT.replace("gate", "door")
+    assert len(other) == len(TEXT) and other != TEXT  # a stale map would have the very same shape
+    title, before = _implicit_map(at)
+    at.text_area(key="heads_text").set_value(other).run()
+    assert not at.exception, at.exception
+    title_after, after = _implicit_map(at)
+    assert title_after == title and title.startswith("Layer 0 (") and "head 0:" in title
+    for text, drawn in ((TEXT, before), (other, after)):
+        want = np.asarray(attnviz.capture(str(folder), text).head_pattern(0, 0), dtype=np.float64)
+        want[np.triu_indices(want.shape[0], 1)] = np.nan
+        np.testing.assert_allclose(drawn, want, rtol=1e-5, atol=1e-7, equal_nan=True)
+    assert np.nanmax(np.abs(after - before)) > 1e-3
+
+
+def test_the_sections_caches_are_keyed_on_the_pages_key(monkeypatch):
+    """One key (model, version, text, layers) gives the very object built for it, built once; a key that differs
+    in the text, the files' version or the layers builds its own."""
+    from attnviz.ui import mixers_panel
+
+    built, computed = [], []
+
+    def build():
+        built.append(None)
+        return {"figure": len(built)}
+
+    key = ("mixers-key-test", (), "a text", None)
+    first = mixers_panel._figure(*key, "map", (0, 0), build)
+    assert mixers_panel._figure(*key, "map", (0, 0), build) is first and len(built) == 1
+    others = [("mixers-key-test", (), "another text", None), ("mixers-key-test", (("f", 2),), "a text", None),
+              ("mixers-key-test", (), "a text", (0, 1))]
+    made = [mixers_panel._figure(*k, "map", (0, 0), build) for k in others]
+    assert len(built) == 4 and all(m is not first for m in made) and len({id(m) for m in made}) == 3
+    assert mixers_panel._figure(*key, "map", (0, 1), build) is not first  # another head of the same capture
+
+    monkeypatch.setattr(mixers_panel, "layer_stats", lambda capture, layer: computed.append(layer) or {"n": layer})
+    assert mixers_panel._stats(*key, 2, None) == mixers_panel._stats(*key, 2, None) == {"n": 2}
+    assert computed == [2]
+    mixers_panel._stats(*others[0], 2, None)
+    assert computed == [2, 2]
+
+
 def test_heads_page_shows_a_model_without_attention_by_its_mixers(root, monkeypatch):
     at = _page("heads.py", "heads", root / "mamba2", monkeypatch)
     assert any(h.value == "Layers other than softmax attention" for h in at.subheader)

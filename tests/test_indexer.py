@@ -1,13 +1,14 @@
-"""attnviz.mixers.indexer: DeepSeek-V3.2's top-k selection on a tiny random model (index_topk 4, 20 tokens, so the
-indexer drops keys), checked against the layer's own output, transformers' own attention weights with and without
-the selection, and a float64 recomputation of the indexer's scores from its weights written here."""
+"""tests.indexer_oracle, the second reading the capture's indexed view is checked against
+(tests/test_hybrid_capture.py): DeepSeek-V3.2's top-k selection on a tiny random model (index_topk 4, 20 tokens, so
+the indexer drops keys), checked against the layer's own output, transformers' own attention weights with and
+without the selection, and a float64 recomputation of the indexer's scores from its weights written here."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnviz.mixers.indexer import IndexerError, Selection, indexed_selection
+from tests.indexer_oracle import IndexerError, Selection, indexed_selection
 from tests import mixer_models
 
 N = 20
@@ -172,13 +173,14 @@ def test_short_texts_keep_every_key(model, n):
 def test_the_model_is_left_as_it_was(model, ids):
     import transformers.models.deepseek_v32.modeling_deepseek_v32 as source
 
+    eager = source.eager_attention_forward
     with torch.no_grad():
         before = model(ids, use_cache=False).logits
     indexed_selection(model, ids)
     with torch.no_grad():
         after = model(ids, use_cache=False).logits
     assert model.config._attn_implementation == "sdpa"
-    assert not hasattr(source.eager_attention_forward, "attnviz_original")
+    assert source.eager_attention_forward is eager
     assert torch.equal(before, after)
 
 

@@ -50,3 +50,41 @@ def test_layer_facts_of_configs_without_a_model():
 
 def test_spans():
     assert S.spans([0, 1, 2, 4, 6, 7]) == "0–2, 4, 6–7" and S.spans([5]) == "5" and S.spans([]) == ""
+
+
+def test_a_layers_heads_are_the_models_whatever_key_holds_them():
+    """A config whose only head count is `num_heads` (no alias to num_attention_heads): its softmax layers report
+    the heads the model has, not None."""
+    from transformers import PretrainedConfig
+
+    config = PretrainedConfig(num_heads=6, hidden_size=48, num_hidden_layers=2)
+    assert not hasattr(config, "num_attention_heads")
+    shape = S.model_shape(config, causal=True)
+    assert shape.heads == 6 and shape.head_dim == 8
+    assert [(f.mixer, f.heads, f.state) for f in shape.layer_facts] == [("softmax", 6, None)] * 2
+
+
+def test_layer_sizes_under_each_familys_keys():
+    """Heads and state (numbers carried token to token) from the keys each family spells them with, written out by
+    hand: heads x d_k x d_v for a gated delta rule, heads x d_state x head_dim for Mamba2, hidden x (kernel - 1)
+    for a short convolution."""
+    from types import SimpleNamespace as C
+
+    from tests import mixer_models
+
+    assert S.layer_sizes(C(linear_num_heads=3, linear_head_dim=5), "gated delta rule") == (3, 3 * 5 * 5)
+    assert S.layer_sizes(C(linear_num_value_heads=4, linear_key_head_dim=2, linear_value_head_dim=7),
+                         "gated delta rule") == (4, 4 * 2 * 7)
+    assert S.layer_sizes(C(linear_num_value_heads=4), "gated delta rule") == (4, None)  # no head dims: unknown
+    assert S.layer_sizes(C(mamba_num_heads=2, ssm_state_size=3, mamba_head_dim=5), "mamba2") == (2, 30)
+    assert S.layer_sizes(C(num_heads=2, state_size=3, head_dim=5), "mamba2") == (2, 30)  # Mamba2's own config
+    assert S.layer_sizes(C(n_embd=10, conv_L_cache=4), "conv") == (None, 10 * 3)
+    assert S.layer_sizes(C(text_config=C(n_head=3)), "softmax") == (3, None)  # a multimodal config's text part
+    assert S.layer_sizes(C(num_attention_heads=3), "mlp") == (None, None)
+    # Falcon-H1: attention (4 heads) beside a Mamba2 mixer of 4 heads, d_state 8, head_dim 8 (tests/mixer_models)
+    falcon = S.model_shape(mixer_models.configs()["falcon_h1"], causal=True)
+    assert [(f.mixer, f.heads, f.state) for f in falcon.layer_facts] == [("softmax + mamba2", 4, 4 * 8 * 8)] * 2
+    # Nemotron-H: mamba_num_heads 4, ssm_state_size 8, mamba_head_dim 16; then attention; then an MLP layer
+    nemotron = S.model_shape(mixer_models.configs()["nemotron_h"], causal=True)
+    assert [(f.mixer, f.heads, f.state) for f in nemotron.layer_facts] == [
+        ("mamba2", 4, 4 * 8 * 16), ("softmax", 4, None), ("mlp", None, None)]

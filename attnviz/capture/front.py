@@ -6,9 +6,7 @@ attnviz.capture."""
 from __future__ import annotations
 
 from attnviz.capture.lending import lent
-from attnviz.capture.linear import linear_plan
-from attnviz.capture.modules import numbered_attention
-from attnviz.capture.run import capture_attention, choose_store, model_layers
+from attnviz.capture.run import capture_attention
 from attnviz.capture.store import AttentionCapture
 from attnviz.doors import open_door
 
@@ -24,23 +22,8 @@ def capture(model, text: str, *, tokenizer=None, layers=None, store: str = "auto
     store: "pattern" (the dense weights), "qk" (only q and k, for any length) or "auto": the pattern while it fits
     (MAX_TOKENS tokens, MAX_CAPTURE_BYTES), else "qk" where the family records q and k (choose_store). The limits
     live in attnviz.capture.run (patch them there)."""
-    with lent(model, tokenizer) as loaded:
-        return _capture_loaded(loaded, text, layers, store)
-
-
-def _capture_loaded(loaded, text: str, layers, store: str) -> AttentionCapture:
-    if store == "auto":
-        store = _auto_store(loaded, text, layers)
-    return capture_attention(loaded, text, layers=layers, store=store)
-
-
-def _auto_store(loaded, text: str, layers) -> str:
-    """The store run.choose_store picks for this text and these layers."""
-    if not isinstance(text, str) or not text.strip():
-        return "pattern"  # capture_attention says what is wrong with the text
-    numbered = numbered_attention(loaded.model)
-    n_layers = len([i for i in model_layers(layers, numbered, linear_plan(loaded.model)) if i in numbered])
-    return choose_store(loaded, len(loaded.tokenizer(text).input_ids), n_layers)[0]
+    with lent(model, tokenizer) as loaded:  # "auto" is chosen inside, from the one walk of the model's modules
+        return capture_attention(loaded, text, layers=layers, store=store)
 
 
 open_door("attnviz.capture", capture)  # attnviz.capture(model, text, ...) is capture(model, text, ...)

@@ -42,7 +42,8 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
-    store: "pattern" (dense [layer, head, query, key]) or "qk" (only q, k and the rules; no N x N array).
+    store: "pattern" (dense [layer, head, query, key]), "qk" (only q, k and the rules; no N x N array) or "auto"
+    (choose_store's pick for this text and the softmax layers asked for).
     dtype: np.float32 (exact) or np.float16 (half the memory) for the dense pattern.
     with_scores: require the pre-softmax scores (capture.scores / head_scores), computed now; refused for the
     families whose q and k are not recorded.
@@ -62,6 +63,8 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     module = next(iter(numbered.values()), None)
     dtype = np.dtype(dtype)
     recorded = module is not None and records_inputs(loaded.model, module)
+    if store == "auto":  # no softmax attention (Mamba2): nothing to record, every store serves
+        store = choose_store(loaded, int(ids.shape[1]), len(wanted), can_stream=recorded or module is None)[0]
     _check_request(loaded, module, store, dtype, recorded, with_scores, with_values, during)
     _check_size(loaded, wanted, [i for i in wanted_all if plan and i in plan.mapped], int(ids.shape[1]), store,
                 dtype.itemsize + (4 if with_scores else 0), max_tokens)
@@ -227,12 +230,15 @@ def _add_linear(capture: AttentionCapture, plan, wanted_linear: list[int], recor
     capture.skipped = dict(plan.skipped)
 
 
-def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None) -> tuple[str, str]:
+def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None, *,
+                 can_stream: bool | None = None) -> tuple[str, str]:
     """(store, why): the pattern store while [layer, head, n, n] fits MAX_CAPTURE_BYTES (and limit_bytes) and
-    MAX_TOKENS, else the qk store where the family records q and k (attnviz.views.choose_store says why)."""
+    MAX_TOKENS, else the qk store where the family records q and k (attnviz.views.choose_store says why).
+    can_stream: whether it does (records_inputs), when the caller has already read it off the model."""
     limit = MAX_CAPTURE_BYTES if limit_bytes is None else min(MAX_CAPTURE_BYTES, limit_bytes)
+    can_stream = records_inputs(loaded.model) if can_stream is None else can_stream
     return views.choose_store(n_layers, shape.n_heads(loaded.model.config), n_tokens, limit_bytes=limit,
-                              can_stream=records_inputs(loaded.model), max_dense_tokens=MAX_TOKENS)
+                              can_stream=can_stream, max_dense_tokens=MAX_TOKENS)
 
 
 def pattern_bytes(n_layers: int, n_heads: int, n_tokens: int, itemsize: int = 4) -> int:

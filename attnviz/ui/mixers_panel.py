@@ -21,38 +21,31 @@ MAP_MAX_TOKENS = 1024  # a head's map drawn over its first tokens; longer texts 
 
 
 @st.cache_data(show_spinner="Reading every head of the layer, a block of rows at a time…", max_entries=32)
-def _stats(capture_id: int, model: str, ids_digest: str, layer: int, _capture) -> dict:
-    """layer_stats, once per capture and layer (the capture is the cached, shared object `capture_id` names)."""
+def _stats(model: str, version: tuple, text: str, layers, layer: int, _capture) -> dict:
+    """layer_stats, once per capture and layer: model, version, text and layers are the Heads page's key, which
+    names the capture (ui.get_capture's, shared)."""
     return layer_stats(_capture, layer)
 
 
-def _digest(ids) -> str:
-    import hashlib
-
-    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
-
-
 @ui.figure_cache(max_entries=64)
-def _figure(what: str, capture_id: int, model: str, ids_digest: str, args: tuple, _build):
+def _figure(model: str, version: tuple, text: str, layers, what: str, args: tuple, _build):
     """A figure of this section (or a tuple holding figures), built once for every session: `what` and `args`
-    name it within the capture, which capture_id, model and ids_digest name (as for _stats); _build makes it."""
+    name it within the capture the page's key names (as for _stats); _build makes it. A rerun that leaves this part
+    of the section as it was builds nothing again."""
     return _build()
 
 
-def _cached(capture, what: str, args: tuple, build):
-    """_figure for this capture: a rerun that leaves this part of the section as it was builds nothing again."""
-    return _figure(what, id(capture), capture.model_name, _digest(capture.token_ids), args, build)
-
-
-def show(capture) -> None:
-    """The section, when the capture knows its layers' kinds (a hybrid or linear model); nothing otherwise."""
+def show(capture, key: tuple) -> None:
+    """The section, when the capture knows its layers' kinds (a hybrid or linear model); nothing otherwise. key: the
+    Heads page's (model, version of its files, text, layers), which names the capture; every cache here is keyed
+    on it."""
     if not capture.layer_kinds:
         return
     st.subheader("Layers other than softmax attention")
     st.write("Each layer's token mixer. Where the mixer is linear (Gated DeltaNet, Mamba2), its output at query t "
              "is still a weighted sum of per-token values, o_t = Σ_s w_ts v_s, so it has an exact attention map "
              "of its own, built from what the layer's kernel received.")
-    ui.plot(_cached(capture, "kinds", (), lambda: figs.kinds_strip(capture.layer_kinds)), key="mixers_kinds")
+    ui.plot(_figure(*key, "kinds", (), lambda: figs.kinds_strip(capture.layer_kinds)), key="mixers_kinds")
     st.caption("What to see: which layers mix tokens how."
                + (" The views above show the softmax layers; this section the others." if capture.layers else
                   " This model has no softmax attention: each layer below is a linear mixer's exact map."))
@@ -60,15 +53,15 @@ def show(capture) -> None:
     if message:
         st.info(message)
     if capture.linear_layers:
-        _linear(capture)
+        _linear(capture, key)
     if capture.gates:
-        _gates(capture)
+        _gates(capture, key)
     indexed = [i for i in capture.layers if capture.layer_kind(i) == "indexed"]
     if indexed and capture.inputs and capture.n_tokens <= STATS_MAX_TOKENS:
-        _indexed(capture, indexed)
+        _indexed(capture, key, indexed)
 
 
-def _indexed(capture, indexed: list[int]) -> None:
+def _indexed(capture, key: tuple, indexed: list[int]) -> None:
     c1, c2 = st.columns(2)
     layer = c1.selectbox("Indexed layer", indexed, key="mixers_indexed_layer", persist_state="session")
     head = c2.selectbox("Its head", list(range(capture.n_heads)), key="mixers_indexed_head",
@@ -80,7 +73,7 @@ def _indexed(capture, indexed: list[int]) -> None:
                 figs.outside_mass(view.outside, capture.tokens, title=f"Layer {layer}, head {head}: mass the "
                                   "selection dropped"), float(view.outside.mean()))
 
-    selection, outside, dropped = _cached(capture, "indexed", (layer, head), build)
+    selection, outside, dropped = _figure(*key, "indexed", (layer, head), build)
     ui.plot(selection, key="mixers_selection")
     st.caption("What to see: the layer's indexer keeps a few keys per query (white squares) and the softmax runs "
                "over those only. The colours are what the same q and k would give over every causal key; weight "
@@ -90,14 +83,14 @@ def _indexed(capture, indexed: list[int]) -> None:
                "While a query has no more earlier keys than the indexer keeps, it keeps them all and drops nothing.")
 
 
-def _linear(capture) -> None:
+def _linear(capture, key: tuple) -> None:
     c1, c2 = st.columns(2)
     layer = c1.selectbox("Linear layer", capture.linear_layers, key="mixers_layer",
                          format_func=lambda i: f"{i} ({capture.layer_kind(i)})", persist_state="session")
     n_heads = capture.layer_heads(layer, "linear")
     head = c2.selectbox("Its head", list(range(n_heads)), key="mixers_head", persist_state="session")
     shown = min(capture.n_tokens, MAP_MAX_TOKENS)
-    ui.plot(_cached(capture, "map", (layer, head), lambda: figs.implicit_map(
+    ui.plot(_figure(*key, "map", (layer, head), lambda: figs.implicit_map(
         capture.layer_rows(layer, 0, shown, heads=[head], mixer="linear")[0][:, :shown], capture.tokens[:shown],
         title=f"Layer {layer} ({capture.layer_kind(layer)}), head {head}: implicit attention map w")), key="mixers_map")
     st.caption(f"What to see: how much of each earlier token's value reaches each query. {LINEAR_NOTE} So the "
@@ -108,24 +101,24 @@ def _linear(capture) -> None:
     if capture.n_tokens > limit:
         st.caption(f"The heads' statistics of this layer are shown up to {limit:,} tokens.")
         return
-    numbers = _stats(id(capture), capture.model_name, _digest(capture.token_ids), layer, capture)
+    numbers = _stats(*key, layer, capture)
     table = pd.DataFrame({"head": range(n_heads), "prev_token": numbers["prev_token"],
                           "induction": numbers["induction"], "half_mass_distance": numbers["half_mass_distance"]})
     st.dataframe(table.round(4), hide_index=True)
     st.caption("On the shares |w_ts| / Σ_s |w_ts| (each row's absolute weight, summing to 1): prev_token and "
                "induction as the softmax heads' statistics define them; half_mass_distance, the fewest tokens back "
                "that hold half the mean row's share.")
-    ui.plot(_cached(capture, "distance", (layer,), lambda: figs.distance_profiles(
+    ui.plot(_figure(*key, "distance", (layer,), lambda: figs.distance_profiles(
         numbers["distance_profile"], title=f"Layer {layer}: share of |w| by distance")), key="mixers_distance")
     st.caption("What to see: a head whose share falls off within a few tokens forgets fast (strong decay); a flat "
                "one carries far-back tokens.")
 
 
-def _gates(capture) -> None:
+def _gates(capture, key: tuple) -> None:
     gated = sorted(capture.gates)
     layer = st.selectbox("Gated softmax layer", gated, key="mixers_gate_layer", persist_state="session")
     gate = capture.gate(layer)
-    ui.plot(_cached(capture, "gate", (layer,), lambda: figs.gate_heatmap(
+    ui.plot(_figure(*key, "gate", (layer,), lambda: figs.gate_heatmap(
         gate, capture.tokens, title=f"Layer {layer}: output gate per head and query")), key="mixers_gate")
     st.caption("What to see: each head's output is multiplied, channel by channel, by sigmoid(gate); shown is the "
                "mean over the head's channels. Near 0 the head's output at that query is all but shut: the gate, "
@@ -141,7 +134,7 @@ def _gates(capture) -> None:
                 head_figs.head_detail(np.asarray(gated_weights(pattern[None], gate[head][None])[0]), capture.tokens,
                                       title=f"Layer {layer}, head {head}: weight × the query's mean gate"))
 
-    plain, gated_map = _cached(capture, "gated", (layer, head), build)
+    plain, gated_map = _figure(*key, "gated", (layer, head), build)
     left, right = st.columns(2)
     ui.plot(plain, where=left, key="mixers_pattern")
     ui.plot(gated_map, where=right, key="mixers_gated")

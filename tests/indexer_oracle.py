@@ -1,5 +1,8 @@
-"""DeepSeek-V3.2's indexed sparse attention (DSA), read exactly: which keys each query's indexer kept, the pattern
-the layer used over them, and what dense attention would have added.
+"""The tests' second reading of DeepSeek-V3.2's indexed sparse attention (DSA), independent of attnviz's capture:
+which keys each query's indexer kept, the pattern the layer used over them, and what dense attention would have
+added. tests/test_hybrid_capture.py checks the capture's indexed view (attnviz.capture.linear.indexed_view, read
+from the q, k and folded mask the capture recorded) against it; tests/test_indexer.py checks it against the layer's
+own output, transformers' own attention weights and a float64 recomputation of the indexer's scores.
 
 In transformers' deepseek_v32, every attention layer holds an indexer, a small attention of its own (index heads
 with ReLU scores, weighted per query and summed over heads, after the model's causal mask is added) whose top
@@ -11,12 +14,11 @@ keyword it may ignore. Two consequences:
 - the top-k is taken after the causal mask, so a query with fewer than index_topk earlier keys keeps them all, and
   the rest of its top-k names later keys (at the mask's minimum), which the causal mask still hides.
 
-`indexed_selection` runs one forward pass under eager attention (the model's configs lent for the pass and put
-back) and records, per indexed layer, the indexer's returned indices and the mask it scored against (a forward
+`indexed_selection` runs one forward pass under eager attention (set by transformers' set_attn_implementation and
+put back) and records, per indexed layer, the indexer's returned indices and the mask it scored against (a forward
 hook), and the q, k, v, scaling and mask the layer's eager_attention_forward received (its modeling module's name
-swapped for a pass-through while a recorder is open, as attnviz.mixers.record does for the linear kernels). It
-checks that the mask the attention used keeps exactly the indexer's keys that the causal mask allows, and refuses
-the layer otherwise, never giving a selection the layer did not use.
+patched with a pass-through for the pass). It checks that the mask the attention used keeps exactly the indexer's
+keys that the causal mask allows, and refuses the layer otherwise, never giving a selection the layer did not use.
 """
 
 from __future__ import annotations
@@ -24,16 +26,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-import threading
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 
-from attnviz.errors import AttnvizError
 from attnviz.mixers.layers import layer_stack
 
 
-class IndexerError(AttnvizError, ValueError):
+class IndexerError(ValueError):
     """An indexed layer's selection cannot be read exactly; the message says why."""
 
 
@@ -101,96 +102,56 @@ def indexed_layers(model) -> dict[int, torch.nn.Module]:
     return found
 
 
-_local = threading.local()
-_lock = threading.Lock()
-_pass_lock = threading.Lock()  # one lent pass at a time: two would put each other's implementation back
-_installed: dict[str, list] = {}  # modeling module name -> [its eager_attention_forward, users]
-
-
-def _recording(original):
-    """`original` (a family's eager_attention_forward), passing every call through; in a recording thread, a call
-    from a known attention module is kept."""
+def _recording(original, calls: dict, layer_of: dict):
+    """`original` (a family's eager_attention_forward), passing every call through and keeping the arguments of a
+    call from a known attention module."""
 
     @functools.wraps(original)
     def eager(module, query, key, value, attention_mask, scaling, *args, **kwargs):
         out = original(module, query, key, value, attention_mask, scaling, *args, **kwargs)
-        calls, layer_of = getattr(_local, "calls", None), getattr(_local, "layer_of", {})
-        if calls is not None and id(module) in layer_of:
+        if id(module) in layer_of:
             calls.setdefault(layer_of[id(module)], {}).update(
                 query=query[0].detach(), key=key[0].detach(), value=value[0].detach(), scaling=float(scaling),
                 used=None if attention_mask is None else _visible(attention_mask.detach()))
         return out
 
-    eager.attnviz_original = original
     return eager
-
-
-def _install(names) -> None:
-    with _lock:
-        for name in names:
-            entry = _installed.get(name)
-            if entry is None:
-                original = getattr(sys.modules[name], "eager_attention_forward")
-                setattr(sys.modules[name], "eager_attention_forward", _recording(original))
-                _installed[name] = [original, 1]
-            else:
-                entry[1] += 1
-
-
-def _uninstall(names) -> None:
-    with _lock:
-        for name in names:
-            entry = _installed[name]
-            entry[1] -= 1
-            if entry[1] == 0:
-                setattr(sys.modules[name], "eager_attention_forward", entry[0])
-                del _installed[name]
 
 
 def _indexer_hooks(layers: dict, calls: dict) -> list:
     """Forward hooks that keep each indexer's returned indices and the mask it scored against."""
     def keep(layer, _module, args, kwargs, out):
-        if getattr(_local, "calls", None) is calls:
-            mask = kwargs["attention_mask"] if "attention_mask" in kwargs else args[3]
-            calls.setdefault(layer, {}).update(picked=out[0].detach().long(), allowed=_visible(mask.detach()))
+        mask = kwargs["attention_mask"] if "attention_mask" in kwargs else args[3]
+        calls.setdefault(layer, {}).update(picked=out[0].detach().long(), allowed=_visible(mask.detach()))
 
     return [module.indexer.register_forward_hook(functools.partial(keep, layer), with_kwargs=True)
             for layer, module in layers.items()]
 
 
-def _configs(model) -> list:
-    found = {id(model.config): model.config}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation"):
-            found.setdefault(id(config), config)
-    return list(found.values())
-
-
 @contextlib.contextmanager
 def _recorded(model, layers: dict):
-    """Within the block, this thread's forward passes run eager attention and fill the yielded dict
-    {layer: {picked, allowed, query, key, value, scaling, used}}; afterwards the model is as it was."""
+    """Within the block, the model runs eager attention (transformers' set_attn_implementation) and its forward
+    passes fill the yielded dict {layer: {picked, allowed, query, key, value, scaling, used}}; afterwards the model
+    and its modeling module are as they were."""
     names = sorted({type(module).__module__ for module in layers.values()})
     if any(not hasattr(sys.modules[name], "eager_attention_forward") for name in names):
         raise IndexerError("This model's indexed attention has no eager attention function to read it from.")
     calls: dict = {}
-    with _pass_lock:
-        configs = [(config, config._attn_implementation) for config in _configs(model)]
-        _install(names)
+    layer_of = {id(module): layer for layer, module in layers.items()}
+    implementation = model.config._attn_implementation
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            source = sys.modules[name]
+            stack.enter_context(mock.patch.object(
+                source, "eager_attention_forward", _recording(source.eager_attention_forward, calls, layer_of)))
         handles = _indexer_hooks(layers, calls)
-        _local.calls, _local.layer_of = calls, {id(module): layer for layer, module in layers.items()}
         try:
-            for config, _ in configs:
-                config._attn_implementation = "eager"
+            model.set_attn_implementation("eager")
             yield calls
         finally:
-            _local.calls, _local.layer_of = None, {}
-            for config, implementation in configs:
-                config._attn_implementation = implementation
+            model.set_attn_implementation(implementation)
             for handle in handles:
                 handle.remove()
-            _uninstall(names)
 
 
 def indexed_selection(model, input_ids: torch.Tensor, *, dtype=torch.float32) -> dict[int, Selection]:
@@ -206,7 +167,7 @@ def indexed_selection(model, input_ids: torch.Tensor, *, dtype=torch.float32) ->
     for layer in sorted(layers):
         call = calls.get(layer, {})
         if not {"picked", "allowed", "query", "used"} <= set(call):
-            raise IndexerError(f"Layer {layer}'s indexer or attention did not run as attnviz reads it.")
+            raise IndexerError(f"Layer {layer}'s indexer or attention did not run as this reading expects.")
         selection = selection_of(layer, call["query"], call["key"], call["value"], call["scaling"], call["picked"],
                                  call["allowed"], dtype=dtype)
         if call["used"] is None or not torch.equal(call["used"], selection.kept):
