@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.servers import ROOT
+
 
 def test_a_lab_model_saved_again_under_its_name_is_served_afresh(lab_cache, attention_of):
     import torch
@@ -130,3 +132,14 @@ def test_an_export_over_the_limit_is_refused_with_what_to_pick_instead():
     assert not at.exception and at.session_state["fits"] == (True, False)
     assert len(at.warning) == 1 and at.warning[0].value.startswith("Every layer would be 1048576.0 GiB")
     assert "pick one layer or one head, or float16" in at.warning[0].value
+
+
+def test_the_app_server_runs_numpys_products_on_one_blas_thread():
+    """Once the app has started (ui.warm_up), numpy's OpenBLAS runs on one thread: the pages' numpy products are
+    small, and with a thread per core each waited for the other core on a loaded machine."""
+    from streamlit.testing.v1 import AppTest
+    from threadpoolctl import threadpool_info
+
+    AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    openblas = [pool for pool in threadpool_info() if pool["internal_api"] == "openblas"]
+    assert openblas and {pool["num_threads"] for pool in openblas} == {1}

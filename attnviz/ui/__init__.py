@@ -99,7 +99,18 @@ def warm_up() -> None:
                 importlib.import_module(module.name)
             for name in _LAZY_NAMES:  # the names attnviz's functions import from transformers when they run
                 getattr(transformers, name)
+            numpy_blas_on_one_thread()
             _warm = True
+
+
+def numpy_blas_on_one_thread() -> None:
+    """numpy's OpenBLAS on one thread in this server. Its products here are small (a Softmax sweep's q·k is
+    [256, d_k] x [d_k, keys]), and with a thread per core each waits until the other core is free: 8 ms for a 0.03 ms
+    product on a loaded 2-core machine, 100 of them per Softmax setting. torch keeps its own threads (the models'
+    products are large)."""
+    from threadpoolctl import ThreadpoolController
+
+    ThreadpoolController().select(internal_api="openblas").limit(limits=1)
 
 
 _LAZY_NAMES = ("AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoTokenizer", "PreTrainedTokenizerFast",
