@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from attnviz.attention import layer_scores, masked_softmax, scaled_dot_product_attention
+from attnviz.cores import one_core
 
 SATURATION_THRESHOLD = 0.99  # a row is "saturated" when one key takes more than 99 % of its weight
 SCALED, UNSCALED = "scaled", "unscaled"
@@ -181,9 +182,10 @@ def gradient_demo(d_k: int, n_keys: int, *, n_queries: int = 64, d_v: int = 16, 
     q, k = random_qk(n_queries, n_keys, d_k, seed)
     v, g = _values_and_upstream(n_queries, n_keys, d_v, seed)
     out = {}
-    for variant, scaled in ((SCALED, True), (UNSCALED, False)):
-        scale = attention_scale(d_k, scaled) / _check_temperature(temperature)
-        out[variant] = np.linalg.norm(gradient(q, k, v, g, scale=scale), axis=-1)
+    with one_core():  # small products: a second torch thread only waits (attnviz.cores.one_core)
+        for variant, scaled in ((SCALED, True), (UNSCALED, False)):
+            scale = attention_scale(d_k, scaled) / _check_temperature(temperature)
+            out[variant] = np.linalg.norm(gradient(q, k, v, g, scale=scale), axis=-1)
     return out
 
 

@@ -137,3 +137,17 @@ def test_a_texts_induction_pairs_are_kept_for_the_next_layer_up_to_the_bound(mon
         pairs = sum(int((match.before[None, :] == match.ids[:, None])[q, :q].sum()) for q in range(len(ids)))
         assert (match.n_kept == pairs) == all_kept
         assert match.store.shape == (2, min(bound, pairs))  # one block, sized to the text's pairs or the bound
+
+
+def test_one_core_holds_only_the_calling_thread_to_one_core_while_the_block_runs():
+    """The Softmax page's autograd runs inside one_core: one torch thread there, the thread's own count back after,
+    and no other thread (a model's forward in another session) touched."""
+    torch.set_num_threads(2)
+    seen_elsewhere = []
+    with cores.one_core():
+        inside = torch.get_num_threads()
+        seen_elsewhere.append(_in_new_thread(torch.get_num_threads))
+    assert torch.get_num_threads() == 2
+    assert seen_elsewhere == [2]
+    if sys.platform == "linux":
+        assert inside == 1
