@@ -197,7 +197,8 @@ def random_logits_section() -> None:
 def _random_controls() -> tuple[int, int, float, int]:
     """(keys per query, d_k, temperature, seed) as the four controls set them."""
     c1, c2, c3, c4 = st.columns(4)
-    n_keys = c1.slider("keys per query", min_value=2, max_value=512, value=32, key="softmax_n_keys",
+    low, high = ui_softmax.N_KEYS_RANGE
+    n_keys = c1.slider("keys per query", min_value=low, max_value=high, value=32, key="softmax_n_keys",
                        persist_state="session",
                        help="The number of keys each query spreads its weight over (the row length).")
     d_k = c2.select_slider("d_k (dimension of q and k)", options=DIMS, value=64, key="softmax_d_k",
@@ -205,7 +206,8 @@ def _random_controls() -> tuple[int, int, float, int]:
     temperature = c3.select_slider("temperature T", options=TEMPERATURES, value=1.0, key="softmax_temperature",
                                    persist_state="session",
                                    help="softmax(logits / T): T > 1 flattens, T < 1 sharpens.")
-    seed = int(c4.number_input("seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="softmax_seed",
+    low, high = ui_softmax.SEED_RANGE
+    seed = int(c4.number_input("seed", min_value=low, max_value=high, value=0, step=1, key="softmax_seed",
                                persist_state="session"))
     return n_keys, d_k, temperature, seed
 

@@ -121,6 +121,12 @@ def test_prefetch_builds_one_step_either_way_of_the_slider_just_moved(monkeypatc
     built.clear()
     ui_softmax.prefetch_next(base, {**base, "temperature": 2.0}, temps, 12)
     assert built == [(64, 33, 0, 0.5, 12), (64, 33, 0, 2.0, 12)]
+    built.clear()
+    ui_softmax.prefetch_next(base, {**base, "seed": 1}, temps, 12)  # the seed's - button: 0 has no lower neighbour
+    assert built == [(64, 33, 1, 1.0, 12)]
+    built.clear()
+    ui_softmax.prefetch_next({**base, "seed": 7}, base, temps, 12)  # a seed typed in
+    assert built == [(64, 33, 6, 1.0, 12), (64, 33, 8, 1.0, 12)]
 
 
 def test_head_patterns_draw_each_softmax_of_a_head_on_one_scale():

@@ -126,23 +126,32 @@ def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_s
 
 
 N_KEYS_RANGE = (2, 512)  # the "keys per query" slider's bounds
+SEED_RANGE = (0, 2**31 - 1)  # the seed's
 
 
 def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float], rows_shown: int) -> None:
-    """Builds, in a background thread, section_figures one step either way of the slider just moved (setting and
+    """Builds, in a background thread, section_figures one step either way of the control just moved (setting and
     previous: {"d_k", "n_keys", "seed", "temperature"} of this run and the last), while the browser draws this
-    one: a slider moved again by a step then finds its figures ready. Nothing is built when no slider moved."""
+    one: a control moved again by a step then finds its figures ready. Nothing is built when nothing moved."""
     if previous is None:
         return
-    steps = {"n_keys": list(range(N_KEYS_RANGE[0], N_KEYS_RANGE[1] + 1)), "d_k": list(DIMS),
-             "temperature": list(temperatures)}
+    steps = {"n_keys": N_KEYS_RANGE, "d_k": list(DIMS), "temperature": list(temperatures), "seed": SEED_RANGE}
     wanted = []
     for name, options in steps.items():
-        if previous.get(name) != setting[name] and setting[name] in options:
-            i = options.index(setting[name])
-            wanted += [{**setting, name: options[j]} for j in (i - 1, i + 1) if 0 <= j < len(options)]
+        if previous.get(name) != setting[name]:
+            wanted += [{**setting, name: value} for value in _neighbours(options, setting[name])]
     build_in_background(section_figures, [(s["d_k"], s["n_keys"], s["seed"], s["temperature"], rows_shown)
                                           for s in wanted], "attnviz-softmax-prefetch")
+
+
+def _neighbours(options, value) -> list:
+    """The values one step either way of value: options a list of values, or (low, high) integer bounds."""
+    if isinstance(options, tuple):
+        return [v for v in (value - 1, value + 1) if options[0] <= v <= options[1]]
+    if value not in options:
+        return []
+    i = options.index(value)
+    return [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
 
 
 # The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
