@@ -189,3 +189,35 @@ PICKERS = {"heads.py": "heads", "sinks.py": "sinks", "experiments.py": "exp", "p
 def test_every_page_with_a_model_picker_runs_on_a_hybrid_and_on_mamba2(root, monkeypatch, page, name):
     """A page either shows what it can of these models or says why not, never an exception."""
     _page(page, PICKERS[page], root / name, monkeypatch, text=None)
+
+
+# every N x N map a pattern capture keeps, from tests/mixer_models' configs by hand: Qwen3-Next, 3 Gated DeltaNet
+# layers x 4 value heads + 1 softmax layer x 4 heads; Kimi Linear, 1 delta rule layer x linear_num_heads (32) +
+# 1 softmax layer x 4 heads
+HAND_MAPS = {"qwen3_next": 3 * 4 + 1 * 4, "kimi_linear": 1 * 32 + 1 * 4}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_MAPS))
+def test_the_page_and_the_front_door_choose_one_store_for_a_hybrid(tmp_path, monkeypatch, name):
+    """store="auto" on a hybrid, at the boundary of the dense store's bytes: the page's choice (ui.capture_store)
+    and the front door's (attnviz.capture) are the same, and both count every map the pattern store keeps, the
+    linear mixers' included, as a pattern capture holds them (read back) and as worked out by hand."""
+    from attnviz import budget, ui
+    from attnviz.capture import run
+    from attnviz.tokenizer import byte_tokenizer
+
+    folder = tmp_path / name
+    mixer_models.build(name).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
+    dense = attnviz.capture(str(folder), TEXT, store="pattern")
+    n = dense.n_tokens
+    held = dense.pattern.nbytes + sum(dense.layer_rows(i, mixer="linear").nbytes for i in dense.linear_layers)
+    assert held == HAND_MAPS[name] * n * n * 4  # float32 maps
+    monkeypatch.setattr(run, "MAX_CAPTURE_BYTES", held)  # the text of n tokens fits exactly; one more does not
+    assert budget.BUDGET.limit // 2 >= held  # the page's own cap (half the memory budget) is not what decides
+    for text, want in ((TEXT, "pattern"), (TEXT + "!", "qk")):
+        page, _, n_page = ui.capture_store(str(folder), text)
+        door = attnviz.capture(str(folder), text, store="auto")
+        assert page == door.store == want and n_page == door.n_tokens
+    assert n_page == n + 1
