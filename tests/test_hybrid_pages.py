@@ -180,6 +180,30 @@ def test_gate_sink_table_equals_a_recomputation(root):
     assert gate_table(cap, []) == {}
 
 
+
+def test_the_gate_beside_the_sink_is_computed_once_per_key(root, monkeypatch):
+    """The Sinks page's gate-and-sink table, cached on the page's key (model, version, text, layers): the same key
+    hands back the very object, computed once; another text computes its own, equal to a fresh gate_sink_table."""
+    import pandas as pd
+
+    from attnviz import sinks
+    from attnviz.ui import mixers_panel
+
+    folder, other = str(root / "qwen3_next"), "Sinks and gates: " + TEXT[::-1]
+    caps = {text: attnviz.capture(folder, text) for text in (TEXT, other)}
+    alphas = {text: sinks.capture_sink_scores(cap) for text, cap in caps.items()}
+    computed = []
+    fresh = gate_sink_table
+    monkeypatch.setattr(mixers_panel, "gate_sink_table", lambda c, a: computed.append(c) or fresh(c, a))
+    key = (folder, ("gate-sink-test",), TEXT, None)
+    first = mixers_panel._gate_sinks(*key, caps[TEXT], alphas[TEXT])
+    assert mixers_panel._gate_sinks(*key, caps[TEXT], alphas[TEXT]) is first and computed == [caps[TEXT]]
+    second = mixers_panel._gate_sinks(folder, ("gate-sink-test",), other, None, caps[other], alphas[other])
+    assert computed == [caps[TEXT], caps[other]]
+    pd.testing.assert_frame_equal(second[0], fresh(caps[other], alphas[other]))
+    pd.testing.assert_frame_equal(first[0], fresh(caps[TEXT], alphas[TEXT]))
+    assert not np.allclose(second[0]["mean gate"], first[0]["mean gate"])  # another text: another table
+
 PICKERS = {"heads.py": "heads", "sinks.py": "sinks", "experiments.py": "exp", "positional.py": "pos_meas",
            "softmax.py": "softmax", "variants.py": "variants", "corpus.py": "corpus"}
 
