@@ -216,9 +216,9 @@ def test_every_page_with_a_model_picker_runs_on_a_hybrid_and_on_mamba2(root, mon
 
 
 # every N x N map a pattern capture keeps, from tests/mixer_models' configs by hand: Qwen3-Next, 3 Gated DeltaNet
-# layers x 4 value heads + 1 softmax layer x 4 heads; Kimi Linear, 1 delta rule layer x linear_num_heads (32) +
+# layers x 4 value heads + 1 softmax layer x 4 heads; Kimi Linear, 1 delta rule layer x linear_num_heads (6) +
 # 1 softmax layer x 4 heads
-HAND_MAPS = {"qwen3_next": 3 * 4 + 1 * 4, "kimi_linear": 1 * 32 + 1 * 4}
+HAND_MAPS = {"qwen3_next": 3 * 4 + 1 * 4, "kimi_linear": 1 * 6 + 1 * 4}
 
 
 @pytest.mark.parametrize("name", sorted(HAND_MAPS))
