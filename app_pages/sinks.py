@@ -94,7 +94,8 @@ def show_sink_scores(model: str, text: str) -> None:
           "In a trained decoder such as SmolLM2 the first layers read content and from some depth on most heads "
           "are sink heads; the toy models, with random weights, have none to speak of.")
     _sink_keys(alpha, capture, found, unjudged, n_heads)
-    mixers_panel.gates_beside_sinks(capture, alpha)  # a gated model (Qwen3-Next): the gate beside the sink
+    # a gated model (Qwen3-Next): the gate beside the sink, cached on the capture's key
+    mixers_panel.gates_beside_sinks(capture, alpha, (model, ui.model_version(model), text, None))
     one_head_view(model, capture, alpha, hidden)
 
 def _sink_keys(alpha, capture, found: list[int], unjudged, n_heads: int) -> None:

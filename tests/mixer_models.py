@@ -47,8 +47,12 @@ def configs() -> dict:
                                              index_topk=4, n_routed_experts=2, num_experts_per_tok=1,
                                              n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
                                              **_IDS),
+        # Kimi Delta Attention of 6 heads x 8 channels (transformers' defaults, 32 x 128, made a 12,288-channel
+        # convolution), beside MLA softmax attention as small as DeepSeek-V3.2's above
         "kimi_linear": tf.KimiLinearConfig(hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                           linear_num_heads=6, linear_head_dim=8, kv_lora_rank=16,
+                                           qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
                                            num_experts=2, num_experts_per_token=1,
                                            layer_types=["linear_attention", "full_attention"], **_IDS),
         "lfm2": tf.Lfm2Config(**{k: v for k, v in _ATTN.items() if k != "head_dim"}, num_hidden_layers=2,

@@ -180,6 +180,30 @@ def test_gate_sink_table_equals_a_recomputation(root):
     assert gate_table(cap, []) == {}
 
 
+
+def test_the_gate_beside_the_sink_is_computed_once_per_key(root, monkeypatch):
+    """The Sinks page's gate-and-sink table, cached on the page's key (model, version, text, layers): the same key
+    hands back the very object, computed once; another text computes its own, equal to a fresh gate_sink_table."""
+    import pandas as pd
+
+    from attnviz import sinks
+    from attnviz.ui import mixers_panel
+
+    folder, other = str(root / "qwen3_next"), "Sinks and gates: " + TEXT[::-1]
+    caps = {text: attnviz.capture(folder, text) for text in (TEXT, other)}
+    alphas = {text: sinks.capture_sink_scores(cap) for text, cap in caps.items()}
+    computed = []
+    fresh = gate_sink_table
+    monkeypatch.setattr(mixers_panel, "gate_sink_table", lambda c, a: computed.append(c) or fresh(c, a))
+    key = (folder, ("gate-sink-test",), TEXT, None)
+    first = mixers_panel._gate_sinks(*key, caps[TEXT], alphas[TEXT])
+    assert mixers_panel._gate_sinks(*key, caps[TEXT], alphas[TEXT]) is first and computed == [caps[TEXT]]
+    second = mixers_panel._gate_sinks(folder, ("gate-sink-test",), other, None, caps[other], alphas[other])
+    assert computed == [caps[TEXT], caps[other]]
+    pd.testing.assert_frame_equal(second[0], fresh(caps[other], alphas[other]))
+    pd.testing.assert_frame_equal(first[0], fresh(caps[TEXT], alphas[TEXT]))
+    assert not np.allclose(second[0]["mean gate"], first[0]["mean gate"])  # another text: another table
+
 PICKERS = {"heads.py": "heads", "sinks.py": "sinks", "experiments.py": "exp", "positional.py": "pos_meas",
            "softmax.py": "softmax", "variants.py": "variants", "corpus.py": "corpus"}
 
@@ -189,3 +213,35 @@ PICKERS = {"heads.py": "heads", "sinks.py": "sinks", "experiments.py": "exp", "p
 def test_every_page_with_a_model_picker_runs_on_a_hybrid_and_on_mamba2(root, monkeypatch, page, name):
     """A page either shows what it can of these models or says why not, never an exception."""
     _page(page, PICKERS[page], root / name, monkeypatch, text=None)
+
+
+# every N x N map a pattern capture keeps, from tests/mixer_models' configs by hand: Qwen3-Next, 3 Gated DeltaNet
+# layers x 4 value heads + 1 softmax layer x 4 heads; Kimi Linear, 1 delta rule layer x linear_num_heads (6) +
+# 1 softmax layer x 4 heads
+HAND_MAPS = {"qwen3_next": 3 * 4 + 1 * 4, "kimi_linear": 1 * 6 + 1 * 4}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_MAPS))
+def test_the_page_and_the_front_door_choose_one_store_for_a_hybrid(tmp_path, monkeypatch, name):
+    """store="auto" on a hybrid, at the boundary of the dense store's bytes: the page's choice (ui.capture_store)
+    and the front door's (attnviz.capture) are the same, and both count every map the pattern store keeps, the
+    linear mixers' included, as a pattern capture holds them (read back) and as worked out by hand."""
+    from attnviz import budget, ui
+    from attnviz.capture import run
+    from attnviz.tokenizer import byte_tokenizer
+
+    folder = tmp_path / name
+    mixer_models.build(name).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
+    dense = attnviz.capture(str(folder), TEXT, store="pattern")
+    n = dense.n_tokens
+    held = dense.pattern.nbytes + sum(dense.layer_rows(i, mixer="linear").nbytes for i in dense.linear_layers)
+    assert held == HAND_MAPS[name] * n * n * 4  # float32 maps
+    monkeypatch.setattr(run, "MAX_CAPTURE_BYTES", held)  # the text of n tokens fits exactly; one more does not
+    assert budget.BUDGET.limit // 2 >= held  # the page's own cap (half the memory budget) is not what decides
+    for text, want in ((TEXT, "pattern"), (TEXT + "!", "qk")):
+        page, _, n_page = ui.capture_store(str(folder), text)
+        door = attnviz.capture(str(folder), text, store="auto")
+        assert page == door.store == want and n_page == door.n_tokens
+    assert n_page == n + 1

@@ -43,7 +43,7 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
     store: "pattern" (dense [layer, head, query, key]), "qk" (only q, k and the rules; no N x N array) or "auto"
-    (choose_store's pick for this text and the softmax layers asked for).
+    (choose_store's pick for this text and every N x N map these layers would keep, dense_maps).
     dtype: np.float32 (exact) or np.float16 (half the memory) for the dense pattern.
     with_scores: require the pre-softmax scores (capture.scores / head_scores), computed now; refused for the
     families whose q and k are not recorded.
@@ -63,11 +63,11 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     module = next(iter(numbered.values()), None)
     dtype = np.dtype(dtype)
     recorded = module is not None and records_inputs(loaded.model, module)
+    maps = dense_maps(loaded.model.config, wanted, wanted_all, plan)
     if store == "auto":  # no softmax attention (Mamba2): nothing to record, every store serves
-        store = choose_store(loaded, int(ids.shape[1]), len(wanted), can_stream=recorded or module is None)[0]
+        store = choose_store(loaded, int(ids.shape[1]), maps=maps, can_stream=recorded or module is None)[0]
     _check_request(loaded, module, store, dtype, recorded, with_scores, with_values, during)
-    _check_size(loaded, wanted, [i for i in wanted_all if plan and i in plan.mapped], int(ids.shape[1]), store,
-                dtype.itemsize + (4 if with_scores else 0), max_tokens)
+    _check_size(loaded, maps, int(ids.shape[1]), store, dtype.itemsize + (4 if with_scores else 0), max_tokens)
     recorder = Recorder(wanted=set(wanted), last=max(wanted_all), dtype=dtype, store=store,
                         layer_of={id(m): i for i, m in numbered.items()}, progress=progress,
                         on_layer=during.on_layer, keep_inputs=during.keep_inputs, attend=during.attend,
@@ -134,26 +134,23 @@ def _encoded(loaded, text: str, token_ids) -> tuple[torch.Tensor, torch.Tensor, 
     return ids, attention_mask, words
 
 
-def _check_size(loaded, wanted: list[int], linear: list[int], n: int, store: str, itemsize: int,
-                max_tokens: int | None) -> None:
-    """Refuses a text longer than the model's positions (or max_tokens), and a dense pattern (the linear mixers'
-    maps included) over MAX_CAPTURE_BYTES, saying how many layers would fit."""
+def _check_size(loaded, maps: int, n: int, store: str, itemsize: int, max_tokens: int | None) -> None:
+    """Refuses a text longer than the model's positions (or max_tokens), and a dense pattern store whose `maps` N x N
+    maps (dense_maps: the linear mixers' included) would pass MAX_CAPTURE_BYTES, saying how many heads' maps fit."""
     position_limit = shape.position_limit(loaded.model.config)
     limit = min(position_limit, (MAX_TOKENS if store == "pattern" else position_limit) if max_tokens is None
                 else max_tokens)
     if n > limit:
         raise CaptureError(f"The text is {n:,} tokens long; the limit for {loaded.spec.name} here is {limit:,} "
                            "tokens. Shorten the text.")
-    n_heads, n_layers = shape.n_heads(loaded.model.config), len(wanted) + len(linear)
-    facts = loaded.shape.layer_facts if getattr(loaded, "shape", None) is not None else ()
-    heads = len(wanted) * n_heads + sum((facts[i].heads if i < len(facts) else None) or n_heads for i in linear)
-    need = pattern_bytes(1, heads, n, itemsize)
+    need = pattern_bytes(1, maps, n, itemsize)
     if store == "pattern" and need > MAX_CAPTURE_BYTES:
+        n_heads = shape.n_heads(loaded.model.config)
         fit = max(0, MAX_CAPTURE_BYTES // max(1, pattern_bytes(1, n_heads, n, itemsize)))
-        raise CaptureError(f"Capturing {n_layers} layers x {n_heads} heads x {n:,}² weights needs "
-                           f"{need / 2**30:.1f} GiB (limit {MAX_CAPTURE_BYTES / 2**30:.0f} GiB); {fit} layers "
-                           "would fit. Pick fewer layers or a shorter text, or use the long-text store "
-                           "(store='qk'), which never builds the N x N arrays.")
+        raise CaptureError(f"Capturing {maps} heads' maps of {n:,}² weights needs {need / 2**30:.1f} GiB (limit "
+                           f"{MAX_CAPTURE_BYTES / 2**30:.0f} GiB); {fit} layers of {n_heads} heads would fit. Pick "
+                           "fewer layers or a shorter text, or use the long-text store (store='qk'), which never "
+                           "builds the N x N arrays.")
 
 
 def _forward(loaded, recorder: Recorder | None, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
@@ -230,15 +227,36 @@ def _add_linear(capture: AttentionCapture, plan, wanted_linear: list[int], recor
     capture.skipped = dict(plan.skipped)
 
 
-def choose_store(loaded, n_tokens: int, n_layers: int, limit_bytes: int | None = None, *,
-                 can_stream: bool | None = None) -> tuple[str, str]:
-    """(store, why): the pattern store while [layer, head, n, n] fits MAX_CAPTURE_BYTES (and limit_bytes) and
-    MAX_TOKENS, else the qk store where the family records q and k (attnviz.views.choose_store says why).
-    can_stream: whether it does (records_inputs), when the caller has already read it off the model."""
+def choose_store(loaded, n_tokens: int, layers=None, limit_bytes: int | None = None, *,
+                 can_stream: bool | None = None, maps: int | None = None) -> tuple[str, str]:
+    """(store, why) for a capture of `layers` (None: all; read as capture_attention reads them) of a text of n_tokens:
+    the pattern store while every N x N map it would keep (dense_maps) fits MAX_CAPTURE_BYTES (and limit_bytes) and
+    the text MAX_TOKENS, else the qk store where the family records q and k (attnviz.views.choose_store says why).
+    The one rule for store="auto": capture_attention and the app's pages both ask here.
+    maps, can_stream: dense_maps and records_inputs, when the caller has already read them off the model."""
     limit = MAX_CAPTURE_BYTES if limit_bytes is None else min(MAX_CAPTURE_BYTES, limit_bytes)
+    if maps is None:
+        numbered, plan = numbered_attention(loaded.model), linear_plan(loaded.model)
+        wanted_all = model_layers(layers, numbered, plan)
+        maps = dense_maps(loaded.model.config, [i for i in wanted_all if i in numbered], wanted_all, plan)
     can_stream = records_inputs(loaded.model) if can_stream is None else can_stream
-    return views.choose_store(n_layers, shape.n_heads(loaded.model.config), n_tokens, limit_bytes=limit,
-                              can_stream=can_stream, max_dense_tokens=MAX_TOKENS)
+    return views.choose_store(1, maps, n_tokens, limit_bytes=limit, can_stream=can_stream,  # maps x N x N
+                              max_dense_tokens=MAX_TOKENS)
+
+
+def dense_maps(config, softmax: list[int], layers: list[int], plan) -> int:
+    """How many N x N maps the pattern store keeps for a capture of model layers `layers`: every head of each softmax
+    layer among them, and every head of each linear mixer with a map (plan: attnviz.capture.linear.LinearPlan), at
+    the mixer's own heads (a gated delta rule's value heads, Mamba2's heads, Falcon-H1's Mamba2 beside its
+    attention). The pattern store keeps a linear map whole, float32, once read (attnviz.capture.linear.map_rows),
+    so it weighs as a softmax layer's pattern; the qk store keeps only the kernel's record."""
+    n_heads = shape.n_heads(config)
+    mixers = [plan.mapped[i] for i in layers if i in plan.mapped] if plan is not None else []
+    return len(softmax) * n_heads + sum(shape.layer_sizes(config, _MAP_KIND.get(kind, kind))[0] or n_heads
+                                        for kind in mixers)
+
+
+_MAP_KIND = {"softmax + mamba2": "mamba2"}  # the layer's map is its Mamba2 mixer's; its attention is counted apart
 
 
 def pattern_bytes(n_layers: int, n_heads: int, n_tokens: int, itemsize: int = 4) -> int:

@@ -165,7 +165,7 @@ def rollout(model: Model, text: Text, *, layer: int = -1, residual: float = 0.5,
     with ins.model_for(model, tokenizer, "attnviz.rollout") as loaded:
         ids = ins.token_ids(loaded, text)
         top = ins.layer_of(loaded, layer)
-        store = choose_store(loaded, len(ids), top + 1)[0]
+        store = choose_store(loaded, len(ids), range(top + 1))[0]
         capture = capture_attention(loaded, "", token_ids=ids, layers=range(top + 1), store=store)
     return RolloutResults(loaded.spec.name, capture.tokens, ro.capture_rollout(capture, residual))
 

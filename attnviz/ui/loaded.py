@@ -243,15 +243,15 @@ def token_count(name: str, text: str, loaded) -> int:
 
 
 def capture_store(name: str, text: str, layers=None) -> tuple[str, str, int]:
-    """(store, why, n_tokens) for a capture of `text` through `name`: capture.choose_store, with the dense store
-    held within half of what the server gives all visitors' work."""
+    """(store, why, n_tokens) for a capture of `text` through `name`: capture.choose_store, the front door's own
+    rule for store="auto" (every N x N map the pattern store would keep, the linear mixers' included), with the dense
+    store also held within half of what the server gives all visitors' work."""
     from attnviz import budget
     from attnviz.capture import choose_store
 
     loaded = get_model(name)
     n_tokens = token_count(name, text, loaded)
-    n_layers = loaded.shape.layers if layers is None else len(set(layers))  # a linear map weighs as a pattern
-    store, why = choose_store(loaded, n_tokens, n_layers, limit_bytes=budget.BUDGET.limit // 2)
+    store, why = choose_store(loaded, n_tokens, layers, limit_bytes=budget.BUDGET.limit // 2)
     return store, why, n_tokens
 
 

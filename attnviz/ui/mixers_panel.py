@@ -143,16 +143,27 @@ def _gates(capture, key: tuple) -> None:
                "average. A row that is bright on the left and dark on the right is a query whose head the gate shut.")
 
 
-def gates_beside_sinks(capture, alpha: np.ndarray) -> None:
-    """The Sinks page's view of a gated model: each gated head's sink score beside its gate sparsity."""
+@ui.figure_cache(max_entries=16)
+def _gate_sinks(model: str, version: tuple, text: str, layers, _capture, _alpha: np.ndarray) -> tuple:
+    """(gate_sink_table, its figure), built once for every session: model, version, text and layers are the Sinks
+    page's key, which names the capture and so its sink scores `_alpha`. Nothing may change the table once cached
+    (the page draws a rounded copy)."""
+    table = gate_sink_table(_capture, _alpha)
+    labels = [f"L{layer} H{head}" for layer, head in zip(table["layer"], table["head"])]
+    figure = figs.gate_sink_bars({"sink α₀": table["sink α₀"], "share of gates under 0.1":
+                                  table["share of gates under 0.1"]}, labels,
+                                 title="Gated softmax heads: sink score and gate sparsity")
+    return table, figure
+
+
+def gates_beside_sinks(capture, alpha: np.ndarray, key: tuple) -> None:
+    """The Sinks page's view of a gated model: each gated head's sink score beside its gate sparsity. key: the
+    page's (model, version of its files, text, layers), which names the capture; the table is cached on it."""
     if not capture.gates:
         return
-    table = gate_sink_table(capture, alpha)
+    table, figure = _gate_sinks(*key, capture, alpha)
     st.subheader("The output gate beside the sink")
-    labels = [f"L{layer} H{head}" for layer, head in zip(table["layer"], table["head"])]
-    ui.plot(figs.gate_sink_bars({"sink α₀": table["sink α₀"], "share of gates under 0.1":
-                                 table["share of gates under 0.1"]}, labels,
-                                title="Gated softmax heads: sink score and gate sparsity"), key="sinks_gates")
+    ui.plot(figure, key="sinks_gates")
     st.caption("What to see: this model multiplies each head's output by a sigmoid gate (Qiu et al. 2025). A gate "
                "under 0.1 all but shuts the head at that query, which is what a sink does for an ungated head: "
                "gated heads need less sink. Both bars are fractions: α₀ the mean weight on token 0, the other the "
