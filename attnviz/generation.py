@@ -17,6 +17,7 @@ import torch
 
 from attnviz import lm
 from attnviz.capture import MAX_TOKENS, numbered_attention, recording_forward
+from attnviz.cores import one_core
 from attnviz.errors import AttnvizError
 from attnviz.tokenizer import readable_tokens
 
@@ -124,7 +125,8 @@ def generate(loaded, prompt: str | Sequence[int], max_new_tokens: int = 16, *, t
             cache = model(input_ids=torch.tensor([ids[:-1]], device=device),
                           attention_mask=torch.ones(1, len(ids) - 1, dtype=torch.long, device=device),
                           use_cache=True).past_key_values
-        with recording_forward(model) as rec:
+        # one token a step: its products are too small for a second core, which only waits on a loaded machine
+        with recording_forward(model) as rec, one_core():
             for _ in range(int(max_new_tokens)):
                 if should_stop is not None and should_stop():
                     out.ended = "stopped"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnviz.cores import one_core
 from attnviz.errors import AttnvizError
 from attnviz.figures import instant
 from attnviz.figures import kernel as figs
@@ -56,7 +57,8 @@ def kernel_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtyp
     if reason:
         raise KernelRefused(reason)
     q, k, v = make_inputs(n, d, dtype=dtype, seed=seed)
-    steps = list(tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n, window=window))
+    with one_core():  # tile-sized products: a second core only waits on a loaded machine
+        steps = list(tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n, window=window))
     seconds, (out, trace) = timed_once(lambda: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n,
                                                            trace=True, window=window))
     reference = reference_attention(q, k, v, causal=causal, window=window)[0, 0].numpy()
