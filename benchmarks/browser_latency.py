@@ -68,6 +68,9 @@ NEW_WORK = {
     "heads_layer_range": "new work: a capture of other layers, the model run again",
     "heads_induction_length": "new work: a forward pass over a new random sequence",
     "heads_induction_seed": "new work: a forward pass over a new random sequence",
+    "exp_new": "new work: the model generates the tokens again",
+    "exp_temperature": "new work: the model generates the tokens again",
+    "exp_seed": "new work: the model generates the tokens again",
 }
 MODEL = "smollm2-135m"
 N_TOKENS = 1_800
