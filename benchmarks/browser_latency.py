@@ -34,6 +34,8 @@ heads-1800-qk).
 
     python benchmarks/browser_latency.py [--port 8641] [--repeat 3] [--page positional] [--page variants] ...
     python benchmarks/browser_latency.py --quick    one widget (the Positional page's first), once
+    python benchmarks/browser_latency.py --busy-cores 1    the same with one core kept busy all along (on 2 cores:
+        about half the matmul rate, as on a slower or shared machine)
     python benchmarks/browser_latency.py --page heads --tab head --limit 4    the Heads page's layer, head, boost
         and sink changes with its One head tab open (--tab: the tab a Heads view opens on, by its link's slug)
 
@@ -43,10 +45,12 @@ A page that fails is reported with a screenshot, the others are still measured, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -256,10 +260,11 @@ def run_pages(names: list[str], args) -> list[Run]:
     return runs
 
 
-def table(runs: list[Run], repeat: int, rate: float, load_before: float) -> None:
+def table(runs: list[Run], repeat: int, rate: float, load_before: float, busy: int = 0) -> None:
     print(f"float32 matmul rate measured first: {rate / 1e9:.0f} GFLOP/s; load average {load_before:.1f} before, "
-          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs; {repeat} runs of each widget; goal "
-          f"{GOAL_S} s from input to idle")
+          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs"
+          + (f", {busy} of them kept busy by a spinning process throughout" if busy else "")
+          + f"; {repeat} runs of each widget; goal {GOAL_S} s from input to idle")
     print("| page | widget | input -> idle, median s | driver -> idle, median s | input -> idle, all runs (s) | "
           "load | over the goal |")
     print("|---|---|---|---|---|---|---|")
@@ -310,6 +315,20 @@ def chart_table(runs: list[Run]) -> None:
     print(f"{len(rows)} in-chart sliders timed, {over} over the goal")
 
 
+@contextlib.contextmanager
+def busy_cores(n: int):
+    """n processes that each keep a core busy (a loop with no end) while the block runs, yielded: another program's
+    work on a shared machine, or a slower one."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(2.0 if n else 0.0)  # the load average starts to show them
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def main() -> None:
     names = list(targets())
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -319,15 +338,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="time at most this many widgets of each page")
     parser.add_argument("--quick", action="store_true", help="one widget, once: the Positional page's first")
     parser.add_argument("--tab", help="the tab the Heads views open on, by its link's slug (grid, head, token, ...)")
+    parser.add_argument("--busy-cores", type=int, default=0,
+                        help="keep this many cores busy with a spinning process for the whole run (a slower or shared "
+                             "machine: on 2 cores, one busy halves the matmul rate)")
     args = parser.parse_args()
     if args.quick:
         args.repeat, args.page, args.limit, args.port = 1, ["positional"], 1, None  # None: a free port
     from benchmarks.longcontext import matmul_rate
 
-    load_before = os.getloadavg()[0]
-    rate = matmul_rate(512, 3) if args.quick else matmul_rate()  # --quick: a small product, a rough rate
-    runs = run_pages(args.page or names, args)
-    table(runs, args.repeat, rate, load_before)
+    with busy_cores(args.busy_cores):
+        load_before = os.getloadavg()[0]
+        rate = matmul_rate(512, 3) if args.quick else matmul_rate()  # --quick: a small product, a rough rate
+        runs = run_pages(args.page or names, args)
+    table(runs, args.repeat, rate, load_before, args.busy_cores)
     if any(run.failed for run in runs):
         sys.exit("failed: " + ", ".join(run.title for run in runs if run.failed))
 

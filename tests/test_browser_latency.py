@@ -44,6 +44,29 @@ def test_a_move_the_page_ignored_is_shown_as_no_rerun_and_left_out_of_the_median
     assert "4 widgets timed, 2 over the goal, 1 of them new work (the model run again)" in out
 
 
+def test_busy_cores_keep_a_process_spinning_for_the_run_only_and_the_table_says_so(capsys):
+    import time
+
+    from benchmarks.browser_latency import Run, busy_cores, table
+
+    with busy_cores(1) as spinners:
+        assert len(spinners) == 1 and spinners[0].poll() is None
+        before = _cpu_seconds(spinners[0].pid)
+        time.sleep(0.5)
+        assert _cpu_seconds(spinners[0].pid) - before > 0.2  # it uses a core
+    assert spinners[0].poll() is not None  # gone once the run ends
+    table([Run(title="t", repeat=3, limit=None)], 3, 1e11, 0.5, busy=1)
+    assert "CPUs, 1 of them kept busy by a spinning process throughout;" in capsys.readouterr().out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process (Linux /proc/<pid>/stat)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_an_in_chart_slider_is_over_its_goal_when_slow_or_when_it_spoke_to_the_server(capsys):
     from benchmarks.browser_latency import Run, chart_table
 
