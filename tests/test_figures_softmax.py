@@ -28,7 +28,7 @@ def test_sweep_panels_draw_each_column_in_its_own_panel_with_one_legend():
     fig = figs.sweep_panels(sweep, [
         {"column": "a", "title": "A", "y_title": "a (units)", "band": ("lo", "hi"), "reference": True},
         {"column": "b", "title": "B", "y_title": "b (log scale)", "log_y": True},
-    ], current_d_k=16, reference={"theory": ([1, 64], [1, 64])}, cols=2)
+    ], reference={"theory": ([1, 64], [1, 64])}, cols=2)
     assert [a.text for a in fig.layout.annotations if a.text in ("A", "B")] == ["A", "B"]
     lines = {(t.name, t.xaxis): t for t in fig.data if t.mode == "lines+markers"}
     for variant, factor in (("scaled", 1.0), ("unscaled", 3.0)):
@@ -41,8 +41,6 @@ def test_sweep_panels_draw_each_column_in_its_own_panel_with_one_legend():
     assert fig.layout.yaxis.type != "log" and fig.layout.yaxis2.type == "log"
     assert _axis_titles(fig, "yaxis") == {"yaxis": "a (units)", "yaxis2": "b (log scale)"}
     assert set(_axis_titles(fig, "xaxis").values()) == {"d_k (log scale)"}
-    markers = [s for s in fig.layout.shapes if s.x0 == 16]
-    assert sorted(s.xref for s in markers) == ["x", "x2"]  # the current d_k in every panel
 
 
 def test_variants_figure_draws_each_variants_logits_and_rows():

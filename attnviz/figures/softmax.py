@@ -116,27 +116,22 @@ def row_distributions(panels: Sequence[dict], *, colors: Mapping[str, str] = VAR
     return apply_layout(fig, height=height).update_layout(margin=dict(t=50))
 
 
-def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *, current_d_k: int | None = None,
+def sweep_panels(sweep: pd.DataFrame, panels: Sequence[dict], *,
                  reference: Mapping[str, tuple] = (), cols: int = 3, height: int = 760) -> go.Figure:
     """Curves against d_k (log axis), one line per variant, one panel per dict {"column", "title", "y_title",
     "log_y", "band": (lo, hi) or None, "reference": bool} in one figure (one chart to draw, not six). band shades a
     percentile range; reference (name -> (x, y), e.g. a theoretical curve) is drawn dashed in the panels that ask
-    for it; current_d_k is a dotted vertical marker in every panel. Variants share one legend.
+    for it. Variants share one legend.
 
     Built in one go from sweep_parts: plotly re-validates a many-panel figure on every update, which made per-panel
     updates most of the page's time on a slider move."""
     layout = grid_layout(-(-len(panels) // cols), cols, [p["title"] for p in panels], vertical_spacing=0.22)
-    shapes, notes = [], layout["annotations"]
     for i, panel in enumerate(panels):
         suffix = "" if i == 0 else str(i + 1)
-        if current_d_k is not None:
-            shape, note = _log_vline_parts(current_d_k, f"d_k = {current_d_k}", "#868e96", "left", axis=suffix)
-            shapes.append(shape)
-            notes.append(note)
         layout[f"xaxis{suffix}"].update(type="log", title=dict(text="d_k (log scale)"))
         layout[f"yaxis{suffix}"].update(title=dict(text=panel["y_title"]),
                                         **(dict(type="log", exponentformat="power") if panel.get("log_y") else {}))
-    fig = go.Figure(data=sweep_traces(sweep, panels, reference=reference), layout=dict(layout, shapes=shapes))
+    fig = go.Figure(data=sweep_traces(sweep, panels, reference=reference), layout=layout)
     apply_layout(fig, height=height)
     return fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="left", x=0.0),
                              margin=dict(t=90))
