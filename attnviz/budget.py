@@ -264,16 +264,19 @@ def forward_bytes(config, n_tokens: int, *, batch: int = 1, eager: bool = True) 
 
 
 def capture_working_bytes(config, n_tokens: int, n_layers: int, *, store: str, itemsize: int = 4,
-                          uses_sdpa: bool = True) -> int:
+                          uses_sdpa: bool = True, maps: int | None = None) -> int:
     """Estimated peak bytes of one capture beyond the model's weights: what it keeps (the dense pattern, or q and k
     per layer) plus the forward pass's working set (forward_bytes; eager attention for the pattern store and for
-    families read by hooks, uses_sdpa=False, in either store)."""
+    families read by hooks, uses_sdpa=False, in either store). maps: how many N x N maps the pattern store keeps
+    (attnviz.capture.run.dense_maps: a hybrid's linear mixers count at their own heads); n_layers x the model's
+    heads when None."""
     from attnviz.capture import inputs_bytes, pattern_bytes
 
     keeps = inputs_bytes(config, n_layers, n_tokens)
     if store == "qk":
         keeps += overview_bytes(heads_of(config), n_layers, n_tokens)
     if store == "pattern":
-        keeps += pattern_bytes(n_layers, heads_of(config), n_tokens, itemsize)
+        keeps += (pattern_bytes(n_layers, heads_of(config), n_tokens, itemsize) if maps is None
+                  else pattern_bytes(1, maps, n_tokens, itemsize))
     eager = store == "pattern" or not uses_sdpa  # a family read by hooks (BLOOM) runs eager even in the qk store
     return int(forward_bytes(config, n_tokens, eager=eager) + keeps)

@@ -245,3 +245,25 @@ def test_the_page_and_the_front_door_choose_one_store_for_a_hybrid(tmp_path, mon
         door = attnviz.capture(str(folder), text, store="auto")
         assert page == door.store == want and n_page == door.n_tokens
     assert n_page == n + 1
+
+
+@pytest.mark.parametrize("name", sorted(HAND_MAPS))
+def test_the_memory_estimate_of_a_hybrid_counts_the_maps_a_pattern_capture_holds(tmp_path, monkeypatch, name):
+    """The budget's estimate of a pattern capture (ui.capture_need) counts its maps as the capture holds them: the
+    linear mixers' at their own heads, the layers without a map not at all."""
+    from attnviz import budget, ui
+    from attnviz.capture import numbered_attention, uses_interface
+    from attnviz.tokenizer import byte_tokenizer
+
+    folder = tmp_path / name
+    mixer_models.build(name).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
+    dense = attnviz.capture(str(folder), TEXT, store="pattern")
+    n = dense.n_tokens
+    held = dense.pattern.nbytes + sum(dense.layer_rows(i, mixer="linear").nbytes for i in dense.linear_layers)
+    loaded = ui.get_model(str(folder))
+    modules = list(numbered_attention(loaded.model).values())
+    without_maps = budget.capture_working_bytes(loaded.model.config, n, loaded.shape.layers, store="pattern", maps=0,
+                                                uses_sdpa=not modules or uses_interface(modules[0]))
+    assert ui.capture_need(loaded, n, None, "pattern") - without_maps == held == HAND_MAPS[name] * n * n * 4

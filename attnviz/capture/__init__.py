@@ -32,7 +32,7 @@ from attnviz.capture.modules import (CaptureError, attention_layers, attention_m
 from attnviz.capture.masks import named_rule
 from attnviz.capture.recording import ATTN_IMPLEMENTATION, Recorder, recording, recording_forward, wanted_layers
 from attnviz.capture.run import (MAX_CAPTURE_BYTES, MAX_TOKENS, STORES, DuringForward, capture_attention, choose_store,
-                                 inputs_bytes, pattern_bytes)
+                                 inputs_bytes, maps_of, pattern_bytes)
 from attnviz.capture.store import AttentionCapture, from_attentions
 from attnviz.capture import methods  # after the store: the store's upper methods
 
@@ -41,8 +41,8 @@ __all__ = ["ATTN_IMPLEMENTATION", "MAX_CAPTURE_BYTES", "MAX_TOKENS", "STORES", "
            "DuringForward", "Recorder", "SharedHooks", "attention_modules", "borrowed", "capture_attention",
            "choose_store",
            "decoder_layers", "from_attentions", "input_device", "inputs_bytes", "is_causal", "load_capture",
-           "named_rule", "pattern_bytes", "prepare_model", "records_inputs", "recording", "recording_forward",
-           "save_capture", "uses_interface", "wanted_layers"]
+           "maps_of", "named_rule", "pattern_bytes", "prepare_model", "records_inputs", "recording",
+           "recording_forward", "save_capture", "uses_interface", "wanted_layers"]
 
 
 # AttentionCapture's methods that reach above the store (by_words, save, stats, the notebook views): set here, where

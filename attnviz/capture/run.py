@@ -235,13 +235,17 @@ def choose_store(loaded, n_tokens: int, layers=None, limit_bytes: int | None = N
     The one rule for store="auto": capture_attention and the app's pages both ask here.
     maps, can_stream: dense_maps and records_inputs, when the caller has already read them off the model."""
     limit = MAX_CAPTURE_BYTES if limit_bytes is None else min(MAX_CAPTURE_BYTES, limit_bytes)
-    if maps is None:
-        numbered, plan = numbered_attention(loaded.model), linear_plan(loaded.model)
-        wanted_all = model_layers(layers, numbered, plan)
-        maps = dense_maps(loaded.model.config, [i for i in wanted_all if i in numbered], wanted_all, plan)
+    maps = maps_of(loaded, layers) if maps is None else maps
     can_stream = records_inputs(loaded.model) if can_stream is None else can_stream
     return views.choose_store(1, maps, n_tokens, limit_bytes=limit, can_stream=can_stream,  # maps x N x N
                               max_dense_tokens=MAX_TOKENS)
+
+
+def maps_of(loaded, layers=None) -> int:
+    """dense_maps of a capture of `layers` (None: all; read as capture_attention reads them), read off the model."""
+    numbered, plan = numbered_attention(loaded.model), linear_plan(loaded.model)
+    wanted_all = model_layers(layers, numbered, plan)
+    return dense_maps(loaded.model.config, [i for i in wanted_all if i in numbered], wanted_all, plan)
 
 
 def dense_maps(config, softmax: list[int], layers: list[int], plan) -> int:

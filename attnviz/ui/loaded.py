@@ -203,22 +203,23 @@ def _cached_capture(name: str, version: tuple, text: str, layers: tuple[int, ...
                                  progress=progress, during=during)
 
     if need is None:
-        n_layers = len(layers) if layers is not None else None
-        need = capture_need(loaded, len(loaded.tokenizer(text).input_ids), n_layers, store)
+        need = capture_need(loaded, len(loaded.tokenizer(text).input_ids), layers, store)
     wait.setdefault("what", "This capture")
     return _caches()[1].get((name, version, text, layers, with_scores, store), compute, need=need,
                             keep=(name, version), **wait)
 
 
-def capture_need(loaded, n_tokens: int, n_layers: int | None, store: str) -> int:
-    """The estimated peak bytes of a capture beyond the model (budget.capture_working_bytes); every model layer
-    counts, since a linear mixer's map is as big as a softmax layer's pattern."""
+def capture_need(loaded, n_tokens: int, layers, store: str) -> int:
+    """The estimated peak bytes of a capture of `layers` (None: all) beyond the model (budget.capture_working_bytes),
+    its dense maps counted as the pattern store keeps them (capture.maps_of: a linear mixer's at its own heads)."""
     from attnviz import budget
-    from attnviz.capture import numbered_attention, uses_interface
+    from attnviz.capture import maps_of, numbered_attention, uses_interface
 
     modules = list(numbered_attention(loaded.model).values())
-    return budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers or loaded.shape.layers, store=store,
-                                        uses_sdpa=not modules or uses_interface(modules[0]))
+    n_layers = loaded.shape.layers if layers is None else len(set(layers))
+    return budget.capture_working_bytes(loaded.model.config, n_tokens, n_layers, store=store,
+                                        uses_sdpa=not modules or uses_interface(modules[0]),
+                                        maps=maps_of(loaded, layers) if store == "pattern" else None)
 
 
 def _made_capture(name, version, text, layers, with_scores, store):
@@ -295,7 +296,7 @@ def get_capture(name: str | None, text: str, layers=None, with_scores: bool = Fa
         made = _made_capture(name, version, text, key_layers, bool(with_scores), store)
         if made is not None:
             return made
-        need = capture_need(loaded, n_tokens, None if key_layers is None else len(key_layers), store)
+        need = capture_need(loaded, n_tokens, key_layers, store)
         return _capture_shown(name, version, text, key_layers, bool(with_scores), store, need, n_tokens)
     except (CaptureError, ModelError, budget.OverBudget) as exc:
         show_error(exc)
