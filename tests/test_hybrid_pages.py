@@ -221,13 +221,9 @@ def test_every_page_with_a_model_picker_runs_on_a_hybrid_and_on_mamba2(root, mon
 HAND_MAPS = {"qwen3_next": 3 * 4 + 1 * 4, "kimi_linear": 1 * 6 + 1 * 4}
 
 
-@pytest.mark.parametrize("name", sorted(HAND_MAPS))
-def test_the_page_and_the_front_door_choose_one_store_for_a_hybrid(tmp_path, monkeypatch, name):
-    """store="auto" on a hybrid, at the boundary of the dense store's bytes: the page's choice (ui.capture_store)
-    and the front door's (attnviz.capture) are the same, and both count every map the pattern store keeps, the
-    linear mixers' included, as a pattern capture holds them (read back) and as worked out by hand."""
-    from attnviz import budget, ui
-    from attnviz.capture import run
+def _saved_hybrid(tmp_path, monkeypatch, name: str):
+    """(folder, tokens of TEXT, bytes its pattern capture holds: the softmax pattern and every linear map) for the
+    tiny hybrid `name` saved as a local model folder."""
     from attnviz.tokenizer import byte_tokenizer
 
     folder = tmp_path / name
@@ -235,8 +231,19 @@ def test_the_page_and_the_front_door_choose_one_store_for_a_hybrid(tmp_path, mon
     byte_tokenizer().save_pretrained(folder)
     monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
     dense = attnviz.capture(str(folder), TEXT, store="pattern")
-    n = dense.n_tokens
     held = dense.pattern.nbytes + sum(dense.layer_rows(i, mixer="linear").nbytes for i in dense.linear_layers)
+    return folder, dense.n_tokens, held
+
+
+@pytest.mark.parametrize("name", sorted(HAND_MAPS))
+def test_the_page_and_the_front_door_choose_one_store_for_a_hybrid(tmp_path, monkeypatch, name):
+    """store="auto" on a hybrid, at the boundary of the dense store's bytes: the page's choice (ui.capture_store)
+    and the front door's (attnviz.capture) are the same, and both count every map the pattern store keeps, the
+    linear mixers' included, as a pattern capture holds them (read back) and as worked out by hand."""
+    from attnviz import budget, ui
+    from attnviz.capture import run
+
+    folder, n, held = _saved_hybrid(tmp_path, monkeypatch, name)
     assert held == HAND_MAPS[name] * n * n * 4  # float32 maps
     monkeypatch.setattr(run, "MAX_CAPTURE_BYTES", held)  # the text of n tokens fits exactly; one more does not
     assert budget.BUDGET.limit // 2 >= held  # the page's own cap (half the memory budget) is not what decides
@@ -253,15 +260,8 @@ def test_the_memory_estimate_of_a_hybrid_counts_the_maps_a_pattern_capture_holds
     linear mixers' at their own heads, the layers without a map not at all."""
     from attnviz import budget, ui
     from attnviz.capture import numbered_attention, uses_interface
-    from attnviz.tokenizer import byte_tokenizer
 
-    folder = tmp_path / name
-    mixer_models.build(name).save_pretrained(folder)
-    byte_tokenizer().save_pretrained(folder)
-    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path))
-    dense = attnviz.capture(str(folder), TEXT, store="pattern")
-    n = dense.n_tokens
-    held = dense.pattern.nbytes + sum(dense.layer_rows(i, mixer="linear").nbytes for i in dense.linear_layers)
+    folder, n, held = _saved_hybrid(tmp_path, monkeypatch, name)
     loaded = ui.get_model(str(folder))
     modules = list(numbered_attention(loaded.model).values())
     without_maps = budget.capture_working_bytes(loaded.model.config, n, loaded.shape.layers, store="pattern", maps=0,

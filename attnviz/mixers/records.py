@@ -46,6 +46,17 @@ class DeltaCall:
         """How many tokens (rows and keys) its map has."""
         return int(self.beta.shape[0])
 
+    def implicit_map(self, **options) -> torch.Tensor:
+        """w [value head, query, key]: the kind's map (delta.delta_rule_map, kda.kda_map; options: chunk, dtype,
+        out)."""
+        return type(self)._map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
+
+    def rows(self, block: int | None = None, **options):
+        """The map's rows a chunk of `block` rows at a time (delta.delta_rule_rows, kda.kda_rows; options: dtype,
+        into, heads)."""
+        return type(self)._rows(self.query, self.key, self.g, self.beta, l2norm=self.l2norm,
+                                chunk=block or self.block, **options)
+
     def mixed(self, w: torch.Tensor) -> torch.Tensor:
         """The kernel's output rebuilt from a map: sum_s w_ts v_s; there is no other term."""
         return apply_map(w, self.value)
@@ -55,16 +66,7 @@ class DeltaRuleRecord(DeltaCall):
     """A gated delta rule call (Qwen3-Next, Qwen3.5): g [N, value heads], one log decay per head."""
 
     block = delta.CHUNK
-
-    def implicit_map(self, **options) -> torch.Tensor:
-        """w [value head, query, key] (attnviz.mixers.delta.delta_rule_map)."""
-        return delta_rule_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
-
-    def rows(self, block: int | None = None, **options):
-        """The map's rows a chunk of `block` rows at a time (attnviz.mixers.delta.delta_rule_rows; options: dtype,
-        into, heads)."""
-        return delta_rule_rows(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, chunk=block or self.block,
-                               **options)
+    _map, _rows = staticmethod(delta_rule_map), staticmethod(delta_rule_rows)
 
 
 class KdaRecord(DeltaCall):
@@ -72,16 +74,7 @@ class KdaRecord(DeltaCall):
     convolution; g [N, head, dk], each key channel's log decay (attnviz.mixers.kda)."""
 
     block = kda.CHUNK
-
-    def implicit_map(self, **options) -> torch.Tensor:
-        """w [head, query, key] (attnviz.mixers.kda.kda_map); options: chunk, dtype, out."""
-        return kda_map(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, **options)
-
-    def rows(self, block: int | None = None, **options):
-        """The map's rows a chunk of `block` rows at a time (attnviz.mixers.kda.kda_rows; options: dtype, into,
-        heads)."""
-        return kda_rows(self.query, self.key, self.g, self.beta, l2norm=self.l2norm, chunk=block or self.block,
-                        **options)
+    _map, _rows = staticmethod(kda_map), staticmethod(kda_rows)
 
 
 @dataclass(frozen=True)
