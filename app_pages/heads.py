@@ -314,7 +314,7 @@ def export_panel():
 
 
 # Only the open tab runs: a rerun after a layer, head or toggle change draws one tab, from cached figures.
-tabs = dict(zip(TABS, cache.open_tab(list(TABS.values()))))
+tabs = dict(zip(TABS, ui.lazy_tabs(list(TABS.values()), "heads_tab")))
 view["tab"] = next((slug for slug, tab in tabs.items() if tab.open), "grid")
 
 if tabs["grid"].open:

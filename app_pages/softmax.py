@@ -143,12 +143,19 @@ st.markdown(
     r"weight, and the softmax Jacobian $J=\mathrm{diag}(p)-pp^\top$ (the only way a gradient reaches $q$ and $k$) "
     r"goes to zero. "
     rf"Below, {N_QUERIES} random queries each attend over the same random keys, with and without the scaling; "
-    r"the temperature $T$ divides every logit in both."
+    r"the temperature $T$ divides every logit in both. Under the numbers, four tabs: the logits and first rows, "
+    r"every row's statistics, the same statistics against $d_k$, and the gradient that reaches $q$; a control "
+    r"moved redraws the open tab only."
 )
+
+SECTION_TABS = {"logits": "Logits and rows", "rows": "Every row, not only the mean", "sweeps": "Against d_k",
+                "gradient": "The gradient that reaches q"}
+
 
 @st.fragment
 def random_logits_section() -> None:
-    """Everything the four controls above it change: moving one reruns this section only, not the real model's."""
+    """Everything the four controls above it change: moving one reruns this section only, not the real model's, and
+    draws the open tab's charts only (the others are drawn when opened)."""
     n_keys, d_k, temperature, seed = _random_controls()
 
     with st.spinner("Sampling queries and keys…"):
@@ -156,12 +163,32 @@ def random_logits_section() -> None:
 
     _variant_metrics(variants, d_k, n_keys, temperature)
     charts = ui_softmax.section_figures(d_k, n_keys, seed, temperature, ROWS_SHOWN)
+    tabs = dict(zip(SECTION_TABS, ui.lazy_tabs(list(SECTION_TABS.values()), "softmax_tab")))
+    if tabs["logits"].open:
+        with tabs["logits"]:
+            _logits_tab(charts, d_k, n_keys, seed, temperature)
+    if tabs["rows"].open:
+        with tabs["rows"]:
+            _rows_tab(charts["rows"])
+    if tabs["sweeps"].open:
+        with tabs["sweeps"]:
+            _sweeps_tab(charts["sweeps"], n_keys)
+    if tabs["gradient"].open:
+        with tabs["gradient"]:
+            _gradient_to_q(grads, charts["gradients"])
+    setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
+    ui_softmax.prefetch_next(setting, st.session_state.get("softmax_last_setting"), TEMPERATURES, ROWS_SHOWN)
+    st.session_state["softmax_last_setting"] = setting
+
+
+def _logits_tab(charts: dict, d_k: int, n_keys: int, seed: int, temperature: float) -> None:
+    """The logits of both variants and their first rows, with the chart's own d_k slider."""
     ui.plot(charts["variants"], width="stretch", key="softmax_variants")
     dims = charts["variants_stops"]
     st.caption(
         "**Instant:** the d_k slider in this chart redraws it in the browser, no server ("
         + (f"all {len(DIMS)} values of d_k" if len(dims) == len(DIMS) else f"d_k = {', '.join(map(str, dims))}")
-        + "); the controls above recompute on the server, and the numbers above and the charts below follow them, "
+        + "); the controls above recompute on the server, and the numbers above and the other tabs follow them, "
         "not this slider. "
         "The dashed curves are the normal density with the predicted variance (1 scaled, d_k unscaled, both divided "
         "by T²); at small d_k the sampled logits are products of normals, heavier-tailed than that curve, with the "
@@ -169,8 +196,10 @@ def random_logits_section() -> None:
     )
     snippet_ui.show(snippets.softmax_variants(d_k, n_keys, seed, temperature, ROWS_SHOWN))
 
-    st.subheader("Every row, not only the mean")
-    ui.plot(charts["rows"], width="stretch", key="softmax_rows")
+
+def _rows_tab(figure) -> None:
+    """Every row's max weight, entropy and Jacobian norm."""
+    ui.plot(figure, width="stretch", key="softmax_rows")
     st.caption(
         "Each dot is one query row. The Jacobian norm is the Frobenius norm: it is the root-mean-square size of the "
         "gradient that reaches the logits when the gradient arriving at the weights has independent unit-variance "
@@ -179,8 +208,10 @@ def random_logits_section() -> None:
         "to float64 they pass no gradient at all."
     )
 
-    st.subheader("Against d_k")
-    ui.plot(charts["sweeps"], width="stretch", key="softmax_sweeps")
+
+def _sweeps_tab(figure, n_keys: int) -> None:
+    """The statistics against d_k, with the chart's own T slider."""
+    ui.plot(figure, width="stretch", key="softmax_sweeps")
     st.caption(
         f"**Instant:** the T slider in this chart redraws it in the browser, no server (all {len(TEMPERATURES)} "
         "temperatures); the controls above recompute on the server. "
@@ -188,11 +219,6 @@ def random_logits_section() -> None:
         "ones leave them as soon as d_k grows past a few: the logit variance follows the d_k line, rows saturate and "
         "the Jacobian collapses by orders of magnitude."
     )
-
-    _gradient_to_q(grads, charts["gradients"])
-    setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
-    ui_softmax.prefetch_next(setting, st.session_state.get("softmax_last_setting"), TEMPERATURES, ROWS_SHOWN)
-    st.session_state["softmax_last_setting"] = setting
 
 def _random_controls() -> tuple[int, int, float, int]:
     """(keys per query, d_k, temperature, seed) as the four controls set them."""
@@ -235,7 +261,6 @@ def _variant_metrics(variants, d_k: int, n_keys: int, temperature: float) -> Non
 
 def _gradient_to_q(grads, figure) -> None:
     """What autograd gives for the gradient reaching q, scaled and unscaled."""
-    st.subheader("The gradient that reaches q (autograd)")
     st.markdown(
         r"One attention layer, $o_i=\sum_j p_{ij} v_j$ with $p_i=\mathrm{softmax}(s\,K q_i / T)$, and a loss "
         r"$L=\sum_i g_i\cdot o_i$ with a random upstream gradient $g_i$ (what the next layer would send back). "

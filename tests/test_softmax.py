@@ -425,6 +425,7 @@ def test_page_states_the_gradient_it_computes_at_a_temperature():
                            default_timeout=180)
     at.run()
     assert not at.exception, at.exception
+    at.session_state["softmax_tab"] = "The gradient that reaches q"  # its tab, opened as a click would
     at.select_slider(key="softmax_temperature").set_value(2.0).run()
     assert not at.exception, at.exception
     said = " ".join(md.value for md in at.markdown)
@@ -596,3 +597,25 @@ def test_page_real_model_section_keeps_the_alibi_bias_out_of_every_rescaling():
     z = _plotted(grid["data"][0]["z"])
     for h in range(raw.shape[0]):
         assert z[layer, h] == pytest.approx(np.mean(pattern(1.0, h=h)[1:].max(-1) > 0.99), abs=1e-12)
+
+
+def test_each_tab_of_the_random_section_draws_its_own_chart_only():
+    """The random-logits section's tabs run only the open tab's code: each tab, opened as a click would, draws its
+    one chart (told apart by its title) and none of the others'."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    titles = {"Logits and rows": "d_k (in this chart)", "Every row, not only the mean": "Max weight per row",
+              "Against d_k": "Variance of the logits", "The gradient that reaches q": "per query row at d_k"}
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "softmax.py"),
+                           default_timeout=180)
+    at.run()
+    for label, title in titles.items():
+        at.session_state["softmax_tab"] = label
+        at.run()
+        assert not at.exception, at.exception
+        specs = [chart.proto.spec for chart in at.get("plotly_chart")]
+        assert len(specs) == 1, (label, len(specs))
+        assert title in specs[0], label
+        assert not any(other in specs[0] for other in titles.values() if other != title), label

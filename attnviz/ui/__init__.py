@@ -220,6 +220,20 @@ def plot(fig, *, where=None, key: str | None = None, files: str = "", **options)
         figure_files(fig, files or key or "")
 
 
+def lazy_tabs(labels: list[str], key: str) -> list:
+    """st.tabs that run only the open tab's code (on_change="rerun": each tab's .open; a control moved reruns and
+    redraws the open tab's charts only), and that reopen on the tab last open when the visitor comes back to the page
+    (a tab's state is not a persisted widget: it is remembered under f"{key}_open")."""
+    remembered = f"{key}_open"
+    if key not in st.session_state and st.session_state.get(remembered) in labels:
+        st.session_state[key] = st.session_state[remembered]
+
+    def remember():
+        st.session_state[remembered] = st.session_state[key]
+
+    return st.tabs(labels, key=key, on_change=remember)
+
+
 def text_ready(text: str, max_chars: int, *, empty: str, too_long: str) -> bool:
     """Whether a typed text can be read; when not, the page is told why and nothing starts: over max_chars an error
     (`too_long` with {n} and {limit} filled in), empty or blank a warning (`empty`)."""

@@ -267,25 +267,13 @@ LINK = links.Link("heads_", {
     "boost": links.Param("heads_link_boost", "choice", choices={"0": False, "1": True}),  # over the long-text default
     "sink": links.Param("heads_hide_sink", "choice", choices={"0": False, "1": True}),
     "query": links.Param("heads_link_query", "int", "token", within="text"),  # applied once the tokens are known
-    "tab": links.Param("heads_tab", "choice", also=("heads_open_tab",)),  # its choices: the page's tabs
+    "tab": links.Param("heads_tab", "choice", also=("heads_tab_open",)),  # its choices: the page's tabs
 })
 
 
 def choice_box(label: str, options: list[int], key: str) -> int:
     """ui.choice_box, warning when a link asked for a layer or head this model does not have."""
     return links.choice_box(LINK, label, options, key)
-
-
-def open_tab(labels: list[str]) -> list:
-    """st.tabs that run only the open tab's code (on_change="rerun": each tab's .open), and that reopen on the tab
-    last open when the visitor comes back to the page (a tab's state is not a persisted widget)."""
-    if "heads_tab" not in st.session_state and st.session_state.get("heads_open_tab") in labels:
-        st.session_state["heads_tab"] = st.session_state["heads_open_tab"]
-
-    def remember():
-        st.session_state["heads_open_tab"] = st.session_state["heads_tab"]
-
-    return st.tabs(labels, key="heads_tab", on_change=remember)
 
 
 def export_file(capture, fmt: str, export: dict, dtype):
