@@ -52,14 +52,8 @@ settings = (n, d, block_m, block_n, causal, dtype, seed)
 
 traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
 
-st.header("1. Step through the kernel")
-run = uk.kernel_run(*settings, window)  # None after the reason it cannot run here: every section below still draws
+run = uk.kernel_run(*settings, window)  # None after the reason it cannot run here: every tab still draws
 steps = None if run is None else run.steps
-if run is not None:
-    st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
-                f"**{len(steps)} tile steps** for {run.codes.shape[0]} query blocks; move a step slider to walk "
-                "through them in the order one program runs them (key blocks left to right, then the next query "
-                "block).")
 
 
 def traffic_counters(done_steps=None):
@@ -169,45 +163,67 @@ def step_view():
         uk.prefetch_step(*settings, window, index + 1)
 
 
-if run is None:
-    traffic_counters()
-else:
+def step_section() -> None:
+    """1: the stepper, or without a run the counters alone."""
+    if run is None:
+        traffic_counters()
+        return
+    st.markdown(f"Q, K, V are seeded N(0, 1) draws, [{n}, {d}] each, one head. The kernel runs "
+                f"**{len(steps)} tile steps** for {run.codes.shape[0]} query blocks; move a step slider to walk "
+                "through them in the order one program runs them (key blocks left to right, then the next query "
+                "block).")
     step_view()
 
-st.header("2. From naive to fused")
-st.markdown(
-    "- **naive**: S = Q Kᵀ, the softmax over each row of S, then P V: the whole N × N matrix in memory.\n"
-    "- **two-pass tiled**: one tile of S at a time; pass 1 finds each row's max, pass 2 sums exp(s − max) and "
-    "weights V. No N × N matrix, but every score is computed twice and K is read twice.\n"
-    "- **online softmax**: one pass; the max is a running max, and alpha repairs what was summed before it grew "
-    "(the stepper above).\n"
-    "- **fused Triton kernel**: the same loop as one GPU kernel, tiles held on chip."
-)
-results = None if run is None else uk.comparison(*settings, run=run)
-if run is None:
-    st.info("Not timed at these settings: the comparison runs the same Triton kernel and tiled loops, which cannot "
-            "run here (the reason is in section 1). The byte counts above need no run.")
-if results is not None:
-    timing_table(results)
-if run is not None:  # after the timing: a prefetch beside it would slow it down and skew its times
-    uk.prefetch_step(*settings, window, min(st.session_state.get("kernel_step", 0), len(steps) - 1) + 1)
 
-st.header("3. Peak memory, naive vs tiled")
-st.markdown("Measured with torch.profiler's allocation events: the most bytes torch's CPU allocator held during "
-            "the call, beyond its inputs. The profiler's first start takes a few seconds, so this is opt-in.")
-if st.toggle("Measure peak memory", value=False, key="kernel_memory", persist_state="session"):
+def methods_section() -> None:
+    """2: the five methods, their errors and times."""
+    st.markdown(
+        "- **naive**: S = Q Kᵀ, the softmax over each row of S, then P V: the whole N × N matrix in memory.\n"
+        "- **two-pass tiled**: one tile of S at a time; pass 1 finds each row's max, pass 2 sums exp(s − max) and "
+        "weights V. No N × N matrix, but every score is computed twice and K is read twice.\n"
+        "- **online softmax**: one pass; the max is a running max, and alpha repairs what was summed before it grew "
+        "(the stepper of the first tab).\n"
+        "- **fused Triton kernel**: the same loop as one GPU kernel, tiles held on chip."
+    )
+    if run is None:
+        st.info("Not timed at these settings: the comparison runs the same Triton kernel and tiled loops, which "
+                "cannot run here (the reason is above). The byte counts of the first tab need no run.")
+        return
+    results = uk.comparison(*settings, run=run)
+    if results is not None:
+        timing_table(results)
+
+
+def memory_section() -> None:
+    """3: peak memory at this N, and the scan over N (opt-in)."""
+    st.markdown("Measured with torch.profiler's allocation events: the most bytes torch's CPU allocator held during "
+                "the call, beyond its inputs. The profiler's first start takes a few seconds, so this is opt-in.")
+    if not st.toggle("Measure peak memory", value=False, key="kernel_memory", persist_state="session"):
+        return
     with st.spinner("Measuring peak memory…"):
         at_n = None if run is None else uk.memory_at(*settings)
         peaks = uk.memory_scan(d, causal)
     if at_n is None:
         st.info(f"Not measured at N = {n:,}: the measurement runs the same tiled loops, which cannot run here (the "
-                f"reason is in section 1). The scan below, up to N = {uk.MEMORY_SIZES[-1]:,}, does not depend on N.")
+                f"reason is above). The scan below, up to N = {uk.MEMORY_SIZES[-1]:,}, does not depend on N.")
     else:
         for col, (name, b) in zip(st.columns(len(at_n)), at_n.items()):
             col.metric(f"{name.split(' (')[0]}, N = {n}", mib(b))
     ui.plot(figs.peak_memory_figure(uk.MEMORY_SIZES, {"naive": peaks["naive"],
-                                                              "two-pass tiled (64 × 64 tiles)": peaks["tiled"]}),
-                    width="stretch")
+                                                      "two-pass tiled (64 × 64 tiles)": peaks["tiled"]}),
+            width="stretch")
     st.caption(f"float32, d = {d}. Naive's peak grows as N² (it holds the score matrix and the pattern); the tiled "
                "version's grows as N (Q, K, V, O and one tile), so the gap widens with every doubling of N. "
                "The interpreted Triton kernel is not measured: the interpreter's numpy buffers are not its memory.")
+
+
+# Only the open tab runs: a setting moved redraws (and, for the methods, times) the open tab alone.
+SECTIONS = {"steps": "1. Step through the kernel", "methods": "2. From naive to fused",
+            "memory": "3. Peak memory, naive vs tiled"}
+tabs = dict(zip(SECTIONS, ui.lazy_tabs(list(SECTIONS.values()), "kernel_tab")))
+for name, section in (("steps", step_section), ("methods", methods_section), ("memory", memory_section)):
+    if tabs[name].open:
+        with tabs[name]:
+            section()
+if run is not None:  # after the timing: a prefetch beside it would slow it down and skew its times
+    uk.prefetch_step(*settings, window, min(st.session_state.get("kernel_step", 0), len(steps) - 1) + 1)

@@ -47,6 +47,7 @@ def test_kernel_page_measures_memory_once_per_head_dim_not_per_n(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
                            default_timeout=180)
+    at.session_state["kernel_tab"] = "3. Peak memory, naive vs tiled"  # its tab, opened as a click would
     at.run()
     at.toggle(key="kernel_memory").set_value(True).run()
     assert not at.exception, at.exception
@@ -73,6 +74,7 @@ def test_gpu_kernel_page_shows_gpu_timings_with_the_device_name():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
                            default_timeout=300)
+    at.session_state["kernel_tab"] = "2. From naive to fused"  # the timing table's tab
     at.run()
     at.slider(key="kernel_n").set_value(1024)
     at.select_slider(key="kernel_d").set_value(64)
@@ -125,10 +127,37 @@ def test_kernel_page_says_when_tiling_does_not_save_traffic():
     assert f"here tiling moves {tiled:.1f} KiB against naive's {naive:.1f} KiB, {tiled / naive:.2g}× more." in said
 
 
+def test_only_the_open_tab_runs_its_work(monkeypatch):
+    """The five methods are timed when their tab is open, not on every setting moved with the stepper's tab open."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    import attnviz.kernels as kn
+    from attnviz.ui import PAGES
+
+    timed = []
+    real = kn.compare_methods
+    monkeypatch.setattr(kn, "compare_methods", lambda *a, **k: timed.append(a) or real(*a, **k))
+    st.cache_data.clear()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                           default_timeout=180)
+    at.run()
+    at.slider(key="kernel_n").set_value(48).run()
+    assert not at.exception, at.exception
+    assert timed == [] and not at.dataframe
+    assert len(at.get("plotly_chart")) == 1  # the step view
+    at.session_state["kernel_tab"] = "2. From naive to fused"
+    at.run()
+    assert not at.exception, at.exception
+    assert [a[0] for a in timed] == [48] and len(at.dataframe) == 1
+    st.cache_data.clear()
+
+
 def test_a_refused_size_says_why_and_every_other_section_is_still_drawn():
     """N = 4,096 with 16 x 16 tiles is refused here (over the interpreter's time, or over the stepper's steps on a
-    GPU): the reason is shown where the stepper would be, and the traffic counters (which need no run), the timing
-    section's note and the memory scan are all drawn."""
+    GPU): the reason is shown above the page's tabs, and each tab still draws what needs no run: the traffic counters,
+    the timing tab's note and the memory scan."""
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
@@ -146,8 +175,6 @@ def test_a_refused_size_says_why_and_every_other_section_is_still_drawn():
     reason = kn.refusal(4096, d, block_m=16, block_n=16, causal=True, dtype="float32")
     assert reason is not None
     assert [e.value for e in at.error] == [f"Not run: {reason}"]
-    assert [h.value for h in at.header] == ["1. Step through the kernel", "2. From naive to fused",
-                                            "3. Peak memory, naive vs tiled"]
     # the counters, by the definitions: 256 query blocks of 16, block i reads 16 (i + 1) keys when causal
     keys = keys_read_by_definition(4096, 16, 16, True)
     assert keys == sum(16 * (i + 1) for i in range(256))
@@ -159,10 +186,17 @@ def test_a_refused_size_says_why_and_every_other_section_is_still_drawn():
     assert metrics["Naive: bytes moved"] == f"{naive:,.1f} KiB"
     said = next(c.value for c in at.caption if c.value.startswith("Counters for one head"))
     assert f"here tiling moves {tiled:,.1f} KiB against naive's {naive:,.1f} KiB, {naive / tiled:.2g}× less." in said
+    at.session_state["kernel_tab"] = "2. From naive to fused"  # each tab, opened as a click would
+    at.run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error] == [f"Not run: {reason}"]
     assert any(i.value.startswith("Not timed at these settings") for i in at.info)
     assert not at.dataframe  # no timing table: nothing was run
+    at.session_state["kernel_tab"] = "3. Peak memory, naive vs tiled"
+    at.run()
     at.toggle(key="kernel_memory").set_value(True).run()
     assert not at.exception, at.exception
+    assert [e.value for e in at.error] == [f"Not run: {reason}"]
     assert any(i.value.startswith("Not measured at N = 4,096") for i in at.info)
     assert len(at.get("plotly_chart")) == 1  # the scan over N, which does not depend on this N
     st.cache_data.clear()
