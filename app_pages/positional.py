@@ -90,27 +90,15 @@ if section == "Sinusoidal":
                    "Negative positions are fine, the formula extends to them.")
 
 # ---------------------------------------------------------------- RoPE
-if section == "RoPE":
-    st.latex(r"f(x, m) = R_m x,\quad R_m = \mathrm{diag}_i\!\begin{pmatrix}\cos m\theta_i & -\sin m\theta_i"
-             r"\\ \sin m\theta_i & \cos m\theta_i\end{pmatrix},\quad \theta_i = \mathrm{base}^{-2i/d}")
-    st.latex(r"\langle R_m q,\ R_n k\rangle = q^\top R_m^\top R_n\, k = \langle q,\ R_{n-m}\, k\rangle")
-    c1, c2, c3, c4 = st.columns(4)
-    d_rope = c1.select_slider("d_head", options=HEAD_DIMS, value=64, key="pos_rope_d", persist_state="session")
-    base_rope = c2.select_slider("Base", options=BASES, value=10000.0, key="pos_rope_base", persist_state="session")
-    st.session_state["pos_rope_pair"] = min(st.session_state.get("pos_rope_pair", 0), d_rope // 2 - 1)
-    pair = c3.slider("Feature pair i", 0, d_rope // 2 - 1, key="pos_rope_pair", persist_state="session")
-    seed = c4.number_input("Random seed for q, k", 0, 10_000, 0, key="pos_rope_seed", persist_state="session")
-    c1, c2 = st.columns(2)
-    m_pos = c1.slider("Query position m", POSITIONS[0], POSITIONS[-1], 3, key="pos_rope_m", persist_state="session")
-    n_pos_k = c2.slider("Key position n", POSITIONS[0], POSITIONS[-1], 10, key="pos_rope_n", persist_state="session")
-    q, k = ui_pos.rope_qk(d_rope, int(seed))
+def rope_rotation(q, k, d_rope: int, base_rope: float, pair: int, seed: int, m_pos: int, n_pos_k: int) -> None:
+    """R_m q against R_n k, and the relative-position identity with these numbers."""
     left, right = st.columns(2)
     with left:
-        ui.chart(ui_pos.rope_rotation_chart(d_rope, base_rope, pair, int(seed), m_pos, n_pos_k, tuple(POSITIONS),
+        ui.chart(ui_pos.rope_rotation_chart(d_rope, base_rope, pair, seed, m_pos, n_pos_k, tuple(POSITIONS),
                                             tuple(BASES)),
-            "The angle between R_m q and R_n k changes only when n − m does. **Instant:** the chart's query "
-            "position and base sliders (drawn by the browser, no server); the controls above recompute, and the "
-            "table beside it follows them.")
+                 "The angle between R_m q and R_n k changes only when n − m does. **Instant:** the chart's query "
+                 "position and base sliders (drawn by the browser, no server); the controls above recompute, and the "
+                 "table beside it follows them.")
     with right:
         ident = P.rope_identity(q, k, m_pos, n_pos_k, base_rope)
         st.markdown("**The relative-position identity, with these numbers** (all d_head dimensions):")
@@ -122,12 +110,14 @@ if section == "RoPE":
                    f"score depends on n − m = {n_pos_k - m_pos} only. Norms are kept: |q| = {ident['norm_q']:.6f}, "
                    f"|R_m q| = {ident['norm_rotated_q']:.6f}.")
 
-    st.subheader("Long-term decay (RoFormer §3.4.3, their Figure 2)")
+
+def rope_decay() -> None:
+    """RoFormer's long-term decay bound, with its own controls."""
     st.markdown(
-        r"Grouping the score into pairs, $\sum_i h_i e^{\mathrm{i} r\theta_i}$ with $h_i$ the pair products, Abel "
-        r"summation bounds it by $\max_i |h_{i+1}-h_i| \sum_j |S_j|$ with $S_j = \sum_{k<j} e^{\mathrm{i} r\theta_k}$. "
-        r"The curve is $\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|$; at $r = 0$ every $S_j = j$, so it starts at "
-        r"$(d/2+1)/2$.")
+        r"**RoFormer §3.4.3, their Figure 2.** Grouping the score into pairs, $\sum_i h_i e^{\mathrm{i} r\theta_i}$ "
+        r"with $h_i$ the pair products, Abel summation bounds it by $\max_i |h_{i+1}-h_i| \sum_j |S_j|$ with "
+        r"$S_j = \sum_{k<j} e^{\mathrm{i} r\theta_k}$. The curve is $\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|$; at "
+        r"$r = 0$ every $S_j = j$, so it starts at $(d/2+1)/2$.")
     c1, c2, c3, c4, c5 = st.columns(5)
     d_bound = c1.select_slider("Bound d_head", options=HEAD_DIMS, value=128, key="pos_bound_d", persist_state="session")
     base_bound = c2.select_slider("Bound base", options=BASES, value=10000.0, key="pos_bound_base",
@@ -146,10 +136,12 @@ if section == "RoPE":
              (" Above 4000 tokens the curve is sampled at 4001 evenly spaced distances." if max_dist > 4000 else "") +
              " **Instant:** the chart's base slider (no server); the controls above recompute.")
 
-    st.subheader("Two layouts of the same rotation")
+
+def rope_layouts(base_rope: float, m_pos: int, seed: int) -> None:
+    """The paper's interleaved pairs against transformers' rotate_half, and the permutation between them."""
     d_small = 8
     perm = P.interleaved_to_half_permutation(d_small)
-    x = np.random.default_rng(int(seed)).standard_normal((1, d_small))
+    x = np.random.default_rng(seed).standard_normal((1, d_small))
     ui.chart(ui_pos.rope_layouts_chart(d_small, base_rope, m_pos, tuple(POSITIONS)),
              "The paper pairs (x_2i, x_2i+1): 2×2 blocks on the diagonal; transformers' rotate_half pairs (x_i, "
              "x_i+d/2): the same rotations, spread over four diagonals. P reorders the features by "
@@ -159,6 +151,34 @@ if section == "RoPE":
     st.markdown(f"With that reordering the two layouts give the same vector: "
                 f"max |rotate_half(Px) − P·interleaved(x)| = **{P.layouts_agree(x, m_pos, base_rope):.1e}** "
                 f"(d = {d_small}).")
+
+
+if section == "RoPE":
+    st.latex(r"f(x, m) = R_m x,\quad R_m = \mathrm{diag}_i\!\begin{pmatrix}\cos m\theta_i & -\sin m\theta_i"
+             r"\\ \sin m\theta_i & \cos m\theta_i\end{pmatrix},\quad \theta_i = \mathrm{base}^{-2i/d}")
+    st.latex(r"\langle R_m q,\ R_n k\rangle = q^\top R_m^\top R_n\, k = \langle q,\ R_{n-m}\, k\rangle")
+    c1, c2, c3, c4 = st.columns(4)
+    d_rope = c1.select_slider("d_head", options=HEAD_DIMS, value=64, key="pos_rope_d", persist_state="session")
+    base_rope = c2.select_slider("Base", options=BASES, value=10000.0, key="pos_rope_base", persist_state="session")
+    st.session_state["pos_rope_pair"] = min(st.session_state.get("pos_rope_pair", 0), d_rope // 2 - 1)
+    pair = c3.slider("Feature pair i", 0, d_rope // 2 - 1, key="pos_rope_pair", persist_state="session")
+    seed = int(c4.number_input("Random seed for q, k", 0, 10_000, 0, key="pos_rope_seed", persist_state="session"))
+    c1, c2 = st.columns(2)
+    m_pos = c1.slider("Query position m", POSITIONS[0], POSITIONS[-1], 3, key="pos_rope_m", persist_state="session")
+    n_pos_k = c2.slider("Key position n", POSITIONS[0], POSITIONS[-1], 10, key="pos_rope_n", persist_state="session")
+    q, k = ui_pos.rope_qk(d_rope, seed)
+    # only the open tab runs: a control moved redraws the open tab's chart alone
+    rope_tabs = ui.lazy_tabs(["Rotation and the identity", "Long-term decay", "Two layouts of the same rotation"],
+                             "pos_rope_tab")
+    if rope_tabs[0].open:
+        with rope_tabs[0]:
+            rope_rotation(q, k, d_rope, base_rope, pair, seed, m_pos, n_pos_k)
+    if rope_tabs[1].open:
+        with rope_tabs[1]:
+            rope_decay()
+    if rope_tabs[2].open:
+        with rope_tabs[2]:
+            rope_layouts(base_rope, m_pos, seed)
 
 # ---------------------------------------------------------------- ALiBi
 if section == "ALiBi":

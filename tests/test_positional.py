@@ -684,3 +684,19 @@ def test_layouts_agree_and_would_not_without_the_permutation():
     assert P.layouts_agree(x, 17, 100.0) < 1e-12
     # without the reordering the two layouts differ: the check can fail
     assert np.abs(P.apply_rope(x, [17], 100.0) - P.apply_rope(x, [17], 100.0, interleaved=True)).max() > 0.1
+
+
+def test_each_rope_tab_draws_its_own_chart_only():
+    """The RoPE section's tabs run only the open tab's code: each tab, opened as a click would, draws its one chart
+    (told apart by its title) and none of the others'."""
+    titles = {"Rotation and the identity": "R_m q", "Long-term decay": "relative upper bound",
+              "Two layouts of the same rotation": "rotate_half"}
+    at = _page()
+    at.radio(key="pos_section").set_value("RoPE").run()
+    for label, title in titles.items():
+        at.session_state["pos_rope_tab"] = label
+        at.run()
+        assert not at.exception, at.exception
+        specs = [chart.proto.spec for chart in at.get("plotly_chart")]
+        assert len(specs) == 1 and title in specs[0], (label, len(specs))
+        assert not any(other in specs[0] for other in titles.values() if other != title), label
