@@ -31,12 +31,12 @@ if kn.INTERPRETED:
             "the same kernel compiles.")
 
 c1, c2, c3, c4 = st.columns(4)
-n = c1.slider("N (sequence length, tokens)", 1, 4096, 64, key="kernel_n", persist_state="session")
-d = c2.select_slider("Head dim d", [8, 16, 32, 48, 64, 80, 96, 128], 32, key="kernel_d", persist_state="session",
+n = c1.slider("N (sequence length, tokens)", *uk.N_RANGE, 64, key="kernel_n", persist_state="session")
+d = c2.select_slider("Head dim d", uk.HEAD_DIMS, 32, key="kernel_d", persist_state="session",
                      help="Not a power of two? The kernel pads it to the next one and masks the padding.")
-block_m = c3.select_slider("BLOCK_M (queries per tile)", [16, 32, 64, 128], 16, key="kernel_block_m",
+block_m = c3.select_slider("BLOCK_M (queries per tile)", uk.BLOCKS, 16, key="kernel_block_m",
                            persist_state="session")
-block_n = c4.select_slider("BLOCK_N (keys per tile)", [16, 32, 64, 128], 16, key="kernel_block_n",
+block_n = c4.select_slider("BLOCK_N (keys per tile)", uk.BLOCKS, 16, key="kernel_block_n",
                            persist_state="session")
 c5, c8, c6, c7 = st.columns(4)
 causal = c5.checkbox("Causal mask (query i sees keys ≤ i)", value=True, key="kernel_causal", persist_state="session")
@@ -47,7 +47,7 @@ window = c8.select_slider("Sliding window (keys)", ["off", 8, 16, 32, 64, 128, 2
                                "window are never loaded.")
 window = None if window == "off" or not causal else int(window)
 dtype = c6.selectbox("dtype", ["float32", "float16", "bfloat16"], key="kernel_dtype", persist_state="session")
-seed = int(c7.number_input("Seed for Q, K, V", 0, 10_000, 0, key="kernel_seed", persist_state="session"))
+seed = int(c7.number_input("Seed for Q, K, V", *uk.SEED_RANGE, 0, key="kernel_seed", persist_state="session"))
 settings = (n, d, block_m, block_n, causal, dtype, seed)
 
 traffic = kn.compare_traffic(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
@@ -226,4 +226,8 @@ for name, section in (("steps", step_section), ("methods", methods_section), ("m
         with tabs[name]:
             section()
 if run is not None:  # after the timing: a prefetch beside it would slow it down and skew its times
-    uk.prefetch_step(*settings, window, min(st.session_state.get("kernel_step", 0), len(steps) - 1) + 1)
+    shown = min(st.session_state.get("kernel_step", 0), len(steps) - 1)
+    uk.prefetch_step(*settings, window, shown + 1)
+    setting = dict(zip(("n", "d", "block_m", "block_n", "causal", "dtype", "seed"), settings), window=window)
+    uk.prefetch_neighbours(setting, st.session_state.get("kernel_last_setting"), shown)
+    st.session_state["kernel_last_setting"] = setting

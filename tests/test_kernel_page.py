@@ -275,3 +275,39 @@ def test_the_step_views_library_run_refuses_what_cannot_run_here_with_the_reason
     assert len(run.steps) == 3  # 2 x 2 tiles, the one right of the diagonal skipped
     with pytest.raises(AttnvizError, match="not one of this run's steps 0–2"):
         steps_view.step_view(run, 3)
+
+
+def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypatch):
+    """After N moved to 65, the step views of N = 64 and 66 are built in the background at the step shown (clamped
+    to their own steps); after BLOCK_M moved to 128, its one neighbour (64); nothing when nothing moved, and never a
+    size this machine refuses or a run over SMALL_RUN."""
+    from attnviz import kernels as kn
+    from attnviz.ui import kernel as uk
+
+    asked = []
+    monkeypatch.setattr(uk, "build_in_background", lambda cached, calls, name: asked.append((cached, calls)))
+    base = dict(n=65, d=32, block_m=16, block_n=16, causal=True, dtype="float32", seed=3, window=None)
+    uk.prefetch_neighbours(base, {**base, "n": 64}, 20)
+    assert asked[-1][0] is uk.step_view
+    steps = {n: kn.tile_steps(n, n, block_m=16, block_n=16, causal=True) for n in (64, 66)}
+    assert asked[-1][1] == [(n, 32, 16, 16, True, "float32", 3, None, min(20, steps[n] - 1)) for n in (64, 66)]
+    uk.prefetch_neighbours({**base, "block_m": 128}, {**base, "block_m": 64}, 0)
+    assert [call[2] for call in asked[-1][1]] == [64]
+    uk.prefetch_neighbours(base, base, 0)
+    assert asked[-1][1] == []
+    big = {**base, "n": 1100, "block_m": 128, "block_n": 128, "causal": False}  # 81 steps of 128 x 128
+    assert kn.refusal(1100, 32, block_m=128, block_n=128, causal=False, dtype="float32") is None
+    assert not uk.is_small(1100, 128, 128, False) and uk.is_small(1024, 128, 128, False)  # 64 steps: 2**20
+    uk.prefetch_neighbours(big, {**big, "seed": 2}, 0)
+    assert asked[-1][1] == []
+
+
+def test_neighbours_one_step_either_way():
+    from attnviz.ui import neighbours
+
+    assert neighbours([8, 16, 32], 16) == [8, 32]
+    assert neighbours([8, 16, 32], 8) == [16]
+    assert neighbours([8, 16, 32], 12) == []
+    assert neighbours((1, 4096), 1) == [2]
+    assert neighbours((1, 4096), 4096) == [4095]
+    assert neighbours((0, 10), 5) == [4, 6]

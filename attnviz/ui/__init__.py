@@ -293,6 +293,17 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     return st.selectbox(label, options, key=key, persist_state="session")
 
 
+def neighbours(options, value) -> list:
+    """The values one step either way of value, for a prefetch of what a control moved by one step would ask for:
+    options a list of values, or (low, high) integer bounds."""
+    if isinstance(options, tuple):
+        return [v for v in (value - 1, value + 1) if options[0] <= v <= options[1]]
+    if value not in options:
+        return []
+    i = options.index(value)
+    return [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
+
+
 BACKGROUND_BUILDS = 2  # prefetch threads for the whole server; a build asked for while they are busy is skipped
 _background = threading.BoundedSemaphore(BACKGROUND_BUILDS)
 

@@ -9,17 +9,40 @@ from attnviz.errors import AttnvizError
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
 from attnviz.kernels import steps_view as kview
 from attnviz.kernels.steps_view import STEP_STOPS, KernelRun  # noqa: F401  (STEP_STOPS: the page's bound)
-from attnviz.ui import build_in_background
+from attnviz.ui import build_in_background, neighbours
 
 MEMORY_SIZES = (128, 256, 512, 1024, 2048)
 BLOCKS_TOO_BIG = "Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head dim, or float16, and it will run."
 
 
-# every TileStep keeps its tiles (up to 4096 steps of 128 x 128 scores): hold only the last two settings
+# Every TileStep keeps its tiles (up to 4096 steps of 128 x 128 scores): large runs are held for the last two
+# settings only; small ones (SMALL_RUN score elements at most) for eight, the settings one step either way of the
+# control just moved among them (prefetch_neighbours).
+SMALL_RUN = 2**20
+
+
 @st.cache_resource(max_entries=2, show_spinner=False)
-def _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
+def _large_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
     return kview.kernel_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
                             window=window)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _small_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
+    return kview.kernel_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
+                            window=window)
+
+
+def is_small(n, block_m, block_n, causal, window=None) -> bool:
+    """Whether a run's tiles hold at most SMALL_RUN score elements (its steps times BLOCK_M x BLOCK_N)."""
+    return kn.tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window) * block_m * block_n \
+        <= SMALL_RUN
+
+
+def _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
+    """The shared run of these settings, from the cache its size belongs to."""
+    cached = _small_run if is_small(n, block_m, block_n, causal, window) else _large_run
+    return cached(n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun | None:
@@ -53,6 +76,35 @@ def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) ->
     if 0 <= index < len(run.steps):
         build_in_background(step_view, [(n, d, block_m, block_n, causal, dtype, seed, window, index)],
                             "attnviz-kernel-prefetch")
+
+
+N_RANGE, SEED_RANGE = (1, 4096), (0, 10_000)  # the page's N slider and seed bounds
+HEAD_DIMS = [8, 16, 32, 48, 64, 80, 96, 128]  # the head dim control's options
+BLOCKS = [16, 32, 64, 128]  # BLOCK_M's and BLOCK_N's
+
+
+def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> None:
+    """Builds, in the background, the step view one step either way of the control just moved (setting, previous:
+    {"n", "d", "block_m", "block_n", "causal", "dtype", "seed", "window"} of this run and the last; index: the
+    step shown), for small runs that can run here: a control moved again by a step then finds its run and figure
+    ready. Nothing is built when nothing moved."""
+    if previous is None:
+        return
+    steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "seed": SEED_RANGE}
+    calls = []
+    for name, options in steps.items():
+        if previous.get(name) == setting[name]:
+            continue
+        for value in neighbours(options, setting[name]):
+            s = {**setting, name: value}
+            sizes = (s["n"], s["block_m"], s["block_n"], s["causal"])
+            if kn.refusal(s["n"], s["d"], block_m=s["block_m"], block_n=s["block_n"], causal=s["causal"],
+                          dtype=s["dtype"], window=s["window"]) is None and is_small(*sizes, s["window"]):
+                n_steps = kn.tile_steps(s["n"], s["n"], block_m=s["block_m"], block_n=s["block_n"],
+                                        causal=s["causal"], window=s["window"])
+                calls.append((s["n"], s["d"], s["block_m"], s["block_n"], s["causal"], s["dtype"], s["seed"],
+                              s["window"], min(index, n_steps - 1)))
+    build_in_background(step_view, calls, "attnviz-kernel-neighbours")
 
 
 def fragment_alone() -> bool:

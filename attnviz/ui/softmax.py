@@ -11,7 +11,7 @@ from attnviz import softmax as sm
 from attnviz import softmax_charts as charts
 from attnviz.figures import instant
 from attnviz.figures import softmax as figs
-from attnviz.ui import build_in_background
+from attnviz.ui import build_in_background, neighbours
 
 N_QUERIES, DIMS = charts.N_QUERIES, charts.DIMS
 TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]  # the temperature sliders
@@ -139,19 +139,9 @@ def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float
     wanted = []
     for name, options in steps.items():
         if previous.get(name) != setting[name]:
-            wanted += [{**setting, name: value} for value in _neighbours(options, setting[name])]
+            wanted += [{**setting, name: value} for value in neighbours(options, setting[name])]
     build_in_background(section_figures, [(s["d_k"], s["n_keys"], s["seed"], s["temperature"], rows_shown)
                                           for s in wanted], "attnviz-softmax-prefetch")
-
-
-def _neighbours(options, value) -> list:
-    """The values one step either way of value: options a list of values, or (low, high) integer bounds."""
-    if isinstance(options, tuple):
-        return [v for v in (value - 1, value + 1) if options[0] <= v <= options[1]]
-    if value not in options:
-        return []
-    i = options.index(value)
-    return [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
 
 
 # The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
