@@ -28,7 +28,6 @@ st.write("Run a model on your text, record what every attention head saw (its qu
          "the interesting ones: sinks (everything looks at the first token), previous-token heads (a stripe just "
          "below the diagonal), induction heads (on repeated text, a stripe one step after the earlier copy).")
 links.read(cache.LINK.with_choices("tab", TABS))
-ui.steady_reruns()  # a view change keeps the page lit: no greying while it reruns
 
 left, right = st.columns([1, 2])
 with left:
