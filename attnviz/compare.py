@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnviz import cores
 from attnviz.pooling import pool_edges
 from attnviz.views import sink_hidden
 
@@ -41,23 +42,28 @@ def rows_per_pass(n: int, heads: int = 1) -> int:
     return max(1, PASS_BYTES // (4 * max(1, n) * max(1, heads)))
 
 
-def compare_bytes(n_a: int, n_b: int, *, heads_a: int = 1, heads_b: int = 1, size: int = 512) -> int:
-    """Estimated peak bytes of compare_maps beyond the captures: per map, a pass's weights as computed from q and k
-    ([heads, rows, key] float32 scores, mask and softmax: three copies), the map's rows and the sink-hidden copy;
-    the float64 difference and its magnitude; the pooled maps and the pooled difference's two halves."""
+def compare_bytes(n_a: int, n_b: int, *, heads_a: int = 1, heads_b: int = 1, size: int = 512,
+                  in_flight: int | None = None) -> int:
+    """Estimated peak bytes of compare_maps beyond the captures: per pass in flight (in_flight; default one per
+    core, cores.workers),
+    a pass's weights of each map as computed from q and k ([heads, rows, key] float32 scores, mask and softmax:
+    three copies), the map's rows and the sink-hidden copy, the float64 difference and its magnitude; then the
+    pooled maps and the pooled difference's two halves."""
     def one(n, heads):
         return min(n, rows_per_pass(n, heads)) * n * 4 * (3 * heads + 2)
 
     rows = min(n_a, n_b, rows_per_pass(n_a, heads_a), rows_per_pass(n_b, heads_b))
     m = min(max(n_a, n_b), size)
-    return one(n_a, heads_a) + one(n_b, heads_b) + 2 * rows * max(n_a, n_b) * 8 + 5 * m * m * 8
+    in_flight = cores.workers() if in_flight is None else in_flight
+    return in_flight * (one(n_a, heads_a) + one(n_b, heads_b) + 2 * rows * max(n_a, n_b) * 8) + 5 * m * m * 8
 
 
 def compare_maps(rows_a: Rows, n_a: int, rows_b: Rows, n_b: int, size: int, *, hide_sink: bool = False,
                  heads: tuple[int, int] = (1, 1), rows_at_once: int | None = None) -> PooledComparison:
     """The two maps pooled to `size`, their pooled signed difference and the exact summary, from rows_at_once
     query rows of each map at a time (rounded to whole pooled blocks; default: rows_per_pass of the larger map,
-    `heads` being how many heads each map's rows are read from)."""
+    `heads` being how many heads each map's rows are read from). The passes run on every core (cores.run_each:
+    a core busy elsewhere takes fewer of them), each into its own rows of the pooled maps."""
     if rows_at_once is None:
         rows_at_once = min(rows_per_pass(n_a, heads[0]), rows_per_pass(n_b, heads[1]))
 
@@ -69,12 +75,14 @@ def compare_maps(rows_a: Rows, n_a: int, rows_b: Rows, n_b: int, size: int, *, h
         return PooledComparison(a=_pooled(lambda a, b: shown(rows_a, a, b), n_a, size, rows_at_once),
                                 b=_pooled(lambda a, b: shown(rows_b, a, b), n_b, size, rows_at_once),
                                 diff=None, bound=0.0, summary=None)
-    n = n_a
-    m = len(pool_edges(n, size)) - 1
+    m = len(pool_edges(n_a, size)) - 1
     pooled_a, pooled_b = np.empty((m, m), np.float32), np.empty((m, m), np.float32)
     diff = np.empty((m, m), np.float64)
-    largest, tv_sum, compared = 0.0, 0.0, 0
-    for i, j, a, b, row_starts, key_starts in _passes(n, size, rows_at_once):
+    passes = list(_passes(n_a, size, rows_at_once))
+    parts = [(0.0, 0.0, 0)] * len(passes)  # per pass: largest |A - B|, summed total variation, rows compared
+
+    def one_pass(k: int) -> None:
+        i, j, a, b, row_starts, key_starts = passes[k]
         wa, wb = shown(rows_a, a, b), shown(rows_b, a, b)
         pooled_a[i:j] = _pool(np.fmax, wa, row_starts, key_starts)
         pooled_b[i:j] = _pool(np.fmax, wb, row_starts, key_starts)
@@ -84,11 +92,13 @@ def compare_maps(rows_a: Rows, n_a: int, rows_b: Rows, n_b: int, size: int, *, h
         both = ~np.isnan(d).any(-1)  # rows blank (hidden sink) in neither map
         if both.any():
             gap = np.abs(d[both])
-            largest = max(largest, float(gap.max()))
-            tv_sum += float(0.5 * gap.sum(-1).sum())
-            compared += int(both.sum())
+            parts[k] = (float(gap.max()), float(0.5 * gap.sum(-1).sum()), int(both.sum()))
+
+    cores.run_each(one_pass, range(len(passes)))
+    largest = max(part[0] for part in parts)
+    tv_sum, compared = sum(part[1] for part in parts), sum(part[2] for part in parts)  # in pass order
     summary = None if not compared else {"max": largest, "total_variation": tv_sum / compared, "rows": compared,
-                                         "all_rows": compared == n}
+                                         "all_rows": compared == n_a}
     return PooledComparison(a=pooled_a, b=pooled_b, diff=diff, bound=largest, summary=summary)
 
 

@@ -66,15 +66,19 @@ def test_maps_of_different_lengths_are_pooled_apart_with_no_difference(captures)
     np.testing.assert_array_equal(got.b, max_pool(short.pattern[0, 1], 64))
 
 
-def test_the_memory_estimate_covers_what_a_comparison_allocates():
+def test_the_memory_estimate_covers_what_a_comparison_allocates(monkeypatch):
     """compare_bytes against torch's allocator (the weights computed from q and k) plus numpy's (tracemalloc: the
-    rows, sink-hidden copies, the difference), each at its own peak, for two layer means of a 3,000-token text."""
+    rows, sink-hidden copies, the difference), each at its own peak, for two layer means of a 3,000-token text. The
+    passes run one at a time here (one worker: torch's profiler sees the calling thread's allocations only); each
+    pass in flight holds its own buffers, so the estimate for more workers counts them that many times."""
+    from attnviz import cores
     from attnviz.kernels.timing import peak_cpu_bytes
 
     loaded = load_model("toy-llama-gqa")
     qk = capture_attention(loaded, ("The cat sat on the mat. " * 130)[:3000], store="qk")
     n = qk.n_tokens
     assert n > 2048
+    monkeypatch.setattr(cores, "workers", lambda: 1)
 
     def run():
         return compare.compare_maps(rows_of(qk, 0, None), n, rows_of(qk, 1, None), n, 512, hide_sink=True,
@@ -86,4 +90,8 @@ def test_the_memory_estimate_covers_what_a_comparison_allocates():
     _, numpy_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     estimate = compare.compare_bytes(n, n, heads_a=qk.n_heads, heads_b=qk.n_heads)
+    assert estimate == compare.compare_bytes(n, n, heads_a=qk.n_heads, heads_b=qk.n_heads, in_flight=1)
     assert torch_peak is not None and torch_peak + numpy_peak <= estimate, (torch_peak, numpy_peak, estimate)
+    two = compare.compare_bytes(n, n, heads_a=qk.n_heads, heads_b=qk.n_heads, in_flight=2)
+    pooled = 5 * 512 * 512 * 8
+    assert two - pooled == 2 * (estimate - pooled)
