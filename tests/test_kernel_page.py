@@ -290,7 +290,10 @@ def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypat
     uk.prefetch_neighbours(base, {**base, "n": 64}, 20)
     assert asked[-1][0] is uk.step_view
     steps = {n: kn.tile_steps(n, n, block_m=16, block_n=16, causal=True) for n in (64, 66)}
-    assert asked[-1][1] == [(n, 32, 16, 16, True, "float32", 3, None, min(20, steps[n] - 1)) for n in (64, 66)]
+    # N went up: the next N up first (a control is mostly moved on the same way)
+    assert asked[-1][1] == [(n, 32, 16, 16, True, "float32", 3, None, min(20, steps[n] - 1)) for n in (66, 64)]
+    uk.prefetch_neighbours(base, {**base, "n": 66}, 20)
+    assert [call[0] for call in asked[-1][1]] == [64, 66]
     uk.prefetch_neighbours({**base, "block_m": 128}, {**base, "block_m": 64}, 0)
     assert [call[2] for call in asked[-1][1]] == [64]
     uk.prefetch_neighbours(base, base, 0)
@@ -311,3 +314,7 @@ def test_neighbours_one_step_either_way():
     assert neighbours((1, 4096), 1) == [2]
     assert neighbours((1, 4096), 4096) == [4095]
     assert neighbours((0, 10), 5) == [4, 6]
+    # the one further in the direction of the move first
+    assert neighbours([8, 16, 32], 16, 8) == [32, 8] and neighbours([8, 16, 32], 16, 32) == [8, 32]
+    assert neighbours((0, 10), 5, 4) == [6, 4] and neighbours((0, 10), 5, 6) == [4, 6]
+    assert neighbours((0, 10), 10, 9) == [9] and neighbours([8, 16, 32], 16, 12) == [8, 32]

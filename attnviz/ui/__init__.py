@@ -293,15 +293,20 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     return st.selectbox(label, options, key=key, persist_state="session")
 
 
-def neighbours(options, value) -> list:
+def neighbours(options, value, previous=None) -> list:
     """The values one step either way of value, for a prefetch of what a control moved by one step would ask for:
-    options a list of values, or (low, high) integer bounds."""
+    options a list of values, or (low, high) integer bounds. The one further in the direction of the move from
+    `previous` comes first (a control is mostly moved on the same way), the lower one when there was no move."""
     if isinstance(options, tuple):
-        return [v for v in (value - 1, value + 1) if options[0] <= v <= options[1]]
-    if value not in options:
-        return []
-    i = options.index(value)
-    return [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
+        out = [v for v in (value - 1, value + 1) if options[0] <= v <= options[1]]
+        rising = previous is not None and previous < value
+    else:
+        if value not in options:
+            return []
+        i = options.index(value)
+        out = [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
+        rising = previous in options and options.index(previous) < i
+    return out[::-1] if rising else out
 
 
 BACKGROUND_BUILDS = 2  # prefetch threads for the whole server; a build asked for while they are busy is skipped

@@ -95,7 +95,7 @@ def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> Non
     for name, options in steps.items():
         if previous.get(name) == setting[name]:
             continue
-        for value in neighbours(options, setting[name]):
+        for value in neighbours(options, setting[name], previous.get(name)):
             s = {**setting, name: value}
             sizes = (s["n"], s["block_m"], s["block_n"], s["causal"])
             if kn.refusal(s["n"], s["d"], block_m=s["block_m"], block_n=s["block_n"], causal=s["causal"],

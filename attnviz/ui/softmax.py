@@ -139,7 +139,8 @@ def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float
     wanted = []
     for name, options in steps.items():
         if previous.get(name) != setting[name]:
-            wanted += [{**setting, name: value} for value in neighbours(options, setting[name])]
+            wanted += [{**setting, name: value}
+                       for value in neighbours(options, setting[name], previous.get(name))]
     build_in_background(section_figures, [(s["d_k"], s["n_keys"], s["seed"], s["temperature"], rows_shown)
                                           for s in wanted], "attnviz-softmax-prefetch")
 
