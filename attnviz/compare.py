@@ -45,7 +45,7 @@ def rows_per_pass(n: int, heads: int = 1) -> int:
 def compare_bytes(n_a: int, n_b: int, *, heads_a: int = 1, heads_b: int = 1, size: int = 512,
                   in_flight: int | None = None) -> int:
     """Estimated peak bytes of compare_maps beyond the captures: per pass in flight (in_flight; default one per
-    core, cores.workers),
+    core, cores.workers, and no more than there are passes: one when the maps differ in length),
     a pass's weights of each map as computed from q and k ([heads, rows, key] float32 scores, mask and softmax:
     three copies), the map's rows and the sink-hidden copy, the float64 difference and its magnitude; then the
     pooled maps and the pooled difference's two halves."""
@@ -54,7 +54,8 @@ def compare_bytes(n_a: int, n_b: int, *, heads_a: int = 1, heads_b: int = 1, siz
 
     rows = min(n_a, n_b, rows_per_pass(n_a, heads_a), rows_per_pass(n_b, heads_b))
     m = min(max(n_a, n_b), size)
-    in_flight = cores.workers() if in_flight is None else in_flight
+    if in_flight is None:
+        in_flight = 1 if n_a != n_b else min(cores.workers(), -(-n_a // rows))
     return in_flight * (one(n_a, heads_a) + one(n_b, heads_b) + 2 * rows * max(n_a, n_b) * 8) + 5 * m * m * 8
 
 

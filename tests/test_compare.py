@@ -95,3 +95,17 @@ def test_the_memory_estimate_covers_what_a_comparison_allocates(monkeypatch):
     two = compare.compare_bytes(n, n, heads_a=qk.n_heads, heads_b=qk.n_heads, in_flight=2)
     pooled = 5 * 512 * 512 * 8
     assert two - pooled == 2 * (estimate - pooled)
+
+
+def test_the_estimate_counts_no_more_passes_in_flight_than_run_at_once(monkeypatch):
+    """One pass of every row (a head of 1,800 tokens) or maps of different lengths (pooled one after the other) hold
+    one pass's buffers, whatever the cores; many passes hold one per core."""
+    from attnviz import cores
+
+    monkeypatch.setattr(cores, "workers", lambda: 2)
+    assert compare.rows_per_pass(1800, 1) >= 1800
+    assert compare.compare_bytes(1800, 1800) == compare.compare_bytes(1800, 1800, in_flight=1)
+    assert compare.compare_bytes(1800, 900) == compare.compare_bytes(1800, 900, in_flight=1)
+    assert compare.rows_per_pass(1800, 9) < 1800
+    assert compare.compare_bytes(1800, 1800, heads_a=9, heads_b=9) == \
+        compare.compare_bytes(1800, 1800, heads_a=9, heads_b=9, in_flight=2)
