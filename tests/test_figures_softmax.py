@@ -102,8 +102,8 @@ def test_prefetch_builds_one_step_either_way_of_the_slider_just_moved(monkeypatc
     monkeypatch.setattr(ui_softmax, "section_figures", lambda *a: built.append(a))
     temps = [0.5, 1.0, 2.0]
     base = {"d_k": 64, "n_keys": 33, "seed": 0, "temperature": 1.0}
-    ui_softmax.prefetch_next(base, {**base, "n_keys": 32}, temps, 12)
-    assert built == [(64, 32, 0, 1.0, 12), (64, 34, 0, 1.0, 12)]
+    ui_softmax.prefetch_next(base, {**base, "n_keys": 32}, temps, 12)  # moved up: the next one up first
+    assert built == [(64, 34, 0, 1.0, 12), (64, 32, 0, 1.0, 12)]
     built.clear()
     ui_softmax.prefetch_next(base, base, temps, 12)  # nothing moved: nothing built
     ui_softmax.prefetch_next(base, None, temps, 12)  # first run
@@ -115,16 +115,16 @@ def test_prefetch_builds_one_step_either_way_of_the_slider_just_moved(monkeypatc
     dims = list(ui_softmax.DIMS)
     i = dims.index(64)
     ui_softmax.prefetch_next(base, {**base, "d_k": dims[i - 1]}, temps, 12)
-    assert built == [(dims[i - 1], 33, 0, 1.0, 12), (dims[i + 1], 33, 0, 1.0, 12)]
+    assert built == [(dims[i + 1], 33, 0, 1.0, 12), (dims[i - 1], 33, 0, 1.0, 12)]
     built.clear()
-    ui_softmax.prefetch_next(base, {**base, "temperature": 2.0}, temps, 12)
+    ui_softmax.prefetch_next(base, {**base, "temperature": 2.0}, temps, 12)  # moved down: the next one down first
     assert built == [(64, 33, 0, 0.5, 12), (64, 33, 0, 2.0, 12)]
     built.clear()
     ui_softmax.prefetch_next(base, {**base, "seed": 1}, temps, 12)  # the seed's - button: 0 has no lower neighbour
     assert built == [(64, 33, 1, 1.0, 12)]
     built.clear()
     ui_softmax.prefetch_next({**base, "seed": 7}, base, temps, 12)  # a seed typed in
-    assert built == [(64, 33, 6, 1.0, 12), (64, 33, 8, 1.0, 12)]
+    assert built == [(64, 33, 8, 1.0, 12), (64, 33, 6, 1.0, 12)]
 
 
 def test_head_patterns_draw_each_softmax_of_a_head_on_one_scale():
