@@ -10,9 +10,28 @@ import torch
 from tests.kernel_cases import keys_read_by_definition, needs_gpu
 
 
+def kernel_page(timeout: int):
+    """The Tiled kernel page under AppTest, not run yet."""
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.ui import PAGES
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
+                             default_timeout=timeout)
+
+
+def recorded(monkeypatch, name: str) -> list:
+    """Every call's positional arguments to attnviz.kernels.<name>, which still runs."""
+    import attnviz.kernels as kn
+
+    calls, real = [], getattr(kn, name)
+    monkeypatch.setattr(kn, name, lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
 def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
     import streamlit as st
-    from streamlit.testing.v1 import AppTest
 
     from attnviz.kernels import KernelError, steps_view
 
@@ -22,11 +41,8 @@ def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
     monkeypatch.setattr(steps_view, "flash_attention", refuse)  # the step view's run (attnviz.kernels.steps_view)
     st.cache_resource.clear()
     st.cache_data.clear()
-    from attnviz.ui import PAGES
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    page = os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel"))
-    at = AppTest.from_file(page, default_timeout=120)
+    at = kernel_page(120)
     at.run()
     st.cache_resource.clear()
     assert not at.exception, at.exception
@@ -35,18 +51,10 @@ def test_kernel_page_shows_an_error_when_the_kernel_refuses(monkeypatch):
 
 def test_kernel_page_measures_memory_once_per_head_dim_not_per_n(monkeypatch):
     import streamlit as st
-    from streamlit.testing.v1 import AppTest
 
-    import attnviz.kernels as kn
-    from attnviz.ui import PAGES
-
-    scans = []
-    real_scan = kn.peak_memory_scan
-    monkeypatch.setattr(kn, "peak_memory_scan", lambda *a, **k: scans.append(a) or real_scan(*a, **k))
+    scans = recorded(monkeypatch, "peak_memory_scan")
     st.cache_data.clear()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
-                           default_timeout=180)
+    at = kernel_page(180)
     at.session_state["kernel_tab"] = "3. Peak memory, naive vs tiled"  # its tab, opened as a click would
     at.run()
     at.toggle(key="kernel_memory").set_value(True).run()
@@ -65,15 +73,10 @@ def test_kernel_page_measures_memory_once_per_head_dim_not_per_n(monkeypatch):
 @needs_gpu
 def test_gpu_kernel_page_shows_gpu_timings_with_the_device_name():
     import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    from attnviz.ui import PAGES
 
     st.cache_data.clear()
     st.cache_resource.clear()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
-                           default_timeout=300)
+    at = kernel_page(300)
     at.session_state["kernel_tab"] = "2. From naive to fused"  # the timing table's tab
     at.run()
     at.slider(key="kernel_n").set_value(1024)
@@ -95,13 +98,7 @@ def test_gpu_kernel_page_shows_gpu_timings_with_the_device_name():
 
 def test_kernel_page_says_when_tiling_does_not_save_traffic():
     """N = 100, d = 80, 16 x 16 tiles, causal (the page's default mask and tiles): tiled moves more than naive."""
-    from streamlit.testing.v1 import AppTest
-
-    from attnviz.ui import PAGES
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
-                           default_timeout=300)
+    at = kernel_page(300)
     at.run()
     assert not at.exception, at.exception
     assert (at.select_slider(key="kernel_block_m").value, at.select_slider(key="kernel_block_n").value,
@@ -130,18 +127,10 @@ def test_kernel_page_says_when_tiling_does_not_save_traffic():
 def test_only_the_open_tab_runs_its_work(monkeypatch):
     """The five methods are timed when their tab is open, not on every setting moved with the stepper's tab open."""
     import streamlit as st
-    from streamlit.testing.v1 import AppTest
 
-    import attnviz.kernels as kn
-    from attnviz.ui import PAGES
-
-    timed = []
-    real = kn.compare_methods
-    monkeypatch.setattr(kn, "compare_methods", lambda *a, **k: timed.append(a) or real(*a, **k))
+    timed = recorded(monkeypatch, "compare_methods")
     st.cache_data.clear()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
-                           default_timeout=180)
+    at = kernel_page(180)
     at.run()
     at.slider(key="kernel_n").set_value(48).run()
     assert not at.exception, at.exception
@@ -159,15 +148,11 @@ def test_a_refused_size_says_why_and_every_other_section_is_still_drawn():
     GPU): the reason is shown above the page's tabs, and each tab still draws what needs no run: the traffic counters,
     the timing tab's note and the memory scan."""
     import streamlit as st
-    from streamlit.testing.v1 import AppTest
 
     import attnviz.kernels as kn
-    from attnviz.ui import PAGES
 
     st.cache_data.clear()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
-                           default_timeout=180)
+    at = kernel_page(180)
     at.run()
     at.slider(key="kernel_n").set_value(4096).run()
     assert not at.exception, at.exception
@@ -210,14 +195,10 @@ def test_a_sliding_window_on_the_kernel_page():
     import json
 
     import numpy as np
-    from streamlit.testing.v1 import AppTest
 
     from attnviz.attention import MaskRule
-    from attnviz.ui import PAGES
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    at = AppTest.from_file(os.path.join(root, next(p.script for p in PAGES if p.url_path == "kernel")),
-                           default_timeout=300)
+    at = kernel_page(300)
     at.session_state["kernel_n"] = 96
     at.session_state["kernel_window"] = 16
     at.run()
