@@ -38,6 +38,8 @@ heads-1800-qk).
         about half the matmul rate, as on a slower or shared machine)
     python benchmarks/browser_latency.py --page heads --tab head --limit 4    the Heads page's layer, head, boost
         and sink changes with its One head tab open (--tab: the tab a Heads view opens on, by its link's slug)
+    python benchmarks/browser_latency.py --page softmax --open-tab "Against d_k"    the controls above a page's tabs
+        timed with another tab open than the first (--open-tab: a tab's label, clicked once the page is drawn)
 
 A page that fails is reported with a screenshot, the others are still measured, and the run exits 1.
 """
@@ -219,7 +221,7 @@ def say(row) -> None:
           f"{', '.join(f'{t[1]:.2f}' for t in times)} s; load {load:.1f}", file=sys.stderr, flush=True)
 
 
-def measure(page, url: str, target, run: Run, tab: str | None = None) -> None:
+def measure(page, url: str, target, run: Run, tab: str | None = None, open_label: str | None = None) -> None:
     title, path, query = target
     params = query()
     if tab and path == "heads":
@@ -227,6 +229,8 @@ def measure(page, url: str, target, run: Run, tab: str | None = None) -> None:
     page.goto(f"{url}/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else ""))
     page.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=600_000)
     settle(page, 1200)  # the first run, a capture included (not timed)
+    if open_label:
+        untimed(page, lambda: open_tab(page, open_label))
     explore(page, run)
 
 
@@ -245,11 +249,12 @@ def run_pages(names: list[str], args) -> list[Run]:
             context.add_init_script(COUNT_MESSAGES)
             page = context.new_page()
             for name in names:
-                title = every[name][0] + (f" ({args.tab} tab)" if args.tab and every[name][1] == "heads" else "")
+                title = every[name][0] + (f" ({args.tab} tab)" if args.tab and every[name][1] == "heads" else "") \
+                    + (f" (tab {args.open_tab} open)" if args.open_tab else "")
                 run = Run(title, args.repeat, args.limit)
                 runs.append(run)
                 try:
-                    measure(page, url, every[name], run, args.tab)
+                    measure(page, url, every[name], run, args.tab, args.open_tab)
                 except Exception as exc:  # the other pages are still measured
                     traceback.print_exc()
                     shot = f"browser-latency-{name}-failed.png"
@@ -338,6 +343,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="time at most this many widgets of each page")
     parser.add_argument("--quick", action="store_true", help="one widget, once: the Positional page's first")
     parser.add_argument("--tab", help="the tab the Heads views open on, by its link's slug (grid, head, token, ...)")
+    parser.add_argument("--open-tab", help="a tab's label, opened on every page timed before its widgets are")
     parser.add_argument("--busy-cores", type=int, default=0,
                         help="keep this many cores busy with a spinning process for the whole run (a slower or shared "
                              "machine: on 2 cores, one busy halves the matmul rate)")
