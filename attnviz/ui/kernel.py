@@ -91,20 +91,21 @@ def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> Non
     if previous is None:
         return
     steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "seed": SEED_RANGE}
-    calls = []
-    for name, options in steps.items():
-        if previous.get(name) == setting[name]:
-            continue
-        for value in neighbours(options, setting[name], previous.get(name)):
-            s = {**setting, name: value}
-            sizes = (s["n"], s["block_m"], s["block_n"], s["causal"])
-            if kn.refusal(s["n"], s["d"], block_m=s["block_m"], block_n=s["block_n"], causal=s["causal"],
-                          dtype=s["dtype"], window=s["window"]) is None and is_small(*sizes, s["window"]):
-                n_steps = kn.tile_steps(s["n"], s["n"], block_m=s["block_m"], block_n=s["block_n"],
-                                        causal=s["causal"], window=s["window"])
-                calls.append((s["n"], s["d"], s["block_m"], s["block_n"], s["causal"], s["dtype"], s["seed"],
-                              s["window"], min(index, n_steps - 1)))
-    build_in_background(step_view, calls, "attnviz-kernel-neighbours")
+    calls = [_prefetchable({**setting, name: value}, index)
+             for name, options in steps.items() if previous.get(name) != setting[name]
+             for value in neighbours(options, setting[name], previous.get(name))]
+    build_in_background(step_view, [call for call in calls if call is not None], "attnviz-kernel-neighbours")
+
+
+def _prefetchable(s: dict, index: int) -> tuple | None:
+    """step_view's arguments for the setting s at the step shown (within its steps), or None when s cannot run here
+    or is not a small run."""
+    tiles = dict(block_m=s["block_m"], block_n=s["block_n"], causal=s["causal"], window=s["window"])
+    if kn.refusal(s["n"], s["d"], dtype=s["dtype"], **tiles) is not None or not is_small(s["n"], **tiles):
+        return None
+    n_steps = kn.tile_steps(s["n"], s["n"], **tiles)
+    return (s["n"], s["d"], s["block_m"], s["block_n"], s["causal"], s["dtype"], s["seed"], s["window"],
+            min(index, n_steps - 1))
 
 
 def fragment_alone() -> bool:
