@@ -309,6 +309,13 @@ def neighbours(options, value, previous=None) -> list:
     return out[::-1] if rising else out
 
 
+def moved_neighbours(setting: dict, previous: dict, steps: dict) -> list[dict]:
+    """The settings one step either way (neighbours) of each control that moved between `previous` and `setting`
+    ({control: value}); steps: {control: its options, as neighbours takes them}, the controls that count."""
+    return [{**setting, name: value} for name, options in steps.items() if previous.get(name) != setting[name]
+            for value in neighbours(options, setting[name], previous.get(name))]
+
+
 BACKGROUND_BUILDS = 2  # prefetch threads for the whole server; a build asked for while they are busy is skipped
 _background = threading.BoundedSemaphore(BACKGROUND_BUILDS)
 

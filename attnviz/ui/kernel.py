@@ -9,7 +9,7 @@ from attnviz.errors import AttnvizError
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
 from attnviz.kernels import steps_view as kview
 from attnviz.kernels.steps_view import STEP_STOPS, KernelRun  # noqa: F401  (STEP_STOPS: the page's bound)
-from attnviz.ui import build_in_background, neighbours
+from attnviz.ui import build_in_background, moved_neighbours
 
 MEMORY_SIZES = (128, 256, 512, 1024, 2048)
 BLOCKS_TOO_BIG = "Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head dim, or float16, and it will run."
@@ -91,9 +91,7 @@ def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> Non
     if previous is None:
         return
     steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "seed": SEED_RANGE}
-    calls = [_prefetchable({**setting, name: value}, index)
-             for name, options in steps.items() if previous.get(name) != setting[name]
-             for value in neighbours(options, setting[name], previous.get(name))]
+    calls = [_prefetchable(s, index) for s in moved_neighbours(setting, previous, steps)]
     build_in_background(step_view, [call for call in calls if call is not None], "attnviz-kernel-neighbours")
 
 

@@ -11,7 +11,7 @@ from attnviz import softmax as sm
 from attnviz import softmax_charts as charts
 from attnviz.figures import instant
 from attnviz.figures import softmax as figs
-from attnviz.ui import build_in_background, neighbours
+from attnviz.ui import build_in_background, moved_neighbours
 
 N_QUERIES, DIMS = charts.N_QUERIES, charts.DIMS
 TEMPERATURES = [0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0]  # the temperature sliders
@@ -136,11 +136,7 @@ def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float
     if previous is None:
         return
     steps = {"n_keys": N_KEYS_RANGE, "d_k": list(DIMS), "temperature": list(temperatures), "seed": SEED_RANGE}
-    wanted = []
-    for name, options in steps.items():
-        if previous.get(name) != setting[name]:
-            wanted += [{**setting, name: value}
-                       for value in neighbours(options, setting[name], previous.get(name))]
+    wanted = moved_neighbours(setting, previous, steps)
     build_in_background(section_figures, [(s["d_k"], s["n_keys"], s["seed"], s["temperature"], rows_shown)
                                           for s in wanted], "attnviz-softmax-prefetch")
 
