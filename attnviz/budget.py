@@ -168,6 +168,9 @@ class HeldCache:
     def peek(self, key):
         return self._once.peek(key)
 
+    def find(self, match):
+        return self._once.find(match)
+
     @property
     def held(self) -> int:
         """The bytes its kept results hold."""

@@ -51,6 +51,15 @@ class ComputeOnce:
         with self._lock:
             return self._cached(key)
 
+    def find(self, match: Callable[[Hashable], bool]):
+        """(True, key, value) of the most recently used cached key for which match(key) is true (marking it
+        recently used), else (False, None, None); never computes."""
+        with self._lock:
+            key = next((k for k in reversed(self._values) if match(k)), None)
+            if key is None:
+                return False, None, None
+            return True, key, self._cached(key)[1]
+
     def _cached(self, key):
         """(True, value) when key is cached (and marks it recently used), else (False, None). Hold self._lock."""
         if key in self._values:

@@ -69,10 +69,19 @@ def test_narrowing_the_layers_slices_the_capture_already_made(monkeypatch):
     calls = []
     real = cap.capture_attention
     monkeypatch.setattr(cap, "capture_attention", lambda *a, **k: calls.append(k.get("layers")) or real(*a, **k))
-    whole = ui.loaded._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", None, False)
-    part = ui.loaded._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), "slice me", (1,), False)
+    def made(text, layers):
+        return ui.loaded._cached_capture("toy-llama-gqa", ui.model_version("toy-llama-gqa"), text, layers, False)
+
+    whole, part = made("slice me", None), made("slice me", (1,))
     assert part.layers == [1] and np.array_equal(part.pattern[0], whole.pattern[1])
     assert calls == [None]  # one forward pass, for the whole capture
+    # a range narrowed from a range (layers 0-1 to 1) slices it too; a layer outside the range made runs the model
+    two, part = made("slice a range", (0, 1)), made("slice a range", (1,))
+    assert part.layers == [1] and np.array_equal(part.pattern[0], two.pattern[1])
+    made("slice a layer", (0,))
+    assert made("slice a layer", (1,)).layers == [1] and calls == [None, (0, 1), (0,), (1,)]
+    fresh = cap.capture_attention(ui.get_model("toy-llama-gqa"), "slice a range", layers=[1])
+    np.testing.assert_allclose(part.pattern[0], fresh.pattern[0], atol=1e-6)  # the same weights as its own capture
 
 
 def test_an_export_is_admitted_by_the_memory_budget_while_it_is_written(monkeypatch, tmp_path):

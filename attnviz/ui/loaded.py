@@ -223,14 +223,22 @@ def capture_need(loaded, n_tokens: int, layers, store: str) -> int:
 
 
 def _made_capture(name, version, text, layers, with_scores, store):
-    """The capture if it was already made, never computing: its own entry, or the same text's capture of every
-    layer restricted to these layers (narrowing the layer range needs no new forward pass). Else None."""
+    """The capture if it was already made, never computing: its own entry, or the same text's capture of any
+    layers that include these, restricted to them (narrowing the layer range needs no new forward pass). Else
+    None."""
     _CAPTURES = _caches()[1]
     found, capture = _CAPTURES.peek((name, version, text, layers, with_scores, store))
-    if not found and layers is not None:
-        found, whole = _CAPTURES.peek((name, version, text, None, with_scores, store))
-        capture = whole.select(layers) if found else None
-    return capture if found else None
+    if found:
+        return capture
+    if layers is None:
+        return None
+
+    def covers(key) -> bool:
+        return key[:3] == (name, version, text) and key[4:] == (with_scores, store) and (
+            key[3] is None or set(layers) <= set(key[3]))
+
+    found, _, wider = _CAPTURES.find(covers)
+    return wider.select(layers) if found else None
 
 
 _TOKEN_COUNTS = ComputeOnce(max_items=32)  # (model, version, text) -> its number of tokens, every session
