@@ -112,14 +112,15 @@ def induction_test(loaded, length: int = 50, *, seed: int = 0, layers=None) -> I
     loss on each copy)."""
     vocab = loaded.shape.vocab if loaded.shape is not None else len(loaded.tokenizer)
     ids, start = repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
-    capture = capture_token_ids(loaded, ids, layers=layers)
+    language = lm.is_language_model(loaded.model)
+    capture = capture_token_ids(loaded, ids, layers=layers, with_logits=language)  # one pass: maps and loss
     scores = repeated_token_scores(capture.pattern, length, start)  # each [layer, head]
     n_layers, n_heads = capture.pattern.shape[:2]
     table = pd.DataFrame({"layer": np.repeat(capture.layers, n_heads), "head": np.tile(np.arange(n_heads), n_layers),
                           **{name: scores[name].ravel() for name in SCORES}})
     test = InductionTest(table, capture, start, length)
-    if lm.is_language_model(loaded.model):
-        losses = lm.token_losses(lm.next_token_logits(loaded.model, ids)[0], ids)  # losses[t]: token t + 1
+    if language:
+        losses = lm.token_losses(capture.logits, ids)  # losses[t]: token t + 1
         test.loss_first = float(losses[start:start + length - 1].mean())  # tokens start + 1 .. start + L - 1
         test.loss_second = float(losses[start + length:start + 2 * length - 1].mean())
     return test

@@ -50,6 +50,24 @@ def test_toy_patterns_equal_output_attentions(toys, name):
     assert cap.token_ids == toys[name].tokenizer(TEXT).input_ids
 
 
+@pytest.mark.parametrize("name", TOYS)
+def test_a_capture_with_logits_is_one_pass_giving_the_models_own_logits(toys, name):
+    """with_logits: the same weights as transformers' output_attentions, and the logits of its own forward pass."""
+    loaded = toys[name]
+    cap = capture_attention(loaded, TEXT, with_logits=True)
+    assert np.array_equal(cap.pattern, reference_attentions(loaded, TEXT))
+    with torch.no_grad():
+        logits = loaded.model(**loaded.tokenizer(TEXT, return_tensors="pt")).logits[0]
+    assert cap.logits.shape == logits.shape
+    torch.testing.assert_close(cap.logits, logits.float(), atol=1e-5, rtol=1e-5)
+    assert capture_attention(loaded, TEXT).logits is None
+
+
+def test_an_encoder_has_no_logits_to_capture(minilm):
+    with pytest.raises(CaptureError, match="not a causal language model"):
+        capture_attention(minilm, TEXT, with_logits=True)
+
+
 def test_minilm_pattern_equals_output_attentions(minilm):
     cap = check_against_transformers(minilm)
     assert not cap.causal

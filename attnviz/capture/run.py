@@ -38,7 +38,7 @@ STORES = ("pattern", "qk")
 def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern", dtype=np.float32,
                       with_scores: bool = False, with_values: bool = False, max_tokens: int | None = None,
                       token_ids=None, progress: Callable[[int, int], None] | None = None,
-                      during: DuringForward | None = None) -> AttentionCapture:
+                      during: DuringForward | None = None, with_logits: bool = False) -> AttentionCapture:
     """Runs `loaded` (an attnviz.models.LoadedModel) on `text` and returns every head of the chosen layers.
 
     layers: None for all, or an iterable of layer indices (negative counts from the end).
@@ -54,6 +54,8 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     repeated random sequence of the induction test); `text` is then only a label and may be empty.
     progress: called as progress(layers_done, layers_wanted) while the forward pass runs.
     during: work done inside the forward pass (qk store; DuringForward).
+    with_logits: a language model's next-token logits from the same forward pass (capture.logits), which then
+    runs to the end: one pass where a capture and a loss would take two.
     """
     during = DuringForward() if during is None else during
     ids, attention_mask, words = _encoded(loaded, text, token_ids)
@@ -67,19 +69,29 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     if store == "auto":  # no softmax attention (Mamba2): nothing to record, every store serves
         store = choose_store(loaded, int(ids.shape[1]), maps=maps, can_stream=recorded or module is None)[0]
     _check_request(loaded, module, store, dtype, recorded, with_scores, with_values, during)
+    if with_logits and not _language_model(loaded.model):
+        raise CaptureError(f"{loaded.spec.name} is not a causal language model: it has no next-token logits.")
     _check_size(loaded, maps, int(ids.shape[1]), store, dtype.itemsize + (4 if with_scores else 0), max_tokens)
     recorder = Recorder(wanted=set(wanted), last=max(wanted_all), dtype=dtype, store=store,
                         layer_of={id(m): i for i, m in numbered.items()}, progress=progress,
                         on_layer=during.on_layer, keep_inputs=during.keep_inputs, attend=during.attend,
-                        with_values=with_values, device_inputs=during.device_inputs and not during.keep_inputs)
+                        with_values=with_values, device_inputs=during.device_inputs and not during.keep_inputs,
+                        stop=not with_logits)
     with recording_linear(loaded.model, plan) as (records, gates):
-        _forward(loaded, recorder if numbered else None, ids, attention_mask)
+        out = _forward(loaded, recorder if numbered else None, ids, attention_mask, whole=with_logits)
     capture = _assembled(loaded, module, wanted, recorder, ids[0].tolist(), recorded, during.summary, words)
+    capture.logits = out.logits[0].float().cpu() if with_logits else None
     if plan is not None:
         _add_linear(capture, plan, [i for i in wanted_all if i in plan.mapped], records, gates)
     if with_scores:
         capture.scores  # computed now, while the caller waits for the capture anyway
     return capture
+
+
+def _language_model(model) -> bool:
+    from attnviz.lm import is_language_model  # attnviz.lm itself reads captures
+
+    return is_language_model(model)
 
 
 def _check_request(loaded, module, store: str, dtype, recorded: bool, with_scores: bool, with_values: bool,
@@ -153,18 +165,20 @@ def _check_size(loaded, maps: int, n: int, store: str, itemsize: int, max_tokens
                            "builds the N x N arrays.")
 
 
-def _forward(loaded, recorder: Recorder | None, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+def _forward(loaded, recorder: Recorder | None, ids: torch.Tensor, attention_mask: torch.Tensor, *,
+             whole: bool = False):
     """The base model's forward pass under the recorder (None: a model without attention), stopped after the
-    last wanted layer; a model that fails on this text gives a message, not a traceback."""
+    last wanted layer (whole: the whole model's, to its output); a model that fails on this text gives a message,
+    not a traceback. Returns the model's output (None when stopped)."""
     model = loaded.model
-    runner = getattr(model, "base_model", model)
+    runner = model if whole else getattr(model, "base_model", model)
     device = input_device(model)
     watching = recording(model, recorder) if recorder is not None else contextlib.nullcontext()
     with watching, lean_forward(model), torch.inference_mode():  # MLPs in blocks: frugal
         try:
-            runner(input_ids=ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
+            return runner(input_ids=ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
         except StopForward:
-            pass
+            return None
         except CaptureError:
             raise
         except Exception as exc:  # a user's model that cannot run this text: a message, not a traceback

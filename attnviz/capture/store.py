@@ -78,6 +78,8 @@ class AttentionCapture:
     maps: dict[int, np.ndarray] | None = field(default=None, repr=False)
     gates: dict[int, torch.Tensor] | None = field(default=None, repr=False)
     skipped: dict[int, str] | None = field(default=None, repr=False)
+    # [query, vocab] float32 next-token logits of the same forward pass, with capture_attention(with_logits=True)
+    logits: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self):
         for array in (self.pattern, self.computed_scores):
@@ -249,7 +251,7 @@ class AttentionCapture:
             file_facts=dict(self.file_facts),
             summary=None if self.summary is None else {i: self.summary[i] for i in layers},
             _sink=None if self._sink is None else self._sink[index],
-            token_words=self.token_words, word_spans=self.word_spans, layer_kinds=self.layer_kinds,
+            token_words=self.token_words, word_spans=self.word_spans, layer_kinds=self.layer_kinds, logits=self.logits,
             gates=None if self.gates is None else {i: g for i, g in self.gates.items() if i in layers},
             skipped=self.skipped, mixers=None if self.mixers is None else {i: self.mixers[i] for i in linear},
             maps=None if self.maps is None else {i: m for i, m in self.maps.items() if i in linear})
