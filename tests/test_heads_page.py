@@ -458,6 +458,16 @@ def test_compare_draws_long_maps_max_pooled_and_states_the_exact_difference(monk
     tv = np.mean([0.5 * sum(abs(x - y) for x, y in zip(ra, rb)) for ra, rb in zip(a, b)])
     said = " ".join(m.value for m in at.markdown)
     assert f"Largest difference: {np.abs(a - b).max():.3f}" in said and f"query row: {tv:.3f}" in said, said
+    # a change of B draws B and A − B again, and leaves A's figure as it was: not built again
+    before = [json.loads(c.proto.spec)["data"] for c in at.get("plotly_chart")]
+    drawn = []
+    real = cache.figs.pooled_overview
+    monkeypatch.setattr(cache.figs, "pooled_overview", lambda *a, **k: drawn.append(k["title"]) or real(*a, **k))
+    at.selectbox(key="heads_head_b").set_value(2).run()
+    assert not at.exception and drawn == ["B: layer 1, head 2, max-pooled to 16 px"], drawn
+    after = [json.loads(c.proto.spec)["data"] for c in at.get("plotly_chart")]
+    assert titles[0].startswith("A: layer 0, head 1") and titles[1].startswith("B: layer 1, head 3")
+    assert after[0] == before[0] and after[1] != before[1]
 
 
 @pytest.mark.slow

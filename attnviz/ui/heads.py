@@ -221,23 +221,35 @@ def compared(model: str, version: tuple, text: str, layers, a_key: tuple, b_key:
                                 heads=(_a.heads, _b.heads))
 
 
-@ui.figure_cache(max_entries=16)
 def pooled_compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple, gamma: float,
                            hide_sink: bool, _result, _a, _b):
     """The Compare figures of a comparison made block by block: each map max-pooled (as One head draws a long
-    head; a map no longer than OVERVIEW is itself), and A − B pooled with its sign."""
-    def drawn(pooled, m):
-        if m.n <= OVERVIEW:
-            return figs.head_detail(pooled, m.capture.tokens, title=m.title, gamma=gamma, causal=m.capture.causal)
-        return figs.pooled_overview(pooled, m.n, gamma=gamma, causal=m.capture.causal,
-                                    title=f"{m.title}, max-pooled to {pooled.shape[-1]} px")
-
-    fig_a, fig_b = drawn(_result.a, _a), drawn(_result.b, _b)
+    head; a map no longer than OVERVIEW is itself), and A − B pooled with its sign. Each figure is cached on what
+    it shows alone, so a change of map B leaves map A's figure as it was (not built, nor sent again)."""
+    key = (model, version, text, layers)
+    fig_a = pooled_map_figure(*key, a_key, _a.title, gamma, hide_sink, _result.a, _a)
+    fig_b = pooled_map_figure(*key, b_key, _b.title, gamma, hide_sink, _result.b, _b)
     if _result.diff is None:
         return fig_a, fig_b, None, None
-    diff = figs.pooled_difference(_result.diff, _a.n, _result.bound,
+    return fig_a, fig_b, pooled_difference_figure(*key, a_key, b_key, hide_sink, _a.n, _result), _result.summary
+
+
+@ui.figure_cache(max_entries=16)
+def pooled_map_figure(model: str, version: tuple, text: str, layers, map_key: tuple, title: str, gamma: float,
+                      hide_sink: bool, _pooled, _map):
+    """One Compare map's figure from its pooled weights (_map: the CompareMap named by map_key)."""
+    if _map.n <= OVERVIEW:
+        return figs.head_detail(_pooled, _map.capture.tokens, title=title, gamma=gamma, causal=_map.capture.causal)
+    return figs.pooled_overview(_pooled, _map.n, gamma=gamma, causal=_map.capture.causal,
+                                title=f"{title}, max-pooled to {_pooled.shape[-1]} px")
+
+
+@ui.figure_cache(max_entries=8)
+def pooled_difference_figure(model: str, version: tuple, text: str, layers, a_key: tuple, b_key: tuple,
+                             hide_sink: bool, n: int, _result):
+    """A − B of a block-by-block comparison of two maps of n tokens, pooled with its sign."""
+    return figs.pooled_difference(_result.diff, n, _result.bound,
                                   title="A − B: red = more attention in A, blue = more in B")
-    return fig_a, fig_b, diff, _result.summary
 
 
 @ui.figure_cache(max_entries=16)
