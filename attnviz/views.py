@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from attnviz import attention as core
-from attnviz.pooling import MIN_REMAINING, pool_edges
+from attnviz.pooling import MIN_REMAINING, block_reduce, pool_edges
 
 OVERVIEW = 512  # pixels per side of a long head's overview (the Heads page and the notebook views)
 # From this many tokens the Heads page's statistics pass also pools every head's overview (stats.streaming_attend),
@@ -136,9 +136,8 @@ def pooled_heads(inputs: core.LayerInputs, size: int, *, hide_sink: bool = False
             if hide_sink:
                 w = sink_hidden(w)
             starts = keys_e[:-1][keys_e[:-1] < key_end]
-            with np.errstate(invalid="ignore"):
-                cols = np.fmax.reduceat(w, starts, axis=-1)  # [head, rows, key blocks seen]
-                out[:, i:j, :len(starts)] = np.fmax.reduceat(cols, rows_e[i:j] - a, axis=1)
+            cols = block_reduce(np.fmax, w, starts, axis=-1)  # [head, rows, key blocks seen]
+            out[:, i:j, :len(starts)] = block_reduce(np.fmax, cols, rows_e[i:j] - a, axis=-2)
             # blocks right of every key these rows may see hold only masked (zero) weight, or NaN when every row
             # of the block is blank (hidden sink), as max_pool of the dense rows gives
             blank = np.isnan(w).all(-1)  # [head, rows]

@@ -51,10 +51,12 @@ def test_block_by_block_equals_the_dense_pooling_and_summary(captures, hide_sink
     assert got.summary["max"] == pytest.approx(expected["max"], abs=1e-5)
     assert got.summary["total_variation"] == pytest.approx(expected["total_variation"], abs=1e-5)
     assert got.bound == pytest.approx(np.nanmax(np.abs(d)), abs=1e-5)
-    # the pass length changes nothing: one pass of every row gives the same
+    # the pass length changes nothing but float32's last bits (a pass's softmax sums the keys its rows may see):
+    # one pass of every row gives the same
     whole = compare.compare_maps(rows_of(qk, la, ha), n, rows_of(qk, lb, hb), n, size, hide_sink=hide_sink,
                                  rows_at_once=n)
-    np.testing.assert_array_equal(whole.diff, got.diff)
+    np.testing.assert_allclose(whole.diff, got.diff, rtol=0, atol=3e-7, equal_nan=True)
+    np.testing.assert_array_equal(np.isnan(whole.diff), np.isnan(got.diff))
 
 
 def test_maps_of_different_lengths_are_pooled_apart_with_no_difference(captures):

@@ -183,7 +183,11 @@ class AttentionCapture:
         if self.pattern is not None:
             block = self.pattern[self.index_of(layer), :, start:stop]
             return block if heads is None else block[list(heads)]
-        weights, _ = core.layer_pattern(self._inputs(layer), start, stop, heads=heads, key_end=self.n_tokens)
+        inputs = self._inputs(layer)
+        seen = inputs.mask.key_end(start, stop)  # keys after it have weight 0: never computed (causal: half)
+        weights, _ = core.layer_pattern(inputs, start, stop, heads=heads, key_end=seen)
+        if seen < self.n_tokens:
+            weights = torch.nn.functional.pad(weights, (0, self.n_tokens - seen))
         return weights.numpy()
 
     def head_pattern(self, layer: int, head: int, rows=None, *, mixer: str | None = None) -> np.ndarray:

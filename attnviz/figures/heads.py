@@ -21,7 +21,7 @@ import plotly.colors
 import plotly.graph_objects as go
 from PIL import Image
 
-from attnviz.pooling import MIN_REMAINING, pool_edges
+from attnviz.pooling import MIN_REMAINING, block_reduce, pool_edges
 from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap, label_margins, line_chart
 from attnviz.figures.experiments import bars_by_token
 
@@ -90,10 +90,8 @@ def max_pool(p: np.ndarray, size: int) -> np.ndarray:
     n = p.shape[-1]
     if n <= size:
         return p
-    edges = pool_edges(n, size)
-    with np.errstate(invalid="ignore"):  # keys first: along the contiguous axis, 3x faster than rows first
-        cols = np.fmax.reduceat(p, edges[:-1], axis=-1)
-        return np.fmax.reduceat(cols, edges[:-1], axis=-2)
+    edges = pool_edges(n, size)[:-1]  # keys first: along the contiguous axis, 3x faster than rows first
+    return block_reduce(np.fmax, block_reduce(np.fmax, p, edges, axis=-1), edges, axis=-2)
 
 
 def max_abs_pool(d: np.ndarray, size: int) -> np.ndarray:
@@ -104,9 +102,8 @@ def max_abs_pool(d: np.ndarray, size: int) -> np.ndarray:
     if n <= size:
         return d
     edges = pool_edges(n, size)[:-1]
-    with np.errstate(invalid="ignore"):
-        high = np.fmax.reduceat(np.fmax.reduceat(d, edges, axis=-1), edges, axis=-2)
-        low = np.fmin.reduceat(np.fmin.reduceat(d, edges, axis=-1), edges, axis=-2)
+    high = block_reduce(np.fmax, block_reduce(np.fmax, d, edges, axis=-1), edges, axis=-2)
+    low = block_reduce(np.fmin, block_reduce(np.fmin, d, edges, axis=-1), edges, axis=-2)
     return np.where(np.nan_to_num(-low) > np.nan_to_num(high), low, high)
 
 
