@@ -395,6 +395,29 @@ def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do(
                                                    for x in range(layers)], rtol=1e-6)
 
 
+def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
+    """A seed or L moved by a step: the test one step further the same way is asked of the background builds (not
+    on the first view, and not past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below."""
+    from attnviz import ui
+    from attnviz.ui import heads_tabs
+
+    asked = []
+    monkeypatch.setattr(ui, "build_in_background", lambda cached, calls, name: asked.append(calls) or True)
+    at = open_tab(heads_page({"model": "toy-llama-gqa", "text": "The cat sat on the mat."}), "Induction test")
+    assert not at.exception and asked == []
+    version = ui.model_version("toy-llama-gqa")
+    at.number_input(key="heads_induction_seed").set_value(1).run()
+    at.number_input(key="heads_induction_seed").set_value(2).run()
+    assert asked[-2:] == [[("toy-llama-gqa", version, 50, 2)], [("toy-llama-gqa", version, 50, 3)]]
+    at.number_input(key="heads_induction_seed").set_value(1).run()
+    assert asked[-1] == [("toy-llama-gqa", version, 50, 0)]
+    at.select_slider(key="heads_induction_length").set_value(25).run()
+    assert asked[-1] == [("toy-llama-gqa", version, 10, 1)]
+    at.select_slider(key="heads_induction_length").set_value(100).run()
+    assert asked[-1] == [] and heads_tabs.PREFETCH_MAX_LENGTH < 200  # L = 200 is not prefetched
+    assert not at.exception
+
+
 def test_a_long_dense_map_is_drawn_max_pooled_with_an_exact_zoom_window(monkeypatch):
     """Above FULL_MAP_MAX_TOKENS the One head tab shows a dense capture the way it shows a qk one: each overview
     pixel the largest weight of its block (checked by a loop over the blocks, and against the same head pooled from

@@ -372,7 +372,7 @@ def prediction_table(tokenizer, tokens: list[str], result):
     return table
 
 
-@st.cache_resource(show_spinner=False, max_entries=2)
+@st.cache_resource(show_spinner=False, max_entries=3)  # the test shown, the last, and one prefetched
 def induction_test_of(model: str, version: tuple, length: int, seed: int):
     """attnviz.diagnostics.induction_test on the model (shared by every session, read-only: its capture's arrays
     are frozen)."""

@@ -58,7 +58,7 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
              "repeated once. In the second copy every token has one earlier occurrence; an induction head looks "
              "at the token that came after it (prefix matching).")
     i1, i2, i3 = st.columns(3)
-    length = i1.select_slider("Length L of the random sequence", [10, 25, 50, 100, 200], 50,
+    length = i1.select_slider("Length L of the random sequence", INDUCTION_LENGTHS, 50,
                               key="heads_induction_length", persist_state="session")
     seed = i2.number_input("Seed", 0, 1_000_000, 0, key="heads_induction_seed", persist_state="session")
     column = i3.radio("Score", SCORES, key="heads_induction_score", persist_state="session")
@@ -88,6 +88,26 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
                         width="stretch")
         st.write(f"An induction head draws a stripe {length - 1} tokens below the diagonal in the lower half: each "
                  "token of the second copy looks at the token after its first occurrence.")
+    prefetch_induction({"model": model, "version": version, "length": length, "seed": int(seed)})
+
+
+INDUCTION_LENGTHS = [10, 25, 50, 100, 200]  # the test's L slider
+PREFETCH_MAX_LENGTH = 100  # a test holds its [layer, head, 2L + 1, 2L + 1] weights: 45 MB for SmolLM2 at L = 100
+
+
+def prefetch_induction(setting: dict) -> None:
+    """Runs, in the background, the test one step on from the control just moved (the seed, or L up to
+    PREFETCH_MAX_LENGTH) in the direction it moved (setting: {"model", "version", "length", "seed"} of this run;
+    the last run's is kept in the session): stepping through seeds then finds each test ready. Nothing is run on a
+    first view or when neither moved."""
+    previous = st.session_state.get("heads_induction_last")
+    st.session_state["heads_induction_last"] = setting
+    if previous is None:
+        return
+    wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, 1_000_000)})[:1]
+    ui.build_in_background(cache.induction_test_of, [(s["model"], s["version"], s["length"], s["seed"])
+                                                     for s in wanted if s["length"] <= PREFETCH_MAX_LENGTH],
+                           "attnviz-induction-next")
 
 
 @st.fragment
