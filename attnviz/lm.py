@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from attnviz.capture import Recorder, SharedHooks, attention_modules, decoder_layers, recording
+from attnviz.capture.modules import causal_lm_class, is_language_model
 from attnviz.errors import AttnvizError
 from attnviz.budget import capture_working_bytes
 from attnviz.shape import hidden_size
@@ -27,23 +28,10 @@ class NotALanguageModel(AttnvizError, ValueError):
     """The model has no language-model head (an encoder such as BERT / MiniLM): it predicts no next token."""
 
 
-def is_language_model(model) -> bool:
-    """Whether the model returns next-token logits (a *ForCausalLM / *LMHeadModel with an output embedding)."""
-    try:
-        return model.get_output_embeddings() is not None and bool(getattr(model.config, "is_decoder", True)
-                                                                    or _causal_class(model))
-    except (AttributeError, NotImplementedError):
-        return False
-
-
-def _causal_class(model) -> bool:
-    return type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
-
-
 @torch.no_grad()
 def next_token_logits(model, token_ids, *, attention_mask=None) -> torch.Tensor:
     """[batch, n, vocab] float32 logits of the token after each position. token_ids: [n] or [batch, n]."""
-    if not (_causal_class(model) or is_language_model(model)):
+    if not (causal_lm_class(model) or is_language_model(model)):
         raise NotALanguageModel(f"{type(model).__name__} is not a causal language model: it predicts no next token.")
     ids = torch.as_tensor(token_ids)
     ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
@@ -148,7 +136,7 @@ def predictions(model, token_ids, *, k: int = 5, block: int = BLOCK_ROWS,
     The model's own logits at the last position (the forward pass computes that one row, logits_to_keep=1) check
     the transform: a family that changes its logits in a way not known here raises PredictionError instead of
     showing wrong numbers. progress(done, total) after each decoder layer and each block of the head."""
-    if not (_causal_class(model) or is_language_model(model)):
+    if not (causal_lm_class(model) or is_language_model(model)):
         raise NotALanguageModel(f"{type(model).__name__} is not a causal language model: it predicts no next token.")
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         raise PredictionError(f"{type(model).__name__} computes every position's logits at once (it takes no "

@@ -107,3 +107,16 @@ def input_device(model) -> torch.device:
         return model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
         return next(model.parameters()).device
+
+
+def is_language_model(model) -> bool:
+    """Whether the model returns next-token logits (a *ForCausalLM / *LMHeadModel with an output embedding)."""
+    try:
+        return model.get_output_embeddings() is not None and bool(getattr(model.config, "is_decoder", True)
+                                                                    or causal_lm_class(model))
+    except (AttributeError, NotImplementedError):
+        return False
+
+
+def causal_lm_class(model) -> bool:
+    return type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))

@@ -22,7 +22,8 @@ from attnviz import shape
 from attnviz.capture.frugal import lean_forward
 from attnviz.capture.loading import records_inputs
 from attnviz.capture.linear import kept_gates, linear_plan, recording_linear
-from attnviz.capture.modules import CaptureError, input_device, is_causal, numbered_attention, uses_interface
+from attnviz.capture.modules import (CaptureError, input_device, is_causal, is_language_model, numbered_attention,
+                                     uses_interface)
 from attnviz.capture.recording import Recorder, StopForward, recording, wanted_layers
 from attnviz.capture.store import AttentionCapture
 from attnviz.capture.words import token_words
@@ -69,7 +70,7 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     if store == "auto":  # no softmax attention (Mamba2): nothing to record, every store serves
         store = choose_store(loaded, int(ids.shape[1]), maps=maps, can_stream=recorded or module is None)[0]
     _check_request(loaded, module, store, dtype, recorded, with_scores, with_values, during)
-    if with_logits and not _language_model(loaded.model):
+    if with_logits and not is_language_model(loaded.model):
         raise CaptureError(f"{loaded.spec.name} is not a causal language model: it has no next-token logits.")
     _check_size(loaded, maps, int(ids.shape[1]), store, dtype.itemsize + (4 if with_scores else 0), max_tokens)
     recorder = Recorder(wanted=set(wanted), last=max(wanted_all), dtype=dtype, store=store,
@@ -86,12 +87,6 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     if with_scores:
         capture.scores  # computed now, while the caller waits for the capture anyway
     return capture
-
-
-def _language_model(model) -> bool:
-    from attnviz.lm import is_language_model  # attnviz.lm itself reads captures
-
-    return is_language_model(model)
 
 
 def _check_request(loaded, module, store: str, dtype, recorded: bool, with_scores: bool, with_values: bool,
