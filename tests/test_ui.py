@@ -78,6 +78,7 @@ def test_narrowing_the_layers_slices_the_capture_already_made(monkeypatch):
     # a range narrowed from a range (layers 0-1 to 1) slices it too; a layer outside the range made runs the model
     two, part = made("slice a range", (0, 1)), made("slice a range", (1,))
     assert part.layers == [1] and np.array_equal(part.pattern[0], two.pattern[1])
+    assert np.shares_memory(part.pattern, two.pattern)  # a range: a view of the wider capture, not a copy
     made("slice a layer", (0,))
     assert made("slice a layer", (1,)).layers == [1] and calls == [None, (0, 1), (0,), (1,)]
     fresh = cap.capture_attention(ui.get_model("toy-llama-gqa"), "slice a range", layers=[1])

@@ -239,12 +239,15 @@ class AttentionCapture:
         return self._sink
 
     def select(self, layers) -> "AttentionCapture":
-        """The same capture restricted to some of its layers (model layer numbers), sharing its arrays: narrowing
-        the layers needs no new forward pass."""
+        """The same capture restricted to some of its layers (model layer numbers): narrowing the layers needs no
+        new forward pass. A range of consecutive layers shares the capture's arrays (a 1.6 GB pattern copied took 3
+        s); any other choice copies its layers' part of them."""
         layers = sorted({int(i) for i in layers})
         linear = [i for i in layers if i in self.linear_layers]
         layers = [i for i in layers if i not in linear or i in self.layers]
         index = [self.index_of(i) for i in layers]
+        if index and index == list(range(index[0], index[-1] + 1)):  # a range of layers: views, not copies
+            index = slice(index[0], index[-1] + 1)
         return AttentionCapture(
             tokens=self.tokens, token_ids=self.token_ids, layers=layers, kv_head_of=self.kv_head_of,
             model_name=self.model_name, causal=self.causal, store=self.store,
