@@ -9,6 +9,7 @@ from attnviz.pooling import MIN_REMAINING
 from attnviz.report import default_heads
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
+from attnviz.ui import heads_compare as comparing
 from attnviz.ui import heads_next, heads_tabs
 from attnviz.ui import links, mixers_panel
 from attnviz.ui import snippets as snippet_ui
@@ -222,27 +223,28 @@ def stats_panel():
 def compare_panel():
     mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,
                     key="heads_compare_mode", persist_state="session")
-    a = cache.CompareMap(capture, layer, head, ("head", layer, head), f"A: layer {layer}, head {head}")
+    a = comparing.CompareMap(capture, layer, head, ("head", layer, head), f"A: layer {layer}, head {head}")
     if mode == "Two heads":
         d1, d2 = st.columns(2)
         with d1:
             layer_b = cache.choice_box("Layer B", list(capture.layers), "heads_layer_b")
         with d2:
             head_b = cache.choice_box("Head B", list(range(capture.n_heads)), "heads_head_b")
-        b = cache.CompareMap(capture, layer_b, head_b, ("head", layer_b, head_b), f"B: layer {layer_b}, head {head_b}")
+        b = comparing.CompareMap(capture, layer_b, head_b, ("head", layer_b, head_b),
+                                 f"B: layer {layer_b}, head {head_b}")
     elif mode.startswith("Two layers"):
         layer_b = cache.choice_box("Layer B", list(capture.layers), "heads_layer_b2")
-        a = cache.CompareMap(capture, layer, None, ("mean", layer), f"A: layer {layer}, mean of its heads")
-        b = cache.CompareMap(capture, layer_b, None, ("mean", layer_b), f"B: layer {layer_b}, mean of its heads")
+        a = comparing.CompareMap(capture, layer, None, ("mean", layer), f"A: layer {layer}, mean of its heads")
+        b = comparing.CompareMap(capture, layer_b, None, ("mean", layer_b), f"B: layer {layer_b}, mean of its heads")
     else:
         other = st.text_area("Text B", value=text.replace("cat", "dog"), key="heads_text_b",
                              persist_state="session", height=68)  # its length is checked by get_capture
         other_capture = ui.get_capture(model, other, layers=layers, store="auto")
         if other_capture is None:
             return
-        b = cache.CompareMap(other_capture, layer, head, ("text", other, layer, head),
+        b = comparing.CompareMap(other_capture, layer, head, ("text", other, layer, head),
                              f"B: text B, layer {layer}, head {head}")
-    shown = cache.compare_view(*key, a, b, gamma, hide_sink)
+    shown = comparing.compare_view(*key, a, b, gamma, hide_sink)
     if shown is None:
         return
     fig_a, fig_b, diff, summary = shown
@@ -263,7 +265,7 @@ def compare_panel():
                  f"{summary['total_variation']:.3f} (0 = same, 1 = disjoint)"
                  + (f", over the {summary['rows']:,} rows blank in neither map." if not summary["all_rows"] else ".")
                  + (" Computed from the full maps a block of rows at a time; the maps are drawn max-pooled."
-                    if max(a.n, b.n) > cache.FULL_MAP_MAX_TOKENS else ""))
+                    if max(a.n, b.n) > comparing.FULL_MAP_MAX_TOKENS else ""))
 
 
 @st.fragment

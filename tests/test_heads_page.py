@@ -464,7 +464,7 @@ def test_compare_draws_long_maps_max_pooled_and_states_the_exact_difference(monk
     them come from the full maps: the largest |A − B| and the mean total variation, checked here by hand."""
     from attnviz.capture import capture_attention
     from attnviz.models import load_model
-    from attnviz.ui import heads as cache
+    from attnviz.ui import heads_compare as cache
 
     monkeypatch.setattr(cache, "FULL_MAP_MAX_TOKENS", 20)
     monkeypatch.setattr(cache, "OVERVIEW", 16)
@@ -559,7 +559,7 @@ def test_predictions_and_compare_that_could_never_fit_say_so_with_the_numbers_be
     numbers, and neither lm.predictions nor compare.compare_maps starts."""
     from attnviz import budget, compare, lm
     from attnviz.models import load_model
-    from attnviz.ui import heads as cache
+    from attnviz.ui import heads_compare as cache
 
     monkeypatch.setattr(cache, "FULL_MAP_MAX_TOKENS", 20)  # Compare's block-by-block path from 21 tokens
     text = "The cat sat on the mat because it was warm, and the dog sat by the door all day long."
