@@ -395,6 +395,29 @@ def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do(
                                                    for x in range(layers)], rtol=1e-6)
 
 
+def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
+    """The table of a dense capture is its layers' tables, each computed once: equal to head_stats of the whole
+    capture, and a narrowed range (its layers already computed) computes nothing."""
+    import pandas as pd
+
+    from attnviz import stats, ui
+    from attnviz.capture import capture_attention
+    from attnviz.models import load_model
+    from attnviz.ui import heads as cache
+
+    text = "Layer by layer, once: the statistics of every head."
+    whole = capture_attention(load_model("toy-llama-gqa"), text)
+    key = ("toy-llama-gqa", ui.model_version("toy-llama-gqa"), text)
+    table, pooled = cache.stats_of(*key, None, whole)
+    assert pooled is None and len(table) == 2 * whole.n_heads
+    pd.testing.assert_frame_equal(table, stats.head_stats(whole))
+    computed = []
+    monkeypatch.setattr(cache, "head_stats", lambda c: computed.append(c.layers) or stats.head_stats(c))
+    narrowed, _ = cache.stats_of(*key, (1,), whole.select([1]))
+    assert computed == []
+    pd.testing.assert_frame_equal(narrowed, stats.head_stats(whole.select([1])))
+
+
 def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     """A seed or L moved by a step: the test one step further the same way is asked of the background builds (not
     on the first view, and not past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below."""

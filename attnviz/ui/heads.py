@@ -26,8 +26,11 @@ from attnviz.views import FULL_MAP_MAX_TOKENS, OVERVIEW  # noqa: F401 (the page 
 def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | None, _capture):
     """head_stats of the capture, and for a long capture (qk store) every head pooled to the grid's tile in the
     same pass (else None)."""
-    if _capture.pattern is not None:
-        return head_stats(_capture), None
+    if _capture.pattern is not None:  # layer by layer, so a narrowed or widened range computes no layer again
+        import pandas as pd
+
+        return pd.concat([layer_stats_of(model, version, text, layer, _capture.select([layer]))
+                          for layer in _capture.layers], ignore_index=True), None
     pooled, pooled_nosink = [], []
     bar = st.progress(0.0, text="Computing every head's statistics and the grid, a block of rows at a time…")
     stats = head_stats(_capture, pool=figs.GRID_TILE, pooled_out=pooled, pooled_nosink_out=pooled_nosink,
@@ -35,6 +38,13 @@ def stats_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | No
                                                                  f"{total}"))
     bar.empty()
     return stats, {False: np.stack(pooled), True: np.stack(pooled_nosink)}
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def layer_stats_of(model: str, version: tuple, text: str, layer: int, _capture):
+    """head_stats of one layer of a dense capture (_capture: the capture of that layer alone), the same whichever
+    capture of the text it came from: the layer's weights do not depend on which others were captured."""
+    return head_stats(_capture)
 
 
 @ui.figure_cache(max_entries=16)  # a figure is one PNG of at most 30 x 9 maps of 48 px: < 1 MB
