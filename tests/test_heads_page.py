@@ -420,15 +420,16 @@ def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
 
 def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     """A seed or L moved by a step: the test one step further the same way is asked of the background builds (not
-    on the first view, and not past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below."""
+    past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below. A first view asks for each one's next
+    value up."""
     from attnviz import ui
     from attnviz.ui import heads_tabs
 
     asked = []
     monkeypatch.setattr(ui, "build_in_background", lambda cached, calls, name: asked.append(calls) or True)
     at = open_tab(heads_page({"model": "toy-llama-gqa", "text": "The cat sat on the mat."}), "Induction test")
-    assert not at.exception and asked == []
     version = ui.model_version("toy-llama-gqa")
+    assert not at.exception and asked == [[("toy-llama-gqa", version, 50, 1), ("toy-llama-gqa", version, 100, 0)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     at.number_input(key="heads_induction_seed").set_value(2).run()
     assert asked[-2:] == [[("toy-llama-gqa", version, 50, 2)], [("toy-llama-gqa", version, 50, 3)]]

@@ -60,7 +60,7 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
     i1, i2, i3 = st.columns(3)
     length = i1.select_slider("Length L of the random sequence", INDUCTION_LENGTHS, 50,
                               key="heads_induction_length", persist_state="session")
-    seed = i2.number_input("Seed", 0, 1_000_000, 0, key="heads_induction_seed", persist_state="session")
+    seed = i2.number_input("Seed", 0, SEED_MAX, 0, key="heads_induction_seed", persist_state="session")
     column = i3.radio("Score", SCORES, key="heads_induction_score", persist_state="session")
     try:
         with st.spinner(f"Running {model} on {2 * length} random tokens…"):
@@ -91,20 +91,23 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
     prefetch_induction({"model": model, "version": version, "length": length, "seed": int(seed)})
 
 
-INDUCTION_LENGTHS = [10, 25, 50, 100, 200]  # the test's L slider
+INDUCTION_LENGTHS, SEED_MAX = [10, 25, 50, 100, 200], 1_000_000  # the test's L slider, its largest seed
 PREFETCH_MAX_LENGTH = 100  # a test holds its [layer, head, 2L + 1, 2L + 1] weights: 45 MB for SmolLM2 at L = 100
 
 
 def prefetch_induction(setting: dict) -> None:
     """Runs, in the background, the test one step on from the control just moved (the seed, or L up to
     PREFETCH_MAX_LENGTH) in the direction it moved (setting: {"model", "version", "length", "seed"} of this run;
-    the last run's is kept in the session): stepping through seeds then finds each test ready. Nothing is run on a
-    first view or when neither moved."""
+    the last run's is kept in the session): stepping through seeds then finds each test ready. On a first view,
+    the next seed and the next L up; nothing when neither moved."""
     previous = st.session_state.get("heads_induction_last")
     st.session_state["heads_induction_last"] = setting
-    if previous is None:
-        return
-    wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, 1_000_000)})[:1]
+    if previous is None:  # a first view: each control's next value up
+        i = INDUCTION_LENGTHS.index(setting["length"])
+        wanted = ([{**setting, "seed": setting["seed"] + 1}] if setting["seed"] < SEED_MAX else []) + (
+            [{**setting, "length": INDUCTION_LENGTHS[i + 1]}] if i + 1 < len(INDUCTION_LENGTHS) else [])
+    else:
+        wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, SEED_MAX)})[:1]
     ui.build_in_background(cache.induction_test_of, [(s["model"], s["version"], s["length"], s["seed"])
                                                      for s in wanted if s["length"] <= PREFETCH_MAX_LENGTH],
                            "attnviz-induction-next")
