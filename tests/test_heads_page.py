@@ -396,8 +396,9 @@ def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do(
 
 
 def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
-    """The table of a dense capture is its layers' tables, each computed once: equal to head_stats of the whole
-    capture, and a narrowed range (its layers already computed) computes nothing."""
+    """The table of a dense capture is its layers' tables, and its grid its layers' pooled tiles, each computed
+    once: equal to head_stats and head_grid of the whole capture, and a narrowed range (its layers already
+    computed) computes nothing."""
     import pandas as pd
 
     from attnviz import stats, ui
@@ -416,6 +417,19 @@ def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
     narrowed, _ = cache.stats_of(*key, (1,), whole.select([1]))
     assert computed == []
     pd.testing.assert_frame_equal(narrowed, stats.head_stats(whole.select([1])))
+    # the grid likewise: each layer pooled once, and the same image as the grid of the whole pattern
+    from attnviz import views
+    from attnviz.figures import heads as figs
+
+    for hide in (False, True):
+        drawn = cache.grid_of(*key, None, hide, 0.5, 8, whole)
+        fresh = figs.head_grid(whole.pattern, whole.layers, gamma=0.5, tile=8, causal=True,
+                               layer_map=views.sink_hidden if hide else None)
+        assert drawn.data[0].source == fresh.data[0].source and drawn.layout.title.text == fresh.layout.title.text
+    pooled, real = [], figs.max_pool
+    monkeypatch.setattr(figs, "max_pool", lambda p, size: pooled.append(p.shape[-1]) or real(p, size))
+    cache.grid_of(*key, (1,), True, 0.5, 8, whole.select([1]))
+    assert whole.n_tokens > 8 and pooled and all(n <= 8 for n in pooled)  # handed its tiles already pooled
 
 
 def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):

@@ -58,10 +58,19 @@ def grid_of(model: str, version: tuple, text: str, layers: tuple[int, ...] | Non
         pooled = _pooled[hide_sink] if (_pooled is not None and tile == figs.GRID_TILE) else np.stack(
             [views.pooled_heads(_capture.inputs[layer], tile, hide_sink=hide_sink) for layer in _capture.layers])
         fig = figs.head_grid(pooled, names, gamma=gamma, tile=tile, causal=_capture.causal, n_tokens=_capture.n_tokens)
-    else:
-        fig = figs.head_grid(_capture.pattern, names, gamma=gamma, tile=tile, causal=_capture.causal,
-                             layer_map=views.sink_hidden if hide_sink else None)
+    else:  # each layer pooled once, so a narrowed or widened range pools no layer again
+        pooled = np.stack([layer_tiles_of(model, version, text, layer, hide_sink, tile, _capture.pattern[i])
+                           for i, layer in enumerate(_capture.layers)])
+        fig = figs.head_grid(pooled, names, gamma=gamma, tile=tile, causal=_capture.causal,
+                             n_tokens=_capture.n_tokens)
     return ui.same_axes(fig, "grid", model, version, text, layers, tile, marks)
+
+
+@st.cache_resource(show_spinner=False, max_entries=256)  # [head, tile, tile] float32: 83 KB for 9 heads
+def layer_tiles_of(model: str, version: tuple, text: str, layer: int, hide_sink: bool, tile: int, _maps):
+    """One layer's heads of a dense capture (_maps [head, query, key]) max-pooled to the grid's tile, the sink hidden
+    when asked (read-only, shared by every session)."""
+    return ui.frozen(figs.max_pool(np.asarray(views.sink_hidden(_maps) if hide_sink else _maps, np.float32), tile))
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
