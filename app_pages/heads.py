@@ -223,30 +223,34 @@ def stats_panel():
 def compare_panel():
     mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,
                     key="heads_compare_mode", persist_state="session")
-    a = comparing.CompareMap(capture, layer, head, ("head", layer, head), f"A: layer {layer}, head {head}")
+    ahead, following = [], dict(zip(capture.layers, capture.layers[1:]))  # built ahead: the next Layer B
     if mode == "Two heads":
         d1, d2 = st.columns(2)
         with d1:
             layer_b = cache.choice_box("Layer B", list(capture.layers), "heads_layer_b")
         with d2:
             head_b = cache.choice_box("Head B", list(range(capture.n_heads)), "heads_head_b")
-        b = comparing.CompareMap(capture, layer_b, head_b, ("head", layer_b, head_b),
-                                 f"B: layer {layer_b}, head {head_b}")
+        a, b = comparing.two_heads(capture, layer, head, layer_b, head_b)
+        layer_b2 = st.session_state.get("heads_layer_b2")  # and the other mode
+        ahead = [comparing.two_layers(capture, layer, layer_b2 if layer_b2 in capture.layers else capture.layers[0])]
+        ahead += [comparing.two_heads(capture, layer, head, following[layer_b], head_b)] if layer_b in following else []
     elif mode.startswith("Two layers"):
         layer_b = cache.choice_box("Layer B", list(capture.layers), "heads_layer_b2")
-        a = comparing.CompareMap(capture, layer, None, ("mean", layer), f"A: layer {layer}, mean of its heads")
-        b = comparing.CompareMap(capture, layer_b, None, ("mean", layer_b), f"B: layer {layer_b}, mean of its heads")
+        a, b = comparing.two_layers(capture, layer, layer_b)
+        ahead = [comparing.two_layers(capture, layer, following[layer_b])] if layer_b in following else []
     else:
         other = st.text_area("Text B", value=text.replace("cat", "dog"), key="heads_text_b",
                              persist_state="session", height=68)  # its length is checked by get_capture
         other_capture = ui.get_capture(model, other, layers=layers, store="auto")
         if other_capture is None:
             return
+        a = comparing.two_heads(capture, layer, head, layer, head)[0]
         b = comparing.CompareMap(other_capture, layer, head, ("text", other, layer, head),
-                             f"B: text B, layer {layer}, head {head}")
+                                 f"B: text B, layer {layer}, head {head}")
     shown = comparing.compare_view(*key, a, b, gamma, hide_sink)
     if shown is None:
         return
+    comparing.prefetch(key, ahead, hide_sink)
     fig_a, fig_b, diff, summary = shown
     # side by side while the maps are small enough to read in half the width; longer texts get the full width
     # each, one under the other (two 1,800-token images in half columns shrink to ~200 px with piled-up ticks)

@@ -531,6 +531,32 @@ def test_compare_draws_long_maps_max_pooled_and_states_the_exact_difference(monk
     assert after[0] == before[0] and after[1] != before[1]
 
 
+def test_compare_builds_the_next_layer_b_and_the_other_mode_ahead(monkeypatch):
+    """Compare of long maps asks the background builds for the next Layer B and, from Two heads, the two layers'
+    means; built, they are what the page then shows, with no second comparison."""
+    from attnviz import compare, ui
+    from attnviz.ui import heads_compare
+
+    monkeypatch.setattr(heads_compare, "FULL_MAP_MAX_TOKENS", 20)
+    monkeypatch.setattr(heads_compare, "OVERVIEW", 16)
+    asked = []
+    monkeypatch.setattr(ui, "build_in_background", lambda fn, calls, name: asked.append((fn, calls)) or True)
+    text = "The cat sat on the mat because it was warm, and the dog sat by the door all day long."
+    at = open_tab(heads_page({"model": "toy-gpt2", "text": text, "layer": "0", "head": "1"}), "Compare")
+    assert not at.exception and not at.error
+    fn, calls = asked[-1]
+    assert [(c[4], c[5]) for c in calls] == [(("mean", 0), ("mean", 0)), (("head", 0, 1), ("head", 1, 0))]
+    for call in calls:
+        fn(*call)  # as the background thread would
+    made = []
+    real = compare.compare_maps
+    monkeypatch.setattr(compare, "compare_maps", lambda *a, **k: made.append(1) or real(*a, **k))
+    at.selectbox(key="heads_layer_b").set_value(1).run()
+    at.radio(key="heads_compare_mode").set_value("Two layers (mean over heads)").run()
+    assert not at.exception and not at.error and made == []
+    assert [c[4:6] for c in asked[-1][1]] == [(("mean", 0), ("mean", 1))]  # the next Layer B of the means
+
+
 @pytest.mark.slow
 def test_a_long_text_has_predictions_and_compare_with_exact_numbers():
     """3,000 tokens through toy-llama-gqa (4,096 positions): over the 2,048 tokens the dense store takes, so the

@@ -131,3 +131,31 @@ def compare_figures(model: str, version: tuple, text: str, layers, a_key: tuple,
         return fig_a, fig_b, None, None
     diff = figs.difference(a, b, _tokens_a, title="A − B: red = more attention in A, blue = more in B")
     return fig_a, fig_b, diff, views.map_difference(a, b)
+
+
+def two_heads(capture, layer: int, head: int, layer_b: int, head_b: int) -> tuple[CompareMap, CompareMap]:
+    """The maps of "Two heads": head `head` of `layer` (A) and head_b of layer_b (B)."""
+    return (CompareMap(capture, layer, head, ("head", layer, head), f"A: layer {layer}, head {head}"),
+            CompareMap(capture, layer_b, head_b, ("head", layer_b, head_b), f"B: layer {layer_b}, head {head_b}"))
+
+
+def two_layers(capture, layer: int, layer_b: int) -> tuple[CompareMap, CompareMap]:
+    """The maps of "Two layers": the mean over heads of `layer` (A) and of layer_b (B)."""
+    return (CompareMap(capture, layer, None, ("mean", layer), f"A: layer {layer}, mean of its heads"),
+            CompareMap(capture, layer_b, None, ("mean", layer_b), f"B: layer {layer_b}, mean of its heads"))
+
+
+def prefetch(key: tuple, pairs: list[tuple[CompareMap, CompareMap]], hide_sink: bool) -> None:
+    """Compares, in the background (ui.build_in_background), pairs of maps a visitor is likely to ask for next: the
+    next Layer B, the other mode. Only maps compared block by block (longer than FULL_MAP_MAX_TOKENS: shorter ones
+    are drawn whole at once), each admitted under the memory budget as compare_view admits it."""
+    calls = [(*key, a.key, b.key, hide_sink, a, b) for a, b in pairs if max(a.n, b.n) > FULL_MAP_MAX_TOKENS]
+    ui.build_in_background(_compared_in_budget, calls, "attnviz-compare-next")
+
+
+def _compared_in_budget(model, version, text, layers, a_key, b_key, hide_sink, a, b):
+    from attnviz import budget, compare
+
+    with budget.BUDGET.admit(compare.compare_bytes(a.n, b.n, heads_a=a.heads, heads_b=b.heads),
+                             what="A comparison built ahead"):
+        return compared(model, version, text, layers, a_key, b_key, hide_sink, a, b)
