@@ -443,14 +443,18 @@ def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     monkeypatch.setattr(ui, "build_in_background", lambda cached, calls, name: asked.append(calls) or True)
     at = open_tab(heads_page({"model": "toy-llama-gqa", "text": "The cat sat on the mat."}), "Induction test")
     version = ui.model_version("toy-llama-gqa")
-    assert not at.exception and asked == [[("toy-llama-gqa", version, 50, 1), ("toy-llama-gqa", version, 100, 0)]]
+
+    def test(length, seed):  # induction_figures' arguments: the page's default score, layer, head and gamma
+        return ("toy-llama-gqa", version, length, seed, "prefix_matching", 0, 0, 1.0)
+
+    assert not at.exception and asked == [[test(50, 1), test(100, 0)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     at.number_input(key="heads_induction_seed").set_value(2).run()
-    assert asked[-2:] == [[("toy-llama-gqa", version, 50, 2)], [("toy-llama-gqa", version, 50, 3)]]
+    assert asked[-2:] == [[test(50, 2)], [test(50, 3)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
-    assert asked[-1] == [("toy-llama-gqa", version, 50, 0)]
+    assert asked[-1] == [test(50, 0)]
     at.select_slider(key="heads_induction_length").set_value(25).run()
-    assert asked[-1] == [("toy-llama-gqa", version, 10, 1)]
+    assert asked[-1] == [test(10, 1)]
     at.select_slider(key="heads_induction_length").set_value(100).run()
     assert asked[-1] == [] and heads_tabs.PREFETCH_MAX_LENGTH < 200  # L = 200 is not prefetched
     assert not at.exception

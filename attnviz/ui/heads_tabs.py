@@ -73,33 +73,47 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
                  f"it); on the second: {test.loss_second:.2f}. "
                  + ("The model copies from the first copy." if test.loss_second < test.loss_first - 0.5 else
                     "The model does not use the repeat much."))
-    meaning = {"prefix_matching": "the token after the earlier occurrence (induction)",
-               "duplicate_token": "the earlier occurrence itself", "previous_token": "the token just before"}[column]
-    ui.plot(figs.stat_grid(test.scores, column, title=f"{column}: weight on {meaning}, mean over the second "
-                                   "copy", colorbar_title="share of attention"), width="stretch")
+    view = (column, layer, head, gamma)
+    grid, detail = induction_figures(model, version, length, int(seed), *view)
+    ui.plot(grid, width="stretch")
     best = test.scores.sort_values(column, ascending=False).head(5)
     st.dataframe(best, hide_index=True, width="stretch")
     st.caption("Per head, the mean over the L queries of the second copy. Chance is about 1/(position): a head "
                "spreading its weight evenly would score near 1/(1.5 L).")
-    if layer in test.capture.layers:
-        p = test.capture.pattern[test.capture.index_of(layer), head]
-        ui.plot(figs.head_detail(p, test.capture.tokens, gamma=gamma, causal=test.capture.causal,
-                                         title=f"Layer {layer}, head {head} on the repeated random tokens"),
-                        width="stretch")
+    if detail is not None:
+        ui.plot(detail, width="stretch")
         st.write(f"An induction head draws a stripe {length - 1} tokens below the diagonal in the lower half: each "
                  "token of the second copy looks at the token after its first occurrence.")
-    prefetch_induction({"model": model, "version": version, "length": length, "seed": int(seed)})
+    prefetch_induction({"model": model, "version": version, "length": length, "seed": int(seed)}, view)
+
+
+@ui.figure_cache(max_entries=8)
+def induction_figures(model: str, version: tuple, length: int, seed: int, column: str, layer: int, head: int,
+                      gamma: float):
+    """The test's grid of `column` for every head, and head `head` of `layer` on the sequence (None when that layer
+    was not captured): built once per setting for every session (the prefetch builds the next setting's)."""
+    test = cache.induction_test_of(model, version, length, seed)
+    meaning = {"prefix_matching": "the token after the earlier occurrence (induction)",
+               "duplicate_token": "the earlier occurrence itself", "previous_token": "the token just before"}[column]
+    grid = figs.stat_grid(test.scores, column, title=f"{column}: weight on {meaning}, mean over the second copy",
+                          colorbar_title="share of attention")
+    if layer not in test.capture.layers:
+        return grid, None
+    p = test.capture.pattern[test.capture.index_of(layer), head]
+    return grid, figs.head_detail(p, test.capture.tokens, gamma=gamma, causal=test.capture.causal,
+                                  title=f"Layer {layer}, head {head} on the repeated random tokens")
 
 
 INDUCTION_LENGTHS, SEED_MAX = [10, 25, 50, 100, 200], 1_000_000  # the test's L slider, its largest seed
 PREFETCH_MAX_LENGTH = 100  # a test holds its [layer, head, 2L + 1, 2L + 1] weights: 45 MB for SmolLM2 at L = 100
 
 
-def prefetch_induction(setting: dict) -> None:
+def prefetch_induction(setting: dict, view: tuple) -> None:
     """Runs, in the background, the test one step on from the control just moved (the seed, or L up to
     PREFETCH_MAX_LENGTH) in the direction it moved (setting: {"model", "version", "length", "seed"} of this run;
-    the last run's is kept in the session): stepping through seeds then finds each test ready. On a first view,
-    the next seed and the next L up; nothing when neither moved."""
+    the last run's is kept in the session), with its figures for `view` (induction_figures' column, layer, head,
+    gamma): stepping through seeds then finds each test drawn. On a first view, the next seed and the next L up;
+    nothing when neither moved."""
     previous = st.session_state.get("heads_induction_last")
     st.session_state["heads_induction_last"] = setting
     if previous is None:  # a first view: each control's next value up
@@ -108,8 +122,8 @@ def prefetch_induction(setting: dict) -> None:
             [{**setting, "length": INDUCTION_LENGTHS[i + 1]}] if i + 1 < len(INDUCTION_LENGTHS) else [])
     else:
         wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, SEED_MAX)})[:1]
-    ui.build_in_background(cache.induction_test_of, [(s["model"], s["version"], s["length"], s["seed"])
-                                                     for s in wanted if s["length"] <= PREFETCH_MAX_LENGTH],
+    ui.build_in_background(induction_figures, [(s["model"], s["version"], s["length"], s["seed"], *view)
+                                                for s in wanted if s["length"] <= PREFETCH_MAX_LENGTH],
                            "attnviz-induction-next")
 
 
