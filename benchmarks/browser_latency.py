@@ -67,13 +67,14 @@ from benchmarks.latency.charts import chart_sliders, click_stop, next_stop  # no
 from benchmarks.latency.widgets import (  # noqa: E402
     NoMove, Widget, choose_radio, discover, move, open_expanders, open_tab, radio_choice, radio_options, tabs)
 
-# Widgets whose every move runs the model again (a new capture or forward pass over the text): their rows say so
-# beside OVER, and the count of rows over the goal gives them apart. A forward of a 135M-parameter model over 1,800
-# tokens is seconds on 2 cores; no view of its result can answer in 0.5 s.
+# Widgets whose moves run the model again (a new capture or forward pass over the text), unless built ahead: their
+# rows say so beside OVER, and the count of rows over the goal gives them apart. A forward of a 135M-parameter model
+# over 1,800 tokens is seconds on 2 cores; no view of its result can answer in 0.5 s. (The layer range's start moved
+# right narrows the range: a slice of the capture already made, no new work; a widened range runs the model.)
 NEW_WORK = {
-    "heads_layer_range": "new work: a capture of other layers, the model run again",
-    "heads_induction_length": "new work: a forward pass over a new random sequence",
-    "heads_induction_seed": "new work: a forward pass over a new random sequence",
+    "heads_layer_range": "new work where the range widens: a capture of other layers",
+    "heads_induction_length": "new work: a forward pass over a new random sequence, unless built ahead",
+    "heads_induction_seed": "new work: a forward pass over a new random sequence, unless built ahead",
     "exp_new": "new work: the model generates the tokens again",
     "exp_temperature": "new work: the model generates the tokens again",
     "exp_seed": "new work: the model generates the tokens again",
