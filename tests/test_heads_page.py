@@ -435,7 +435,7 @@ def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
 def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     """A seed or L moved by a step: the test one step further the same way is asked of the background builds (not
     past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below. A first view asks for each one's next
-    value up."""
+    value up, the longer run first."""
     from attnviz import ui
     from attnviz.ui import heads_tabs
 
@@ -447,7 +447,7 @@ def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     def test(length, seed):  # induction_figures' arguments: the page's default score, layer, head and gamma
         return ("toy-llama-gqa", version, length, seed, "prefix_matching", 0, 0, 1.0)
 
-    assert not at.exception and asked == [[test(50, 1), test(100, 0)]]
+    assert not at.exception and asked == [[test(100, 0), test(50, 1)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     at.number_input(key="heads_induction_seed").set_value(2).run()
     assert asked[-2:] == [[test(50, 2)], [test(50, 3)]]

@@ -112,14 +112,14 @@ def prefetch_induction(setting: dict, view: tuple) -> None:
     """Runs, in the background, the test one step on from the control just moved (the seed, or L up to
     PREFETCH_MAX_LENGTH) in the direction it moved (setting: {"model", "version", "length", "seed"} of this run;
     the last run's is kept in the session), with its figures for `view` (induction_figures' column, layer, head,
-    gamma): stepping through seeds then finds each test drawn. On a first view, the next seed and the next L up;
+    gamma): stepping through seeds then finds each test drawn. On a first view, the next L up and the next seed;
     nothing when neither moved."""
     previous = st.session_state.get("heads_induction_last")
     st.session_state["heads_induction_last"] = setting
-    if previous is None:  # a first view: each control's next value up
+    if previous is None:  # a first view: each control's next value up, the longer run (the next L) first
         i = INDUCTION_LENGTHS.index(setting["length"])
-        wanted = ([{**setting, "seed": setting["seed"] + 1}] if setting["seed"] < SEED_MAX else []) + (
-            [{**setting, "length": INDUCTION_LENGTHS[i + 1]}] if i + 1 < len(INDUCTION_LENGTHS) else [])
+        wanted = ([{**setting, "length": INDUCTION_LENGTHS[i + 1]}] if i + 1 < len(INDUCTION_LENGTHS) else []) + (
+            [{**setting, "seed": setting["seed"] + 1}] if setting["seed"] < SEED_MAX else [])
     else:
         wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, SEED_MAX)})[:1]
     ui.build_in_background(induction_figures, [(s["model"], s["version"], s["length"], s["seed"], *view)
