@@ -40,7 +40,8 @@ def test_a_move_the_page_ignored_is_shown_as_no_rerun_and_left_out_of_the_median
     assert "| P | ignored | no rerun | no rerun | no rerun, no rerun, no rerun | 1.0 |  |" in out
     assert "| P | half | 0.30 | 0.40 | 0.20, no rerun, 0.40 | 1.0 |  |" in out  # medians of the two answered
     assert "| P | slow | 0.70 | 0.80 | 0.80, 0.60, 0.70 | 1.0 | OVER |" in out
-    assert "| 8.90 | 9.00 | 8.90, 8.90, 8.90 | 1.0 | OVER (new work: a capture of other layers" in out
+    assert ("| 8.90 | 9.00 | 8.90, 8.90, 8.90 | 1.0 | OVER (new work where the range widens: a capture of other "
+            "layers") in out
     assert "4 widgets timed, 2 over the goal, 1 of them new work (the model run again)" in out
 
 
