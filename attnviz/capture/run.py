@@ -55,8 +55,9 @@ def capture_attention(loaded, text: str, *, layers=None, store: str = "pattern",
     repeated random sequence of the induction test); `text` is then only a label and may be empty.
     progress: called as progress(layers_done, layers_wanted) while the forward pass runs.
     during: work done inside the forward pass (qk store; DuringForward).
-    with_logits: a language model's next-token logits from the same forward pass (capture.logits), which then
-    runs to the end: one pass where a capture and a loss would take two.
+    with_logits: a language model's next-token logits from the same forward pass (capture.logits, [n, vocab]
+    float32: for short sequences, such as the induction test's), which then runs to the end: one pass where a
+    capture and a loss would take two.
     """
     during = DuringForward() if during is None else during
     ids, attention_mask, words = _encoded(loaded, text, token_ids)
