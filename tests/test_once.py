@@ -136,3 +136,15 @@ def test_compute_once_keeps_the_most_recently_used():
     assert calls == ["a", "b", "c", "b"]
     with pytest.raises(ValueError):
         ComputeOnce(max_items=0)
+
+
+def test_find_gives_the_most_recently_used_match_and_never_computes():
+    cache = ComputeOnce(max_items=3)
+    for key in (("a", 1), ("a", 2), ("b", 1)):
+        cache.get(key, lambda key=key: f"value of {key}")
+    assert cache.find(lambda k: k[0] == "a") == (True, ("a", 2), "value of ('a', 2)")
+    cache.peek(("a", 1))  # now the most recently used "a"
+    assert cache.find(lambda k: k[0] == "a") == (True, ("a", 1), "value of ('a', 1)")
+    assert cache.find(lambda k: k[0] == "c") == (False, None, None) and len(cache) == 3
+    cache.get(("c", 1), lambda: "c")  # drops the least recently used: ("b", 1), the "a" keys having been found
+    assert ("b", 1) not in cache and ("a", 1) in cache and ("a", 2) in cache
