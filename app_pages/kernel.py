@@ -228,9 +228,8 @@ for name, section in (("steps", step_section), ("methods", methods_section), ("m
 if run is not None:  # after the timing: a prefetch beside it would slow it down and skew its times
     shown = min(st.session_state.get("kernel_step", 0), len(steps) - 1)
     setting = dict(zip(("n", "d", "block_m", "block_n", "causal", "dtype", "seed"), settings), window=window)
-    previous = st.session_state.get("kernel_last_setting")
+    previous = ui.last_setting("kernel_last_setting", setting)
     if previous is not None and previous != setting:  # a setting moved: it is likelier moved on than the step
         uk.prefetch_neighbours(setting, previous, shown)
     else:
         uk.prefetch_step(*settings, window, shown + 1)
-    st.session_state["kernel_last_setting"] = setting

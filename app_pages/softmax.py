@@ -177,8 +177,7 @@ def random_logits_section() -> None:
         with tabs["gradient"]:
             _gradient_to_q(grads, charts["gradients"])
     setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
-    ui_softmax.prefetch_next(setting, st.session_state.get("softmax_last_setting"), TEMPERATURES, ROWS_SHOWN)
-    st.session_state["softmax_last_setting"] = setting
+    ui_softmax.prefetch_next(setting, ui.last_setting("softmax_last_setting", setting), TEMPERATURES, ROWS_SHOWN)
 
 
 def _logits_tab(charts: dict, d_k: int, n_keys: int, seed: int, temperature: float) -> None:

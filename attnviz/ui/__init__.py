@@ -309,6 +309,14 @@ def neighbours(options, value, previous=None) -> list:
     return out[::-1] if rising else out
 
 
+def last_setting(key: str, setting: dict) -> dict | None:
+    """The setting this session's last run kept under `key` (None on a first run), keeping `setting` in its place:
+    what a prefetch compares to find the control just moved."""
+    previous = st.session_state.get(key)
+    st.session_state[key] = setting
+    return previous
+
+
 def moved_neighbours(setting: dict, previous: dict, steps: dict) -> list[dict]:
     """The settings one step either way (neighbours) of each control that moved between `previous` and `setting`
     ({control: value}); steps: {control: its options, as neighbours takes them}, the controls that count."""

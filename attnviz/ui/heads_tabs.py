@@ -114,8 +114,7 @@ def prefetch_induction(setting: dict, view: tuple) -> None:
     the last run's is kept in the session), with its figures for `view` (induction_figures' column, layer, head,
     gamma): stepping through seeds then finds each test drawn. On a first view, the next L up and the next seed;
     nothing when neither moved."""
-    previous = st.session_state.get("heads_induction_last")
-    st.session_state["heads_induction_last"] = setting
+    previous = ui.last_setting("heads_induction_last", setting)
     if previous is None:  # a first view: each control's next value up, the longer run (the next L) first
         i = INDUCTION_LENGTHS.index(setting["length"])
         wanted = ([{**setting, "length": INDUCTION_LENGTHS[i + 1]}] if i + 1 < len(INDUCTION_LENGTHS) else []) + (
