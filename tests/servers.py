@@ -20,14 +20,16 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 
 @contextmanager
-def watched_page(browser, path: str, timeout_s: float = 300.0):
+def watched_page(browser, path: str, timeout_s: float = 300.0, scripts: tuple[str, ...] = ()):
     """A tab of the app at `path` (a page and its link's query) in its own browser context, 1400 x 1300, with
-    benchmarks/latency/idle.py's message counters installed, once its first run has finished (not timed)."""
+    benchmarks/latency/idle.py's message counters and `scripts` (run in the tab before the page's own) installed,
+    once its first run has finished (not timed)."""
     from benchmarks.latency.idle import COUNT_MESSAGES, settle
 
     with streamlit_server() as (url, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1300})
-        context.add_init_script(COUNT_MESSAGES)
+        for script in (COUNT_MESSAGES, *scripts):
+            context.add_init_script(script)
         tab = context.new_page()
         tab.goto(f"{url}/{path}")
         tab.wait_for_selector('[data-testid="stSidebarNavLink"]', timeout=timeout_s * 1000)

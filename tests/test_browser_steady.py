@@ -38,6 +38,24 @@ SAMPLE = """() => {
     requestAnimationFrame(tick);
 }"""
 STOP = "() => { window.__sampling = false; return window.__stale; }"
+# A slow link, in the tab: while window.__slowSocketMs is set, each message from the server reaches the page that
+# many ms after the one before it. A rerun then spans many frames on any machine, so the sampler sees the page
+# while the rerun draws it (on a fast machine a cached rerun's messages can all arrive between two frames).
+SLOW_SOCKET = """(() => {
+    const add = WebSocket.prototype.addEventListener;
+    WebSocket.prototype.addEventListener = function (type, listener, options) {
+        if (type !== 'message') return add.call(this, type, listener, options);
+        let last = 0, pending = 0;
+        return add.call(this, type, event => {
+            const ms = window.__slowSocketMs || 0, now = performance.now();
+            if (!ms && !pending) return listener.call(this, event);
+            last = Math.max(now, last) + ms;
+            pending += 1;
+            setTimeout(() => { pending -= 1; listener.call(this, event); }, last - now);
+        }, options);
+    };
+})();"""
+SLOW_MS = 25
 MAP = '[data-testid="stPlotlyChart"] .js-plotly-plot'
 RANGES = "g => [g._fullLayout.xaxis.range.slice(), g._fullLayout.yaxis.range.slice(), g.layout.title.text]"
 # What the first map shows: its title and its colour bar's title (the boost changes only the latter).
@@ -52,7 +70,7 @@ def page(browser):
     """The Heads page on toy-gpt2's default text, its One head tab open by the link."""
     from tests.servers import watched_page
 
-    with watched_page(browser, "heads?model=toy-gpt2&layer=0&head=0&boost=0&tab=head", 240) as tab:
+    with watched_page(browser, "heads?model=toy-gpt2&layer=0&head=0&boost=0&tab=head", 240, (SLOW_SOCKET,)) as tab:
         yield tab
 
 
@@ -65,8 +83,9 @@ def _map(page):
 def _change(page, key: str) -> dict:
     """Moves the widget `key` to another value as a person would, waits until the page is idle and the map drawn
     anew (on a loaded machine the rerun may start after the page first looks idle), and returns what the sampler
-    saw during the rerun."""
+    saw during the rerun, its messages slowed by SLOW_SOCKET."""
     before = page.evaluate(DRAWN)
+    page.evaluate(f"window.__slowSocketMs = {SLOW_MS}")
     page.evaluate(SAMPLE)
     widget = next(w for w in discover(page) if w.key == key)
     watch(page)
@@ -74,6 +93,7 @@ def _change(page, key: str) -> dict:
     wait_idle(page, time.perf_counter(), 120)
     page.wait_for_function(f"before => ({DRAWN})() !== before", arg=before, timeout=120_000)
     wait_idle(page, time.perf_counter(), 120)
+    page.evaluate("window.__slowSocketMs = 0")
     return page.evaluate(STOP)
 
 
