@@ -3,6 +3,8 @@ plot."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from attnviz.figures import kernel as figs
@@ -56,7 +58,7 @@ def test_timing_figure_is_a_dot_plot_on_a_log_axis_with_every_dot_in_range():
 
 
 def test_step_figure_draws_the_tile_map_and_this_tiles_scores_with_the_mask_blank():
-    """The step's one figure: left the tile states (named in the legend, no colour bar), right the current tile's
+    """The step's one figure: left the tile states (named in the key under it, no colour bar), right the current tile's
     scores as the stepper computed them, -inf (masked) cells blank and the colour scale centred on 0."""
     q, k, v = make_inputs(40, 16)
     steps = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))
@@ -68,7 +70,9 @@ def test_step_figure_draws_the_tile_map_and_this_tiles_scores_with_the_mask_blan
     tiles, scores = (t for t in fig.data if t.type == "heatmap")
     np.testing.assert_array_equal(tiles.z, states)
     assert tiles.showscale is False
-    assert [t.name for t in fig.data if t.type == "scatter" and t.mode == "markers"] == list(figs.TILE_STATES)
+    assert not [t for t in fig.data if t.type == "scatter" and t.showlegend is not False]  # a key, not a legend
+    key = next(a.text for a in fig.layout.annotations if "causal diagonal" in a.text)
+    assert key == figs.tile_key(causal=True, window=None, per_line=3)
     expected = np.asarray(step.scores, dtype=float)
     masked = np.isneginf(expected)
     assert masked.any() and not masked.all()
@@ -76,8 +80,25 @@ def test_step_figure_draws_the_tile_map_and_this_tiles_scores_with_the_mask_blan
     assert np.isnan(z[masked]).all()
     np.testing.assert_array_equal(z[~masked], expected[~masked])
     assert scores.zmin == -scores.zmax == -np.abs(expected[~masked]).max()
-    assert list(scores.x) == [str(step.k_start + j) for j in range(expected.shape[1])]
-    assert list(scores.y) == [str(step.q_start + i) for i in range(expected.shape[0])]
+    assert list(scores.x) == [step.k_start + j for j in range(expected.shape[1])]
+    assert list(scores.y) == [step.q_start + i for i in range(expected.shape[0])]
+
+
+def test_the_tile_key_names_every_state_in_the_colour_the_map_gives_it():
+    fig = figs.step_figure(np.zeros((2, 2), int), [0, 16, 32], [0, 16, 32], np.zeros((16, 16)), 0, 0, causal=True,
+                           title="Step")
+    scale, n = fig.data[0].colorscale, len(figs.TILE_STATES)
+    for window in (None, 8):
+        key = figs.tile_key(causal=True, window=window)
+        entries = re.findall(r"<span style='color:(#[0-9a-f]{6})'>([□■])</span> ([^<\u2003]+)", key)
+        assert [name for *_, name in entries] == [s for s in figs.TILE_STATES if window or "window" not in s]
+        for colour, glyph, name in entries:
+            state = figs.TILE_STATES.index(name)
+            drawn = next(c for at, c in scale if at > (state + 0.5) / n - 1e-9 and at >= state / n)  # the map's
+            assert drawn == figs.TILE_COLOURS[state]
+            assert colour == drawn or (glyph == "□" and state == 0)  # the near-white state: an outlined square
+        assert ("window edge (8 keys)" in key) is bool(window) and "causal diagonal" in key
+    assert "causal diagonal" not in figs.tile_key(causal=False, window=None)
 
 
 def test_accumulator_figure_puts_before_and_after_on_one_scale():
@@ -118,8 +139,8 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
         tiles, scores, before, after = (t for t in state["data"] if t["type"] == "heatmap")
         np.testing.assert_array_equal(instant.array(tiles["z"]), states[i])
         np.testing.assert_array_equal(instant.array(scores["z"]), finite(step.scores))
-        assert list(scores["x"]) == [str(step.k_start + j) for j in range(step.k_stop - step.k_start)]
-        assert list(scores["y"]) == [str(step.q_start + r) for r in range(step.q_stop - step.q_start)]
+        assert list(scores["x"]) == [step.k_start + j for j in range(step.k_stop - step.k_start)]
+        assert list(scores["y"]) == [step.q_start + r for r in range(step.q_stop - step.q_start)]
         np.testing.assert_array_equal(instant.array(before["z"]), np.asarray(step.acc_rescaled, dtype=float))
         np.testing.assert_array_equal(instant.array(after["z"]), np.asarray(step.acc, dtype=float))
         lines = {(t["name"], t["xaxis"]): t for t in state["data"] if t.get("legend") == "legend2"}

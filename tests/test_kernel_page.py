@@ -208,7 +208,8 @@ def test_a_sliding_window_on_the_kernel_page():
     assert at.slider(key="kernel_step").max + 1 == tiles == 11  # 6 diagonal tiles and the 5 the edge cuts
     step = json.loads(at.get("plotly_chart")[0].proto.spec)
     names = {trace.get("name") for trace in step["data"]}
-    assert "skipped (sliding window)" in names and "window edge (16 keys)" in names
+    key = "".join(note["text"] for note in step["layout"]["annotations"])  # the tile map's key
+    assert "window edge (16 keys)" in names and "skipped (sliding window)" in key and "window edge (16 keys)" in key
     z = step["data"][0]["z"]  # plotly's typed array: base64 of the float64 values
     states = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
         [int(x) for x in z["shape"].split(",")])

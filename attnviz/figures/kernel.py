@@ -11,10 +11,11 @@ from plotly.subplots import make_subplots
 from . import instant
 from .common import DIVERGING_SCALE, PALETTE, apply_layout, label_margins, line_chart
 
-# Tile states, indexed by the values of tile_states(): what the map colours and its legend say.
+# Tile states, indexed by the values of tile_states(): what the map colours and its key (tile_key) say.
 TILE_STATES = ("skipped (causal mask)", "to do", "to do, masked", "done", "done, masked", "current",
                "skipped (sliding window)")
 TILE_COLOURS = ("#f8f9fa", "#ced4da", "#ffd43b", "#74c0fc", "#1c7ed6", "#e8590c", "#d0bfff")
+WINDOW_EDGE = "#7048e8"  # a sliding window's left edge on the tile map
 SKIPPED, FULL, MASKED, WINDOW = 0, 1, 2, 3  # the tile_map codes of attnviz.kernels.stages (figures import no torch)
 
 
@@ -33,7 +34,7 @@ def tile_states(codes, done: Sequence[tuple[int, int]], current: tuple[int, int]
 
 def _tile_map_traces(states, q_edges, k_edges, *, causal: bool, window: int | None) -> list[dict]:
     """The tile map as plain trace dicts: states [n_query_blocks, n_key_blocks] (TILE_STATES indices) between the
-    tiles' boundaries, one legend entry per state, the causal diagonal and a sliding window's left edge."""
+    tiles' boundaries, the causal diagonal and a sliding window's left edge (tile_key names them)."""
     states = np.asarray(states, dtype=float)
     n_query, n_key = q_edges[-1], k_edges[-1]
     n_states = len(TILE_STATES)
@@ -44,30 +45,52 @@ def _tile_map_traces(states, q_edges, k_edges, *, causal: bool, window: int | No
                    colorscale=colourscale, zmin=-0.5, zmax=n_states - 0.5, xgap=1, ygap=1, showscale=False,
                    customdata=np.array(TILE_STATES, dtype=object)[states.astype(int)],
                    hovertemplate="queries from %{y}, keys from %{x}<br>%{customdata}<extra></extra>")]
-    for name, colour in zip(TILE_STATES, TILE_COLOURS):  # the states as legend entries
-        traces.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                           marker=dict(symbol="square", size=12, color=colour, line=dict(color="#adb5bd", width=1))))
     if causal:
         offset = n_key - n_query
         traces.append(dict(type="scatter", x=[max(offset, 0), n_key], y=[max(-offset, 0), n_query], mode="lines",
-                           line=dict(color=PALETTE[7], dash="dot"), name="causal diagonal", hoverinfo="skip"))
+                           line=dict(color=PALETTE[7], dash="dot"), name="causal diagonal", hoverinfo="skip",
+                           showlegend=False))
         if window:  # the window's left edge, key = query + offset - window + 1 (drawn to the chart's edge)
             x0 = max(offset - window + 1, 0)
             traces.append(dict(type="scatter", x=[x0, n_key],
                                y=[x0 - offset + window - 1, n_key - offset + window - 1], mode="lines",
-                               line=dict(color="#7048e8", dash="dash"), name=f"window edge ({window} keys)",
-                               hoverinfo="skip"))
+                               line=dict(color=WINDOW_EDGE, dash="dash"), name=f"window edge ({window} keys)",
+                               hoverinfo="skip", showlegend=False))
     return traces
+
+
+def tile_key(*, causal: bool, window: int | None, per_line: int = 4) -> str:
+    """The tile map's key as one annotation's text (one element to draw, where a legend of one trace per state
+    made every step's redraw slower): a square of each state's colour before its name (an outlined one for the
+    near-white state), per_line states a line, then the causal diagonal's and the window edge's line styles."""
+    gap = "\u2003"
+    entries = []
+    for name, colour in zip(TILE_STATES, TILE_COLOURS):
+        if name == TILE_STATES[-1] and not window:
+            continue
+        glyph, shade = ("□", "#868e96") if colour == TILE_COLOURS[0] else ("■", colour)
+        entries.append(f"<span style='color:{shade}'>{glyph}</span> {name}")
+    lines = [gap.join(entries[i:i + per_line]) for i in range(0, len(entries), per_line)]
+    drawn = ([f"<span style='color:{PALETTE[7]}'>┈┈</span> causal diagonal"] if causal else []) + (
+        [f"<span style='color:{WINDOW_EDGE}'>╌╌</span> window edge ({window} keys)"] if causal and window else [])
+    return "<br>".join(lines + ([gap.join(drawn)] if drawn else []))
+
+
+def _key_note(text: str, x: float, y: float) -> dict:
+    """tile_key's annotation, its top left corner at (x, y) in paper units."""
+    return dict(text=text, x=x, y=y, xref="paper", yref="paper", xanchor="left", yanchor="top", align="left",
+                showarrow=False, font=dict(size=12, color="#495057"))
 
 
 def _scores_trace(scores, q_start: int, k_start: int) -> dict:
     """The current tile's scores [rows, cols] from query q_start and key k_start, masked entries (-inf) blank, on a
-    diverging scale centred on 0."""
+    diverging scale centred on 0, over numeric position axes (a categorical axis labelled every row and column, and
+    each step of the in-chart slider redrew those labels: slower)."""
     scores = np.asarray(scores, dtype=float)
     shown = np.where(np.isneginf(scores), np.nan, scores)
     rows, cols = scores.shape
-    return dict(type="heatmap", z=shown, x=[str(k_start + j) for j in range(cols)],
-                y=[str(q_start + i) for i in range(rows)], colorscale=DIVERGING_SCALE,
+    return dict(type="heatmap", z=shown, x=list(range(k_start, k_start + cols)),
+                y=list(range(q_start, q_start + rows)), colorscale=DIVERGING_SCALE,
                 colorbar=dict(title=dict(text="score")), **_symmetric(shown),
                 hovertemplate="query %{y}<br>key %{x}<br>score %{z:.4g}<extra></extra>")
 
@@ -103,7 +126,7 @@ def _acc_traces(acc_rescaled, acc, q_start: int) -> list[dict]:
     colour scale with one colour bar."""
     acc_rescaled, acc = np.asarray(acc_rescaled, dtype=float), np.asarray(acc, dtype=float)
     limits = _symmetric(np.concatenate([acc_rescaled.ravel(), acc.ravel()]))
-    y = [str(q_start + i) for i in range(acc.shape[0])]
+    y = list(range(q_start, q_start + acc.shape[0]))
     return [dict(type="heatmap", z=values, x=list(range(values.shape[1])), y=y, colorscale=DIVERGING_SCALE,
                  showscale=i == 1, colorbar=dict(title=dict(text="value")), **limits,
                  hovertemplate="query %{y}<br>channel %{x}<br>value %{z:.4g}<extra></extra>")
@@ -114,8 +137,8 @@ def step_figure(states, q_edges, k_edges, scores, q_start: int, k_start: int, *,
                 title: str, window: int | None = None) -> go.Figure:
     """One step of the kernel in one figure (one chart to draw per step, not two): left, the [N_query, N_key] score
     matrix by tiles, states [n_query_blocks, n_key_blocks] (TILE_STATES indices) between the tiles' boundaries
-    q_edges and k_edges (positions), its states in the legend; right, the current tile's scores [rows, cols]
-    (q k^T * scale) from query q_start and key k_start, masked entries (-inf) blank."""
+    q_edges and k_edges (positions), its states in the key under it (tile_key); right, the current tile's scores
+    [rows, cols] (q k^T * scale) from query q_start and key k_start, masked entries (-inf) blank."""
     n_query, n_key = q_edges[-1], k_edges[-1]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
         "Score matrix by tiles", _scores_title(scores, q_start, k_start)))
@@ -127,8 +150,8 @@ def step_figure(states, q_edges, k_edges, scores, q_start: int, k_start: int, *,
     fig.update_yaxes(autorange="reversed", row=1, col=2)
     apply_layout(fig, title=title, x_title="key position (token index)", y_title="query position (token index)",
                  height=480)
-    return fig.update_layout(margin=dict(t=80, b=110),
-                             legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0.0))
+    fig.add_annotation(_key_note(tile_key(causal=causal, window=window, per_line=3), 0.0, -0.2))
+    return fig.update_layout(margin=dict(t=80, b=130))
 
 
 def accumulator_figure(acc_rescaled, acc, q_start: int) -> go.Figure:
@@ -206,9 +229,9 @@ def step_view_parts(step, states, title: str, q_edges, k_edges, *, causal: bool,
         axes[f"yaxis{panel}"].update(autorange="reversed", title=dict(text="query position (token index)"))
     plot_h = VIEW_HEIGHT - _VIEW_TOP - _VIEW_BOTTOM
     below = 50 / plot_h  # under a row's tick labels and x-axis title
-    legends = dict(legend=dict(orientation="h", yanchor="top", y=_VIEW_ROWS[0][0] - below, xanchor="left", x=0.0),
-                   legend2=dict(orientation="h", yanchor="top", y=_VIEW_ROWS[1][0] - below, xanchor="left", x=0.0))
-    return traces, dict(axes, annotations=notes, title=dict(text=title, x=0.0, xanchor="left"), **legends)
+    notes.append(_key_note(tile_key(causal=causal, window=window), 0.0, _VIEW_ROWS[0][0] - below))
+    legend2 = dict(orientation="h", yanchor="top", y=_VIEW_ROWS[1][0] - below, xanchor="left", x=0.0)
+    return traces, dict(axes, annotations=notes, title=dict(text=title, x=0.0, xanchor="left"), legend2=legend2)
 
 
 def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], active: int, *, q_edges, k_edges,
@@ -223,8 +246,8 @@ def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], a
              for s, st, t in zip(steps, states, titles)]
     traces, layout = parts[active]
     fig = go.Figure(data=traces, layout=layout)
-    apply_layout(fig, height=VIEW_HEIGHT)  # sets one legend's place: the view's two are set again after it
-    fig.update_layout(margin=dict(t=_VIEW_TOP, b=_VIEW_BOTTOM), legend=layout["legend"], legend2=layout["legend2"])
+    apply_layout(fig, height=VIEW_HEIGHT)  # sets the first legend's place: the view's one (legend2) is set after it
+    fig.update_layout(margin=dict(t=_VIEW_TOP, b=_VIEW_BOTTOM), legend2=layout["legend2"])
     return instant.add_frame_slider(fig, [{"data": t, "layout": lay} for t, lay in parts],
                                     [str(s.index) for s in steps], active, parameter="step")
 
