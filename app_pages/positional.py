@@ -99,6 +99,9 @@ def rope_rotation(q, k, d_rope: int, base_rope: float, pair: int, seed: int, m_p
                  "The angle between R_m q and R_n k changes only when n − m does. **Instant:** the chart's query "
                  "position and base sliders (drawn by the browser, no server); the controls above recompute, and the "
                  "table beside it follows them.")
+    setting = {"d_head": d_rope, "base": base_rope, "pair": pair, "seed": seed, "m": m_pos, "n": n_pos_k}
+    ui_pos.prefetch_rotation(setting, ui.last_setting("pos_rope_last", setting), HEAD_DIMS, tuple(BASES),
+                             tuple(POSITIONS))
     with right:
         ident = P.rope_identity(q, k, m_pos, n_pos_k, base_rope)
         st.markdown("**The relative-position identity, with these numbers** (all d_head dimensions):")

@@ -700,3 +700,28 @@ def test_each_rope_tab_draws_its_own_chart_only():
         specs = [chart.proto.spec for chart in at.get("plotly_chart")]
         assert len(specs) == 1 and title in specs[0], (label, len(specs))
         assert not any(other in specs[0] for other in titles.values() if other != title), label
+
+
+def test_a_rope_control_moved_builds_its_next_charts_in_the_background(monkeypatch):
+    """After d_head moved up to 64, the rotation charts of d_head 128 then 32 are built (the pair clamped where it
+    does not fit, as the page clamps it); after m moved down, m - 1 then m + 1; nothing on a first run or when
+    nothing moved."""
+    from attnviz.ui import positional as ui_pos
+
+    asked = []
+    monkeypatch.setattr(ui_pos.ui, "build_in_background", lambda cached, calls, name: asked.append((cached, calls)))
+    bases, positions, dims = (100.0, 10000.0), tuple(range(201)), [8, 16, 32, 64, 128]
+    now = {"d_head": 64, "base": 10000.0, "pair": 20, "seed": 0, "m": 3, "n": 10}
+    ui_pos.prefetch_rotation(now, {**now, "d_head": 32}, dims, bases, positions)
+    assert asked[-1][0] is ui_pos.rope_rotation_chart
+    assert asked[-1][1] == [(128, 10000.0, 20, 0, 3, 10, positions, bases), (32, 10000.0, 15, 0, 3, 10, positions,
+                                                                               bases)]
+    ui_pos.prefetch_rotation(now, {**now, "m": 4}, dims, bases, positions)
+    assert [call[4] for call in asked[-1][1]] == [2, 4]
+    ui_pos.prefetch_rotation({**now, "m": 200}, {**now, "m": 199}, dims, bases, positions)  # the slider's end
+    assert [call[4] for call in asked[-1][1]] == [199]
+    asked.clear()
+    ui_pos.prefetch_rotation(now, None, dims, bases, positions)
+    assert asked == []
+    ui_pos.prefetch_rotation(now, now, dims, bases, positions)
+    assert asked[-1][1] == []

@@ -46,6 +46,21 @@ def rope_rotation_chart(d_head: int, base: float, pair: int, seed: int, m: int, 
          for b in bases})
 
 
+def prefetch_rotation(setting: dict, previous: dict | None, head_dims: list, bases: tuple, positions: tuple) -> None:
+    """Builds, in a background thread, rope_rotation_chart one step either way of the control just moved (setting
+    and previous: {"d_head", "base", "pair", "seed", "m", "n"} of this run and the last), while the browser draws
+    this one. A new d_head keeps the pair where it fits, as the page clamps it. Nothing when nothing moved."""
+    if previous is None:
+        return
+    span = (positions[0], positions[-1])
+    steps = {"d_head": head_dims, "base": list(bases), "pair": (0, setting["d_head"] // 2 - 1),
+             "seed": (0, 10_000), "m": span, "n": span}
+    wanted = ui.moved_neighbours(setting, previous, steps)
+    ui.build_in_background(rope_rotation_chart, [
+        (s["d_head"], s["base"], min(s["pair"], s["d_head"] // 2 - 1), s["seed"], s["m"], s["n"], positions, bases)
+        for s in wanted], "attnviz-rope-prefetch")
+
+
 @ui.figure_cache(max_entries=32)
 def rope_layouts_chart(d_small: int, base: float, m: int, positions: tuple):
     """The paper's and transformers' rotation matrices at every position, the query position's drawn."""
