@@ -4,13 +4,13 @@ import streamlit as st
 
 from attnviz import cost, cost_tables, snippets, ui
 from attnviz import variants as var
-from attnviz.attention import kv_head_of
 from attnviz.figures import cost as figs
 from attnviz.ui import snippets as snippet_ui
 from attnviz.ui import variants as uv
 
 CONTEXTS = np.unique(np.logspace(7, 17, 41, base=2).round().astype(int))  # 128 ... 131072 tokens
 BYTES = {"fp32 (4 bytes)": 4, "fp16 / bf16 (2 bytes)": 2, "fp8 / int8 (1 byte)": 1, "int4 (½ byte)": 0.5}
+SEQ_LENS = tuple(np.unique(np.logspace(4, 20, 65, base=2).round().astype(int)).tolist())  # the FLOPs chart's N
 CUSTOM = "Custom values"
 MAX_HEADS_SHOWN = 8
 MAX_HEADS = 128
@@ -35,8 +35,7 @@ if st.session_state.get("variants_kv") not in divisors:
     st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
 n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv",
                         persist_state="session")
-layouts = {name: kv_head_of(n_heads, k) for name, k in var.variant_kv_heads(n_heads, n_kv).items()}
-ui.plot(figs.head_sharing_figure(n_heads, layouts), width="stretch", key="variants_sharing")
+ui.plot(uv.sharing_figure(n_heads, n_kv), width="stretch", key="variants_sharing")
 snippet_ui.show(snippets.variants_sharing(n_heads, n_kv))
 q_step = figs.label_step(n_heads)  # the figure labels query heads 0, q_step, 2 q_step, ...
 group = n_heads // n_kv
@@ -83,10 +82,9 @@ lookup = {**archs, CUSTOM: custom}
 if not chosen:
     st.warning("Pick at least one model above to draw its KV cache.")
 else:
-    curves = {name: cost.kv_cache_curve(lookup[name], CONTEXTS, batch=batch, bytes_per_value=bytes_per_value)
-              for name in chosen}
-    ui.plot(figs.kv_cache_figure(CONTEXTS, curves, batch=batch, bytes_per_value=bytes_per_value,
-                                         budget_gib=budget or None), width="stretch", key="variants_kv_chart")
+    shown = {name: lookup[name] for name in chosen}
+    ui.plot(uv.kv_chart(uv.arch_key(shown), tuple(CONTEXTS.tolist()), batch, bytes_per_value, budget or None, shown),
+            width="stretch", key="variants_kv_chart")
     st.caption("The cache grows linearly with context and batch (straight lines on log axes, all with the same "
                "slope); fewer KV heads shift a line down by the same factor at every length.")
     context = st.number_input("Context length for the table (tokens)", 1, 10_000_000, 4096, key="variants_ctx",
@@ -109,11 +107,8 @@ d = fa.d_model
 kv_dim = fa.kv_heads * fa.head_dim if gqa_proj and fa.kv_heads < fa.heads else None
 if gqa_proj and kv_dim is None:
     st.info(f"{flop_model} has as many key/value heads as query heads: its K and V projections are full width.")
-seq = np.unique(np.logspace(4, 20, 65, base=2).round().astype(int))
-flops = [cost.attention_flops(seq_len=int(n), d_model=d, causal=causal, kv_dim=kv_dim) for n in seq]
 n_star = cost.crossover_seq_len(d_model=d, causal=causal, kv_dim=kv_dim)
-ui.plot(figs.flops_figure(seq, [f["projections"] for f in flops], [f["attention"] for f in flops],
-                                  crossover=n_star, d_model=d, causal=causal), width="stretch", key="variants_flops")
+ui.plot(uv.flops_chart(SEQ_LENS, d, causal, kv_dim), width="stretch", key="variants_flops")
 at_star = cost.attention_flops(seq_len=int(n_star), d_model=d, causal=causal, kv_dim=kv_dim)
 st.latex(cost_tables.crossover_latex(d_model=d, causal=causal, kv_dim=kv_dim))
 st.markdown(f"Check at N* = {n_star:,.0f}: projections {at_star['projections']:.4e} FLOPs, attention matmuls "
@@ -130,8 +125,7 @@ with st.expander("A cost table that circulates, recomputed (d_model = 4096, 32 l
 
 st.header("Parameters")
 st.dataframe(pd.DataFrame(cost_tables.param_table(archs)), hide_index=True, width="stretch", key="variants_params")
-counts = {name: cost.param_counts(a) for name, a in archs.items()}
-ui.plot(figs.param_share_figure(counts), width="stretch", key="variants_param_share")
+ui.plot(uv.param_share_chart(uv.arch_key(archs), archs), width="stretch", key="variants_param_share")
 st.caption("Counted from each model's config values (the tests check them against the models transformers builds "
            "from the same configs). Small models spend a large share on embeddings; large ones on the MLP. "
            "GQA makes the K and V projections smaller, so attention's share drops too.")
@@ -158,15 +152,14 @@ def toy_layer(n_heads: int, n_kv: int) -> None:
                             "less.")
     seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed", persist_state="session")
     toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal", persist_state="session")
-    results, kv_counts = uv.toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
+    results, _ = uv.toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
     heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
                                  key="variants_heads_shown", persist_state="session", max_selections=MAX_HEADS_SHOWN)
     if not heads_shown:
         st.warning("Pick at least one head to show.")
     else:
-        ui.plot(figs.variant_maps_figure({n: r[1] for n, r in results.items()}, sorted(heads_shown),
-                                                 {n: kv_head_of(n_heads, k) for n, k in kv_counts.items()}),
-                        width="stretch", key="variants_maps")
+        ui.plot(uv.variant_maps_chart(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed),
+                                      tuple(sorted(heads_shown))), width="stretch", key="variants_maps")
         diffs = var.differences_from(results, "MHA")
         cols = st.columns(len(diffs))
         for col, (name, (tv, rel)) in zip(cols, diffs.items()):

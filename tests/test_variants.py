@@ -156,3 +156,48 @@ def test_differences_from_mha_by_a_loop_over_heads_and_rows():
         relative = np.sqrt(((out - out_mha) ** 2).sum() / (out_mha ** 2).sum())
         assert found[name] == pytest.approx((sum(distances) / len(distances), relative), rel=1e-12, abs=1e-15)
     assert found["MHA"] == (0.0, 0.0) and found["MQA"][0] > 0
+
+
+def test_the_pages_cached_charts_are_fresh_builds_of_its_settings():
+    """The page's figures come from caches keyed on their settings (attnviz.ui.variants): after controls move, each
+    drawn chart equals the figure built afresh, here, from the library and the same settings."""
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz import cost
+    from attnviz import variants as var
+    from attnviz.attention import kv_head_of
+    from attnviz.figures import cost as figs
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "variants.py"),
+                           default_timeout=180)
+    at.run()
+    at.slider(key="variants_heads").set_value(12).run()
+    at.select_slider(key="variants_kv").set_value(3).run()
+    at.slider(key="variants_batch").set_value(4).run()
+    at.toggle(key="variants_causal").set_value(True).run()
+    assert not at.exception, at.exception
+    drawn = [json.loads(chart.proto.spec)["data"] for chart in at.get("plotly_chart")]
+    archs = {name: cost.preset_arch(name) for name in cost.PRESETS}
+    chosen = at.multiselect(key="variants_models").value
+    contexts = np.unique(np.logspace(7, 17, 41, base=2).round().astype(int))
+    seq = np.unique(np.logspace(4, 20, 65, base=2).round().astype(int))
+    flops = [cost.attention_flops(seq_len=int(n), d_model=4096, causal=True) for n in seq]
+    results, kv = var.compare_variants(var.toy_input(12, 16 * 12, seed=0), var.toy_weights(16 * 12, 12, seed=0),
+                                       n_heads=12, kv_heads=var.variant_kv_heads(12, 3), causal=True), \
+        var.variant_kv_heads(12, 3)
+    fresh = [
+        figs.head_sharing_figure(12, {n: kv_head_of(12, k) for n, k in var.variant_kv_heads(12, 3).items()}),
+        figs.kv_cache_figure(contexts, {n: cost.kv_cache_curve(archs[n], contexts, batch=4, bytes_per_value=2)
+                                        for n in chosen}, batch=4, bytes_per_value=2, budget_gib=80.0),
+        figs.flops_figure(seq, [f["projections"] for f in flops], [f["attention"] for f in flops],
+                          crossover=cost.crossover_seq_len(d_model=4096, causal=True), d_model=4096, causal=True),
+        figs.param_share_figure({n: cost.param_counts(a) for n, a in archs.items()}),
+        figs.variant_maps_figure({n: r[1] for n, r in results.items()}, [0, 1, 2, 3],
+                                 {n: kv_head_of(12, k) for n, k in kv.items()}),
+    ]
+    assert len(drawn) == len(fresh)
+    for shown, fig in zip(drawn, fresh):
+        assert shown == json.loads(fig.to_json())["data"]

@@ -1,13 +1,19 @@
-"""The MHA, GQA, MQA page's caches (the preset architectures, the toy layers' run) and its registry-model lookup.
-Every cache is keyed on every setting its result depends on."""
+"""The MHA, GQA, MQA page's caches (the preset architectures, the toy layers' run, its figures) and its
+registry-model lookup. Every cache is keyed on every setting its result depends on: a rerun that moves one control
+builds only the figures that read it (each took 25-30 ms to build, every rerun)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import streamlit as st
 
 from attnviz import cost
 from attnviz import variants as var
-from attnviz.ui import get_model
+from attnviz.attention import kv_head_of
+from attnviz.figures import cost as figs
+from attnviz.ui import figure_cache, get_model
 
 
 @st.cache_data(show_spinner=False)
@@ -39,3 +45,48 @@ def loaded_arch(name: str):
         st.warning(f"{exc}: it is left out of the tables and charts.")
         return None
     return arch, sum(p.numel() for p in loaded.model.parameters())
+
+
+def arch_key(archs: dict) -> tuple:
+    """What a figure of these architectures ({name: cost.Architecture}) depends on, hashable: their names and
+    fields (a custom or registry model's included)."""
+    return tuple((name, dataclasses.astuple(a)) for name, a in archs.items())
+
+
+@figure_cache(max_entries=64)
+def sharing_figure(n_heads: int, n_kv: int):
+    """figures.cost.head_sharing_figure: which KV head each of n_heads query heads reads, per variant."""
+    return figs.head_sharing_figure(n_heads, {name: kv_head_of(n_heads, k)
+                                              for name, k in var.variant_kv_heads(n_heads, n_kv).items()})
+
+
+@figure_cache(max_entries=32)
+def kv_chart(key: tuple, contexts: tuple, batch: int, bytes_per_value: float, budget_gib: float | None, _archs):
+    """figures.cost.kv_cache_figure of the models _archs ({name: Architecture}, in order; key: arch_key of them)."""
+    curves = {name: cost.kv_cache_curve(a, np.asarray(contexts), batch=batch, bytes_per_value=bytes_per_value)
+              for name, a in _archs.items()}
+    return figs.kv_cache_figure(np.asarray(contexts), curves, batch=batch, bytes_per_value=bytes_per_value,
+                                budget_gib=budget_gib)
+
+
+@figure_cache(max_entries=32)
+def flops_chart(seq: tuple, d_model: int, causal: bool, kv_dim: int | None):
+    """figures.cost.flops_figure: one layer's projection and attention FLOPs at each of seq, the crossover marked."""
+    flops = [cost.attention_flops(seq_len=int(n), d_model=d_model, causal=causal, kv_dim=kv_dim) for n in seq]
+    return figs.flops_figure(np.asarray(seq), [f["projections"] for f in flops], [f["attention"] for f in flops],
+                             crossover=cost.crossover_seq_len(d_model=d_model, causal=causal, kv_dim=kv_dim),
+                             d_model=d_model, causal=causal)
+
+
+@figure_cache(max_entries=8)
+def param_share_chart(key: tuple, _archs):
+    """figures.cost.param_share_figure of the models _archs (key: arch_key of them)."""
+    return figs.param_share_figure({name: cost.param_counts(a) for name, a in _archs.items()})
+
+
+@figure_cache(max_entries=32)
+def variant_maps_chart(n_tokens: int, d_head: int, n_heads: int, n_kv: int, causal: bool, seed: int, heads: tuple):
+    """figures.cost.variant_maps_figure of the toy layer (toy_run) for the chosen heads."""
+    results, kv_counts = toy_run(n_tokens, d_head, n_heads, n_kv, causal, seed)
+    return figs.variant_maps_figure({n: r[1] for n, r in results.items()}, list(heads),
+                                    {n: kv_head_of(n_heads, k) for n, k in kv_counts.items()})
