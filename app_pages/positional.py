@@ -165,7 +165,8 @@ if section == "RoPE":
     base_rope = c2.select_slider("Base", options=BASES, value=10000.0, key="pos_rope_base", persist_state="session")
     st.session_state["pos_rope_pair"] = min(st.session_state.get("pos_rope_pair", 0), d_rope // 2 - 1)
     pair = c3.slider("Feature pair i", 0, d_rope // 2 - 1, key="pos_rope_pair", persist_state="session")
-    seed = int(c4.number_input("Random seed for q, k", 0, 10_000, 0, key="pos_rope_seed", persist_state="session"))
+    seed = int(c4.number_input("Random seed for q, k", 0, ui_pos.ROPE_SEED_MAX, 0, key="pos_rope_seed",
+                              persist_state="session"))
     c1, c2 = st.columns(2)
     m_pos = c1.slider("Query position m", POSITIONS[0], POSITIONS[-1], 3, key="pos_rope_m", persist_state="session")
     n_pos_k = c2.slider("Key position n", POSITIONS[0], POSITIONS[-1], 10, key="pos_rope_n", persist_state="session")

@@ -82,9 +82,8 @@ lookup = {**archs, CUSTOM: custom}
 if not chosen:
     st.warning("Pick at least one model above to draw its KV cache.")
 else:
-    shown = {name: lookup[name] for name in chosen}
-    ui.plot(uv.kv_chart(uv.arch_key(shown), tuple(CONTEXTS.tolist()), batch, bytes_per_value, budget or None, shown),
-            width="stretch", key="variants_kv_chart")
+    ui.plot(uv.kv_chart(tuple((name, lookup[name]) for name in chosen), tuple(CONTEXTS.tolist()), batch,
+                        bytes_per_value, budget or None), width="stretch", key="variants_kv_chart")
     st.caption("The cache grows linearly with context and batch (straight lines on log axes, all with the same "
                "slope); fewer KV heads shift a line down by the same factor at every length.")
     context = st.number_input("Context length for the table (tokens)", 1, 10_000_000, 4096, key="variants_ctx",
@@ -125,7 +124,7 @@ with st.expander("A cost table that circulates, recomputed (d_model = 4096, 32 l
 
 st.header("Parameters")
 st.dataframe(pd.DataFrame(cost_tables.param_table(archs)), hide_index=True, width="stretch", key="variants_params")
-ui.plot(uv.param_share_chart(uv.arch_key(archs), archs), width="stretch", key="variants_param_share")
+ui.plot(uv.param_share_chart(tuple(archs.items())), width="stretch", key="variants_param_share")
 st.caption("Counted from each model's config values (the tests check them against the models transformers builds "
            "from the same configs). Small models spend a large share on embeddings; large ones on the MLP. "
            "GQA makes the K and V projections smaller, so attention's share drops too.")

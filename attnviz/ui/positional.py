@@ -10,6 +10,7 @@ from attnviz import ui
 from attnviz.figures import positional as F
 from attnviz.once import ComputeOnce
 
+ROPE_SEED_MAX = 10_000  # the RoPE section's seed for q and k: its largest value
 _PROFILES = ComputeOnce(max_items=8)  # shared by every session; a long text's profile takes a pass over its capture
 
 
@@ -54,7 +55,7 @@ def prefetch_rotation(setting: dict, previous: dict | None, head_dims: list, bas
         return
     span = (positions[0], positions[-1])
     steps = {"d_head": head_dims, "base": list(bases), "pair": (0, setting["d_head"] // 2 - 1),
-             "seed": (0, 10_000), "m": span, "n": span}
+             "seed": (0, ROPE_SEED_MAX), "m": span, "n": span}
     wanted = ui.moved_neighbours(setting, previous, steps)
     ui.build_in_background(rope_rotation_chart, [
         (s["d_head"], s["base"], min(s["pair"], s["d_head"] // 2 - 1), s["seed"], s["m"], s["n"], positions, bases)

@@ -4,8 +4,6 @@ builds only the figures that read it (each took 25-30 ms to build, every rerun).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import streamlit as st
 
@@ -47,12 +45,6 @@ def loaded_arch(name: str):
     return arch, sum(p.numel() for p in loaded.model.parameters())
 
 
-def arch_key(archs: dict) -> tuple:
-    """What a figure of these architectures ({name: cost.Architecture}) depends on, hashable: their names and
-    fields (a custom or registry model's included)."""
-    return tuple((name, dataclasses.astuple(a)) for name, a in archs.items())
-
-
 @figure_cache(max_entries=64)
 def sharing_figure(n_heads: int, n_kv: int):
     """figures.cost.head_sharing_figure: which KV head each of n_heads query heads reads, per variant."""
@@ -61,10 +53,11 @@ def sharing_figure(n_heads: int, n_kv: int):
 
 
 @figure_cache(max_entries=32)
-def kv_chart(key: tuple, contexts: tuple, batch: int, bytes_per_value: float, budget_gib: float | None, _archs):
-    """figures.cost.kv_cache_figure of the models _archs ({name: Architecture}, in order; key: arch_key of them)."""
+def kv_chart(archs: tuple, contexts: tuple, batch: int, bytes_per_value: float, budget_gib: float | None):
+    """figures.cost.kv_cache_figure of the models archs ((name, cost.Architecture) pairs, in order; a frozen
+    dataclass, hashed by its fields, so a custom or registry model is keyed on its own values)."""
     curves = {name: cost.kv_cache_curve(a, np.asarray(contexts), batch=batch, bytes_per_value=bytes_per_value)
-              for name, a in _archs.items()}
+              for name, a in archs}
     return figs.kv_cache_figure(np.asarray(contexts), curves, batch=batch, bytes_per_value=bytes_per_value,
                                 budget_gib=budget_gib)
 
@@ -79,9 +72,9 @@ def flops_chart(seq: tuple, d_model: int, causal: bool, kv_dim: int | None):
 
 
 @figure_cache(max_entries=8)
-def param_share_chart(key: tuple, _archs):
-    """figures.cost.param_share_figure of the models _archs (key: arch_key of them)."""
-    return figs.param_share_figure({name: cost.param_counts(a) for name, a in _archs.items()})
+def param_share_chart(archs: tuple):
+    """figures.cost.param_share_figure of the models archs ((name, cost.Architecture) pairs, as kv_chart's)."""
+    return figs.param_share_figure({name: cost.param_counts(a) for name, a in archs})
 
 
 @figure_cache(max_entries=32)
