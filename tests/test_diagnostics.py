@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnviz.capture import CaptureError
-from attnviz.diagnostics import (MAX_LENGTH, capture_token_ids, induction_test, repeated_random_tokens,
+from attnviz.diagnostics import (MAX_LENGTH, SCORES, capture_token_ids, induction_test, repeated_random_tokens,
                                  repeated_token_scores, special_tokens)
 from attnviz.models import load_model
 
@@ -109,3 +109,57 @@ def test_an_encoder_gets_scores_but_no_loss():
 def test_capture_token_ids_refuses_nothing_to_capture(llama):
     with pytest.raises(CaptureError, match="No tokens"):
         capture_token_ids(llama, [])
+
+
+def test_a_longer_l_draws_the_same_block_and_more(llama):
+    """A seed's block of L tokens is the start of its block of any longer L, which is what lets tests of every L
+    share one first copy."""
+    short, start = repeated_random_tokens(llama.tokenizer, llama.shape.vocab, 12, seed=4)
+    long, _ = repeated_random_tokens(llama.tokenizer, llama.shape.vocab, 40, seed=4)
+    assert short[start:start + 12] == long[start:start + 12] and len(set(long[start:start + 40])) == 40
+
+
+def test_a_test_from_the_first_copies_runs_only_its_second_copy_and_equals_one_pass(llama, monkeypatch):
+    """reuse_test from FirstCopies at least L long runs the L tokens of the second copy alone, on the kept keys and
+    values; its weights are transformers' own over the whole sequence, and its scores and losses the one-pass
+    test's. A longer L runs the whole sequence once and keeps its first copy."""
+    from attnviz import diagnostics
+    from attnviz.diagnostics import first_copies, reuse_test, reuses_first_copies
+
+    ran, real = [], diagnostics._continued
+    monkeypatch.setattr(diagnostics, "_continued",
+                        lambda loaded, kv, past, chunk: ran.append((past, len(chunk))) or real(loaded, kv, past, chunk))
+    assert reuses_first_copies(llama)
+    first = first_copies(llama, 30, seed=5)
+    assert ran == [(0, 31)] and first.length == 30 and first.pattern.shape[-1] == 31
+    for length in (30, 7, 19, 1):
+        ran.clear()
+        test, kept = reuse_test(llama, length, seed=5, first=first)
+        assert kept is first and ran == [(1 + length, length)]  # the second copy only
+        np.testing.assert_allclose(test.capture.pattern, _own_attention(llama, test.capture.token_ids), atol=1e-6)
+        whole = induction_test(llama, length, seed=5, one_pass=True)
+        assert test.capture.token_ids == whole.capture.token_ids and test.capture.layers == whole.capture.layers
+        np.testing.assert_allclose(test.scores[list(SCORES)], whole.scores[list(SCORES)], atol=1e-6)
+        if length > 1:
+            assert test.loss_first == pytest.approx(whole.loss_first, abs=1e-5)
+            assert test.loss_second == pytest.approx(whole.loss_second, abs=1e-5)
+        else:  # no token of a copy after its first
+            assert test.loss_first is None is whole.loss_first
+    test, kept = reuse_test(llama, 40, seed=5, first=first)
+    assert ran[-1] == (0, 81) and kept.length == 40 and kept.ids == test.capture.token_ids[:41]
+    np.testing.assert_array_equal(kept.pattern, test.capture.pattern[:, :, :41, :41])
+    with pytest.raises(ValueError, match="seed 5"):
+        reuse_test(llama, 5, seed=6, first=first)
+
+
+def test_models_that_cannot_reuse_a_first_copy_run_the_test_in_one_pass():
+    """An encoder (both directions: the first copy sees the second) and a family whose attention transformers' own
+    interface does not record (BLOOM's ALiBi, by hooks) take the one-pass capture."""
+    from attnviz.diagnostics import reuses_first_copies
+
+    for name in ("minilm-l6", "toy-bloom-alibi"):
+        loaded = load_model(name)
+        assert not reuses_first_copies(loaded)
+        test = induction_test(loaded, 6, seed=1)
+        np.testing.assert_array_equal(test.capture.pattern, induction_test(loaded, 6, seed=1, one_pass=True)
+                                      .capture.pattern)

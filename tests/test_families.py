@@ -461,3 +461,27 @@ def test_model_shape_is_what_the_layers_saw(family_of, name):
     cap = fam.capture("qk")
     x = next(iter(cap.inputs.values()))
     assert (x.q.shape[0], x.k.shape[0], x.q.shape[-1]) == (shape.heads, shape.kv_heads, shape.head_dim)
+
+
+CAUSAL = tuple(name for name in CHECKED if name not in ENCODERS)
+# the causal families whose induction test runs in one pass: a sliding window (its cache drops keys) or attention
+# recorded by hooks (attnviz.capture.rebuilt) rather than through transformers' attention interface
+ONE_PASS = {"mistral", "gemma2", "gemma3_text", "gpt_oss", "falcon", "falcon_mqa", "falcon_alibi", "gptj", "bloom"}
+
+
+@pytest.mark.parametrize("name", CAUSAL, ids=CAUSAL)
+def test_the_induction_test_from_a_first_copy_equals_one_pass(family_of, name):
+    """Every family that reuses a first copy (attnviz.diagnostics.reuses_first_copies): a test of L below the
+    copies kept, run on their keys and values, has the weights, scores and losses of one pass over the whole
+    sequence. The others run that one pass, and say so."""
+    from attnviz.diagnostics import SCORES, first_copies, induction_test, reuse_test, reuses_first_copies
+
+    loaded = family_of(name).loaded
+    assert reuses_first_copies(loaded) == (name not in ONE_PASS)
+    one = induction_test(loaded, 9, seed=2, one_pass=True)
+    test = reuse_test(loaded, 9, seed=2, first=first_copies(loaded, 14, seed=2))[0] if name not in ONE_PASS else \
+        induction_test(loaded, 9, seed=2)
+    assert test.capture.token_ids == one.capture.token_ids
+    np.testing.assert_allclose(test.capture.pattern, one.capture.pattern, atol=1e-5)
+    np.testing.assert_allclose(test.scores[list(SCORES)], one.scores[list(SCORES)], atol=1e-5)
+    assert (test.loss_first, test.loss_second) == pytest.approx((one.loss_first, one.loss_second), abs=1e-5)

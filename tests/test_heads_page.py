@@ -366,7 +366,7 @@ def test_the_induction_test_and_many_texts_tabs_run_and_say_what_they_cannot_do(
     assert not at.exception and not at.error
     at.select_slider(key="heads_induction_length").set_value(25).run()
     shown = next(d.value for d in at.dataframe if "prefix_matching" in d.value.columns)
-    best = induction_test(load_model("toy-llama-gqa"), 25).scores.sort_values("prefix_matching").iloc[-1]
+    best = induction_test(load_model("toy-llama-gqa"), 25, one_pass=True).scores.sort_values("prefix_matching").iloc[-1]
     assert (shown.iloc[0]["layer"], shown.iloc[0]["head"]) == (best["layer"], best["head"])
     assert shown.iloc[0]["prefix_matching"] == pytest.approx(best["prefix_matching"], abs=1e-6)
     open_tab(at, "Many texts")
@@ -435,7 +435,8 @@ def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
 def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     """A seed or L moved by a step: the test one step further the same way is asked of the background builds (not
     past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below. A first view asks for each one's next
-    value up, the longer run first."""
+    value up, the longer run first. A first view or an L moved also asks for the seed's first copies to the
+    longest L, after the next L and before the next seed."""
     from attnviz import ui
     from attnviz.ui import heads_tabs
 
@@ -445,19 +446,50 @@ def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     version = ui.model_version("toy-llama-gqa")
 
     def test(length, seed):  # induction_figures' arguments: the page's default score, layer, head and gamma
-        return ("toy-llama-gqa", version, length, seed, "prefix_matching", 0, 0, 1.0)
+        return "figures", ("toy-llama-gqa", version, length, seed, "prefix_matching", 0, 0, 1.0)
 
-    assert not at.exception and asked == [[test(100, 0), test(50, 1)]]
+    def first(seed):
+        return "first copies", ("toy-llama-gqa", version, seed, 200)
+
+    assert not at.exception and asked == [[test(100, 0), first(0), test(50, 1)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     at.number_input(key="heads_induction_seed").set_value(2).run()
     assert asked[-2:] == [[test(50, 2)], [test(50, 3)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     assert asked[-1] == [test(50, 0)]
     at.select_slider(key="heads_induction_length").set_value(25).run()
-    assert asked[-1] == [test(10, 1)]
+    assert asked[-1] == [test(10, 1), first(1)]
     at.select_slider(key="heads_induction_length").set_value(100).run()
-    assert asked[-1] == [] and heads_tabs.PREFETCH_MAX_LENGTH < 200  # L = 200 is not prefetched
+    assert asked[-1] == [first(1)] and heads_tabs.PREFETCH_MAX_LENGTH < 200  # the L = 200 test is not prefetched
     assert not at.exception
+
+
+def test_a_seeds_first_copies_built_ahead_make_every_l_run_its_second_copy_only(monkeypatch):
+    """cache.first_copies_of (the prefetch) keeps a seed's first copies; induction_test_of then runs only the second
+    copy of each L up to them, and shows the one-pass test's scores. Two seeds are kept, the longer copies of each."""
+    from attnviz import diagnostics, ui
+    from attnviz.diagnostics import SCORES, induction_test
+    from attnviz.models import load_model
+    from attnviz.ui import heads as cache
+
+    monkeypatch.setattr(cache, "_FIRST_COPIES", cache._Longest(max_items=2))
+    cache.induction_test_of.clear()
+    ran, real = [], diagnostics._continued
+    monkeypatch.setattr(diagnostics, "_continued",
+                        lambda loaded, kv, past, chunk: ran.append((past, len(chunk))) or real(loaded, kv, past, chunk))
+    version = ui.model_version("toy-llama-gqa")
+    cache.first_copies_of("toy-llama-gqa", version, 7, 40)
+    cache.first_copies_of("toy-llama-gqa", version, 7, 20)  # shorter than kept: nothing runs
+    assert ran == [(0, 41)]
+    for length in (40, 25, 10):
+        shown = cache.induction_test_of("toy-llama-gqa", version, length, 7)
+        assert ran[-1] == (1 + length, length)
+        one = induction_test(load_model("toy-llama-gqa"), length, seed=7, one_pass=True)
+        np.testing.assert_allclose(shown.scores[list(SCORES)], one.scores[list(SCORES)], atol=1e-6)
+    cache.induction_test_of("toy-llama-gqa", version, 10, 8)  # a new seed: one pass, its first copy kept
+    cache.induction_test_of("toy-llama-gqa", version, 10, 9)
+    assert ran[-2:] == [(0, 21), (0, 21)] and cache._FIRST_COPIES.get(("toy-llama-gqa", version, 7)) is None
+    assert cache._FIRST_COPIES.get(("toy-llama-gqa", version, 9)).length == 10
 
 
 def test_a_long_dense_map_is_drawn_max_pooled_with_an_exact_zoom_window(monkeypatch):

@@ -112,8 +112,9 @@ def prefetch_induction(setting: dict, view: tuple) -> None:
     """Runs, in the background, the test one step on from the control just moved (the seed, or L up to
     PREFETCH_MAX_LENGTH) in the direction it moved (setting: {"model", "version", "length", "seed"} of this run;
     the last run's is kept in the session), with its figures for `view` (induction_figures' column, layer, head,
-    gamma): stepping through seeds then finds each test drawn. On a first view, the next L up and the next seed;
-    nothing when neither moved."""
+    gamma): stepping through seeds then finds each test drawn. On a first view, the next L up and the next seed.
+    On a first view or an L moved, the seed's first copies are also run to the longest L (cache.first_copies_of),
+    so every L of this seed then runs only its second copy. Nothing when neither moved."""
     previous = ui.last_setting("heads_induction_last", setting)
     if previous is None:  # a first view: each control's next value up, the longer run (the next L) first
         i = INDUCTION_LENGTHS.index(setting["length"])
@@ -121,9 +122,18 @@ def prefetch_induction(setting: dict, view: tuple) -> None:
             [{**setting, "seed": setting["seed"] + 1}] if setting["seed"] < SEED_MAX else [])
     else:
         wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, SEED_MAX)})[:1]
-    ui.build_in_background(induction_figures, [(s["model"], s["version"], s["length"], s["seed"], *view)
-                                                for s in wanted if s["length"] <= PREFETCH_MAX_LENGTH],
+    figures = [("figures", (s["model"], s["version"], s["length"], s["seed"], *view)) for s in wanted
+               if s["length"] <= PREFETCH_MAX_LENGTH]
+    other_l = [call for call in figures if call[1][2] != setting["length"]]
+    first = [("first copies", (setting["model"], setting["version"], setting["seed"], INDUCTION_LENGTHS[-1]))
+             ] if previous is None or previous["length"] != setting["length"] else []
+    ui.build_in_background(_build_ahead, other_l + first + [c for c in figures if c not in other_l],
                            "attnviz-induction-next")
+
+
+def _build_ahead(kind: str, args: tuple) -> None:
+    """One of prefetch_induction's builds: a setting's figures (and so its test), or a seed's first copies."""
+    (induction_figures if kind == "figures" else cache.first_copies_of)(*args)
 
 
 @st.fragment
