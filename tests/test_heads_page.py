@@ -435,15 +435,18 @@ def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
 def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     """A seed or L moved by a step: the test one step further the same way is asked of the background builds (not
     past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below. A first view asks for each one's next
-    value up, the longer run first. A first view or an L moved also asks for the seed's first copies to the
-    longest L, after the next L and before the next seed."""
+    value up, the longer run first (its own run built the seed's first copies to the longest L). An L moved also
+    asks for the seed's first copies to the longest L, after the next L."""
     from attnviz import ui
+    from attnviz.ui import heads as cache
     from attnviz.ui import heads_tabs
 
     asked = []
     monkeypatch.setattr(ui, "build_in_background", lambda cached, calls, name: asked.append(calls) or True)
+    monkeypatch.setattr(cache, "_FIRST_COPIES", cache._Longest(max_items=2))
     at = open_tab(heads_page({"model": "toy-llama-gqa", "text": "The cat sat on the mat."}), "Induction test")
     version = ui.model_version("toy-llama-gqa")
+    assert cache._FIRST_COPIES.get(("toy-llama-gqa", version, 0)).length == heads_tabs.INDUCTION_LENGTHS[-1]
 
     def test(length, seed):  # induction_figures' arguments: the page's default score, layer, head and gamma
         return "figures", ("toy-llama-gqa", version, length, seed, "prefix_matching", 0, 0, 1.0)
@@ -451,7 +454,7 @@ def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     def first(seed):
         return "first copies", ("toy-llama-gqa", version, seed, 200)
 
-    assert not at.exception and asked == [[test(100, 0), first(0), test(50, 1)]]
+    assert not at.exception and asked == [[test(100, 0), test(50, 1)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     at.number_input(key="heads_induction_seed").set_value(2).run()
     assert asked[-2:] == [[test(50, 2)], [test(50, 3)]]

@@ -268,3 +268,37 @@ def test_the_page_says_a_load_cannot_fit(monkeypatch):
     at.run()
     assert not at.exception and not at.success
     assert "Loading toy-llama-gqa needs about" in at.error[0].value
+
+
+def test_a_background_build_starts_no_call_while_a_visitors_work_runs():
+    """While a foreground_work block runs, a background build's next call waits; when it ends, the call runs. A
+    build's own call inside foreground_work holds back no other build."""
+    import threading
+
+    from attnviz import ui
+
+    started, inner = [], threading.Event()
+
+    def record(i):
+        with ui.foreground_work():  # inside a build: not a visitor's work
+            started.append(i)
+            if i == "inner":
+                inner.wait(5)
+
+    with ui.foreground_work():
+        assert ui.build_in_background(record, [(1,), (2,)], "test-held")
+        threading.Event().wait(0.3)
+        assert started == []  # held back
+    for t in [t for t in threading.enumerate() if t.name == "test-held"]:
+        t.join(5)
+    assert started == [1, 2]
+    assert ui.build_in_background(record, [("inner",)], "test-inner")
+    for _ in range(100):  # until that build is inside its foreground_work block
+        if "inner" in started:
+            break
+        threading.Event().wait(0.05)
+    assert ui.build_in_background(record, [(3,)], "test-other")
+    for t in [t for t in threading.enumerate() if t.name == "test-other"]:
+        t.join(5)
+    inner.set()
+    assert 3 in started  # ran while the first build was inside its own foreground_work

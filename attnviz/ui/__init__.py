@@ -19,6 +19,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from attnviz.ui.background import BACKGROUND_BUILDS, build_in_background, foreground_work  # noqa: F401
 from attnviz.ui.chart_files import PRINT_STYLE, figure_files  # noqa: F401  (the package's names)
 from attnviz.ui.steady import same_axes, steady_reruns  # noqa: F401  (the package's names)
 from attnviz.ui.loaded import (  # noqa: F401  (the package's names)
@@ -322,30 +323,6 @@ def moved_neighbours(setting: dict, previous: dict, steps: dict) -> list[dict]:
     ({control: value}); steps: {control: its options, as neighbours takes them}, the controls that count."""
     return [{**setting, name: value} for name, options in steps.items() if previous.get(name) != setting[name]
             for value in neighbours(options, setting[name], previous.get(name))]
-
-
-BACKGROUND_BUILDS = 2  # prefetch threads for the whole server; a build asked for while they are busy is skipped
-_background = threading.BoundedSemaphore(BACKGROUND_BUILDS)
-
-
-def build_in_background(cached, calls: list[tuple], name: str) -> bool:
-    """Calls the cached function `cached` (st.cache_resource or st.cache_data) with each argument tuple of `calls`
-    in a daemon thread, so the results a visitor is likely to ask for next are in the shared cache by then; a call
-    already cached costs nothing, and one a visitor asks for while it is being built waits for it (the cache's own
-    lock per key). At most BACKGROUND_BUILDS run at once for all visitors together: a prefetch is only a guess, so
-    one asked for while they are busy is skipped (returns False) rather than queued behind a slider's every move."""
-    if not calls or not _background.acquire(blocking=False):
-        return False
-
-    def build():
-        try:
-            for args in calls:
-                cached(*args)
-        finally:
-            _background.release()
-
-    threading.Thread(target=build, daemon=True, name=name).start()
-    return True
 
 
 def started_by_button(label: str, key: str, hint: str, **button_args) -> bool:

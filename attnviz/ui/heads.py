@@ -283,12 +283,15 @@ def induction_test_of(model: str, version: tuple, length: int, seed: int):
     from attnviz.diagnostics import induction_test, reuse_test, reuses_first_copies
 
     loaded = ui.cached_model(model, version)
-    if reuses_first_copies(loaded):
-        key = (model, version, seed)
-        test, first = reuse_test(loaded, length, seed=seed, first=_FIRST_COPIES.get(key))
-        _FIRST_COPIES.keep(key, first)
-    else:
-        test = induction_test(loaded, length, seed=seed)
+    with ui.foreground_work():  # a visitor's (not in a prefetch): the prefetches wait
+        if reuses_first_copies(loaded):
+            key = (model, version, seed)
+            with _FIRST_COPIES.building(key):  # a prefetch building them: wait for it, not run L twice as long
+                kept = _FIRST_COPIES.get(key)
+            test, first = reuse_test(loaded, length, seed=seed, first=kept)
+            _FIRST_COPIES.keep(key, first)
+        else:
+            test = induction_test(loaded, length, seed=seed)
     test.capture.pattern.flags.writeable = False
     return test
 
@@ -301,19 +304,28 @@ def first_copies_of(model: str, version: tuple, seed: int, length: int) -> None:
     from attnviz.diagnostics import first_copies, reuses_first_copies
 
     key = (model, version, seed)
-    kept = _FIRST_COPIES.get(key)
     loaded = ui.cached_model(model, version)
-    if (kept is None or kept.length < length) and reuses_first_copies(loaded):
-        _FIRST_COPIES.keep(key, first_copies(loaded, length, seed=seed))
+    with ui.foreground_work(), _FIRST_COPIES.building(key):
+        kept = _FIRST_COPIES.get(key)
+        if (kept is None or kept.length < length) and reuses_first_copies(loaded):
+            _FIRST_COPIES.keep(key, first_copies(loaded, length, seed=seed))
 
 
 class _Longest:
     """{(model, version, seed): the longest attnviz.diagnostics.FirstCopies built} for the last `max_items` keys,
-    shared by every session (a lock around each read and write; two builds of one key may race, and the longer
-    wins). SmolLM2's at L = 200: 90 MB (weights 44, logits 40, keys and values 9)."""
+    shared by every session (a lock around each read and write; the longer of two kept for one key wins), and a
+    lock per key held while they are built (building), which a test of that seed waits on. SmolLM2's at L = 200:
+    90 MB (weights 44, logits 40, keys and values 9)."""
 
     def __init__(self, max_items: int):
-        self.max_items, self._items, self._lock = max_items, {}, threading.Lock()
+        self.max_items, self._items, self._lock, self._builds = max_items, {}, threading.Lock(), {}
+
+    def building(self, key) -> threading.Lock:
+        with self._lock:
+            if len(self._builds) > 4 * self.max_items:  # forget the locks of keys dropped and not being built
+                for old in [k for k, lock in self._builds.items() if k not in self._items and not lock.locked()]:
+                    del self._builds[old]
+            return self._builds.setdefault(key, threading.Lock())
 
     def get(self, key):
         with self._lock:

@@ -62,8 +62,12 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
                               key="heads_induction_length", persist_state="session")
     seed = i2.number_input("Seed", 0, SEED_MAX, 0, key="heads_induction_seed", persist_state="session")
     column = i3.radio("Score", SCORES, key="heads_induction_score", persist_state="session")
+    setting = {"model": model, "version": version, "length": length, "seed": int(seed)}
+    previous = ui.last_setting("heads_induction_last", setting)
     try:
         with st.spinner(f"Running {model} on {2 * length} random tokens…"):
+            if previous is None:  # a first view: the seed's first copies to the longest L, so that each L moved to
+                cache.first_copies_of(model, version, int(seed), INDUCTION_LENGTHS[-1])  # runs its second copy only
             test = cache.induction_test_of(model, version, length, int(seed))
     except CaptureError as exc:
         st.error(str(exc))
@@ -84,7 +88,7 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
         ui.plot(detail, width="stretch")
         st.write(f"An induction head draws a stripe {length - 1} tokens below the diagonal in the lower half: each "
                  "token of the second copy looks at the token after its first occurrence.")
-    prefetch_induction({"model": model, "version": version, "length": length, "seed": int(seed)}, view)
+    prefetch_induction(setting, previous, view)
 
 
 @ui.figure_cache(max_entries=8)
@@ -108,14 +112,13 @@ INDUCTION_LENGTHS, SEED_MAX = [10, 25, 50, 100, 200], 1_000_000  # the test's L 
 PREFETCH_MAX_LENGTH = 100  # a test holds its [layer, head, 2L + 1, 2L + 1] weights: 45 MB for SmolLM2 at L = 100
 
 
-def prefetch_induction(setting: dict, view: tuple) -> None:
+def prefetch_induction(setting: dict, previous: dict | None, view: tuple) -> None:
     """Runs, in the background, the test one step on from the control just moved (the seed, or L up to
-    PREFETCH_MAX_LENGTH) in the direction it moved (setting: {"model", "version", "length", "seed"} of this run;
-    the last run's is kept in the session), with its figures for `view` (induction_figures' column, layer, head,
-    gamma): stepping through seeds then finds each test drawn. On a first view, the next L up and the next seed.
-    On a first view or an L moved, the seed's first copies are also run to the longest L (cache.first_copies_of),
-    so every L of this seed then runs only its second copy. Nothing when neither moved."""
-    previous = ui.last_setting("heads_induction_last", setting)
+    PREFETCH_MAX_LENGTH) in the direction it moved (setting, previous: {"model", "version", "length", "seed"} of
+    this run and of the last, None on a first view), with its figures for `view` (induction_figures' column, layer,
+    head, gamma): stepping through seeds then finds each test drawn. On a first view, the next L up and the next
+    seed. An L moved also runs the seed's first copies to the longest L (cache.first_copies_of; a first view ran
+    them already), so every L of this seed then runs only its second copy. Nothing when neither moved."""
     if previous is None:  # a first view: each control's next value up, the longer run (the next L) first
         i = INDUCTION_LENGTHS.index(setting["length"])
         wanted = ([{**setting, "length": INDUCTION_LENGTHS[i + 1]}] if i + 1 < len(INDUCTION_LENGTHS) else []) + (
@@ -124,11 +127,9 @@ def prefetch_induction(setting: dict, view: tuple) -> None:
         wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, SEED_MAX)})[:1]
     figures = [("figures", (s["model"], s["version"], s["length"], s["seed"], *view)) for s in wanted
                if s["length"] <= PREFETCH_MAX_LENGTH]
-    other_l = [call for call in figures if call[1][2] != setting["length"]]
     first = [("first copies", (setting["model"], setting["version"], setting["seed"], INDUCTION_LENGTHS[-1]))
-             ] if previous is None or previous["length"] != setting["length"] else []
-    ui.build_in_background(_build_ahead, other_l + first + [c for c in figures if c not in other_l],
-                           "attnviz-induction-next")
+             ] if previous is not None and previous["length"] != setting["length"] else []
+    ui.build_in_background(_build_ahead, figures[:1] + first + figures[1:], "attnviz-induction-next")
 
 
 def _build_ahead(kind: str, args: tuple) -> None:
