@@ -130,18 +130,18 @@ def induction_test(loaded, length: int = 50, *, seed: int = 0, layers=None, one_
     ids, start = repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
     language = lm.is_language_model(loaded.model)
     capture = capture_token_ids(loaded, ids, layers=layers, with_logits=language)  # one pass: maps and loss
-    return _test_of(capture, start, length, language)
+    return _test_of(capture, start, length, lm.token_losses(capture.logits, ids) if language else None)
 
 
-def _test_of(capture: AttentionCapture, start: int, length: int, language: bool) -> InductionTest:
-    """The InductionTest of a capture of the repeated sequence (with logits for a language model)."""
+def _test_of(capture: AttentionCapture, start: int, length: int, losses: np.ndarray | None) -> InductionTest:
+    """The InductionTest of a capture of the repeated sequence, with a language model's loss on each of its tokens
+    after the first (losses[t]: token t + 1, lm.token_losses; None for an encoder)."""
     scores = repeated_token_scores(capture.pattern, length, start)  # each [layer, head]
     n_layers, n_heads = capture.pattern.shape[:2]
     table = pd.DataFrame({"layer": np.repeat(capture.layers, n_heads), "head": np.tile(np.arange(n_heads), n_layers),
                           **{name: scores[name].ravel() for name in SCORES}})
     test = InductionTest(table, capture, start, length)
-    if language and length >= 2:  # L = 1: no token of a copy after its first
-        losses = lm.token_losses(capture.logits, capture.token_ids)  # losses[t]: token t + 1
+    if losses is not None and length >= 2:  # L = 1: no token of a copy after its first
         test.loss_first = float(losses[start:start + length - 1].mean())  # tokens start + 1 .. start + L - 1
         test.loss_second = float(losses[start + length:start + 2 * length - 1].mean())
     return test
@@ -151,7 +151,8 @@ def _test_of(capture: AttentionCapture, start: int, length: int, language: bool)
 class FirstCopies:
     """A causal language model's pass over prefix + r of one seed, r's first `length` tokens: every head's weights
     (pattern [layer, head, p + length, p + length] float32), the logits [p + length, vocab] float32, and each
-    layer's keys and values (kv). A test of any L up to `length` starts from them (reuse_test)."""
+    layer's keys and values (kv); losses: lm.token_losses of those logits. A test of any L up to `length` starts
+    from them (reuse_test)."""
 
     seed: int
     start: int
@@ -159,6 +160,7 @@ class FirstCopies:
     pattern: np.ndarray
     logits: torch.Tensor
     kv: tuple
+    losses: np.ndarray
 
     @property
     def length(self) -> int:
@@ -188,7 +190,7 @@ def first_copies(loaded, length: int, *, seed: int = 0) -> FirstCopies:
     ids, start = repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
     ids = ids[:start + length]
     rows, logits, kv = _continued(loaded, None, 0, ids)
-    return FirstCopies(seed, start, ids, _pattern(rows, len(ids)), logits, kv)
+    return FirstCopies(seed, start, ids, _pattern(rows, len(ids)), logits, kv, lm.token_losses(logits, ids))
 
 
 def reuse_test(loaded, length: int, *, seed: int = 0, first: FirstCopies | None = None
@@ -203,20 +205,21 @@ def reuse_test(loaded, length: int, *, seed: int = 0, first: FirstCopies | None 
     m, n = start + length, len(ids)
     if first is None or first.length < length:
         rows, logits, kv = _continued(loaded, None, 0, ids)
-        pattern = _pattern(rows, n)
+        pattern, losses = _pattern(rows, n), lm.token_losses(logits, ids)
         first = FirstCopies(seed, start, ids[:m], np.ascontiguousarray(pattern[:, :, :m, :m]), logits[:m].clone(),
-                            tuple((k[:, :, :m].clone(), v[:, :, :m].clone()) for k, v in kv))
-    else:
+                            tuple((k[:, :, :m].clone(), v[:, :, :m].clone()) for k, v in kv), losses[:m - 1].copy())
+    else:  # the first copy's losses kept; the second's from its own logits and the first copy's last row
         rows, second, _ = _continued(loaded, first.kv, m, ids[m:])
         pattern = _pattern(rows, n, first.pattern[:, :, :m, :m])
         logits = torch.cat([first.logits[:m], second])
+        losses = np.concatenate([first.losses[:m - 1], lm.token_losses(logits[m - 1:], ids[m - 1:])])
     config = loaded.model.config
     capture = AttentionCapture(
         tokens=readable_tokens(loaded.tokenizer, ids), token_ids=ids, layers=sorted(numbered_attention(loaded.model)),
         kv_head_of=core.kv_head_of(shape.n_heads(config), shape.n_kv_heads(config)), model_name=loaded.spec.name,
         causal=True, store="pattern", pattern=pattern)
     capture.logits = logits
-    return _test_of(capture, start, length, True), first
+    return _test_of(capture, start, length, losses), first
 
 
 def _continued(loaded, kv, past: int, chunk: list[int]) -> tuple[dict, torch.Tensor, tuple]:
