@@ -194,7 +194,8 @@ def saturation_sweep(d_ks, *, n_queries: int, n_keys: int, seed: int = 0, temper
     """Saturation statistics against d_k, scaled and unscaled: one row per (d_k, variant).
 
     For each d_k, q and k are random_qk(n_queries, n_keys, d_k, seed). Columns: d_k, variant, logit_var (the
-    sample variance of q.k * scale, before the temperature: d_k unscaled, 1 scaled, in expectation),
+    sample variance of the logits q.k * scale / T the softmax takes: d_k / T² unscaled, 1 / T² scaled, in
+    expectation),
     max_weight, entropy (means over rows), saturated_share, jac_p10 / jac_p50 / jac_p90 (percentiles of the
     per-row Frobenius Jacobian norm), and, with_gradient, grad_q_p50 (median ||dL/dq|| of gradient_demo, here by
     the chain rule of query_gradient_chain_rule, which the tests check against autograd).
@@ -216,11 +217,11 @@ def saturation_sweeps(d_ks, temperatures, *, n_queries: int, n_keys: int, seed: 
         q, k = random_qk(n_queries, n_keys, d_k, seed)
         raw = q @ k.T  # [n_query, n_key]: computed once, shared by both variants and every temperature
         for variant, scaled in ((SCALED, True), (UNSCALED, False)):
-            logit_var = float(np.var(raw * attention_scale(d_k, scaled)))
+            logit_var = float(np.var(raw * attention_scale(d_k, scaled)))  # at T = 1
             scales = attention_scale(d_k, scaled) / temperatures
             columns = _saturation_columns(raw, k, scales, dl_dp, threshold, with_gradient)
             for i, out in enumerate(records):
-                out.append(dict(d_k=d_k, variant=variant, logit_var=logit_var,
+                out.append(dict(d_k=d_k, variant=variant, logit_var=logit_var / temperatures[i] ** 2,
                                 **{name: float(values[i]) for name, values in columns.items()}))
     return [pd.DataFrame.from_records(out) for out in records]
 

@@ -132,3 +132,72 @@ def test_frames_set_without_plotly_checks_send_the_same_json_as_with_them(build,
     sent = [json.loads(pio.to_json(fig.to_dict(), validate=False)) for fig in (fast, checked)]
     assert sent[0] == sent[1]  # the same JSON, up to the order of keys in an object
     assert "bdata" in json.dumps(sent[0]["frames"])  # the arrays travel as typed arrays either way
+
+
+def _outside(fig: go.Figure) -> list[str]:
+    """Every stop of the figure's first slider replayed (instant.drawn): the traces with a value outside the range
+    their axis is given (in log10 on a log axis), or whose values change between stops on an axis with no range."""
+    states = [instant.drawn(fig, [(0, step)]) for step in range(len(fig.layout.sliders[0].steps))]
+    out = []
+    for i, trace in enumerate(states[0]["data"]):
+        if trace.get("type") not in instant.HELD or "y" not in trace:
+            continue
+        axis = fig.layout[(trace.get("yaxis") or "y").replace("y", "yaxis", 1)]
+        ys = [instant.array(state["data"][i]["y"]).astype(np.float64) for state in states]
+        if axis.range is None:
+            if any(not np.array_equal(ys[0], y, equal_nan=True) for y in ys):
+                out.append(f"{trace.get('name')}: changes, no range")
+            continue
+        for step, y in enumerate(ys):
+            y = y[np.isfinite(y)]
+            y = np.log10(y[y > 0]) if axis.type == "log" else y
+            if y.size and (y.min() < min(axis.range) or y.max() > max(axis.range)):
+                out.append(f"{trace.get('name')} at stop {step}: {y.min():.3g}..{y.max():.3g} outside {axis.range}")
+    return out
+
+
+def test_the_axes_hold_every_stops_values_as_plotly_animate_never_autoranges_again():
+    """A linear, a log and a bar panel whose values change with the slider get ranges that hold every stop (the
+    values' own extremes, in powers of ten on the log axis, the bars' base 0 included); an axis given a range
+    keeps it, and one whose values never change is left to plotly's autorange."""
+    from plotly.subplots import make_subplots
+
+    def build(a: float) -> go.Figure:
+        fig = make_subplots(rows=1, cols=4)
+        x = np.arange(1.0, 6.0)
+        fig.add_trace(go.Scatter(x=x, y=a * x - 3, name="linear"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=x ** a, name="log"), row=1, col=2)
+        fig.add_trace(go.Bar(x=x, y=a + x, name="bars"), row=1, col=3)
+        fig.add_trace(go.Scatter(x=x, y=x, name="fixed"), row=1, col=4)
+        fig.add_trace(go.Scatter(x=x, y=-a * x, name="set range"), row=1, col=1)
+        fig.update_yaxes(type="log", row=1, col=2)
+        return fig.update_layout(height=400, yaxis3=dict(range=None))
+
+    slopes = [0.5, 1.0, 4.0]
+    fig = instant.slider_over(build, slopes, 1.0, parameter="a")
+    assert _outside(fig) == []
+    low, high = min(a * 1 - 3 for a in slopes + [-1]) , max(a * 5 - 3 for a in slopes)  # the set-range trace: -a x
+    low = min(low, -4.0 * 5)
+    assert fig.layout.yaxis.range[0] < low and fig.layout.yaxis.range[1] > high
+    assert fig.layout.yaxis2.range[1] == pytest.approx(np.log10(5.0 ** 4.0) + instant.PAD * np.log10(5.0 ** 4.0))
+    assert fig.layout.yaxis3.range[0] < 0 < fig.layout.yaxis3.range[1]  # the bars' base
+    assert fig.layout.yaxis4.range is None  # nothing changes there: plotly's own autorange
+    kept = instant.slider_over(lambda a: build(a).update_layout(yaxis=dict(range=[-100, 100])), slopes, 1.0,
+                               parameter="a")
+    assert list(kept.layout.yaxis.range) == [-100, 100]
+
+
+def test_the_apps_frame_sliders_keep_every_stop_inside_their_axes():
+    """The charts whose curves change with their slider: the Softmax curves against d_k over T (whose stops left
+    the axes drawn for T = 1 before), the sinusoid's dot products over d_model, and the kernel's step view."""
+    from attnviz import positional
+    from attnviz.figures import positional as pos_figs
+    from attnviz.kernels import steps_view
+    from attnviz.ui import softmax as ui_softmax
+
+    assert _outside(ui_softmax.sweeps_chart(64, 0, 1.0)) == []
+    offsets = np.arange(0, 64)
+    dots = {d: positional.sinusoidal_dot(offsets, d_model=d) for d in (16, 64, 256)}
+    assert _outside(pos_figs.dot_by_offset_instant(offsets, dots, 64)) == []
+    run = steps_view.kernel_run(64, 32, block_m=16, block_n=16, causal=True)
+    assert _outside(steps_view.step_view(run, 0)[0]) == []

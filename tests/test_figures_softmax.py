@@ -187,7 +187,8 @@ def test_the_variants_chart_thins_its_d_k_stops_to_stay_small_at_512_keys():
 
 def test_the_sweeps_charts_temperature_slider_draws_the_librarys_sweep_at_every_temperature():
     """Each stop of the in-chart T slider draws softmax.saturation_sweep at that temperature in every panel, and the
-    theory lines d_k / T² and 1 / T²."""
+    theory lines d_k / T² and 1 / T², which the variance drawn follows at every T (the same ratio at every stop;
+    the variance was of the logits before T while its lines divided by T²)."""
     from attnviz import softmax as sm
     from attnviz.figures import instant
     from attnviz.ui import softmax as ui_softmax
@@ -197,7 +198,7 @@ def test_the_sweeps_charts_temperature_slider_draws_the_librarys_sweep_at_every_
     assert [s.label for s in fig.layout.sliders[0].steps] == [instant.stop_label(t) for t in ui_softmax.TEMPERATURES]
     columns = ["logit_var", "max_weight", "entropy", "saturated_share", "jac_p50", "grad_q_p50"]
     logged = {"logit_var", "jac_p50", "grad_q_p50"}
-    dims = np.array(ui_softmax.DIMS, dtype=float)
+    dims, ratios = np.array(ui_softmax.DIMS, dtype=float), {}
     for i, temperature in enumerate(ui_softmax.TEMPERATURES):
         state = instant.drawn(fig, [(0, i)])
         table = sm.saturation_sweep(ui_softmax.DIMS, n_queries=ui_softmax.N_QUERIES, n_keys=n_keys, seed=seed,
@@ -212,6 +213,11 @@ def test_the_sweeps_charts_temperature_slider_draws_the_librarys_sweep_at_every_
         theory = {t["name"]: instant.array(t["y"]) for t in state["data"] if t["name"].startswith("theory")}
         np.testing.assert_allclose(theory["theory: d_k / T²"], dims / temperature**2, rtol=1e-12)
         np.testing.assert_allclose(theory["theory: 1 / T²"], np.full(len(dims), 1 / temperature**2), rtol=1e-12)
+        for variant, line in (("scaled", "theory: 1 / T²"), ("unscaled", "theory: d_k / T²")):
+            # the variance drawn and its theory line move together with T: their ratio is T's own at every stop
+            ratio = instant.array(lines[(variant, "x")]["y"]) / theory[line]
+            ratios.setdefault(variant, ratio) if i == 0 else np.testing.assert_allclose(ratio, ratios[variant],
+                                                                                        rtol=1e-9)
     assert instant.json_bytes(fig) < 500_000
 
 

@@ -275,7 +275,7 @@ def test_sweeps_at_many_temperatures_equal_each_temperatures_own_computation():
                 row = df[(df.d_k == d_k) & (df.variant == variant)]
                 scores, pattern = scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
                 assert row.max_weight.item() == pytest.approx(pattern.max(-1).mean(), rel=1e-12)
-                assert row.logit_var.item() == pytest.approx(np.var(scores * temperature), rel=1e-12)
+                assert row.logit_var.item() == pytest.approx(np.var(scores), rel=1e-12)  # the logits / T
                 assert row.grad_q_p50.item() == pytest.approx(np.median(demo[variant]), rel=1e-8, abs=1e-12)
 
 

@@ -163,10 +163,57 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
             data=[{"type": stop["data"][i]["type"], **{k: stop["data"][i][k] for k in varying[i]}} for i in traces],
             layout={k: stop["layout"][k] for k in layout_keys}))
         steps.append(dict(method="animate", label=label, args=[[frame_name], _ANIMATE]))
+    hold_ranges(fig, stops, varying, layout_keys)
     new = _slider(fig, steps, active, parameter)
     fig.layout.sliders = _sliders(fig) + [new]  # assigned: plotly's update would merge into the old ones, slowly
     _set_frames(fig, frames)
     return fig
+
+
+HELD = ("scatter", "scattergl", "bar")  # the trace types whose x and y set an axis' autorange
+PAD = 0.05  # of the span, each side (plotly pads an autorange by about as much)
+
+
+def hold_ranges(fig: go.Figure, stops: Sequence[Mapping], varying: Mapping[int, Sequence[str]],
+                layout_keys: Sequence[str]) -> None:
+    """Gives every x and y axis that autoranges (no range set, in the figure or in the stops' layouts) and holds a
+    trace whose values there change between stops (varying: {trace: its attributes that change}) the range that
+    holds every stop's values of every trace on it, padded by PAD (on a log axis in powers of ten; a bar's base 0
+    included). plotly.animate does not autorange again: a stop's curves would leave the axes drawn for the first,
+    and the axes would not stay put while the slider moves."""
+    for letter in ("x", "y"):
+        values: dict[str, list[np.ndarray]] = {}
+        moving = set()
+        for i, trace in enumerate(fig.data):
+            if trace.type in HELD:
+                name = (getattr(trace, f"{letter}axis", None) or letter).replace(letter, f"{letter}axis", 1)
+                base = trace.type == "bar" and (trace.orientation == "h") == (letter == "x")  # its value axis
+                values.setdefault(name, []).extend([np.zeros(1)] * base +
+                                                   [array(s["data"][i].get(letter, ())) for s in stops])
+                if letter in varying.get(i, ()):
+                    moving.add(name)
+        for name, arrays in values.items():
+            axis = fig.layout[name]
+            if (name not in moving or name in layout_keys or axis.range is not None or axis.autorange is False
+                    or axis.type == "category"):
+                continue
+            held = _held_range(arrays, log=axis.type == "log")
+            if held is not None:
+                axis.range = held
+
+
+def _held_range(arrays: list[np.ndarray], *, log: bool) -> list[float] | None:
+    """[low, high] over the arrays' finite numbers (positive ones in log10 on a log axis), padded; None for none."""
+    numbers = [a.astype(np.float64).ravel() for a in arrays if a.size and a.dtype.kind in "iuf"]
+    v = np.concatenate(numbers) if numbers else np.zeros(0)
+    v = v[np.isfinite(v)]
+    if log:
+        v = np.log10(v[v > 0])
+    if not v.size:
+        return None
+    low, high = float(v.min()), float(v.max())
+    pad = PAD * (high - low) if high > low else (0.5 if log else max(abs(high) * PAD, 0.5))
+    return [low - pad, high + pad]
 
 
 def _set_frames(fig: go.Figure, frames: list[dict]) -> None:
