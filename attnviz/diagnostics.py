@@ -98,6 +98,12 @@ def repeated_token_scores(pattern: np.ndarray, length: int, start: int) -> dict[
             "previous_token": previous_token_score(p[..., end - length - 1:end, end - length - 1:end])}
 
 
+def _sequence(loaded, length: int, seed: int) -> tuple[list[int], int]:
+    """repeated_random_tokens for this model's tokenizer and vocabulary."""
+    vocab = loaded.shape.vocab if loaded.shape is not None else len(loaded.tokenizer)
+    return repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
+
+
 def capture_token_ids(loaded, token_ids, **kwargs) -> AttentionCapture:
     """capture_attention of these token ids (kwargs as capture_attention's)."""
     if not len(token_ids):
@@ -126,8 +132,7 @@ def induction_test(loaded, length: int = 50, *, seed: int = 0, layers=None, one_
     by one capture of the whole sequence (capture_token_ids)."""
     if layers is None and not one_pass and reuses_first_copies(loaded):
         return reuse_test(loaded, length, seed=seed)[0]
-    vocab = loaded.shape.vocab if loaded.shape is not None else len(loaded.tokenizer)
-    ids, start = repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
+    ids, start = _sequence(loaded, length, seed)
     language = lm.is_language_model(loaded.model)
     capture = capture_token_ids(loaded, ids, layers=layers, with_logits=language)  # one pass: maps and loss
     return _test_of(capture, start, length, lm.token_losses(capture.logits, ids) if language else None)
@@ -186,8 +191,7 @@ def reuses_first_copies(loaded) -> bool:
 
 def first_copies(loaded, length: int, *, seed: int = 0) -> FirstCopies:
     """FirstCopies of this seed's r, its first `length` tokens (one pass over prefix + r)."""
-    vocab = loaded.shape.vocab if loaded.shape is not None else len(loaded.tokenizer)
-    ids, start = repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
+    ids, start = _sequence(loaded, length, seed)
     ids = ids[:start + length]
     rows, logits, kv = _continued(loaded, None, 0, ids)
     return FirstCopies(seed, start, ids, _pattern(rows, len(ids)), logits, kv, lm.token_losses(logits, ids))
@@ -200,8 +204,7 @@ def reuse_test(loaded, length: int, *, seed: int = 0, first: FirstCopies | None 
     Returns the test and the longest FirstCopies known after it (first, or this test's own)."""
     if first is not None and first.seed != seed:
         raise ValueError(f"the first copies of seed {first.seed} cannot start a test of seed {seed}")
-    vocab = loaded.shape.vocab if loaded.shape is not None else len(loaded.tokenizer)
-    ids, start = repeated_random_tokens(loaded.tokenizer, vocab, length, seed=seed)
+    ids, start = _sequence(loaded, length, seed)
     m, n = start + length, len(ids)
     if first is None or first.length < length:
         rows, logits, kv = _continued(loaded, None, 0, ids)
