@@ -135,24 +135,30 @@ def test_frames_set_without_plotly_checks_send_the_same_json_as_with_them(build,
 
 
 def _outside(fig: go.Figure) -> list[str]:
-    """Every stop of the figure's first slider replayed (instant.drawn): the traces with a value outside the range
-    their axis is given (in log10 on a log axis), or whose values change between stops on an axis with no range."""
+    """Every stop of the figure's first slider replayed (instant.drawn): the traces (lines, bars, heatmaps) with an x
+    or y value outside the range their axis is given at that stop (in log10 on a log axis), or whose values change
+    between stops on an axis with no range."""
     states = [instant.drawn(fig, [(0, step)]) for step in range(len(fig.layout.sliders[0].steps))]
     out = []
     for i, trace in enumerate(states[0]["data"]):
-        if trace.get("type") not in instant.HELD or "y" not in trace:
-            continue
-        axis = fig.layout[(trace.get("yaxis") or "y").replace("y", "yaxis", 1)]
-        ys = [instant.array(state["data"][i]["y"]).astype(np.float64) for state in states]
-        if axis.range is None:
-            if any(not np.array_equal(ys[0], y, equal_nan=True) for y in ys):
-                out.append(f"{trace.get('name')}: changes, no range")
-            continue
-        for step, y in enumerate(ys):
-            y = y[np.isfinite(y)]
-            y = np.log10(y[y > 0]) if axis.type == "log" else y
-            if y.size and (y.min() < min(axis.range) or y.max() > max(axis.range)):
-                out.append(f"{trace.get('name')} at stop {step}: {y.min():.3g}..{y.max():.3g} outside {axis.range}")
+        for letter in ("x", "y"):
+            if trace.get("type") not in instant.HELD + ("heatmap",) or letter not in trace:
+                continue
+            name = (trace.get(f"{letter}axis") or letter).replace(letter, f"{letter}axis", 1)
+            values = [instant.array(state["data"][i][letter]) for state in states]
+            if values[0].dtype.kind not in "iuf":
+                continue
+            ranges = [state["layout"].get(name, {}).get("range") or fig.layout[name].range for state in states]
+            if ranges[0] is None:
+                if any(not np.array_equal(values[0], v, equal_nan=True) for v in values):
+                    out.append(f"{trace.get('name')} {letter}: changes, no range")
+                continue
+            for step, (v, span) in enumerate(zip(values, ranges)):
+                v = v.astype(np.float64)[np.isfinite(v.astype(np.float64))]
+                v = np.log10(v[v > 0]) if fig.layout[name].type == "log" else v
+                if v.size and (v.min() < min(span) or v.max() > max(span)):
+                    out.append(f"{trace.get('name')} {letter} at stop {step}: {v.min():.3g}..{v.max():.3g} outside "
+                               f"{list(span)}")
     return out
 
 

@@ -219,14 +219,17 @@ def step_view_parts(step, states, title: str, q_edges, k_edges, *, causal: bool,
     n_query, n_key = q_edges[-1], k_edges[-1]
     axes["xaxis"].update(range=[0, n_key], title=dict(text="key position (token index)"))
     axes["yaxis"].update(range=[n_query, 0], title=dict(text="query position (token index)"))
-    axes["xaxis2"].update(title=dict(text="key position (token index)"))
-    axes["yaxis2"].update(autorange="reversed", title=dict(text="query position (token index)"))
+    # the tile's own positions, set at every step: plotly's animate never autoranges again
+    k_span = [step.k_start - 0.5, step.k_start + step.scores.shape[1] - 0.5]
+    q_down = [step.q_stop - 0.5, step.q_start - 0.5]  # top to bottom
+    axes["xaxis2"].update(range=k_span, title=dict(text="key position (token index)"))
+    axes["yaxis2"].update(range=q_down, title=dict(text="query position (token index)"))
     for panel, y_title in zip((3, 4, 5), STATE_Y_TITLES):
-        axes[f"xaxis{panel}"].update(title=dict(text="query position (token index)"))
+        axes[f"xaxis{panel}"].update(range=q_down[::-1], title=dict(text="query position (token index)"))
         axes[f"yaxis{panel}"].update(title=dict(text=y_title), **(dict(range=[0, 1.05]) if panel == 5 else {}))
     for panel in (6, 7):
         axes[f"xaxis{panel}"].update(title=dict(text="head-dim channel (index)"))
-        axes[f"yaxis{panel}"].update(autorange="reversed", title=dict(text="query position (token index)"))
+        axes[f"yaxis{panel}"].update(range=q_down, title=dict(text="query position (token index)"))
     plot_h = VIEW_HEIGHT - _VIEW_TOP - _VIEW_BOTTOM
     below = 50 / plot_h  # under a row's tick labels and x-axis title
     notes.append(_key_note(tile_key(causal=causal, window=window), 0.0, _VIEW_ROWS[0][0] - below))
