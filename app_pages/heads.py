@@ -10,7 +10,7 @@ from attnviz.report import default_heads
 from attnviz.stats import COLUMNS, ROLES, by_layer_kind, top_heads
 from attnviz.ui import heads as cache
 from attnviz.ui import heads_compare as comparing
-from attnviz.ui import heads_next, heads_tabs
+from attnviz.ui import heads_next, heads_tabs, induction
 from attnviz.ui import links, mixers_panel
 from attnviz.ui import snippets as snippet_ui
 from attnviz.ui import spans
@@ -372,7 +372,7 @@ if tabs["head"].open:
 
 
 for name, panel in (("token", token_panel), ("predict", predictions_panel),
-                    ("induction", lambda: heads_tabs.induction_panel(model, version, layer, head, gamma)),
+                    ("induction", lambda: induction.induction_panel(model, version, layer, head, gamma)),
                     ("corpus", lambda: heads_tabs.many_texts_panel(model, version, text, loaded)),
                     ("stats", stats_panel), ("compare", compare_panel), ("export", export_panel)):
     if tabs[name].open:  # only the open tab runs

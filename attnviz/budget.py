@@ -201,6 +201,11 @@ class HeldCache:
     def drop_oldest(self, keep=None) -> bool:
         return self._once.pop_oldest(keep)
 
+    def clear(self) -> None:
+        """Drops every result kept, giving back the bytes each held."""
+        while self.drop_oldest():
+            pass
+
     def held_by(self, key) -> int:
         """The bytes the result kept under `key` holds (0 when none is kept)."""
         with self._lock:

@@ -432,21 +432,20 @@ def test_a_dense_captures_statistics_are_computed_once_per_layer(monkeypatch):
     assert whole.n_tokens > 8 and pooled and all(n <= 8 for n in pooled)  # handed its tiles already pooled
 
 
-def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
-    """A seed or L moved by a step: the test one step further the same way is asked of the background builds (not
-    past PREFETCH_MAX_LENGTH); the seed moved down asks for the one below. A first view asks for each one's next
-    value up, the longer run first (its own run built the seed's first copies to the longest L). An L moved also
-    asks for the seed's first copies to the longest L, after the next L."""
+def test_the_induction_test_builds_what_is_asked_next_in_the_background(monkeypatch):
+    """A first view asks the background builds for the seed's L one step either way, the next seed, then its other
+    L's, nearest first (its own run built the seed's first copies to the longest L). A seed moved asks for the next
+    seed the way it moved; an L moved, for the next L the way it moved, the seed's first copies to the longest L,
+    then its other L's."""
     from attnviz import ui
-    from attnviz.ui import heads as cache
-    from attnviz.ui import heads_tabs
+    from attnviz.ui import induction
 
     asked = []
     monkeypatch.setattr(ui, "build_in_background", lambda cached, calls, name: asked.append(calls) or True)
-    monkeypatch.setattr(cache, "_FIRST_COPIES", cache._Longest(max_items=2))
+    monkeypatch.setattr(induction, "_FIRST_COPIES", induction._Longest(max_items=2))
     at = open_tab(heads_page({"model": "toy-llama-gqa", "text": "The cat sat on the mat."}), "Induction test")
     version = ui.model_version("toy-llama-gqa")
-    assert cache._FIRST_COPIES.get(("toy-llama-gqa", version, 0)).length == heads_tabs.INDUCTION_LENGTHS[-1]
+    assert induction._FIRST_COPIES.get(("toy-llama-gqa", version, 0)).length == induction.INDUCTION_LENGTHS[-1]
 
     def test(length, seed):  # induction_figures' arguments: the page's default score, layer, head and gamma
         return "figures", ("toy-llama-gqa", version, length, seed, "prefix_matching", 0, 0, 1.0)
@@ -454,45 +453,78 @@ def test_the_induction_test_one_step_on_is_run_in_the_background(monkeypatch):
     def first(seed):
         return "first copies", ("toy-llama-gqa", version, seed, 200)
 
-    assert not at.exception and asked == [[test(100, 0), test(50, 1)]]
+    assert not at.exception and asked == [[test(100, 0), test(25, 0), test(50, 1), test(200, 0), test(10, 0)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     at.number_input(key="heads_induction_seed").set_value(2).run()
     assert asked[-2:] == [[test(50, 2)], [test(50, 3)]]
     at.number_input(key="heads_induction_seed").set_value(1).run()
     assert asked[-1] == [test(50, 0)]
     at.select_slider(key="heads_induction_length").set_value(25).run()
-    assert asked[-1] == [test(10, 1), first(1)]
-    at.select_slider(key="heads_induction_length").set_value(100).run()
-    assert asked[-1] == [first(1)] and heads_tabs.PREFETCH_MAX_LENGTH < 200  # the L = 200 test is not prefetched
+    assert asked[-1] == [test(10, 1), first(1), test(50, 1), test(100, 1), test(200, 1)]
+    at.select_slider(key="heads_induction_length").set_value(200).run()
+    assert asked[-1] == [test(100, 1), first(1), test(50, 1), test(25, 1), test(10, 1)]  # none above 200
     assert not at.exception
 
 
+def test_induction_tests_are_kept_under_the_memory_budget(monkeypatch):
+    """The page's induction tests hold their bytes in the one budget while kept (a test at L holds its
+    [layer, head, 2L + 1, 2L + 1] weights), give them back when dropped, and at most INDUCTION_TESTS_KEPT are kept.
+    Work the budget cannot admit is refused with a message, in the page too."""
+    from attnviz import budget, ui
+    from attnviz.ui import induction
+
+    version = ui.model_version("toy-llama-gqa")
+    tests = budget.HeldCache(budget.BUDGET, max_items=2)
+    monkeypatch.setattr(induction, "_TESTS", tests)
+    ui.cached_model("toy-llama-gqa", version)  # its load holds bytes of its own
+    held_before = budget.BUDGET.held
+    shown = induction.induction_test_of("toy-llama-gqa", version, 10, 3)
+    assert not shown.capture.pattern.flags.writeable
+    assert tests.held_by(("toy-llama-gqa", version, 10, 3)) >= shown.capture.pattern.nbytes > 0
+    assert budget.BUDGET.held - held_before == tests.held
+    for seed in (4, 5):
+        induction.induction_test_of("toy-llama-gqa", version, 10, seed)
+    assert len(tests) == 2 and tests.held_by(("toy-llama-gqa", version, 10, 3)) == 0
+    tests.clear()
+    assert budget.BUDGET.held == held_before and tests.held == 0
+    monkeypatch.setattr(ui, "build_in_background", lambda cached, calls, name: True)  # nothing built ahead
+    at = open_tab(heads_page({"model": "toy-llama-gqa", "text": "The cat sat on the mat."}), "Induction test")
+    monkeypatch.setattr(budget.BUDGET, "limit", 2 * 2**20)  # the page's capture fits, a test at L = 100 does not
+    with pytest.raises(budget.OverBudget, match="The induction test at L = 100 needs"):
+        induction.induction_test_of("toy-llama-gqa", version, 100, 3)
+    at.select_slider(key="heads_induction_length").set_value(100).run()
+    assert not at.exception and any("The induction test at L = 100 needs" in e.value for e in at.error)
+    tests.clear()
+
+
 def test_a_seeds_first_copies_built_ahead_make_every_l_run_its_second_copy_only(monkeypatch):
-    """cache.first_copies_of (the prefetch) keeps a seed's first copies; induction_test_of then runs only the second
-    copy of each L up to them, and shows the one-pass test's scores. Two seeds are kept, the longer copies of each."""
-    from attnviz import diagnostics, ui
+    """induction.first_copies_of (the prefetch) keeps a seed's first copies; induction_test_of then runs only the
+    second copy of each L up to them, and shows the one-pass test's scores. Two seeds are kept, the longer copies of
+    each."""
+    from attnviz import budget, diagnostics, ui
     from attnviz.diagnostics import SCORES, induction_test
     from attnviz.models import load_model
-    from attnviz.ui import heads as cache
+    from attnviz.ui import induction
 
-    monkeypatch.setattr(cache, "_FIRST_COPIES", cache._Longest(max_items=2))
-    cache.induction_test_of.clear()
+    monkeypatch.setattr(induction, "_FIRST_COPIES", induction._Longest(max_items=2))
+    monkeypatch.setattr(induction, "_TESTS", budget.HeldCache(budget.BUDGET, max_items=3))
     ran, real = [], diagnostics._continued
     monkeypatch.setattr(diagnostics, "_continued",
                         lambda loaded, kv, past, chunk: ran.append((past, len(chunk))) or real(loaded, kv, past, chunk))
     version = ui.model_version("toy-llama-gqa")
-    cache.first_copies_of("toy-llama-gqa", version, 7, 40)
-    cache.first_copies_of("toy-llama-gqa", version, 7, 20)  # shorter than kept: nothing runs
+    induction.first_copies_of("toy-llama-gqa", version, 7, 40)
+    induction.first_copies_of("toy-llama-gqa", version, 7, 20)  # shorter than kept: nothing runs
     assert ran == [(0, 41)]
     for length in (40, 25, 10):
-        shown = cache.induction_test_of("toy-llama-gqa", version, length, 7)
+        shown = induction.induction_test_of("toy-llama-gqa", version, length, 7)
         assert ran[-1] == (1 + length, length)
         one = induction_test(load_model("toy-llama-gqa"), length, seed=7, one_pass=True)
         np.testing.assert_allclose(shown.scores[list(SCORES)], one.scores[list(SCORES)], atol=1e-6)
-    cache.induction_test_of("toy-llama-gqa", version, 10, 8)  # a new seed: one pass, its first copy kept
-    cache.induction_test_of("toy-llama-gqa", version, 10, 9)
-    assert ran[-2:] == [(0, 21), (0, 21)] and cache._FIRST_COPIES.get(("toy-llama-gqa", version, 7)) is None
-    assert cache._FIRST_COPIES.get(("toy-llama-gqa", version, 9)).length == 10
+    induction.induction_test_of("toy-llama-gqa", version, 10, 8)  # a new seed: one pass, its first copy kept
+    induction.induction_test_of("toy-llama-gqa", version, 10, 9)
+    assert ran[-2:] == [(0, 21), (0, 21)] and induction._FIRST_COPIES.get(("toy-llama-gqa", version, 7)) is None
+    assert induction._FIRST_COPIES.get(("toy-llama-gqa", version, 9)).length == 10
+    induction._TESTS.clear()
 
 
 def test_a_long_dense_map_is_drawn_max_pooled_with_an_exact_zoom_window(monkeypatch):

@@ -9,8 +9,6 @@ here: no map is renormalised, pooled or encoded as a PNG again (benchmarks/brows
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import streamlit as st
 
@@ -201,7 +199,7 @@ def export_file(capture, fmt: str, export: dict, dtype):
         return export_to_temporary_file(capture, fmt, **export, dtype=dtype)
 
 
-# -- research views: predictions, the induction test, statistics over many texts ----------------------------------
+# -- research views: predictions, statistics over many texts (the induction test: ui/induction.py) ---------------------
 
 _PREDICTIONS = ComputeOnce(max_items=4)  # shared by every session: one forward pass per (model, text)
 
@@ -272,74 +270,6 @@ def prediction_table(tokenizer, tokens: list[str], result):
     for j in range(top.ids.shape[1]):
         table[f"top {j + 1}"] = [f"{names[i]} ({p:.2f})" for i, p in zip(top.ids[:, j].tolist(), top.probs[:, j])]
     return table
-
-
-@st.cache_resource(show_spinner=False, max_entries=3)  # the test shown, the last, and one prefetched
-def induction_test_of(model: str, version: tuple, length: int, seed: int):
-    """attnviz.diagnostics.induction_test on the model (shared by every session, read-only: its capture's arrays
-    are frozen); where the model allows it, started from the seed's first copies kept (first_copies_of), so a new L
-    of a seed already seen runs only its second copy."""
-    from attnviz import ui
-    from attnviz.diagnostics import induction_test, reuse_test, reuses_first_copies
-
-    loaded = ui.cached_model(model, version)
-    with ui.foreground_work():  # a visitor's (not in a prefetch): the prefetches wait
-        if reuses_first_copies(loaded):
-            key = (model, version, seed)
-            with _FIRST_COPIES.building(key):  # a prefetch building them: wait for it, not run L twice as long
-                kept = _FIRST_COPIES.get(key)
-            test, first = reuse_test(loaded, length, seed=seed, first=kept)
-            _FIRST_COPIES.keep(key, first)
-        else:
-            test = induction_test(loaded, length, seed=seed)
-    test.capture.pattern.flags.writeable = False
-    return test
-
-
-def first_copies_of(model: str, version: tuple, seed: int, length: int) -> None:
-    """Makes sure the seed's first copies kept are at least `length` long (attnviz.diagnostics.first_copies, one
-    pass over the first copy): a prefetch, after which every L up to `length` of this seed runs only its second
-    copy. Nothing for a model that cannot reuse them."""
-    from attnviz import ui
-    from attnviz.diagnostics import first_copies, reuses_first_copies
-
-    key = (model, version, seed)
-    loaded = ui.cached_model(model, version)
-    with ui.foreground_work(), _FIRST_COPIES.building(key):
-        kept = _FIRST_COPIES.get(key)
-        if (kept is None or kept.length < length) and reuses_first_copies(loaded):
-            _FIRST_COPIES.keep(key, first_copies(loaded, length, seed=seed))
-
-
-class _Longest:
-    """{(model, version, seed): the longest attnviz.diagnostics.FirstCopies built} for the last `max_items` keys,
-    shared by every session (a lock around each read and write; the longer of two kept for one key wins), and a
-    lock per key held while they are built (building), which a test of that seed waits on. SmolLM2's at L = 200:
-    90 MB (weights 44, logits 40, keys and values 9)."""
-
-    def __init__(self, max_items: int):
-        self.max_items, self._items, self._lock, self._builds = max_items, {}, threading.Lock(), {}
-
-    def building(self, key) -> threading.Lock:
-        with self._lock:
-            if len(self._builds) > 4 * self.max_items:  # forget the locks of keys dropped and not being built
-                for old in [k for k, lock in self._builds.items() if k not in self._items and not lock.locked()]:
-                    del self._builds[old]
-            return self._builds.setdefault(key, threading.Lock())
-
-    def get(self, key):
-        with self._lock:
-            return self._items.get(key)
-
-    def keep(self, key, first) -> None:
-        with self._lock:
-            kept = self._items.pop(key, None)
-            self._items[key] = first if kept is None or first.length >= kept.length else kept
-            while len(self._items) > self.max_items:
-                del self._items[next(iter(self._items))]  # the least recently kept
-
-
-_FIRST_COPIES = _Longest(max_items=2)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

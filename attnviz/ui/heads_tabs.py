@@ -1,6 +1,6 @@
-"""Parts of the Heads page that run on their own (fragments): the Induction test tab on a repeated random sequence,
-the Many texts tab (every head's statistics averaged over windows, two models compared), and the One head tab's
-zoom window on a long text.
+"""Parts of the Heads page that run on their own (fragments): the Many texts tab (every head's statistics averaged
+over windows, two models compared), and the One head tab's zoom window on a long text. The Induction test tab:
+ui/induction.py.
 """
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from attnviz import ui
-from attnviz.capture import CaptureError
 from attnviz.corpus import CorpusError, compare_heads, layer_means
-from attnviz.diagnostics import SCORES
 from attnviz.figures import compare as compare_figs
 from attnviz.figures import heads as figs
 from attnviz.stats import COLUMNS
@@ -49,92 +47,6 @@ def window_figure(model: str, version: tuple, text: str, layers, layer: int, hea
                               causal_offset=0 if _capture.causal else None,
                               title=f"Layer {layer}, head {head}: queries {q0:,}–{q0 + len(window) - 1:,}, keys "
                                     f"{k0:,}–{k0 + window.shape[1] - 1:,}")
-
-
-@st.fragment
-def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: float) -> None:
-    """The Induction test tab: the standard test on a random sequence repeated once, independent of the text."""
-    st.write("The standard induction test, independent of your text: a random sequence of L distinct tokens, "
-             "repeated once. In the second copy every token has one earlier occurrence; an induction head looks "
-             "at the token that came after it (prefix matching).")
-    i1, i2, i3 = st.columns(3)
-    length = i1.select_slider("Length L of the random sequence", INDUCTION_LENGTHS, 50,
-                              key="heads_induction_length", persist_state="session")
-    seed = i2.number_input("Seed", 0, SEED_MAX, 0, key="heads_induction_seed", persist_state="session")
-    column = i3.radio("Score", SCORES, key="heads_induction_score", persist_state="session")
-    setting = {"model": model, "version": version, "length": length, "seed": int(seed)}
-    previous = ui.last_setting("heads_induction_last", setting)
-    try:
-        with st.spinner(f"Running {model} on {2 * length} random tokens…"):
-            if previous is None:  # a first view: the seed's first copies to the longest L, so that each L moved to
-                cache.first_copies_of(model, version, int(seed), INDUCTION_LENGTHS[-1])  # runs its second copy only
-            test = cache.induction_test_of(model, version, length, int(seed))
-    except CaptureError as exc:
-        st.error(str(exc))
-        return
-    if test.loss_first is not None:
-        st.write(f"Loss on the first copy: {test.loss_first:.2f} nats a token (random: the model cannot predict "
-                 f"it); on the second: {test.loss_second:.2f}. "
-                 + ("The model copies from the first copy." if test.loss_second < test.loss_first - 0.5 else
-                    "The model does not use the repeat much."))
-    view = (column, layer, head, gamma)
-    grid, detail = induction_figures(model, version, length, int(seed), *view)
-    ui.plot(grid, width="stretch")
-    best = test.scores.sort_values(column, ascending=False).head(5)
-    st.dataframe(best, hide_index=True, width="stretch")
-    st.caption("Per head, the mean over the L queries of the second copy. Chance is about 1/(position): a head "
-               "spreading its weight evenly would score near 1/(1.5 L).")
-    if detail is not None:
-        ui.plot(detail, width="stretch")
-        st.write(f"An induction head draws a stripe {length - 1} tokens below the diagonal in the lower half: each "
-                 "token of the second copy looks at the token after its first occurrence.")
-    prefetch_induction(setting, previous, view)
-
-
-@ui.figure_cache(max_entries=8)
-def induction_figures(model: str, version: tuple, length: int, seed: int, column: str, layer: int, head: int,
-                      gamma: float):
-    """The test's grid of `column` for every head, and head `head` of `layer` on the sequence (None when that layer
-    was not captured): built once per setting for every session (the prefetch builds the next setting's)."""
-    test = cache.induction_test_of(model, version, length, seed)
-    meaning = {"prefix_matching": "the token after the earlier occurrence (induction)",
-               "duplicate_token": "the earlier occurrence itself", "previous_token": "the token just before"}[column]
-    grid = figs.stat_grid(test.scores, column, title=f"{column}: weight on {meaning}, mean over the second copy",
-                          colorbar_title="share of attention")
-    if layer not in test.capture.layers:
-        return grid, None
-    p = test.capture.pattern[test.capture.index_of(layer), head]
-    return grid, figs.head_detail(p, test.capture.tokens, gamma=gamma, causal=test.capture.causal,
-                                  title=f"Layer {layer}, head {head} on the repeated random tokens")
-
-
-INDUCTION_LENGTHS, SEED_MAX = [10, 25, 50, 100, 200], 1_000_000  # the test's L slider, its largest seed
-PREFETCH_MAX_LENGTH = 100  # a test holds its [layer, head, 2L + 1, 2L + 1] weights: 45 MB for SmolLM2 at L = 100
-
-
-def prefetch_induction(setting: dict, previous: dict | None, view: tuple) -> None:
-    """Runs, in the background, the test one step on from the control just moved (the seed, or L up to
-    PREFETCH_MAX_LENGTH) in the direction it moved (setting, previous: {"model", "version", "length", "seed"} of
-    this run and of the last, None on a first view), with its figures for `view` (induction_figures' column, layer,
-    head, gamma): stepping through seeds then finds each test drawn. On a first view, the next L up and the next
-    seed. An L moved also runs the seed's first copies to the longest L (cache.first_copies_of; a first view ran
-    them already), so every L of this seed then runs only its second copy. Nothing when neither moved."""
-    if previous is None:  # a first view: each control's next value up, the longer run (the next L) first
-        i = INDUCTION_LENGTHS.index(setting["length"])
-        wanted = ([{**setting, "length": INDUCTION_LENGTHS[i + 1]}] if i + 1 < len(INDUCTION_LENGTHS) else []) + (
-            [{**setting, "seed": setting["seed"] + 1}] if setting["seed"] < SEED_MAX else [])
-    else:
-        wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS, "seed": (0, SEED_MAX)})[:1]
-    figures = [("figures", (s["model"], s["version"], s["length"], s["seed"], *view)) for s in wanted
-               if s["length"] <= PREFETCH_MAX_LENGTH]
-    first = [("first copies", (setting["model"], setting["version"], setting["seed"], INDUCTION_LENGTHS[-1]))
-             ] if previous is not None and previous["length"] != setting["length"] else []
-    ui.build_in_background(_build_ahead, figures[:1] + first + figures[1:], "attnviz-induction-next")
-
-
-def _build_ahead(kind: str, args: tuple) -> None:
-    """One of prefetch_induction's builds: a setting's figures (and so its test), or a seed's first copies."""
-    (induction_figures if kind == "figures" else cache.first_copies_of)(*args)
 
 
 @st.fragment
