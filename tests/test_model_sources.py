@@ -302,3 +302,41 @@ def test_a_background_build_starts_no_call_while_a_visitors_work_runs():
         t.join(5)
     inner.set()
     assert 3 in started  # ran while the first build was inside its own foreground_work
+
+
+def test_a_background_builds_model_run_pauses_at_its_next_module_while_a_visitors_work_runs():
+    """A build already inside a model's forward when a foreground_work block starts waits at its next module until
+    the block ends (the visitor's run gets the cores); the visitor's own modules never wait."""
+    import threading
+    import time
+
+    import torch
+
+    from attnviz import ui
+
+    started, go, order = threading.Event(), threading.Event(), []
+
+    class Step(torch.nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.i = i
+
+        def forward(self, x):
+            if self.i == 0 and threading.current_thread().name == "test-pause":
+                started.set()
+                go.wait(5)
+            order.append((threading.current_thread().name, self.i))
+            return x
+
+    model = torch.nn.Sequential(*[Step(i) for i in range(3)])
+    assert ui.build_in_background(lambda: model(torch.zeros(1)), [()], "test-pause")
+    assert started.wait(5)
+    with ui.foreground_work():
+        go.set()
+        time.sleep(0.3)
+        model(torch.zeros(1))  # the visitor's run: not held
+        assert order == [("test-pause", 0)] + [(threading.current_thread().name, i) for i in range(3)]
+    for t in [t for t in threading.enumerate() if t.name == "test-pause"]:
+        t.join(5)
+    assert order[-2:] == [("test-pause", 1), ("test-pause", 2)]
+

@@ -127,15 +127,16 @@ def _run_test(model: str, version: tuple, loaded, length: int, seed: int):
     of a seed already seen runs only its second copy; the first copies it ran kept in their place."""
     from attnviz.diagnostics import induction_test, reuse_test, reuses_first_copies
 
-    with ui.foreground_work():  # a visitor's (not in a prefetch): the prefetches wait
-        if reuses_first_copies(loaded):
-            key = (model, version, seed)
-            with _FIRST_COPIES.building(key):  # a prefetch building them: wait for it, not run L twice as long
-                kept = _FIRST_COPIES.get(key)
-            test, first = reuse_test(loaded, length, seed=seed, first=kept)
-            _FIRST_COPIES.keep(key, first)
-        else:
+    if not reuses_first_copies(loaded):
+        with ui.foreground_work():  # a visitor's (not in a prefetch): the prefetches wait
             test = induction_test(loaded, length, seed=seed)
+    else:
+        key = (model, version, seed)
+        with _FIRST_COPIES.building(key):  # a prefetch building them: wait for it (outside foreground_work, which
+            kept = _FIRST_COPIES.get(key)  # would pause it), not run L twice as long
+        with ui.foreground_work():
+            test, first = reuse_test(loaded, length, seed=seed, first=kept)
+        _FIRST_COPIES.keep(key, first)
     test.capture.pattern.flags.writeable = False
     return test
 
@@ -148,7 +149,7 @@ def first_copies_of(model: str, version: tuple, seed: int, length: int) -> None:
 
     key = (model, version, seed)
     loaded = ui.cached_model(model, version)
-    with ui.foreground_work(), _FIRST_COPIES.building(key):
+    with _FIRST_COPIES.building(key), ui.foreground_work():  # the lock first: a build holding it is not paused
         kept = _FIRST_COPIES.get(key)
         if (kept is None or kept.length < length) and reuses_first_copies(loaded):
             _FIRST_COPIES.keep(key, first_copies(loaded, length, seed=seed))
