@@ -46,7 +46,26 @@ def default_budget_bytes() -> int:
     return int(0.4 * physical_memory_bytes())
 
 
-COLLECT_BEFORE_BYTES = 256 * 2**20  # work at least this large first runs a full garbage collection
+COLLECT_BEFORE_BYTES = 256 * 2**20  # work at least this large may first run a full garbage collection (_short_of)
+
+
+def available_bytes() -> int | None:
+    """The memory the system says it can give without swapping (Linux's MemAvailable), None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _short_of(nbytes: int) -> bool:
+    """Whether work of nbytes should free unreachable cycles first: the system's available memory is under twice
+    nbytes, or the system does not say."""
+    available = available_bytes()
+    return available is None or available < 2 * nbytes
 
 
 def two_sizes(a: int, b: int) -> tuple[str, str]:
@@ -95,9 +114,10 @@ class MemoryBudget:
         for the very bytes this work holds). Returns the bytes held."""
         nbytes = max(0, int(nbytes))
         pinned = sum(cache.held_by(keep) for cache in self._caches) if keep is not None else 0
-        if nbytes >= COLLECT_BEFORE_BYTES:
+        if nbytes >= COLLECT_BEFORE_BYTES and _short_of(nbytes):
             # The app turns off Streamlit's full collection after every run (.streamlit/config.toml: it held up
-            # every view change): unreachable cycles are freed here instead, before a large allocation.
+            # every view change): unreachable cycles are freed here instead, before a large allocation that the
+            # machine's free memory does not hold twice over (a collection takes 0.3 s in a server with a model).
             gc.collect()
         if nbytes + pinned > self.limit:
             need, limit = two_sizes(nbytes + pinned, self.limit)
