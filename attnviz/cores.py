@@ -54,6 +54,19 @@ def _one_thread(setters) -> None:
         set_count(1)
 
 
+def set_own_threads(n: int) -> bool:
+    """Sets the calling thread's torch thread count (its OpenMP and MKL counts, kept per thread) to n; False where
+    per-thread counts cannot be set. A thread's count starts as the process's (torch.get_num_threads() in a fresh
+    thread)."""
+    setters = _thread_controls()
+    if setters is None:
+        return False
+    torch.get_num_threads()  # torch's per-thread set-up first
+    for set_count in setters:
+        set_count(n)
+    return True
+
+
 def workers() -> int:
     """How many single-core workers `run_each` uses: torch's thread count where each can be held to one core."""
     n = torch.get_num_threads()

@@ -340,3 +340,63 @@ def test_a_background_builds_model_run_pauses_at_its_next_module_while_a_visitor
         t.join(5)
     assert order[-2:] == [("test-pause", 1), ("test-pause", 2)]
 
+
+def test_a_newer_build_of_the_same_name_stops_the_older_before_its_next_call():
+    """Two builds under one name: the older ends its call under way and makes no further one; the newer runs all."""
+    import threading
+
+    from attnviz import ui
+
+    ran, gate = [], threading.Event()
+
+    def call(tag):
+        if tag == "old 1":
+            gate.wait(5)
+        ran.append(tag)
+
+    assert ui.build_in_background(call, [("old 1",), ("old 2",)], "test-newest")
+    assert ui.build_in_background(call, [("new 1",), ("new 2",)], "test-newest")
+    gate.set()
+    for t in [t for t in threading.enumerate() if t.name == "test-newest"]:
+        t.join(5)
+    assert sorted(ran) == ["new 1", "new 2", "old 1"]
+
+
+def test_a_build_runs_torch_on_one_core_unless_a_visitor_waits_for_a_result():
+    """A build's torch modules run on one core (the other is left to the browser and the visitor); inside a
+    visitor_waits block they take the process's every core; the thread's count is its own, not the process's."""
+    import threading
+
+    import torch
+
+    from attnviz import cores, ui
+
+    every = torch.get_num_threads()
+    if cores._thread_controls() is None or every < 2:
+        pytest.skip("per-thread torch counts cannot be set here, or there is one core")
+    seen, gate = [], threading.Event()
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            return x
+
+    probe = Probe()
+
+    def call(wait_first):
+        if wait_first:
+            gate.wait(5)
+        probe(torch.zeros(1))
+
+    assert ui.build_in_background(call, [(False,), (True,)], "test-cores")
+    for _ in range(100):
+        if seen:
+            break
+        threading.Event().wait(0.05)
+    with ui.visitor_waits():
+        gate.set()
+        for t in [t for t in threading.enumerate() if t.name == "test-cores"]:
+            t.join(5)
+    probe(torch.zeros(1))  # this thread: not a build's
+    assert seen == [1, every, every] and torch.get_num_threads() == every
+

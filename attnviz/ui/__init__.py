@@ -19,7 +19,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from attnviz.ui.background import BACKGROUND_BUILDS, build_in_background, foreground_work  # noqa: F401
+from attnviz.ui.background import (  # noqa: F401
+    BACKGROUND_BUILDS, build_in_background, foreground_work, visitor_waits)
 from attnviz.ui.chart_files import PRINT_STYLE, figure_files  # noqa: F401  (the package's names)
 from attnviz.ui.steady import same_axes, steady_reruns  # noqa: F401  (the package's names)
 from attnviz.ui.loaded import (  # noqa: F401  (the package's names)

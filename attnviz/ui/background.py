@@ -3,16 +3,20 @@ for, which those builds give way to.
 
 build_in_background(cached, calls, name) calls a cached function with each argument tuple in a daemon thread. At most
 BACKGROUND_BUILDS run at once for all visitors together: a prefetch is only a guess, so one asked for while they are
-busy is skipped rather than queued behind a slider's every move.
+busy is skipped rather than queued behind a slider's every move. A newer build under the same name supersedes an
+older one: the older stops before its next call (a visitor who moved on wants the new setting's neighbours).
 
-foreground_work() marks a block a visitor waits for (a model run). A background build starts its next call only
-when no such block is running (or after FOREGROUND_WAIT_S), so a guess does not take the cores from what was asked
-for: on 2 cores, the induction test's L = 200 took 1.25 s beside a prefetch of the next seed and 0.55 s alone. A
-call already started pauses instead at its next torch module (a forward pre-hook on every module, a no-op outside
-a build), so a visitor's model run does not share the cores with a guess's for longer than one layer: on 2 cores the
-L = 200 test took 1.5 s beside a prefetch's model run, 0.5 s alone. Lowering a build's priority instead inverted it:
-a visitor waiting on that very call's lock waited for a starved thread; so a foreground_work block must not wait on
-a lock a build may hold (take it before the block). Work inside a build does not count as a visitor's.
+How a build shares the cores (_pace, at each of its calls and, where torch is in use, before each torch module's
+forward: a global forward pre-hook that does nothing outside a build):
+- while a foreground_work block runs (a visitor's own model run) it waits, at its next module: on 2 cores the
+  induction test's L = 200 took 1.5 s beside a prefetch's model run and 0.5 s alone;
+- while a visitor_waits block runs (a visitor waiting for a result, which may be this build's) its torch uses every
+  core;
+- otherwise its torch uses one core (attnviz.cores): the browser drawing the page, on the same laptop, keeps the
+  other (the first L step of the induction test went from 0.8 to 0.3 s).
+Lowering a build's priority instead inverted it: a visitor waiting on that very call's lock waited for a starved
+thread; so a foreground_work block must not wait on a lock a build may hold (take it before the block), and a wait
+for a result goes in visitor_waits. Work inside a build counts as no visitor's.
 """
 
 from __future__ import annotations
@@ -23,73 +27,100 @@ import threading
 from collections.abc import Iterator
 
 BACKGROUND_BUILDS = 2  # prefetch threads for the whole server; a build asked for while they are busy is skipped
-FOREGROUND_WAIT_S = 10.0  # the longest a build's next call waits for a visitor's work to end
+FOREGROUND_WAIT_S = 10.0  # the longest a build waits at one step for a visitor's work to end
 _background = threading.BoundedSemaphore(BACKGROUND_BUILDS)
 _foreground = threading.Condition()
-_running = {"blocks": 0}  # foreground_work blocks running now, every session together
+_running = {"blocks": 0, "waiting": 0}  # foreground_work and visitor_waits blocks running, every session together
+_newest: dict[str, int] = {}  # build name: the number of its newest build
 _in_build = threading.local()
 
 
 @contextlib.contextmanager
-def foreground_work() -> Iterator[None]:
-    """A block of work a visitor waits for: no background build starts a call while it runs (inside a build's own
-    call it marks nothing)."""
+def _counted(kind: str) -> Iterator[None]:
     if getattr(_in_build, "active", False):
         yield
         return
     with _foreground:
-        _running["blocks"] += 1
+        _running[kind] += 1
     try:
         yield
     finally:
         with _foreground:
-            _running["blocks"] -= 1
+            _running[kind] -= 1
             _foreground.notify_all()
+
+
+def foreground_work():
+    """A block of work a visitor waits for, run in their own thread: background builds wait while it runs (inside a
+    build's own call it marks nothing)."""
+    return _counted("blocks")
+
+
+def visitor_waits():
+    """A block in which a visitor waits for a result a background build may be making: builds use every core."""
+    return _counted("waiting")
 
 
 def build_in_background(cached, calls: list[tuple], name: str) -> bool:
     """Calls the cached function `cached` (st.cache_resource or st.cache_data) with each argument tuple of `calls`
-    in a daemon thread, each call once no foreground_work runs, so the results a visitor is likely to ask for next
-    are in the shared cache by then; a call already cached costs nothing, and one a visitor asks for while it is
-    being built waits for it (the cache's own lock per key). Returns False (nothing started) when BACKGROUND_BUILDS
-    are running already."""
+    in a daemon thread, paced by _pace, so the results a visitor is likely to ask for next are in the shared cache
+    by then; a call already cached costs nothing, and one a visitor asks for while it is being built waits for it
+    (the cache's own lock per key). Returns False (nothing started) when BACKGROUND_BUILDS are running already."""
     if not calls or not _background.acquire(blocking=False):
         return False
-
     _pause_modules_for_visitors()
+    with _foreground:
+        number = _newest[name] = _newest.get(name, 0) + 1
 
     def build():
-        _in_build.active = True
+        _in_build.active, _in_build.cores, _in_build.every = True, None, None
         try:
             for args in calls:
-                with _foreground:
-                    _foreground.wait_for(lambda: _running["blocks"] == 0, timeout=FOREGROUND_WAIT_S)
+                if _newest.get(name) != number:  # superseded
+                    break
+                _pace()
                 cached(*args)
         finally:
-            _in_build.active = False  # (a test may run build in its own thread)
+            if _in_build.cores not in (None, _in_build.every):  # (a test may run build in its own thread)
+                from attnviz import cores
+
+                cores.set_own_threads(_in_build.every)
+            _in_build.active = False
             _background.release()
 
     threading.Thread(target=build, daemon=True, name=name).start()
     return True
 
 
-def _give_way() -> None:
-    """Inside a build, waits (FOREGROUND_WAIT_S at most) while a visitor's foreground_work runs; else nothing."""
-    if getattr(_in_build, "active", False) and _running["blocks"]:
+def _pace() -> None:
+    """Inside a build: waits (FOREGROUND_WAIT_S at most) while a visitor's foreground_work runs, then sets this
+    thread's torch to every core while a visitor waits, else to one core. Outside a build: nothing."""
+    if not getattr(_in_build, "active", False):
+        return
+    if _running["blocks"]:
         with _foreground:
             _foreground.wait_for(lambda: _running["blocks"] == 0, timeout=FOREGROUND_WAIT_S)
+    if "torch" in sys.modules:
+        import torch
+
+        from attnviz import cores
+
+        if _in_build.every is None:  # nothing set in this thread yet: the process's count
+            _in_build.every = torch.get_num_threads()
+        wanted = _in_build.every if _running["waiting"] else 1
+        if _in_build.cores != wanted and cores.set_own_threads(wanted):
+            _in_build.cores = wanted
 
 
 def _pause_modules_for_visitors() -> None:
-    """Makes every torch module's forward call _give_way first (once, when torch is in use): a build's model run
-    pauses at its next module while a visitor's runs."""
+    """Makes every torch module's forward call _pace first (once, when torch is in use)."""
     if _hooked["done"] or "torch" not in sys.modules:
         return
     with _foreground:
         if not _hooked["done"]:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
-            register_module_forward_pre_hook(lambda _module, _args: _give_way())
+            register_module_forward_pre_hook(lambda _module, _args: _pace())
             _hooked["done"] = True
 
 

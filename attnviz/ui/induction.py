@@ -34,7 +34,7 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
     setting = {"model": model, "version": version, "length": length, "seed": int(seed)}
     previous = ui.last_setting("heads_induction_last", setting)
     try:
-        with st.spinner(f"Running {model} on {2 * length} random tokens…"):
+        with st.spinner(f"Running {model} on {2 * length} random tokens…"), ui.visitor_waits():
             if previous is None:  # a first view: the seed's first copies to the longest L, so that each L moved to
                 first_copies_of(model, version, int(seed), INDUCTION_LENGTHS[-1])  # runs its second copy only
             test = induction_test_of(model, version, length, int(seed))
@@ -47,7 +47,8 @@ def induction_panel(model: str, version: tuple, layer: int, head: int, gamma: fl
                  + ("The model copies from the first copy." if test.loss_second < test.loss_first - 0.5 else
                     "The model does not use the repeat much."))
     view = (column, layer, head, gamma)
-    grid, detail = induction_figures(model, version, length, int(seed), *view)
+    with ui.visitor_waits():  # a build may be drawing them
+        grid, detail = induction_figures(model, version, length, int(seed), *view)
     ui.plot(grid, width="stretch")
     best = test.scores.sort_values(column, ascending=False).head(5)
     st.dataframe(best, hide_index=True, width="stretch")
