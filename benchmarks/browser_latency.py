@@ -40,6 +40,9 @@ heads-1800-qk).
         and sink changes with its One head tab open (--tab: the tab a Heads view opens on, by its link's slug)
     python benchmarks/browser_latency.py --page softmax --open-tab "Against d_k"    the controls above a page's tabs
         timed with another tab open than the first (--open-tab: a tab's label, clicked once the page is drawn)
+    python benchmarks/browser_latency.py --page heads-1800-dense --pause 2    each move made 2 s after the page was
+        idle, as a person reads it first (the default, 0, moves back to back: the worst case for what a page
+        builds ahead in the background)
 
 A page that fails is reported with a screenshot, the others are still measured, and the run exits 1.
 """
@@ -114,6 +117,7 @@ class Run:
     title: str
     repeat: int
     limit: int | None
+    pause: float = 0.0  # seconds between the page's idle and the next move (a reader)
     rows: list = field(default_factory=list)  # (page, widget, [(driver s, input s)], load average)
     skipped: list = field(default_factory=list)  # (page, widget, why)
     chart_rows: list = field(default_factory=list)  # (page, slider, [(seconds, messages sent)])
@@ -138,6 +142,7 @@ def time_widget(page, run: Run, widget: Widget) -> list[tuple[float, float]]:
         now = find(page, widget.ident)
         if now is None:
             break
+        time.sleep(run.pause)
         watch(page)
         started = time.perf_counter()
         move(page, now, seen)
@@ -252,7 +257,7 @@ def run_pages(names: list[str], args) -> list[Run]:
             for name in names:
                 title = every[name][0] + (f" ({args.tab} tab)" if args.tab and every[name][1] == "heads" else "") \
                     + (f" (tab {args.open_tab} open)" if args.open_tab else "")
-                run = Run(title, args.repeat, args.limit)
+                run = Run(title, args.repeat, args.limit, args.pause)
                 runs.append(run)
                 try:
                     measure(page, url, every[name], run, args.tab, args.open_tab)
@@ -270,6 +275,7 @@ def table(runs: list[Run], repeat: int, rate: float, load_before: float, busy: i
     print(f"float32 matmul rate measured first: {rate / 1e9:.0f} GFLOP/s; load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs"
           + (f", {busy} of them kept busy by a spinning process throughout" if busy else "")
+          + (f"; each move {runs[0].pause:g} s after the page was idle" if runs and runs[0].pause else "")
           + f"; {repeat} runs of each widget; goal {GOAL_S} s from input to idle")
     print("| page | widget | input -> idle, median s | driver -> idle, median s | input -> idle, all runs (s) | "
           "load | over the goal |")
@@ -348,6 +354,9 @@ def main() -> None:
     parser.add_argument("--busy-cores", type=int, default=0,
                         help="keep this many cores busy with a spinning process for the whole run (a slower or shared "
                              "machine: on 2 cores, one busy halves the matmul rate)")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="seconds to wait once the page is idle before each move, as a person reads it (default "
+                             "0: back to back)")
     args = parser.parse_args()
     if args.quick:
         args.repeat, args.page, args.limit, args.port = 1, ["positional"], 1, None  # None: a free port

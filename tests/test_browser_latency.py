@@ -58,6 +58,8 @@ def test_busy_cores_keep_a_process_spinning_for_the_run_only_and_the_table_says_
     assert spinners[0].poll() is not None  # gone once the run ends
     table([Run(title="t", repeat=3, limit=None)], 3, 1e11, 0.5, busy=1)
     assert "CPUs, 1 of them kept busy by a spinning process throughout;" in capsys.readouterr().out
+    table([Run(title="t", repeat=3, limit=None, pause=2.0)], 3, 1e11, 0.5)
+    assert "CPUs; each move 2 s after the page was idle; 3 runs" in capsys.readouterr().out
 
 
 def _cpu_seconds(pid: int) -> float:
