@@ -247,3 +247,38 @@ def test_an_instant_slider_redraws_its_chart_without_a_word_to_the_server(server
         assert not page.query_selector_all('[data-testid="stException"]')
     finally:
         context.close()
+
+
+def test_a_slider_restyled_in_place_draws_what_a_full_redraw_draws(server, browser):
+    """The Softmax T chart's frames change only its lines, so its in-chart slider restyles them without a full
+    redraw (attnviz.figures.instant: redraw false). At three of its stops every line's drawn SVG path is the one
+    Plotly.redraw then draws from the same data, and differs from the stop before."""
+    paths = """g => Array.from(g.querySelectorAll('.scatterlayer .trace path')).map(p => p.getAttribute('d'))"""
+    context = browser.new_context(viewport={"width": 1400, "height": 1300})
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/softmax", wait_until="domcontentloaded")
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        page.locator('[data-testid="stTabs"] [role="tab"]:visible').filter(has_text="Against d_k").first.click()
+        _wait_until_done(page, PAGE_TIMEOUT_S)
+        chart = next(c for c in page.query_selector_all('[data-testid="stPlotlyChart"] .js-plotly-plot') if c.evaluate(
+            "g => (g.layout.sliders || []).some(s => s.currentvalue.prefix.startsWith('T (in this chart'))"))
+        assert chart.evaluate("g => g.layout.sliders[0].steps.every(s => s.args[1].frame.redraw === false)")
+        labels = chart.query_selector_all(".slider-label-group .slider-label")
+        drawn = [chart.evaluate(paths)]
+        for index in (0, len(labels) // 2, len(labels) - 1):
+            stop = chart.query_selector_all(".slider-label-group .slider-label")[index]
+            stop.scroll_into_view_if_needed()
+            box = stop.bounding_box()
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.wait_for_function("g => g.layout.sliders[0].active === %d" % index, arg=chart, timeout=10_000)
+            time.sleep(0.3)
+            restyled = chart.evaluate(paths)
+            chart.evaluate("g => Plotly.redraw(g)")
+            time.sleep(0.3)
+            assert restyled == chart.evaluate(paths), f"stop {index}: the lines drawn differ from a full redraw's"
+            assert restyled != drawn[-1], f"stop {index}: the lines did not change"
+            drawn.append(restyled)
+        assert not page.query_selector_all('[data-testid="stException"]')
+    finally:
+        context.close()

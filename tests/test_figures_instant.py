@@ -207,3 +207,31 @@ def test_the_apps_frame_sliders_keep_every_stop_inside_their_axes():
     assert _outside(pos_figs.dot_by_offset_instant(offsets, dots, 64)) == []
     run = steps_view.kernel_run(64, 32, block_m=16, block_n=16, causal=True)
     assert _outside(steps_view.step_view(run, 0)[0]) == []
+
+
+def test_a_slider_that_changes_only_lines_is_restyled_in_place_and_any_other_is_redrawn():
+    """plotly.animate with redraw false restyles line and marker traces only: a frame slider asks for it when every
+    trace its frames change is a scatter trace and no layout key changes (the axes held), and for a full redraw
+    when a frame changes a heatmap or a bar, or the layout. The app's Softmax T chart is restyled in place
+    (tests/test_browser.py checks in Chromium that this draws what a full redraw draws)."""
+    from attnviz.ui import softmax as ui_softmax
+
+    def redraws(fig: go.Figure) -> set:
+        return {step["args"][1]["frame"]["redraw"] for slider in fig.layout.sliders for step in slider.steps}
+
+    x = np.arange(5.0)
+
+    def figure(*traces):
+        return go.Figure(list(traces), layout=dict(height=300))
+
+    def lines(a):
+        return figure(go.Scatter(x=x, y=a * x), go.Heatmap(z=[[1.0, 2.0]]))
+
+    assert redraws(instant.slider_over(lines, [1.0, 2.0], 1.0, parameter="a")) == {False}  # the heatmap stays
+    assert redraws(instant.slider_over(lambda a: figure(go.Heatmap(z=[[a, 2.0]])), [1.0, 2.0], 1.0,
+                                       parameter="a")) == {True}
+    assert redraws(instant.slider_over(lambda a: figure(go.Bar(x=x, y=a * x)), [1.0, 2.0], 1.0,
+                                       parameter="a")) == {True}
+    assert redraws(instant.slider_over(lambda a: lines(a).update_layout(title=f"a = {a}"), [1.0, 2.0], 1.0,
+                                       parameter="a")) == {True}
+    assert redraws(ui_softmax.sweeps_chart(64, 0, 1.0)) == {False}
