@@ -436,7 +436,7 @@ def test_the_induction_test_builds_what_is_asked_next_in_the_background(monkeypa
     """A first view asks the background builds for the seed's L one step either way, the next seed, then its other
     L's, nearest first (its own run built the seed's first copies to the longest L). A seed moved asks for the next
     seed the way it moved; an L moved, for the next L the way it moved, the seed's first copies to the longest L,
-    then its other L's."""
+    then its other L's and the next seed."""
     from attnviz import ui
     from attnviz.ui import induction
 
@@ -460,9 +460,9 @@ def test_the_induction_test_builds_what_is_asked_next_in_the_background(monkeypa
     at.number_input(key="heads_induction_seed").set_value(1).run()
     assert asked[-1] == [test(50, 0)]
     at.select_slider(key="heads_induction_length").set_value(25).run()
-    assert asked[-1] == [test(10, 1), first(1), test(50, 1), test(100, 1), test(200, 1)]
+    assert asked[-1] == [test(10, 1), first(1), test(50, 1), test(100, 1), test(200, 1), test(25, 2)]
     at.select_slider(key="heads_induction_length").set_value(200).run()
-    assert asked[-1] == [test(100, 1), first(1), test(50, 1), test(25, 1), test(10, 1)]  # none above 200
+    assert asked[-1] == [test(100, 1), first(1), test(50, 1), test(25, 1), test(10, 1), test(200, 2)]  # none above
     assert not at.exception
 
 

@@ -86,20 +86,21 @@ def prefetch_induction(setting: dict, previous: dict | None, view: tuple) -> Non
     tests a visitor is likely to ask for next (setting, previous: {"model", "version", "length", "seed"} of this run
     and of the last, None on a first view). A first view: the seed's L one step either way, the next seed, then
     the seed's other L's, nearest first (its own run built the seed's first copies to the longest L). An L moved:
-    the next L the way it moved, the seed's first copies to the longest L (cache.first_copies_of: every L of the
-    seed then runs only its second copy), then its other L's. A seed moved: the next seed the way it moved.
+    the next L the way it moved, the seed's first copies to the longest L (first_copies_of: every L of the seed
+    then runs only its second copy), then its other L's and the next seed. A seed moved: the next seed the way it
+    moved.
     Nothing when neither moved. Every L of a seed together is 232 MB for SmolLM2 (INDUCTION_TESTS_KEPT)."""
     here = INDUCTION_LENGTHS.index(setting["length"])
     ladder = sorted((n for n in INDUCTION_LENGTHS if n != setting["length"]),  # nearest first, the longer first
                     key=lambda n: (abs(INDUCTION_LENGTHS.index(n) - here), -n))
     others = [{**setting, "length": n} for n in ladder]
+    seed = [{**setting, "seed": setting["seed"] + 1}] if setting["seed"] < SEED_MAX else []
     if previous is None:
         near = [s for s in others if abs(INDUCTION_LENGTHS.index(s["length"]) - here) == 1]
-        seed = [{**setting, "seed": setting["seed"] + 1}] if setting["seed"] < SEED_MAX else []
         wanted, first = near + seed + [s for s in others if s not in near], []
     elif previous["length"] != setting["length"]:
         wanted = ui.moved_neighbours(setting, previous, {"length": INDUCTION_LENGTHS})[:1]
-        wanted += [s for s in others if s not in wanted]
+        wanted += [s for s in others if s not in wanted] + seed
         first = [("first copies", (setting["model"], setting["version"], setting["seed"], INDUCTION_LENGTHS[-1]))]
     else:
         wanted, first = ui.moved_neighbours(setting, previous, {"seed": (0, SEED_MAX)})[:1], []
