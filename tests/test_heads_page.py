@@ -468,8 +468,8 @@ def test_the_induction_test_builds_what_is_asked_next_in_the_background(monkeypa
 
 def test_induction_tests_are_kept_under_the_memory_budget(monkeypatch):
     """The page's induction tests hold their bytes in the one budget while kept (a test at L holds its
-    [layer, head, 2L + 1, 2L + 1] weights), give them back when dropped, and at most INDUCTION_TESTS_KEPT are kept.
-    Work the budget cannot admit is refused with a message, in the page too."""
+    [layer, head, 2L + 1, 2L + 1] weights, not the logits), give them back when dropped, and at most
+    INDUCTION_TESTS_KEPT are kept. Work the budget cannot admit is refused with a message, in the page too."""
     from attnviz import budget, ui
     from attnviz.ui import induction
 
@@ -479,7 +479,7 @@ def test_induction_tests_are_kept_under_the_memory_budget(monkeypatch):
     ui.cached_model("toy-llama-gqa", version)  # its load holds bytes of its own
     held_before = budget.BUDGET.held
     shown = induction.induction_test_of("toy-llama-gqa", version, 10, 3)
-    assert not shown.capture.pattern.flags.writeable
+    assert not shown.capture.pattern.flags.writeable and shown.capture.logits is None  # the tab draws no logits
     assert tests.held_by(("toy-llama-gqa", version, 10, 3)) >= shown.capture.pattern.nbytes > 0
     assert budget.BUDGET.held - held_before == tests.held
     for seed in (4, 5):
