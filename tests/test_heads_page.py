@@ -476,6 +476,7 @@ def test_induction_tests_are_kept_under_the_memory_budget(monkeypatch):
     version = ui.model_version("toy-llama-gqa")
     tests = budget.HeldCache(budget.BUDGET, max_items=2)
     monkeypatch.setattr(induction, "_TESTS", tests)
+    monkeypatch.setattr(induction, "_FIRST_COPIES", induction._Longest(max_items=2))  # only the tests counted
     ui.cached_model("toy-llama-gqa", version)  # its load holds bytes of its own
     held_before = budget.BUDGET.held
     shown = induction.induction_test_of("toy-llama-gqa", version, 10, 3)
@@ -495,6 +496,37 @@ def test_induction_tests_are_kept_under_the_memory_budget(monkeypatch):
     at.select_slider(key="heads_induction_length").set_value(100).run()
     assert not at.exception and any("The induction test at L = 100 needs" in e.value for e in at.error)
     tests.clear()
+
+
+def test_a_seeds_first_copies_kept_hold_their_bytes_in_the_memory_budget():
+    """induction._Longest with a budget: each seed's first copies kept hold their bytes (budget.held_bytes) until
+    dropped by the bound; a shorter copy of a seed kept changes nothing; other work that needs the room drops them;
+    and first copies that do not fit at once are not kept."""
+    from attnviz.budget import MemoryBudget, held_bytes
+    from attnviz.diagnostics import first_copies
+    from attnviz.models import load_model
+    from attnviz.ui import induction
+
+    loaded = load_model("toy-llama-gqa")
+    a, b, c, d = (first_copies(loaded, 20, seed=seed) for seed in (1, 2, 3, 4))
+    size = held_bytes(a)
+    assert size >= a.pattern.nbytes + a.logits.numel() * 4 > 0 and held_bytes(b) == size
+    memory = MemoryBudget(10 * size)
+    kept = induction._Longest(max_items=2, memory=memory)
+    kept.keep("a", a)
+    kept.keep("b", b)
+    assert memory.held == kept.held == 2 * size and kept.held_by("a") == size
+    kept.keep("c", c)  # past the bound: the least recently kept goes, and gives its bytes back
+    assert kept.get("a") is None and memory.held == 2 * size
+    kept.keep("c", first_copies(loaded, 10, seed=3))  # shorter than kept: c stays, nothing more held
+    assert kept.get("c") is c and memory.held == 2 * size
+    with memory.admit(9 * size):  # other work: the oldest kept is dropped to make room
+        assert kept.get("b") is None and kept.get("c") is c and memory.held == 10 * size
+    with memory.admit(10 * size):
+        assert kept.held == 0
+        kept.keep("d", d)  # no room at once: not kept
+        assert kept.get("d") is None and memory.held == 10 * size
+    assert memory.held == 0
 
 
 def test_a_seeds_first_copies_built_ahead_make_every_l_run_its_second_copy_only(monkeypatch):

@@ -162,10 +162,17 @@ class _Longest:
     """{(model, version, seed): the longest attnviz.diagnostics.FirstCopies built} for the last `max_items` keys,
     shared by every session (a lock around each read and write; the longer of two kept for one key wins), and a
     lock per key held while they are built (building), which a test of that seed waits on. SmolLM2's at L = 200:
-    90 MB (weights 44, logits 40, keys and values 9)."""
+    87 MiB (weights 44, logits 40, keys and values 9). With a `memory` budget (budget.MemoryBudget) each one kept
+    holds its bytes there, is not kept when they do not fit at once (a later test runs its first copy again), and
+    is dropped first when other work needs the room (the budget's caches of priority 0)."""
 
-    def __init__(self, max_items: int):
+    priority = 0
+
+    def __init__(self, max_items: int, memory=None):
         self.max_items, self._items, self._lock, self._builds = max_items, {}, threading.Lock(), {}
+        self._held, self._memory = {}, memory
+        if memory is not None:
+            memory._caches.append(self)
 
     def building(self, key) -> threading.Lock:
         with self._lock:
@@ -180,12 +187,53 @@ class _Longest:
 
     def keep(self, key, first) -> None:
         with self._lock:
-            kept = self._items.pop(key, None)
-            self._items[key] = first if kept is None or first.length >= kept.length else kept
+            if key in self._items and self._items[key].length >= first.length:
+                self._items[key] = self._items.pop(key)  # the most recently kept
+                return
+        nbytes = budget.held_bytes(first) if self._memory is not None else 0
+        if nbytes:
+            try:  # outside the lock: making room may drop one of these
+                self._memory.acquire(nbytes, timeout=0, what="The induction test's first copy")
+            except (TimeoutError, budget.OverBudget):
+                return
+        with self._lock:
+            if key in self._items and self._items[key].length >= first.length:  # a longer one kept meanwhile
+                freed = [nbytes]
+            else:
+                freed = [self._release(key)]
+                self._items[key], self._held[key] = first, nbytes
             while len(self._items) > self.max_items:
-                del self._items[next(iter(self._items))]  # the least recently kept
+                freed.append(self._release(next(iter(self._items))))  # the least recently kept
+        self._give_back(sum(freed))
+
+    def _release(self, key) -> int:
+        self._items.pop(key, None)
+        return self._held.pop(key, 0)
+
+    def _give_back(self, nbytes: int) -> None:
+        if nbytes:
+            self._memory.release(nbytes)
+
+    # what budget.MemoryBudget asks of the caches it drops results from
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return sum(self._held.values())
+
+    def held_by(self, key) -> int:
+        with self._lock:
+            return self._held.get(key, 0)
+
+    def drop_oldest(self, keep=None) -> bool:
+        with self._lock:
+            oldest = next((k for k in self._items if k != keep), None)
+            freed = None if oldest is None else self._release(oldest)
+        if freed is None:
+            return False
+        self._give_back(freed)
+        return True
 
 
-_FIRST_COPIES = _Longest(max_items=2)
+_FIRST_COPIES = _Longest(max_items=2, memory=budget.BUDGET)
 INDUCTION_TESTS_KEPT = 6  # every L of one seed (219 MiB together for SmolLM2) and the next seed's
 _TESTS = budget.HeldCache(budget.BUDGET, max_items=INDUCTION_TESTS_KEPT, priority=0)
