@@ -103,17 +103,15 @@ def one_core():
     thread costs more than it gives there, and on a loaded machine every product waits until another core is free
     (autograd through a [256, 64] attention took 0.15 s on two threads and 2 ms on one, on a loaded 2-core machine).
     The thread's own count comes back afterwards; nothing changes where per-thread counts cannot be set."""
-    setters = _thread_controls()
-    if setters is None or getattr(_IN_WORKER, "active", False):
+    if _thread_controls() is None or getattr(_IN_WORKER, "active", False):
         yield
         return
     before = torch.get_num_threads()
-    _one_thread(setters)
+    set_own_threads(1)
     try:
         yield
     finally:
-        for set_count in setters:
-            set_count(before)
+        set_own_threads(before)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
