@@ -31,7 +31,9 @@ matmul work, no p.v, no exponential: max(t - lse) is taken in the log domain) an
 pooled cells (pooling blocks are wider than tiles from n = 48 x block on), written with atomic max.
 
 Mask rules: causal, sliding window and chunked (key blocks wholly outside every row's reach are never loaded, the
-blocks every row sees in full run without a mask), or none; soft-cap (c tanh(s / c)), an additional per-key bias
+blocks every row sees in full run without a mask: K, V and the previous-token ids are loaded unmasked, and
+without soft-cap or bias the scale joins the shift in one multiply-add, as in triton_attention's unmasked stage), or
+none; soft-cap (c tanh(s / c)), an additional per-key bias
 (ALiBi) and a learned sink logit per head; GQA through kv_head_of. Explicit-bit masks are refused (Unsupported):
 the caller uses the torch path.
 """
@@ -99,34 +101,55 @@ def _key_bounds(start_m, NQ, NK, off, WINDOW, CHUNK, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
+def _raw_scores(q, K, cols, offs_d, stride_kn, stride_kd, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """q.k of one tile whose keys are all inside the keys and visible to every row, unscaled: the caller folds the
+    scale into one fused multiply-add, as triton_attention's unmasked stage does (no load mask where d needs no
+    padding)."""
+    k_ptrs = K + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    if D_PAD == HEAD_DIM:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+    return tl.dot(q, k, input_precision=PRECISION)
+
+
+@triton.jit
 def _stats_inner(m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q,
                  K, V, Bias, KeyPrev, tok, stride_kn, stride_kd, stride_vn, stride_vd,
                  lo, hi, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap, offs_m, offs_d, offs_dv,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 V_DIM: tl.constexpr, DV_PAD: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr,
                  HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_V: tl.constexpr,
                  INDUCTION: tl.constexpr, PRECISION: tl.constexpr, ALIGNED: tl.constexpr):
     """Key blocks lo, lo + BLOCK_N, ... < hi: the online softmax and the statistics' running sums (module doc).
-    ALIGNED: causal with as many keys as queries, so an unmasked tile's keys are all at or left of every row (the
-    distance needs no |q - k| per element)."""
+    ALIGNED: causal with as many keys as queries, so an unmasked tile's keys are all left of every row (the
+    distance needs no |q - k| per element, an induction target no k < q test). An unmasked tile without soft-cap
+    or bias keeps q.k unscaled (FOLD): its max is taken raw and the scale joins the shift in one multiply-add."""
+    FOLD: tl.constexpr = not MASKED and not HAS_SOFTCAP and not HAS_BIAS
     offs_n = tl.arange(0, BLOCK_N)
     first_row = tl.program_id(0) * BLOCK_M
     last_row = tl.minimum(first_row + BLOCK_M, NQ) - 1
+    scale = qk_scale * 1.4426950408889634  # what t is multiplied by to give log2 units under FOLD
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        t = _tile_scores(q, K, Bias, cols, offs_m, offs_d, stride_kn, stride_kd, NQ, NK, off, WINDOW, CHUNK,
-                         qk_scale, softcap, HEAD_DIM, MASKED, CAUSAL, HAS_WINDOW, HAS_CHUNK, HAS_SOFTCAP, HAS_BIAS,
-                         PRECISION)
-        # the raw scores of single keys, from the tiles that hold them
-        if start_n == 0:
-            t0 = tl.max(tl.where(cols[None, :] == 0, t, float("-inf")), 1)
-        if (start_n <= last_row) & (start_n + BLOCK_N > first_row):
-            t_self = tl.maximum(t_self, tl.max(tl.where(cols[None, :] == offs_m[:, None], t, float("-inf")), 1))
-        if (start_n <= last_row - 1) & (start_n + BLOCK_N > first_row - 1):
-            t_prev = tl.maximum(t_prev, tl.max(tl.where(cols[None, :] == offs_m[:, None] - 1, t, float("-inf")), 1))
-        m_new = tl.maximum(m_i, tl.max(t, 1))
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet: p = 0, not NaN
-        shifted = t - m_shift[:, None]
+        if FOLD:
+            t = _raw_scores(q, K, cols, offs_d, stride_kn, stride_kd, HEAD_DIM, D_PAD, PRECISION)
+        else:
+            t = _tile_scores(q, K, Bias, cols, offs_m, offs_d, stride_kn, stride_kd, NQ, NK, off, WINDOW, CHUNK,
+                             qk_scale, softcap, HEAD_DIM, MASKED, CAUSAL, HAS_WINDOW, HAS_CHUNK, HAS_SOFTCAP,
+                             HAS_BIAS, PRECISION)
+        t0, t_self, t_prev = _single_keys(t, t0, t_self, t_prev, cols, offs_m, start_n, first_row, last_row, scale,
+                                          BLOCK_N, FOLD)
+        if FOLD:  # every key of the tile is visible to every row, so the new max is finite (scale > 0)
+            m_new = tl.maximum(m_i, tl.max(t, 1) * scale)
+            m_shift = m_new
+            shifted = t * scale - m_shift[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(t, 1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet: p = 0, not NaN
+            shifted = t - m_shift[:, None]
         p = tl.math.exp2(shifted)
         if MASKED:
             shifted = tl.where(p > 0.0, shifted, 0.0)  # no -inf * 0
@@ -137,20 +160,54 @@ def _stats_inner(m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q,
         if MASKED or not ALIGNED:
             gap = tl.abs(offs_m[:, None] - cols[None, :]).to(tl.float32)
             dist = alpha * dist + tl.sum(p * gap, 1)
-        else:  # every key of the tile is at or left of every row: sum p (q - k) = (q - start) l - sum p (k - start)
+        else:  # every key of the tile is left of every row: sum p (q - k) = (q - start) l - sum p (k - start)
             tile_gap = (offs_m - start_n).to(tl.float32) * l_tile - tl.sum(p * offs_n.to(tl.float32)[None, :], 1)
             dist = alpha * dist + tile_gap
         if INDUCTION:
-            before = tl.load(KeyPrev + cols, mask=cols < NK, other=-2)
-            match = (before[None, :] == tok[:, None]) & (cols[None, :] < offs_m[:, None])
-            ind = alpha * ind + tl.sum(tl.where(match, p, 0.0), 1)
+            ind = alpha * ind + _induction_sum(p, KeyPrev, tok, cols, offs_m, NK, MASKED, ALIGNED)
         if HAS_V:
             v_ptrs = V + cols[:, None] * stride_vn + offs_dv[None, :] * stride_vd
-            v = tl.load(v_ptrs, mask=(cols[:, None] < NK) & (offs_dv[None, :] < V_DIM), other=0.0)
+            if MASKED:
+                v = tl.load(v_ptrs, mask=(cols[:, None] < NK) & (offs_dv[None, :] < V_DIM), other=0.0)
+            elif DV_PAD == V_DIM:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=offs_dv[None, :] < V_DIM, other=0.0)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
         visits += 1
     return m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits
+
+
+@triton.jit
+def _single_keys(t, t0, t_self, t_prev, cols, offs_m, start_n, first_row, last_row, scale, BLOCK_N: tl.constexpr,
+                 FOLD: tl.constexpr):
+    """The raw scores (log2 units) of key 0, key q and key q - 1, from the tiles that hold them; under FOLD t is
+    q.k unscaled and the row's pick is scaled (scale > 0 keeps -inf and the max)."""
+    if not FOLD:
+        scale = 1.0
+    if start_n == 0:
+        t0 = tl.max(tl.where(cols[None, :] == 0, t, float("-inf")), 1) * scale
+    if (start_n <= last_row) & (start_n + BLOCK_N > first_row):
+        t_self = tl.maximum(t_self, tl.max(tl.where(cols[None, :] == offs_m[:, None], t, float("-inf")), 1) * scale)
+    if (start_n <= last_row - 1) & (start_n + BLOCK_N > first_row - 1):
+        t_prev = tl.maximum(t_prev,
+                            tl.max(tl.where(cols[None, :] == offs_m[:, None] - 1, t, float("-inf")), 1) * scale)
+    return t0, t_self, t_prev
+
+
+@triton.jit
+def _induction_sum(p, KeyPrev, tok, cols, offs_m, NK, MASKED: tl.constexpr, ALIGNED: tl.constexpr):
+    """Each row's weight on its induction targets in this tile: keys k < q whose previous token is q's token. An
+    unmasked tile's keys all lie inside the keys, and under ALIGNED left of every row, so neither needs a test."""
+    if MASKED:
+        before = tl.load(KeyPrev + cols, mask=cols < NK, other=-2)
+    else:
+        before = tl.load(KeyPrev + cols)
+    match = before[None, :] == tok[:, None]
+    if MASKED or not ALIGNED:
+        match = match & (cols[None, :] < offs_m[:, None])
+    return tl.sum(tl.where(match, p, 0.0), 1)
 
 
 @triton.jit
@@ -186,18 +243,18 @@ def stats_fwd(Q, K, V, Out, Bias, Sink, KvOf, Tok, KeyPrev, Rows, Visits, qk_sca
     m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
         m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, lo, left, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
-        offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, V_DIM, True, CAUSAL, HAS_WINDOW, HAS_CHUNK,
-        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
+        offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, True, CAUSAL, HAS_WINDOW,
+        HAS_CHUNK, HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
     m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
         m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, left, mid, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
-        offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, V_DIM, False, CAUSAL, HAS_WINDOW, HAS_CHUNK,
-        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
+        offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, False, CAUSAL, HAS_WINDOW,
+        HAS_CHUNK, HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
     m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
         m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, mid, hi, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
-        offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, V_DIM, True, CAUSAL, HAS_WINDOW, HAS_CHUNK,
-        HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
+        offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, True, CAUSAL, HAS_WINDOW,
+        HAS_CHUNK, HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
     # epilogue: the learned sink joins m and l (no key, no value), then every sum is divided by the final l
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     l_keys = l_i
