@@ -53,16 +53,17 @@ if section == "Sinusoidal":
     n_pos = c1.slider("Positions", 8, 512, 100, step=4, key="pos_sin_n", persist_state="session")
     d_model = c2.select_slider("d_model", options=D_MODELS, value=64, key="pos_sin_d", persist_state="session")
     base_sin = c3.select_slider("Base", options=BASES, value=10000.0, key="pos_sin_base", persist_state="session")
-    pe = P.sinusoidal_encoding(n_pos, d_model, base_sin)
+    heatmap, by_offset = ui_pos.sinusoid_charts(n_pos, d_model, base_sin, tuple(D_MODELS))
+    setting = {"n_pos": n_pos, "d_model": d_model, "base": base_sin}
+    ui_pos.prefetch_sinusoid(setting, ui.last_setting("pos_sin_last", setting),
+                             {"n_pos": list(range(8, 513, 4)), "d_model": D_MODELS, "base": BASES}, tuple(D_MODELS))
     left, right = st.columns(2)
     with left:
-        ui.chart(F.encoding_heatmap(pe), "Early dimensions turn fast (stripes), late ones barely move: each position "
+        ui.chart(heatmap, "Early dimensions turn fast (stripes), late ones barely move: each position "
                                       "gets its own pattern of phases.")
         snippet_ui.show(snippets.positional_encoding(n_pos, d_model, base_sin))
     with right:
-        offsets = np.arange(n_pos)
-        ui.chart(F.dot_by_offset_instant(offsets, {d: P.sinusoidal_dot(offsets, d, base_sin) for d in D_MODELS},
-                                         d_model),
+        ui.chart(by_offset,
                  "PE_p · PE_(p+k) = Σ cos(k ω_i) depends on the offset k only, not on p, and mostly falls as k grows. "
                  "**Instant:** its own d_model slider (drawn by the browser, no server); the controls above "
                  "recompute.")
@@ -72,10 +73,9 @@ if section == "Sinusoidal":
     k_shift = c1.slider("Offset k", -50, 50, 5, key="pos_sin_k", persist_state="session")
     p1 = c2.slider("Position p", 0, 200, 10, key="pos_sin_p1", persist_state="session")
     p2 = c3.slider("Another position p′", 0, 200, 120, key="pos_sin_p2", persist_state="session")
-    m_k = P.sinusoidal_shift_matrix(k_shift, d_model, base_sin)
     left, right = st.columns([1, 1])
     with left:
-        ui.chart(F.matrix_heatmap(m_k[:16, :16], title=f"M_k for k = {k_shift} (first 16 dimensions)"),
+        ui.chart(ui_pos.shift_matrix_chart(k_shift, d_model, base_sin),
               "Block diagonal: one 2×2 rotation by k·ω_i per (sin, cos) pair, and nothing that depends on p.")
     with right:
         table, errors = {}, {}
@@ -236,17 +236,15 @@ if section == "Compare":
                                  persist_state="session")
     seed_cmp = c5.number_input("Seed", 0, 10_000, 0, key="pos_cmp_seed", persist_state="session")
     same = st.toggle("Key = query (the same token repeated)", value=True, key="pos_cmp_same", persist_state="session")
-    rng = np.random.default_rng(int(seed_cmp))
-    q_c = rng.standard_normal(d_cmp)
-    k_c = q_c.copy() if same else rng.standard_normal(d_cmp)
-    scores_by = {s: P.compare_schemes(q_c, k_c, n_cmp, base=base_cmp, alibi_slope=s) for s in SLOPES}
-    weights_by = {s: {name: P.softmax_over_distance(x) for name, x in scores.items()}
-                  for s, scores in scores_by.items()}
-    ui.chart(F.scheme_panels_instant(np.arange(n_cmp), scores_by, weights_by, slope_cmp),
+    ui.chart(ui_pos.compare_chart(d_cmp, n_cmp, base_cmp, slope_cmp, int(seed_cmp), same, tuple(SLOPES)),
              "RoPE's score decays and oscillates, ALiBi's falls in a straight line, sinusoidal wobbles around the "
              "content score plus PE·PE; after the softmax, without position the weight is flat at 1/n and the schemes "
              "tilt it toward nearby tokens by different amounts. **Instant:** the chart's ALiBi slope slider (no "
              "server); the controls above recompute.")
+    setting = {"d": d_cmp, "n": n_cmp, "base": base_cmp, "slope": slope_cmp, "seed": int(seed_cmp), "same": same}
+    ui_pos.prefetch_compare(setting, ui.last_setting("pos_cmp_last", setting),
+                            {"d": HEAD_DIMS, "n": list(range(8, 1025, 8)), "base": BASES, "slope": SLOPES,
+                             "seed": (0, 10_000)}, tuple(SLOPES))
 
 # ---------------------------------------------------------------- measured
 if section == "Measured on models":

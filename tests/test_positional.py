@@ -725,3 +725,28 @@ def test_a_rope_control_moved_builds_its_next_charts_in_the_background(monkeypat
     assert asked == []
     ui_pos.prefetch_rotation(now, now, dims, bases, positions)
     assert asked[-1][1] == []
+
+
+def test_a_sinusoid_or_compare_control_moved_builds_its_next_charts_in_the_background(monkeypatch):
+    """The Sinusoidal and Compare sections' charts one step either way of the control just moved, as argument tuples
+    in the cached functions' own order (a tuple out of order would build another setting's chart); nothing on a
+    first run."""
+    from attnviz.ui import positional as ui_pos
+
+    asked = []
+    monkeypatch.setattr(ui_pos.ui, "build_in_background", lambda cached, calls, name: asked.append((cached, calls)))
+    d_models, slopes = (8, 16, 32, 64), (0.5, 0.25, 0.125)
+    now = {"n_pos": 100, "d_model": 64, "base": 10000.0}
+    steps = {"n_pos": list(range(8, 513, 4)), "d_model": list(d_models), "base": [100.0, 10000.0]}
+    ui_pos.prefetch_sinusoid(now, {**now, "n_pos": 96}, steps, d_models)
+    assert asked[-1] == (ui_pos.sinusoid_charts, [(104, 64, 10000.0, d_models), (96, 64, 10000.0, d_models)])
+    cmp = {"d": 64, "n": 128, "base": 10000.0, "slope": 0.25, "seed": 3, "same": True}
+    cmp_steps = {"d": [32, 64, 128], "n": list(range(8, 1025, 8)), "base": [10000.0], "slope": list(slopes),
+                 "seed": (0, 10_000)}
+    ui_pos.prefetch_compare(cmp, {**cmp, "seed": 4}, cmp_steps, slopes)
+    assert asked[-1] == (ui_pos.compare_chart, [(64, 128, 10000.0, 0.25, 2, True, slopes),
+                                                (64, 128, 10000.0, 0.25, 4, True, slopes)])
+    asked.clear()
+    ui_pos.prefetch_sinusoid(now, None, steps, d_models)
+    ui_pos.prefetch_compare(cmp, None, cmp_steps, slopes)
+    assert asked == []

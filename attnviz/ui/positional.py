@@ -26,6 +26,53 @@ def decay_curves(max_distance: int, d_head: int, base: float, scaling: str, fact
     return distances, curves
 
 
+# The Sinusoidal section's charts, built once for every session on what they depend on: moving the offset or the
+# positions below them reruns the page without rebuilding them (the similarity chart holds one figure per d_model).
+@ui.figure_cache(max_entries=16)
+def sinusoid_charts(n_pos: int, d_model: int, base: float, d_models: tuple):
+    """(the encoding's heatmap, the similarity by offset with its in-chart d_model slider over d_models)."""
+    offsets = np.arange(n_pos)
+    return (F.encoding_heatmap(P.sinusoidal_encoding(n_pos, d_model, base)),
+            F.dot_by_offset_instant(offsets, {d: P.sinusoidal_dot(offsets, d, base) for d in d_models}, d_model))
+
+
+def prefetch_sinusoid(setting: dict, previous: dict | None, steps: dict, d_models: tuple) -> None:
+    """Builds, in a background thread, sinusoid_charts one step either way of the control just moved (setting,
+    previous: {"n_pos", "d_model", "base"} of this run and the last; steps: each control's options) while the
+    browser draws this one. Nothing when nothing moved."""
+    if previous is not None:
+        ui.build_in_background(sinusoid_charts, [(*s.values(), d_models) for s in
+                                                 ui.moved_neighbours(setting, previous, steps)], "attnviz-sin-prefetch")
+
+
+@ui.figure_cache(max_entries=16)
+def compare_chart(d: int, n: int, base: float, slope: float, seed: int, same: bool, slopes: tuple):
+    """The Compare section's chart: a seeded random q (and k = q when `same`, else its own) at every distance up to
+    n under each scheme, scores and weights, with an in-chart ALiBi slope slider over `slopes`, drawn at `slope`."""
+    rng = np.random.default_rng(int(seed))
+    q = rng.standard_normal(d)
+    k = q.copy() if same else rng.standard_normal(d)
+    scores_by = {s: P.compare_schemes(q, k, n, base=base, alibi_slope=s) for s in slopes}
+    weights_by = {s: {name: P.softmax_over_distance(x) for name, x in scores.items()}
+                  for s, scores in scores_by.items()}
+    return F.scheme_panels_instant(np.arange(n), scores_by, weights_by, slope)
+
+
+def prefetch_compare(setting: dict, previous: dict | None, steps: dict, slopes: tuple) -> None:
+    """compare_chart one step either way of the control just moved (setting, previous: {"d", "n", "base", "slope",
+    "seed", "same"}), built in a background thread as prefetch_sinusoid's."""
+    if previous is not None:
+        ui.build_in_background(compare_chart, [(*s.values(), slopes) for s in
+                                               ui.moved_neighbours(setting, previous, steps)], "attnviz-cmp-prefetch")
+
+
+@ui.figure_cache(max_entries=16)
+def shift_matrix_chart(k_shift: int, d_model: int, base: float):
+    """M_k's first 16 dimensions as a heatmap."""
+    m_k = P.sinusoidal_shift_matrix(k_shift, d_model, base)
+    return F.matrix_heatmap(m_k[:16, :16], title=f"M_k for k = {k_shift} (first 16 dimensions)")
+
+
 # The RoPE section's charts, each built once for every session on what it depends on: a rerun that moves one
 # control rebuilds only the charts that read it (their in-chart sliders carry up to 201 x 5 stops each).
 def rope_qk(d_head: int, seed: int) -> np.ndarray:
