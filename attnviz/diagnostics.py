@@ -197,31 +197,34 @@ def first_copies(loaded, length: int, *, seed: int = 0) -> FirstCopies:
     return FirstCopies(seed, start, ids, _pattern(rows, len(ids)), logits, kv, lm.token_losses(logits, ids))
 
 
-def reuse_test(loaded, length: int, *, seed: int = 0, first: FirstCopies | None = None
+def reuse_test(loaded, length: int, *, seed: int = 0, first: FirstCopies | None = None, logits: bool = True
                ) -> tuple[InductionTest, FirstCopies]:
     """induction_test(loaded, length, seed=seed) on a model that reuses_first_copies: only the second copy runs when
     `first` (this seed's FirstCopies, or None) is at least `length` long; else one pass over the whole sequence.
-    Returns the test and the longest FirstCopies known after it (first, or this test's own)."""
+    Returns the test and the longest FirstCopies known after it (first, or this test's own). logits=False: the
+    test's capture keeps no logits (the losses are the same), and a test from the first copies joins none: at
+    L = 200 on SmolLM2 that is 78 MB not copied."""
     if first is not None and first.seed != seed:
         raise ValueError(f"the first copies of seed {first.seed} cannot start a test of seed {seed}")
     ids, start = _sequence(loaded, length, seed)
     m, n = start + length, len(ids)
     if first is None or first.length < length:
-        rows, logits, kv = _continued(loaded, None, 0, ids)
-        pattern, losses = _pattern(rows, n), lm.token_losses(logits, ids)
-        first = FirstCopies(seed, start, ids[:m], np.ascontiguousarray(pattern[:, :, :m, :m]), logits[:m].clone(),
+        rows, all_logits, kv = _continued(loaded, None, 0, ids)
+        pattern, losses = _pattern(rows, n), lm.token_losses(all_logits, ids)
+        first = FirstCopies(seed, start, ids[:m], np.ascontiguousarray(pattern[:, :, :m, :m]), all_logits[:m].clone(),
                             tuple((k[:, :, :m].clone(), v[:, :, :m].clone()) for k, v in kv), losses[:m - 1].copy())
     else:  # the first copy's losses kept; the second's from its own logits and the first copy's last row
         rows, second, _ = _continued(loaded, first.kv, m, ids[m:])
         pattern = _pattern(rows, n, first.pattern[:, :, :m, :m])
-        logits = torch.cat([first.logits[:m], second])
-        losses = np.concatenate([first.losses[:m - 1], lm.token_losses(logits[m - 1:], ids[m - 1:])])
+        own = torch.cat([first.logits[m - 1:m], second])  # the first copy's last row predicts the second's first
+        losses = np.concatenate([first.losses[:m - 1], lm.token_losses(own, ids[m - 1:])])
+        all_logits = torch.cat([first.logits[:m - 1], own]) if logits else None
     config = loaded.model.config
     capture = AttentionCapture(
         tokens=readable_tokens(loaded.tokenizer, ids), token_ids=ids, layers=sorted(numbered_attention(loaded.model)),
         kv_head_of=core.kv_head_of(shape.n_heads(config), shape.n_kv_heads(config)), model_name=loaded.spec.name,
         causal=True, store="pattern", pattern=pattern)
-    capture.logits = logits
+    capture.logits = all_logits if logits else None
     return _test_of(capture, start, length, losses), first
 
 

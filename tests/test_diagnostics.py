@@ -145,6 +145,10 @@ def test_a_test_from_the_first_copies_runs_only_its_second_copy_and_equals_one_p
             assert test.loss_second == pytest.approx(whole.loss_second, abs=1e-5)
         else:  # no token of a copy after its first
             assert test.loss_first is None is whole.loss_first
+        lean, _ = reuse_test(llama, length, seed=5, first=first, logits=False)  # what the Heads page keeps
+        assert lean.capture.logits is None and test.capture.logits.shape[0] == len(test.capture.token_ids)
+        assert (lean.loss_first, lean.loss_second) == (test.loss_first, test.loss_second)
+        np.testing.assert_array_equal(lean.capture.pattern, test.capture.pattern)
     test, kept = reuse_test(llama, 40, seed=5, first=first)
     assert ran[-1] == (0, 81) and kept.length == 40 and kept.ids == test.capture.token_ids[:41]
     np.testing.assert_array_equal(kept.pattern, test.capture.pattern[:, :, :41, :41])

@@ -137,7 +137,7 @@ def _run_test(model: str, version: tuple, loaded, length: int, seed: int):
         with _FIRST_COPIES.building(key):  # a prefetch building them: wait for it (outside foreground_work, which
             kept = _FIRST_COPIES.get(key)  # would pause it), not run L twice as long
         with ui.foreground_work():
-            test, first = reuse_test(loaded, length, seed=seed, first=kept)
+            test, first = reuse_test(loaded, length, seed=seed, first=kept, logits=False)
         _FIRST_COPIES.keep(key, first)
     test.capture.pattern.flags.writeable = False
     test.capture.logits = None  # the tab draws none: 75 of the 240 MiB a test of L = 200 holds for SmolLM2
