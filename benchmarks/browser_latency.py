@@ -78,6 +78,7 @@ NEW_WORK = {
     "heads_layer_range": "new work where the range widens: a capture of other layers",
     "heads_induction_length": "new work: a forward pass over a new random sequence, unless built ahead",
     "heads_induction_seed": "new work: a forward pass over a new random sequence, unless built ahead",
+    "heads_compare_mode": "new work where it moves to Two texts: a capture of text B",
     "exp_new": "new work: the model generates the tokens again",
     "exp_temperature": "new work: the model generates the tokens again",
     "exp_seed": "new work: the model generates the tokens again",
