@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 import plotly.io as pio
@@ -67,3 +68,50 @@ def test_grid_layout_is_make_subplots_layout():
             {k for k in theirs if k.startswith(("xaxis", "yaxis"))}
         for a, b in zip(ours["annotations"], theirs["annotations"]):
             assert (a["text"], a["x"], a["y"]) == (b["text"], pytest.approx(b["x"]), pytest.approx(b["y"]))
+
+
+def _laid_out_by_updates(fig, *, reverse_y=False, log_x=False, log_y=False, **titles):
+    """A figure laid out the way plotly's update calls lay it out (update_xaxes / update_yaxes, then apply_layout):
+    what line_chart and heatmap built before they built their figures in one go."""
+    if reverse_y:
+        fig.update_yaxes(autorange="reversed")
+    if log_x:
+        fig.update_xaxes(type="log")
+    if log_y:
+        fig.update_yaxes(type="log")
+    return common.apply_layout(fig, **titles)
+
+
+def test_charts_built_in_one_go_equal_the_same_charts_laid_out_by_plotlys_updates():
+    """line_chart, heatmap and an hline, each built in one go (one_panel_layout), draw the JSON that plotly's own
+    update calls and add_hline give the same traces: the same figure, five to ten times cheaper to build."""
+    from attnviz.figures.common import PALETTE, heatmap, hline, line_chart
+
+    def drawn(fig):
+        return json.loads(fig.to_json())
+
+    x = np.arange(10)
+    series = {"a": np.sin(x), "b": np.cos(x)}
+    for kw in ({}, {"title": "T", "x_title": "x", "y_title": "y", "height": 300}, {"log_x": True, "log_y": True},
+               {"title": "t", "y_title": "only y"}):
+        scale = {k: kw.pop(k) for k in ("log_x", "log_y") if k in kw}
+        by_updates = go.Figure([go.Scatter(x=x, y=y, mode="lines", name=name,
+                                           line=dict(color=PALETTE[i], dash="dash" if name == "b" else "solid"))
+                                for i, (name, y) in enumerate(series.items())])
+        got = line_chart(x, series, dashed=["b"], **kw, **scale)
+        assert drawn(got) == drawn(_laid_out_by_updates(by_updates, **scale, **kw)), kw
+    z = np.random.default_rng(0).random((4, 5))
+    for kw in ({}, {"title": "H", "colorbar_title": "a long colour bar title", "reverse_y": False},
+               {"height": 200, "x_title": "k"}):
+        colorbar, reverse = kw.pop("colorbar_title", None), kw.pop("reverse_y", True)
+        by_updates = go.Figure(go.Heatmap(z=z, x=list(range(5)), y=list(range(4)), colorscale="Viridis",
+                                          colorbar=dict(title=dict(text=colorbar)) if colorbar else None,
+                                          hovertemplate="row %{y}<br>column %{x}<br>value %{z:.4g}<extra></extra>"))
+        got = heatmap(z, colorbar_title=colorbar, reverse_y=reverse, **kw)
+        assert drawn(got) == drawn(_laid_out_by_updates(by_updates, reverse_y=reverse, **kw)), kw
+    with_line = line_chart(x, {"a": series["a"]}, title="t", **hline(0.5, "half", dict(color="#868e96", dash="dot")))
+    by_updates = _laid_out_by_updates(go.Figure(go.Scatter(x=x, y=series["a"], mode="lines", name="a",
+                                                           line=dict(color=PALETTE[0], dash="solid"))), title="t")
+    by_updates.add_hline(y=0.5, line=dict(color="#868e96", dash="dot"), annotation_text="half",
+                         annotation_position="top right")
+    assert drawn(with_line) == drawn(by_updates)

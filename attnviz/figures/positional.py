@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from attnviz.figures import instant
 from attnviz.figures.common import (
-    DIVERGING_SCALE, PALETTE, apply_layout, grid_layout, heatmap, legend_below, line_chart,
+    DIVERGING_SCALE, PALETTE, apply_layout, grid_layout, heatmap, hline, legend_below, line_chart,
 )
 
 
@@ -30,11 +30,9 @@ def encoding_heatmap(pe: np.ndarray, *, title: str = "Sinusoidal encoding PE[pos
 
 def dot_by_offset(offsets, dots, *, d_model: int) -> go.Figure:
     """PE_p . PE_(p+k) against k; one curve, identical for every p."""
-    fig = line_chart(offsets, {"PE_p · PE_(p+k)": dots}, title="Similarity of two encodings k positions apart",
-                     x_title="offset k (tokens)", y_title="dot product (unitless)", height=360)
-    fig.add_hline(y=d_model / 2, line=dict(color="#868e96", dash="dot"),
-                  annotation_text=f"d/2 = {d_model / 2:g} at k = 0", annotation_position="top right")
-    return fig
+    return line_chart(offsets, {"PE_p · PE_(p+k)": dots}, title="Similarity of two encodings k positions apart",
+                      x_title="offset k (tokens)", y_title="dot product (unitless)", height=360,
+                      **hline(d_model / 2, f"d/2 = {d_model / 2:g} at k = 0", dict(color="#868e96", dash="dot")))
 
 
 def dot_by_offset_instant(offsets, dots_by_d: Mapping[int, Sequence[float]], d_model: int) -> go.Figure:
