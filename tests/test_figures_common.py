@@ -83,7 +83,7 @@ def _laid_out_by_updates(fig, *, reverse_y=False, log_x=False, log_y=False, **ti
 
 
 def test_charts_built_in_one_go_equal_the_same_charts_laid_out_by_plotlys_updates():
-    """line_chart, heatmap and an hline, each built in one go (one_panel_layout), draw the JSON that plotly's own
+    """line_chart, heatmap and an hline, each built in one go (laid_out), draw the JSON that plotly's own
     update calls and add_hline give the same traces: the same figure, five to ten times cheaper to build."""
     from attnviz.figures.common import PALETTE, heatmap, hline, line_chart
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -26,17 +28,34 @@ LABEL_CHAR_PX = 7  # about the width of one tick-label character, in pixels
 
 def _colorbar_titles(fig: go.Figure) -> list[str] | None:
     """The titles of the colour bars the figure draws (a heatmap's own, or a marker's showscale), None if none."""
+    return _colorbar_titles_in(fig.data, fig.layout)
+
+
+def _colorbar_titles_in(data, layout) -> list[str] | None:
+    """_colorbar_titles of traces and a layout, plotly's objects or plain dicts (before a figure is built)."""
     titles = []
-    for trace in fig.data:
-        shared = getattr(trace, "coloraxis", None)  # a colour axis shared by traces draws one bar
+    for trace in data:
+        shared = _read(trace, "coloraxis")  # a colour axis shared by traces draws one bar
         if shared:
-            titles.append(fig.layout[shared].colorbar.title.text or "")
-        elif trace.type in ("heatmap", "histogram2d", "contour") and trace.showscale is not False:
-            titles.append(trace.colorbar.title.text or "")
-        marker = getattr(trace, "marker", None)
-        if marker is not None and getattr(marker, "showscale", None):
-            titles.append(marker.colorbar.title.text or "")
+            titles.append(_read(layout, shared, "colorbar", "title", "text") or "")
+        elif (_read(trace, "type") or "scatter") in ("heatmap", "histogram2d", "contour") \
+                and _read(trace, "showscale") is not False:
+            titles.append(_read(trace, "colorbar", "title", "text") or "")
+        if _read(trace, "marker", "showscale"):
+            titles.append(_read(trace, "marker", "colorbar", "title", "text") or "")
     return titles or None
+
+
+def _read(obj, *path):
+    """obj[path[0]][path[1]]... in a plotly object or a plain dict alike, None where a key is not set (a title given
+    as a plain string is its own text)."""
+    for key in path:
+        if isinstance(obj, str):
+            return obj if key == "text" else None
+        if obj is None:
+            return None
+        obj = obj.get(key) if isinstance(obj, Mapping) else (obj[key] if key in obj else None)
+    return obj
 
 
 def _right_margin(fig: go.Figure) -> int:
@@ -90,32 +109,45 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     return fig
 
 
-def one_panel_layout(*, title: str | None = None, x_title: str | None = None, y_title: str | None = None,
-                     height: int | None = None, colorbar_titles: Sequence[str] | None = None,
-                     x_axis: dict | None = None, y_axis: dict | None = None, **more) -> dict:
-    """What apply_layout sets, as one layout dict for a one-panel figure built in one go (go.Figure(data=...,
-    layout=...)): 2-3 ms against 10-15 ms for a figure built and then laid out by plotly's updates, each of which
-    walks plotly's property tree. colorbar_titles: those of the colour bars its traces draw (None: none); x_axis,
-    y_axis, more: further axis and layout properties. Call before building the figure (the template: apply_layout)."""
-    if pio.templates.default != TEMPLATE:
+def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x_title: str | None = None,
+             y_title: str | None = None, height: int | None = None, legend: Mapping | None = None,
+             margin: Mapping | None = None) -> go.Figure:
+    """go.Figure(data, layout) laid out as apply_layout lays it out, then `legend` and `margin` merged in as plotly's
+    update_layout merges them (legend_below's, say), all in one go: each plotly update of a built figure walks its
+    property tree (10-30 ms a call here), where a figure built from one dict takes 2-3 ms. data: traces, plotly's
+    or plain dicts; layout: a plain dict (grid_layout's, say), left as it is."""
+    if pio.templates.default != TEMPLATE:  # see apply_layout
         pio.templates.default = TEMPLATE
-    layout = dict(margin=dict(l=MARGIN_LEFT, r=_right_margin_for(colorbar_titles), t=50 if title else 20,
-                              b=MARGIN_BOTTOM),
-                  height=height, legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),
-                  xaxis=dict(x_axis or {}, ticklabeloverflow="allow"),
-                  yaxis=dict(y_axis or {}, ticklabeloverflow="allow"), **more)
+    out = copy.deepcopy(dict(layout or {}))
+    _merge(out, {"margin": dict(l=MARGIN_LEFT, r=_right_margin_for(_colorbar_titles_in(data, out)),
+                                t=50 if title else 20, b=MARGIN_BOTTOM),
+                 "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0)})
+    if height is None:  # as update_layout(height=None) unsets it
+        out.pop("height", None)
+    else:
+        out["height"] = height
     if title:
-        layout["title"] = dict(text=title, x=0.0, xanchor="left")
-    for axis, text in (("xaxis", x_title), ("yaxis", y_title)):
-        if text is not None:
-            layout[axis]["title"] = dict(text=text)
-    return layout
+        _merge(out, {"title": dict(text=title, x=0.0, xanchor="left")})
+    for kind, text in (("x", x_title), ("y", y_title)):  # every axis of the kind, as update_xaxes finds them
+        for name in {f"{kind}axis"} | {k for k in out if re.fullmatch(f"{kind}axis[0-9]*", k)}:
+            _merge(out, {name: dict(ticklabeloverflow="allow", **({} if text is None else {"title": {"text": text}}))})
+    _merge(out, {"legend": dict(legend or {}), "margin": dict(margin or {})})
+    return go.Figure(data=data, layout=out)
+
+
+def _merge(into: dict, update: Mapping) -> None:
+    """update merged into `into` as plotly merges an update: nested dicts key by key, anything else replaced."""
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), Mapping):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(dict(value)) if isinstance(value, Mapping) else value
 
 
 def hline(y: float, text: str, line: dict) -> dict:
     """A horizontal line across the panel at y with `text` over its right end, as plotly's add_hline(y, line=line,
     annotation_text=text, annotation_position="top right") draws it: {"shapes": [...], "annotations": [...]} for
-    one_panel_layout (add_hline itself takes 10-20 ms a call)."""
+    line_chart or laid_out (add_hline itself takes 10-20 ms a call)."""
     return {"shapes": [dict(type="line", x0=0, x1=1, xref="x domain", y0=y, y1=y, yref="y", line=line)],
             "annotations": [dict(showarrow=False, text=text, x=1, xanchor="right", xref="x domain", y=y,
                                  yanchor="bottom", yref="y")]}
@@ -124,8 +156,13 @@ def hline(y: float, text: str, line: dict) -> dict:
 def legend_below(fig: go.Figure, *, y: float = -0.22, bottom: int = 100) -> go.Figure:
     """The legend under the x-axis title, left-aligned, with a bottom margin to hold it: above the plot, in a narrow
     column, it runs over the chart's title however many entries it has."""
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=y, xanchor="left", x=0.0), margin=dict(b=bottom))
+    fig.update_layout(legend=below_legend(y=y), margin=dict(b=bottom))
     return fig
+
+
+def below_legend(*, y: float = -0.22) -> dict:
+    """legend_below's legend, for laid_out (with margin=dict(b=...) to hold it)."""
+    return dict(orientation="h", yanchor="top", y=y, xanchor="left", x=0.0)
 
 
 def grid_layout(rows: int, cols: int, titles: Sequence[str] = (), *, horizontal_spacing: float = 0.1,
@@ -158,27 +195,24 @@ def heatmap(z, *, x_labels: Sequence | None = None, y_labels: Sequence | None = 
     z = np.asarray(z, dtype=float)
     x = list(range(z.shape[1])) if x_labels is None else unique_labels(x_labels)
     y = list(range(z.shape[0])) if y_labels is None else unique_labels(y_labels)
-    layout = one_panel_layout(title=title, x_title=x_title, y_title=y_title, height=height,
-                              colorbar_titles=[colorbar_title or ""],
-                              y_axis={"autorange": "reversed"} if reverse_y else None)
-    return go.Figure(go.Heatmap(
+    return laid_out([go.Heatmap(
         z=z, x=x, y=y, colorscale=colorscale, zmin=zmin, zmax=zmax,
         colorbar=dict(title=dict(text=colorbar_title)) if colorbar_title else None,
         hovertemplate=hovertemplate or "row %{y}<br>column %{x}<br>value %{z:.4g}<extra></extra>",
-    ), layout=layout)
+    )], {"yaxis": {"autorange": "reversed"}} if reverse_y else None, title=title, x_title=x_title, y_title=y_title,
+        height=height)
 
 
 def line_chart(x, series: Mapping[str, Sequence[float]], *, title: str | None = None, x_title: str | None = None,
                y_title: str | None = None, log_x: bool = False, log_y: bool = False,
                dashed: Sequence[str] = (), height: int | None = None, **more) -> go.Figure:
     """One line per named series over a shared x. more: further layout properties (hline's, say)."""
-    layout = one_panel_layout(title=title, x_title=x_title, y_title=y_title, height=height,
-                              x_axis={"type": "log"} if log_x else None, y_axis={"type": "log"} if log_y else None,
-                              **more)
-    return go.Figure([go.Scatter(
+    axes = {f"{kind}axis": {"type": "log"} for kind, log in (("x", log_x), ("y", log_y)) if log}
+    return laid_out([go.Scatter(
         x=np.asarray(x), y=np.asarray(y, dtype=float), mode="lines", name=name,
         line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if name in dashed else "solid"),
-    ) for i, (name, y) in enumerate(series.items())], layout=layout)
+    ) for i, (name, y) in enumerate(series.items())], {**axes, **more}, title=title, x_title=x_title,
+        y_title=y_title, height=height)
 
 
 def unique_labels(labels: Sequence) -> list[str]:

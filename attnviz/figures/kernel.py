@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import instant
-from .common import DIVERGING_SCALE, PALETTE, apply_layout, label_margins, line_chart
+from .common import DIVERGING_SCALE, PALETTE, apply_layout, label_margins, laid_out, line_chart
 
 # Tile states, indexed by the values of tile_states(): what the map colours and its key (tile_key) say.
 TILE_STATES = ("skipped (causal mask)", "to do", "to do, masked", "done", "done, masked", "current",
@@ -248,9 +248,7 @@ def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], a
     parts = [step_view_parts(s, st, t, q_edges, k_edges, causal=causal, window=window)
              for s, st, t in zip(steps, states, titles)]
     traces, layout = parts[active]
-    fig = go.Figure(data=traces, layout=layout)
-    apply_layout(fig, height=VIEW_HEIGHT)  # sets the first legend's place: the view's one (legend2) is set after it
-    fig.update_layout(margin=dict(t=_VIEW_TOP, b=_VIEW_BOTTOM), legend2=layout["legend2"])
+    fig = laid_out(traces, layout, height=VIEW_HEIGHT, margin=dict(t=_VIEW_TOP, b=_VIEW_BOTTOM))
     return instant.add_frame_slider(fig, [{"data": t, "layout": lay} for t, lay in parts],
                                     [str(s.index) for s in steps], active, parameter="step")
 

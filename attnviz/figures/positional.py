@@ -11,7 +11,8 @@ from plotly.subplots import make_subplots
 
 from attnviz.figures import instant
 from attnviz.figures.common import (
-    DIVERGING_SCALE, PALETTE, apply_layout, grid_layout, heatmap, hline, legend_below, line_chart,
+    DIVERGING_SCALE, PALETTE, apply_layout, below_legend, grid_layout, heatmap, hline, laid_out, legend_below,
+    line_chart,
 )
 
 
@@ -91,9 +92,9 @@ def rope_pair_rotation_instant(q_pair, k_pair, rotated_q: Mapping[float, np.ndar
                     _arrow(f"R_n k (n = {n})", rotated_k[b], PALETTE[1], "solid")]
         return out
 
-    fig = apply_layout(go.Figure(data=traces(positions.index(m)), layout=layout), title=titles[base],
-                       x_title="first coordinate (unitless)", y_title="second coordinate (unitless)", height=480)
-    legend_below(fig, y=-0.22, bottom=115)  # two rows of legend in a half-width column
+    fig = laid_out(traces(positions.index(m)), layout, title=titles[base], x_title="first coordinate (unitless)",
+                   y_title="second coordinate (unitless)", height=480,
+                   legend=below_legend(y=-0.22), margin=dict(b=115))  # two rows of legend in a half-width column
     stops = [{"data": traces(i), "layout": {}} for i in range(len(positions))]
     instant.add_frame_slider(fig, stops, [str(p) for p in positions], positions.index(m),
                              parameter="query position m")
@@ -270,10 +271,7 @@ def scheme_panels(distances, scores: Mapping[str, Sequence[float]],
     layout["yaxis"]["title"] = dict(text="score q·k/√d (unitless)")
     layout["yaxis2"].update(title=dict(text="attention weight (fraction, log scale)"), type="log", dtick=1,
                             tickformat=".0e")
-    fig = go.Figure(data=traces, layout=layout)
-    apply_layout(fig, height=440)
-    fig.update_layout(margin=dict(t=60))
-    return legend_below(fig, y=-0.2, bottom=100)
+    return laid_out(traces, layout, height=440, margin=dict(t=60, b=100), legend=below_legend(y=-0.2))
 
 
 def scheme_panels_instant(distances, scores_by_slope: Mapping[float, Mapping[str, Sequence[float]]],
