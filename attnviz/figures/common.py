@@ -96,17 +96,22 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     if pio.templates.default != TEMPLATE:
         pio.templates.default = TEMPLATE
         fig.update_layout(template=TEMPLATE)
-    layout = dict(margin=dict(l=MARGIN_LEFT, r=_right_margin(fig), t=50 if title else 20, b=MARGIN_BOTTOM),
-                  height=height, legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))
-    if title:
-        layout["title"] = dict(text=title, x=0.0, xanchor="left")
-    fig.update_layout(layout)
+    fig.update_layout(_house_layout(title, height, _right_margin(fig)))
     # Tick labels are never hidden at the edge of the chart: plotly's default ("hide past div") measures every
     # label in the browser on every draw, the largest single cost of drawing a chart with many ticks.
     # (One update per axis kind: each plotly update of a many-panel figure takes milliseconds.)
     fig.update_xaxes(ticklabeloverflow="allow", **({} if x_title is None else {"title_text": x_title}))
     fig.update_yaxes(ticklabeloverflow="allow", **({} if y_title is None else {"title_text": y_title}))
     return fig
+
+
+def _house_layout(title: str | None, height: int | None, right: int) -> dict:
+    """The margins, height, legend and title apply_layout gives every figure (right: the right margin)."""
+    layout = dict(margin=dict(l=MARGIN_LEFT, r=right, t=50 if title else 20, b=MARGIN_BOTTOM), height=height,
+                  legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))
+    if title:
+        layout["title"] = dict(text=title, x=0.0, xanchor="left")
+    return layout
 
 
 def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x_title: str | None = None,
@@ -119,15 +124,12 @@ def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x
     if pio.templates.default != TEMPLATE:  # see apply_layout
         pio.templates.default = TEMPLATE
     out = copy.deepcopy(dict(layout or {}))
-    _merge(out, {"margin": dict(l=MARGIN_LEFT, r=_right_margin_for(_colorbar_titles_in(data, out)),
-                                t=50 if title else 20, b=MARGIN_BOTTOM),
-                 "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0)})
-    if height is None:  # as update_layout(height=None) unsets it
+    house = _house_layout(title, height, _right_margin_for(_colorbar_titles_in(data, out)))
+    if house.pop("height") is None:  # as update_layout(height=None) unsets it
         out.pop("height", None)
     else:
         out["height"] = height
-    if title:
-        _merge(out, {"title": dict(text=title, x=0.0, xanchor="left")})
+    _merge(out, house)
     for kind, text in (("x", x_title), ("y", y_title)):  # every axis of the kind, as update_xaxes finds them
         for name in {f"{kind}axis"} | {k for k in out if re.fullmatch(f"{kind}axis[0-9]*", k)}:
             _merge(out, {name: dict(ticklabeloverflow="allow", **({} if text is None else {"title": {"text": text}}))})
