@@ -326,6 +326,13 @@ def moved_neighbours(setting: dict, previous: dict, steps: dict) -> list[dict]:
             for value in neighbours(options, setting[name], previous.get(name))]
 
 
+def build_moved_neighbours(cached, setting: dict, previous: dict | None, steps: dict, name: str, *more) -> None:
+    """Builds cached(*neighbour.values(), *more) in the background for each of moved_neighbours(setting, previous,
+    steps) (setting's keys in cached's own argument order); nothing on a first run (previous None)."""
+    if previous is not None:
+        build_in_background(cached, [(*s.values(), *more) for s in moved_neighbours(setting, previous, steps)], name)
+
+
 def started_by_button(label: str, key: str, hint: str, **button_args) -> bool:
     """A button that starts long work and stays pressed for this visitor: True from the click on (the section then
     reruns with its sliders without asking again), else False after an st.info with `hint`."""

@@ -40,9 +40,7 @@ def prefetch_sinusoid(setting: dict, previous: dict | None, steps: dict, d_model
     """Builds, in a background thread, sinusoid_charts one step either way of the control just moved (setting,
     previous: {"n_pos", "d_model", "base"} of this run and the last; steps: each control's options) while the
     browser draws this one. Nothing when nothing moved."""
-    if previous is not None:
-        ui.build_in_background(sinusoid_charts, [(*s.values(), d_models) for s in
-                                                 ui.moved_neighbours(setting, previous, steps)], "attnviz-sin-prefetch")
+    ui.build_moved_neighbours(sinusoid_charts, setting, previous, steps, "attnviz-sin-prefetch", d_models)
 
 
 @ui.figure_cache(max_entries=16)
@@ -61,9 +59,7 @@ def compare_chart(d: int, n: int, base: float, slope: float, seed: int, same: bo
 def prefetch_compare(setting: dict, previous: dict | None, steps: dict, slopes: tuple) -> None:
     """compare_chart one step either way of the control just moved (setting, previous: {"d", "n", "base", "slope",
     "seed", "same"}), built in a background thread as prefetch_sinusoid's."""
-    if previous is not None:
-        ui.build_in_background(compare_chart, [(*s.values(), slopes) for s in
-                                               ui.moved_neighbours(setting, previous, steps)], "attnviz-cmp-prefetch")
+    ui.build_moved_neighbours(compare_chart, setting, previous, steps, "attnviz-cmp-prefetch", slopes)
 
 
 @ui.figure_cache(max_entries=16)
