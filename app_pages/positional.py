@@ -96,9 +96,10 @@ def rope_rotation(q, k, d_rope: int, base_rope: float, pair: int, seed: int, m_p
     with left:
         ui.chart(ui_pos.rope_rotation_chart(d_rope, base_rope, pair, seed, m_pos, n_pos_k, tuple(POSITIONS),
                                             tuple(BASES)),
-                 "The angle between R_m q and R_n k changes only when n − m does. **Instant:** the chart's query "
-                 "position and base sliders (drawn by the browser, no server); the controls above recompute, and the "
-                 "table beside it follows them.")
+                 "The angle between R_m q and R_n k changes only when n − m does. **Instant:** the chart's base "
+                 f"slider, and its query position slider from m − {ui_pos.ROPE_REACH} to m + {ui_pos.ROPE_REACH} "
+                 "(drawn by the browser, no server); the controls above recompute (Query position m moves that "
+                 "window), and the table beside it follows them.")
     setting = {"d_head": d_rope, "base": base_rope, "pair": pair, "seed": seed, "m": m_pos, "n": n_pos_k}
     ui_pos.prefetch_rotation(setting, ui.last_setting("pos_rope_last", setting), HEAD_DIMS, tuple(BASES),
                              tuple(POSITIONS))
@@ -149,8 +150,8 @@ def rope_layouts(base_rope: float, m_pos: int, seed: int) -> None:
              "The paper pairs (x_2i, x_2i+1): 2×2 blocks on the diagonal; transformers' rotate_half pairs (x_i, "
              "x_i+d/2): the same rotations, spread over four diagonals. P reorders the features by "
              f"{perm.tolist()}: what transformers does to each head's W_q, W_k rows when it loads a llama.cpp GGUF "
-             f"file. **Instant:** the chart's query position slider (no server); the base (here {base_rope:g}) and "
-             "the controls above recompute.")
+             f"file. **Instant:** the chart's query position slider, m − {ui_pos.ROPE_REACH} to m + "
+             f"{ui_pos.ROPE_REACH} (no server); the base (here {base_rope:g}) and the controls above recompute.")
     st.markdown(f"With that reordering the two layouts give the same vector: "
                 f"max |rotate_half(Px) − P·interleaved(x)| = **{P.layouts_agree(x, m_pos, base_rope):.1e}** "
                 f"(d = {d_small}).")

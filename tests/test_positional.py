@@ -702,6 +702,33 @@ def test_each_rope_tab_draws_its_own_chart_only():
         assert not any(other in specs[0] for other in titles.values() if other != title), label
 
 
+@pytest.mark.parametrize("m", [0, 3, 100, 200])
+def test_the_rope_charts_position_sliders_span_the_window_around_m_and_draw_apply_rope_there(m):
+    """The page's two RoPE charts carry 2 ROPE_REACH + 1 consecutive positions around m (shifted in at the ends),
+    drawn at m; each stop of the rotation chart draws the q pair that apply_rope gives at that position."""
+    from attnviz.figures import instant
+    from attnviz.ui import positional as ui_pos
+
+    positions, bases, reach = tuple(range(201)), (100.0, 10000.0), ui_pos.ROPE_REACH
+    start = min(max(m - reach, 0), 200 - 2 * reach)
+    window = list(range(start, start + 2 * reach + 1))
+    assert ui_pos.rope_window(positions, m) == window
+    rotation = ui_pos.rope_rotation_chart.__wrapped__(16, 10000.0, 2, 5, m, 10, positions, bases)
+    layouts = ui_pos.rope_layouts_chart.__wrapped__(8, 10000.0, m, positions)
+    for fig in (rotation, layouts):
+        steps = fig.layout.sliders[0].steps
+        assert [s.label for s in steps] == [str(p) for p in window]
+        assert fig.layout.sliders[0].active == window.index(m)
+    q, _ = ui_pos.rope_qk(16, 5)
+    fig = instant.figure_dict(rotation)
+    for i, p in enumerate(window):
+        state = instant.drawn(fig, [(0, i), (1, bases.index(10000.0))])
+        arrow = next(t for t in state["data"] if t.get("name") == f"R_m q (m = {p})" and t.get("visible", True))
+        tip = P.apply_rope(q[None], [p], 10000.0, interleaved=True)[0, 4:6]
+        np.testing.assert_allclose(instant.array(arrow["x"]), [0.0, tip[0]], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(instant.array(arrow["y"]), [0.0, tip[1]], rtol=1e-12, atol=1e-15)
+
+
 def test_a_rope_control_moved_builds_its_next_charts_in_the_background(monkeypatch):
     """After d_head moved up to 64, the rotation charts of d_head 128 then 32 are built (the pair clamped where it
     does not fit, as the page clamps it); after m moved down, m - 1 then m + 1; nothing on a first run or when

@@ -7,10 +7,15 @@ import streamlit as st
 
 from attnviz import positional as P
 from attnviz import ui
+from attnviz.figures import instant
 from attnviz.figures import positional as F
 from attnviz.once import ComputeOnce
 
 ROPE_SEED_MAX = 10_000  # the RoPE section's seed for q and k: its largest value
+# The RoPE charts' in-chart query position sliders: the query position m and ROPE_REACH positions either side of it
+# (fewer at the ends of the page's range). A plotly slider draws and measures a label for every stop, and Streamlit
+# draws a new figure twice: 201 stops took ~0.2 s a draw in the browser, most of a first move's wait.
+ROPE_REACH = 20
 _PROFILES = ComputeOnce(max_items=8)  # shared by every session; a long text's profile takes a pass over its capture
 
 
@@ -83,11 +88,19 @@ def rope_rotation_chart(d_head: int, base: float, pair: int, seed: int, m: int, 
     with its in-chart query position and base sliders (figures.positional.rope_pair_rotation_instant)."""
     q, k = rope_qk(d_head, seed)
     plane = slice(2 * pair, 2 * pair + 2)
+    positions = rope_window(positions, m)
     return F.rope_pair_rotation_instant(
         q[plane], k[plane], {b: P.rope_pair_at(q, pair, list(positions), b) for b in bases},
         {b: P.rope_pair_at(k, pair, [n], b)[0] for b in bases}, list(positions), m, n, base,
         {b: f"Pair {pair} turns by θ_{pair} = {P.rope_frequencies(d_head, b)[pair]:.3g} rad per position"
          for b in bases})
+
+
+def rope_window(positions: tuple, m: int) -> list:
+    """The stops of a RoPE chart's in-chart query position slider: `positions` from ROPE_REACH before m to ROPE_REACH
+    after it, as many of them as the page has (2 ROPE_REACH + 1), shifted inwards at either end."""
+    positions = list(positions)
+    return [positions[i] for i in instant.window(len(positions), positions.index(m), 0, most=2 * ROPE_REACH + 1)]
 
 
 def prefetch_rotation(setting: dict, previous: dict | None, head_dims: list, bases: tuple, positions: tuple) -> None:
@@ -107,7 +120,8 @@ def prefetch_rotation(setting: dict, previous: dict | None, head_dims: list, bas
 
 @ui.figure_cache(max_entries=32)
 def rope_layouts_chart(d_small: int, base: float, m: int, positions: tuple):
-    """The paper's and transformers' rotation matrices at every position, the query position's drawn."""
+    """The paper's and transformers' rotation matrices at the positions of rope_window, the query position's drawn."""
+    positions = rope_window(positions, m)
     perm = P.interleaved_to_half_permutation(d_small)
     paper = [P.rope_rotation_matrix(p, d_small, base, interleaved=True) for p in positions]
     half = [P.rope_rotation_matrix(p, d_small, base) for p in positions]
