@@ -148,8 +148,8 @@ st.markdown(
     r"moved redraws the open tab only."
 )
 
-SECTION_TABS = {"logits": "Logits and rows", "rows": "Every row, not only the mean", "sweeps": "Against d_k",
-                "gradient": "The gradient that reaches q"}
+SECTION_TABS = dict(zip(ui_softmax.TABS, ["Logits and rows", "Every row, not only the mean", "Against d_k",
+                                          "The gradient that reaches q"]))
 
 
 @st.fragment
@@ -162,28 +162,32 @@ def random_logits_section() -> None:
         variants, grads = ui_softmax.sample(d_k, n_keys, seed, temperature)
 
     _variant_metrics(variants, d_k, n_keys, temperature)
-    charts = ui_softmax.section_figures(d_k, n_keys, seed, temperature, ROWS_SHOWN)
     tabs = dict(zip(SECTION_TABS, ui.lazy_tabs(list(SECTION_TABS.values()), "softmax_tab")))
+    (open_tab,) = [name for name, tab in tabs.items() if tab.open] or ["logits"]
+
+    def figure(tab: str):
+        return ui_softmax.tab_figure(tab, d_k, n_keys, seed, temperature, ROWS_SHOWN)
+
     if tabs["logits"].open:
         with tabs["logits"]:
-            _logits_tab(charts, d_k, n_keys, seed, temperature)
+            _logits_tab(*figure("logits"), d_k, n_keys, seed, temperature)
     if tabs["rows"].open:
         with tabs["rows"]:
-            _rows_tab(charts["rows"])
+            _rows_tab(figure("rows"))
     if tabs["sweeps"].open:
         with tabs["sweeps"]:
-            _sweeps_tab(charts["sweeps"], n_keys)
-    if tabs["gradient"].open:
-        with tabs["gradient"]:
-            _gradient_to_q(grads, charts["gradients"])
+            _sweeps_tab(figure("sweeps"), n_keys)
+    if tabs["gradients"].open:
+        with tabs["gradients"]:
+            _gradient_to_q(grads, figure("gradients"))
     setting = {"d_k": d_k, "n_keys": n_keys, "seed": seed, "temperature": temperature}
-    ui_softmax.prefetch_next(setting, ui.last_setting("softmax_last_setting", setting), TEMPERATURES, ROWS_SHOWN)
+    ui_softmax.prefetch_next(setting, ui.last_setting("softmax_last_setting", setting), TEMPERATURES, ROWS_SHOWN,
+                             open_tab)
 
 
-def _logits_tab(charts: dict, d_k: int, n_keys: int, seed: int, temperature: float) -> None:
-    """The logits of both variants and their first rows, with the chart's own d_k slider."""
-    ui.plot(charts["variants"], width="stretch", key="softmax_variants")
-    dims = charts["variants_stops"]
+def _logits_tab(figure, dims, d_k: int, n_keys: int, seed: int, temperature: float) -> None:
+    """The logits of both variants and their first rows, with the chart's own d_k slider over dims."""
+    ui.plot(figure, width="stretch", key="softmax_variants")
     st.caption(
         "**Instant:** the d_k slider in this chart redraws it in the browser, no server ("
         + (f"all {len(DIMS)} values of d_k" if len(dims) == len(DIMS) else f"d_k = {', '.join(map(str, dims))}")

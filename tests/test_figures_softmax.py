@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attnviz import softmax as sm
 from attnviz.figures import softmax as figs
 
 
@@ -89,42 +90,55 @@ def test_prefetch_builds_one_step_either_way_of_the_slider_just_moved(monkeypatc
 
     built = []
 
-    class Now:  # runs the thread's work at once
-        def __init__(self, target, **kwargs):
-            self.target = target
-
-        def start(self):
-            self.target()
-
-    import attnviz.ui
-
-    monkeypatch.setattr(attnviz.ui.threading, "Thread", Now)
-    monkeypatch.setattr(ui_softmax, "section_figures", lambda *a: built.append(a))
+    monkeypatch.setattr(ui_softmax, "build_in_background",  # runs the thread's work at once
+                        lambda cached, calls, name: [cached(*call) for call in calls])
+    monkeypatch.setattr(ui_softmax, "tab_figure", lambda *a: built.append(a))
     temps = [0.5, 1.0, 2.0]
     base = {"d_k": 64, "n_keys": 33, "seed": 0, "temperature": 1.0}
-    ui_softmax.prefetch_next(base, {**base, "n_keys": 32}, temps, 12)  # moved up: the next one up first
-    assert built == [(64, 34, 0, 1.0, 12), (64, 32, 0, 1.0, 12)]
+    ui_softmax.prefetch_next(base, {**base, "n_keys": 32}, temps, 12, "rows")  # moved up: the next one up first
+    assert built == [("rows", 64, 34, 0, 1.0, 12), ("rows", 64, 32, 0, 1.0, 12)]
     built.clear()
-    ui_softmax.prefetch_next(base, base, temps, 12)  # nothing moved: nothing built
-    ui_softmax.prefetch_next(base, None, temps, 12)  # first run
+    ui_softmax.prefetch_next(base, base, temps, 12, "rows")  # nothing moved: nothing built
+    ui_softmax.prefetch_next(base, None, temps, 12, "rows")  # first run
     assert built == []
     top = {**base, "n_keys": 512}
-    ui_softmax.prefetch_next(top, {**top, "n_keys": 511}, temps, 12)  # at the slider's end: one side only
-    assert built == [(64, 511, 0, 1.0, 12)]
+    ui_softmax.prefetch_next(top, {**top, "n_keys": 511}, temps, 12, "rows")  # at the slider's end: one side only
+    assert built == [("rows", 64, 511, 0, 1.0, 12)]
     built.clear()
     dims = list(ui_softmax.DIMS)
     i = dims.index(64)
-    ui_softmax.prefetch_next(base, {**base, "d_k": dims[i - 1]}, temps, 12)
-    assert built == [(dims[i + 1], 33, 0, 1.0, 12), (dims[i - 1], 33, 0, 1.0, 12)]
+    ui_softmax.prefetch_next(base, {**base, "d_k": dims[i - 1]}, temps, 12, "rows")
+    assert built == [("rows", dims[i + 1], 33, 0, 1.0, 12), ("rows", dims[i - 1], 33, 0, 1.0, 12)]
     built.clear()
-    ui_softmax.prefetch_next(base, {**base, "temperature": 2.0}, temps, 12)  # moved down: the next one down first
-    assert built == [(64, 33, 0, 0.5, 12), (64, 33, 0, 2.0, 12)]
+    ui_softmax.prefetch_next(base, {**base, "temperature": 2.0}, temps, 12, "rows")  # moved down: the next down first
+    assert built == [("rows", 64, 33, 0, 0.5, 12), ("rows", 64, 33, 0, 2.0, 12)]
     built.clear()
-    ui_softmax.prefetch_next(base, {**base, "seed": 1}, temps, 12)  # the seed's - button: 0 has no lower neighbour
-    assert built == [(64, 33, 1, 1.0, 12)]
+    ui_softmax.prefetch_next(base, {**base, "seed": 1}, temps, 12, "rows")  # the seed's - button: no lower neighbour
+    assert built == [("rows", 64, 33, 1, 1.0, 12)]
     built.clear()
-    ui_softmax.prefetch_next({**base, "seed": 7}, base, temps, 12)  # a seed typed in
-    assert built == [(64, 33, 8, 1.0, 12), (64, 33, 6, 1.0, 12)]
+    ui_softmax.prefetch_next({**base, "seed": 7}, base, temps, 12, "rows")  # a seed typed in
+    assert built == [("rows", 64, 33, 8, 1.0, 12), ("rows", 64, 33, 6, 1.0, 12)]
+
+
+def test_a_tab_figure_builds_its_own_tab_only(monkeypatch):
+    """The open tab's figure is built without the others: the logits tab never computes the sweeps against d_k
+    (0.3 s on 2 cores), and each tab gets the figure it draws."""
+    from attnviz.ui import softmax as ui_softmax
+
+    def no_sweeps(*args):
+        raise AssertionError("the sweeps were computed for another tab")
+
+    monkeypatch.setattr(ui_softmax, "_sweeps", no_sweeps)
+    build = ui_softmax.tab_figure.__wrapped__
+    fig, dims = build("logits", 64, 16, 3, 1.0, 12)
+    assert 64 in dims and len(fig.frames) == len(dims)
+    variants, grads = ui_softmax.sample(64, 16, 3, 1.0)
+    rows = build("rows", 64, 16, 3, 1.0, 12)
+    np.testing.assert_array_equal(rows.data[0].y, variants[sm.SCALED][2].max_weight)
+    gradients = build("gradients", 64, 16, 3, 1.0, 12)
+    np.testing.assert_array_equal(gradients.data[0].customdata, grads[sm.SCALED])
+    monkeypatch.undo()
+    assert build("sweeps", 64, 16, 3, 1.0, 12) is ui_softmax.sweeps_chart(16, 3, 1.0)
 
 
 def test_head_patterns_draw_each_softmax_of_a_head_on_one_scale():

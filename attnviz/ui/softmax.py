@@ -94,51 +94,54 @@ def sweeps_chart(n_keys: int, seed: int, temperature: float):
 
 # the figures are kept as objects (plotly reads a figure only to draw it), so a slider moved back to a value it had
 # draws them again without building them
-@st.cache_resource(show_spinner=False, max_entries=32)
-def section_figures(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> dict:
-    """The random-logits section's four figures for one setting of its sliders: "variants" (logits and first rows
-    of both variants, with an in-chart slider over the d_k values "variants_stops": variants_chart), "rows" (every
-    row's statistics), "sweeps" (against d_k, with an in-chart slider over TEMPERATURES: sweeps_chart) and
-    "gradients" (‖∂L/∂q‖ per row)."""
+@st.cache_resource(show_spinner=False, max_entries=64)
+def tab_figure(tab: str, d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int):
+    """The figure of one tab of the random-logits section (TABS) for one setting of its sliders, built when that
+    tab is open (the others are not: the sweeps alone take 0.3 s on 2 cores): "logits", (figure, d_ks) of
+    variants_chart, the logits and first rows of both variants with an in-chart slider over d_ks; "rows", every
+    row's statistics; "sweeps", sweeps_chart, against d_k with an in-chart slider over TEMPERATURES; "gradients",
+    ‖∂L/∂q‖ per row."""
+    if tab == "logits":
+        return variants_chart(d_k, n_keys, seed, temperature, rows_shown)
+    if tab == "sweeps":
+        return sweeps_chart(n_keys, seed, temperature)
     variants, grads = sample(d_k, n_keys, seed, temperature)
+    if tab == "gradients":
+        return figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
+                                     y_title="gradient norm reaching q (log scale)")
     stats = {variant: variants[variant][2] for variant in (sm.SCALED, sm.UNSCALED)}
-    log_n = float(np.log(n_keys))
 
     def per_variant(field: str) -> dict:
         return {variant: getattr(s, field) for variant, s in stats.items()}
 
-    chart, dims = variants_chart(d_k, n_keys, seed, temperature, rows_shown)
-    return {
-        "variants": chart,
-        "variants_stops": dims,
-        "rows": figs.row_distributions([
-            {"values": per_variant("max_weight"), "title": "Max weight per row",
-             "y_title": "largest weight in the row (0 to 1)"},
-            {"values": per_variant("entropy"), "title": f"Entropy per row (max {log_n:.2f})",
-             "y_title": "entropy (nats)"},
-            {"values": per_variant("jacobian_norm"), "title": "Jacobian norm per row",
-             "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
-        ]),
-        "sweeps": sweeps_chart(n_keys, seed, temperature),
-        "gradients": figs.row_distribution(grads, title=f"‖∂L/∂q‖ per query row at d_k = {d_k}", log_y=True,
-                                           y_title="gradient norm reaching q (log scale)"),
-    }
+    return figs.row_distributions([
+        {"values": per_variant("max_weight"), "title": "Max weight per row",
+         "y_title": "largest weight in the row (0 to 1)"},
+        {"values": per_variant("entropy"), "title": f"Entropy per row (max {float(np.log(n_keys)):.2f})",
+         "y_title": "entropy (nats)"},
+        {"values": per_variant("jacobian_norm"), "title": "Jacobian norm per row",
+         "y_title": "‖diag(p) − pp^T‖_F (log scale)", "log_y": True},
+    ])
+
+
+TABS = ("logits", "rows", "sweeps", "gradients")  # tab_figure's tabs, in the page's order
 
 
 N_KEYS_RANGE = (2, 512)  # the "keys per query" slider's bounds
 SEED_RANGE = (0, 2**31 - 1)  # the seed's
 
 
-def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float], rows_shown: int) -> None:
-    """Builds, in a background thread, section_figures one step either way of the control just moved (setting and
-    previous: {"d_k", "n_keys", "seed", "temperature"} of this run and the last), while the browser draws this
-    one: a control moved again by a step then finds its figures ready. Nothing is built when nothing moved."""
+def prefetch_next(setting: dict, previous: dict | None, temperatures: list[float], rows_shown: int, tab: str) -> None:
+    """Builds, in a background thread, the open tab's tab_figure one step either way of the control just moved
+    (setting and previous: {"d_k", "n_keys", "seed", "temperature"} of this run and the last), while the browser
+    draws this one: a control moved again by a step then finds its figure ready. Nothing is built when nothing
+    moved."""
     if previous is None:
         return
     steps = {"n_keys": N_KEYS_RANGE, "d_k": list(DIMS), "temperature": list(temperatures), "seed": SEED_RANGE}
     wanted = moved_neighbours(setting, previous, steps)
-    build_in_background(section_figures, [(s["d_k"], s["n_keys"], s["seed"], s["temperature"], rows_shown)
-                                          for s in wanted], "attnviz-softmax-prefetch")
+    build_in_background(tab_figure, [(tab, s["d_k"], s["n_keys"], s["seed"], s["temperature"], rows_shown)
+                                     for s in wanted], "attnviz-softmax-prefetch")
 
 
 # The real-model sweeps are keyed on what determines them (model and the version of its files, text, captured layers,
