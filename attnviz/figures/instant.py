@@ -231,7 +231,7 @@ def _held_range(arrays: list[np.ndarray], *, log: bool) -> list[float] | None:
 
 def _set_frames(fig: go.Figure, frames: list[dict]) -> None:
     """fig.frames = frames, without plotly checking each frame's every attribute again (`fig.frames = ...` does,
-    even for Frame objects: 0.2 s for the RoPE charts' 201 stops, most of a rerun). The frames are plotly's own
+    even for Frame objects: 0.2 s for a RoPE chart of 201 stops, most of a rerun). The frames are plotly's own
     dicts, made from traces it already checked. Their arrays are written as plotly's JSON writes them (base64
     typed arrays, convert_to_base64) once here, not again at every rerun that sends the figure.
     tests/test_figures_instant.py checks that the JSON sent is the same as with plotly's checks (plotly is pinned:
