@@ -201,3 +201,42 @@ def test_the_pages_cached_charts_are_fresh_builds_of_its_settings():
     assert len(drawn) == len(fresh)
     for shown, fig in zip(drawn, fresh):
         assert shown == json.loads(fig.to_json())["data"]
+
+
+def test_kv_heads_kept_keeps_a_divisor_else_takes_the_middle_one():
+    from attnviz.ui import variants as uv
+
+    assert uv.kv_heads_kept(12, 6) == 6  # divides 12: kept
+    assert uv.kv_heads_kept(12, 5) == 4  # divisors 1, 2, 3, 4, 6, 12: the middle one
+    assert uv.kv_heads_kept(9, 2) == 3  # 1, 3, 9
+    assert uv.kv_heads_kept(7, 2) == 1  # a prime: 1, 7, the first
+    assert uv.kv_heads_kept(1, None) == 1
+    assert uv.toy_head_dim_limit(8) == 64 and uv.toy_head_dim_limit(128) == 16
+
+
+def test_a_toy_control_moved_builds_the_next_settings_figures_as_the_page_will_ask_for_them(monkeypatch):
+    """After the query heads moved up from 8 to 9, the sharing figure and the toy maps of 10 then 8 query heads are
+    built, each with the key/value heads the page keeps there (the key/value heads the move reset are not a move of
+    their own); after the seed or the key/value heads moved, their values either side; nothing on a first run or
+    when nothing moved. What is built is what the page then draws: the same cached objects."""
+    from attnviz.ui import variants as uv
+
+    asked = []
+    monkeypatch.setattr(uv, "build_in_background", lambda fn, calls, name: asked.append((fn, calls)))
+    now = {"n_heads": 9, "n_kv": 3, "n_tokens": 12, "d_head": 16, "causal": True, "seed": 0, "heads": (0, 1, 2, 8)}
+    uv.prefetch_toy(now, {**now, "n_heads": 8, "n_kv": 4})
+    fn, calls = asked[-1]
+    assert calls == [(10, 5, 12, 16, True, 0, (0, 1, 2, 8)), (8, 4, 12, 16, True, 0, (0, 1, 2))]
+    uv.prefetch_toy(now, {**now, "seed": 1})
+    assert [call[5] for call in asked[-1][1]] == [1]  # moved down to 0: no seed below it
+    uv.prefetch_toy(now, {**now, "n_kv": 1})  # key/value heads moved up: 9, then 1, of 9's divisors 1, 3, 9
+    assert [call[1] for call in asked[-1][1]] == [9, 1]
+    asked.clear()
+    uv.prefetch_toy(now, None)
+    uv.prefetch_toy(now, now)
+    assert all(calls == [] for _, calls in asked)
+    fn(*calls[1])  # built as the background thread builds it
+    assert fn is uv._toy_views
+    assert uv.sharing_figure(8, 4) is uv.sharing_figure(8, 4)
+    built = uv.variant_maps_chart(12, 16, 8, 4, True, 0, (0, 1, 2))
+    assert built is uv.variant_maps_chart(12, 16, 8, 4, True, 0, (0, 1, 2))
