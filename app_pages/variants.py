@@ -13,7 +13,8 @@ BYTES = {"fp32 (4 bytes)": 4, "fp16 / bf16 (2 bytes)": 2, "fp8 / int8 (1 byte)":
 SEQ_LENS = tuple(np.unique(np.logspace(4, 20, 65, base=2).round().astype(int)).tolist())  # the FLOPs chart's N
 CUSTOM = "Custom values"
 MAX_HEADS_SHOWN = 8
-MAX_HEADS, MAX_TOY_WIDTH = uv.MAX_HEADS, uv.MAX_TOY_WIDTH
+MAX_HEADS = 128
+MAX_TOY_WIDTH = 2048  # query heads x head dim of the toy layer: four 2048 x 2048 float64 weights, 128 MiB
 
 
 st.title("MHA, GQA, MQA and what attention costs")
@@ -30,7 +31,8 @@ c1, c2 = st.columns(2)
 n_heads = c1.slider("Query heads", 1, MAX_HEADS, 8, key="variants_heads", persist_state="session",
                     help="Up to 128, as in the largest open models (Llama-3-405B); Llama-2-70B has 64.")
 divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
-st.session_state["variants_kv"] = uv.kv_heads_kept(n_heads, st.session_state.get("variants_kv"))
+if st.session_state.get("variants_kv") not in divisors:
+    st.session_state["variants_kv"] = divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
 n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv",
                         persist_state="session")
 ui.plot(uv.sharing_figure(n_heads, n_kv), width="stretch", key="variants_sharing")
@@ -139,22 +141,19 @@ st.markdown(
 def toy_layer(n_heads: int, n_kv: int) -> None:
     """The toy layer's maps: its own controls rerun this section only."""
     t1, t2, t3, t4 = st.columns(4)
-    n_tokens = t1.slider("Tokens", *uv.TOKENS_RANGE, 12, key="variants_tokens", persist_state="session")
-    max_d_head = uv.toy_head_dim_limit(n_heads)
+    n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens", persist_state="session")
+    max_d_head = min(64, MAX_TOY_WIDTH // n_heads)
     if st.session_state.get("variants_dhead", 16) > max_d_head:  # more query heads were chosen above
         st.session_state["variants_dhead"] = max_d_head
     d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead",
                        persist_state="session",
                        help=f"At most {MAX_TOY_WIDTH} // query heads, so the toy layer stays {MAX_TOY_WIDTH} wide or "
                             "less.")
-    seed = t3.number_input("Seed", *uv.SEED_RANGE, 0, key="variants_seed", persist_state="session")
+    seed = t3.number_input("Seed", 0, 10_000, 0, key="variants_seed", persist_state="session")
     toy_causal = t4.toggle("Causal mask", value=True, key="variants_toy_causal", persist_state="session")
     results, _ = uv.toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
     heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
                                  key="variants_heads_shown", persist_state="session", max_selections=MAX_HEADS_SHOWN)
-    setting = {"n_heads": n_heads, "n_kv": n_kv, "n_tokens": n_tokens, "d_head": d_head, "causal": toy_causal,
-               "seed": int(seed), "heads": tuple(sorted(heads_shown))}
-    uv.prefetch_toy(setting, ui.last_setting("variants_last_setting", setting))
     if not heads_shown:
         st.warning("Pick at least one head to show.")
     else:

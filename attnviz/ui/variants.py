@@ -11,11 +11,7 @@ from attnviz import cost
 from attnviz import variants as var
 from attnviz.attention import kv_head_of
 from attnviz.figures import cost as figs
-from attnviz.ui import build_in_background, figure_cache, get_model, moved_neighbours
-
-MAX_HEADS = 128  # the query heads control's largest value
-MAX_TOY_WIDTH = 2048  # query heads x head dim of the toy layer: four 2048 x 2048 float64 weights, 128 MiB
-TOKENS_RANGE, SEED_RANGE = (2, 32), (0, 10_000)  # the toy layer's token count and seed bounds
+from attnviz.ui import figure_cache, get_model
 
 
 @st.cache_data(show_spinner=False)
@@ -87,41 +83,3 @@ def variant_maps_chart(n_tokens: int, d_head: int, n_heads: int, n_kv: int, caus
     results, kv_counts = toy_run(n_tokens, d_head, n_heads, n_kv, causal, seed)
     return figs.variant_maps_figure({n: r[1] for n, r in results.items()}, list(heads),
                                     {n: kv_head_of(n_heads, k) for n, k in kv_counts.items()})
-
-
-def kv_heads_kept(n_heads: int, n_kv: int | None) -> int:
-    """The key/value heads the page keeps when the query heads become n_heads: n_kv where it divides n_heads, else
-    the middle one of n_heads' divisors (the first when it has two or fewer)."""
-    divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
-    if n_kv in divisors:
-        return n_kv
-    return divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
-
-
-def toy_head_dim_limit(n_heads: int) -> int:
-    """The toy layer's largest head dim at n_heads query heads (n_heads x head dim at most MAX_TOY_WIDTH)."""
-    return min(64, MAX_TOY_WIDTH // n_heads)
-
-
-def _toy_views(n_heads: int, n_kv: int, n_tokens: int, d_head: int, causal: bool, seed: int, heads: tuple) -> None:
-    """The sharing figure and the toy layer's maps of one setting, into their caches."""
-    sharing_figure(n_heads, n_kv)
-    if heads:
-        variant_maps_chart(n_tokens, d_head, n_heads, n_kv, causal, seed, heads)
-
-
-def prefetch_toy(setting: dict, previous: dict | None) -> None:
-    """Builds, in the background, the sharing figure and the toy layer's run and maps one step either way of the
-    control just moved (setting, previous: {"n_heads", "n_kv", "n_tokens", "d_head", "causal", "seed", "heads"} of
-    this run and the last), with the key/value heads, head dim and heads shown the page keeps there: a control
-    moved again by a step then finds them ready. Nothing on a first run or when nothing moved."""
-    if previous is None:
-        return
-    n = setting["n_heads"]
-    steps = {"n_heads": (1, MAX_HEADS)} if previous.get("n_heads") != n else {  # the rest follow the query heads
-        "n_kv": [g for g in range(1, n + 1) if n % g == 0], "n_tokens": TOKENS_RANGE,
-        "d_head": (2, toy_head_dim_limit(n)), "seed": SEED_RANGE}
-    calls = [(s["n_heads"], kv_heads_kept(s["n_heads"], s["n_kv"]), s["n_tokens"],
-              min(s["d_head"], toy_head_dim_limit(s["n_heads"])), s["causal"], s["seed"],
-              tuple(h for h in s["heads"] if h < s["n_heads"])) for s in moved_neighbours(setting, previous, steps)]
-    build_in_background(_toy_views, calls, "attnviz-variants-prefetch")
