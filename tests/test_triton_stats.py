@@ -358,6 +358,31 @@ def rounded(inputs: LayerInputs, dtype) -> LayerInputs:
                        sink=inputs.sink)
 
 
+# The launches the statistics kernel alone ran fastest with in an H200 sweep at N = 16,384 (benchmarks/gpu_stats.py):
+# {(head_dim, 16-bit): (block_m, block_n, num_warps, num_stages)}. Checked here against float64 before
+# stats_on_device takes them (it still launches (64, 64) or (64, 32) with the kernel's default warps and stages).
+FASTER_LAUNCHES = {(64, True): (64, 128, 4, 3), (128, True): (64, 64, 4, 3), (256, True): (128, 32, 8, 2),
+                   (64, False): (64, 64, 4, 2)}
+
+
+def gpu_launches(case: str, head_dim: int, dtype) -> list[tuple]:
+    """(block_m, block_n, num_warps, num_stages) to check a GPU case with: stats_on_device's blocks at the default
+    warps and stages; for the first case the benchmark's other shapes too; and the faster launch for this head
+    size and precision, where the sweep found one."""
+    launches = [((64, 64) if head_dim <= 64 else (64, 32)) + (None, None)]
+    if case == next(iter(GPU_CASES)):
+        launches += [(128, 64, None, None), (64, 32, None, None), (128, 32, None, None)]
+    faster = FASTER_LAUNCHES.get((head_dim, dtype != torch.float32))
+    return launches + ([faster] if faster else [])
+
+
+def test_gpu_launches_add_the_faster_launch_where_the_sweep_found_one():
+    assert gpu_launches("causal-d64", 64, torch.float16)[-1] == (64, 128, 4, 3)
+    assert gpu_launches("causal-d64", 64, torch.float32)[-1] == (64, 64, 4, 2)
+    assert gpu_launches("alibi-d80", 80, torch.bfloat16) == [(64, 32, None, None)]
+    assert gpu_launches("gemma-like-d256", 256, torch.float16) == [(64, 32, None, None), (128, 32, 8, 2)]
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
@@ -365,13 +390,9 @@ def test_gpu_kernel_matches_float64(case, dtype):
     inputs, values, ids = make_inputs(**GPU_CASES[case], vocab=50)
     want = dense_reference(rounded(inputs, dtype), values.to(dtype).float(), ids, pool=48)
     names = [*COLUMNS, "_pooled", "_pooled_nosink"] + (["learned_sink"] if inputs.sink is not None else [])
-    # every case with stats_on_device's blocks; the first case also with the benchmark's other launch shapes
-    blocks = [(64, 64) if inputs.head_dim <= 64 else (64, 32)]
-    if case == next(iter(GPU_CASES)):
-        blocks += [(128, 64), (64, 32), (128, 32)]
-    for block_m, block_n in blocks:
+    for block_m, block_n, warps, stages in gpu_launches(case, inputs.head_dim, dtype):
         got = kernel_stats(inputs, ids, block_m=block_m, block_n=block_n, pool=48, values=values, dtype=dtype,
-                           trace=True)
+                           trace=True, num_warps=warps, num_stages=stages)
         assert_close(got, want, GPU_STATS_TOLERANCE, names)
         error = np.abs(got["_output"].double().cpu().numpy() - want["_output"]).max()
         bound = float32_output_tolerance(inputs, values) if dtype == torch.float32 else GPU_OUTPUT_TOLERANCE[dtype]
