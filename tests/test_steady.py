@@ -11,6 +11,7 @@ import numpy as np
 import plotly.io
 
 from tests.test_heads_page import heads_page
+from tests.test_one_draw import as_sent
 
 TEXT = "A rerun keeps its figures. A rerun keeps its figures."
 
@@ -47,7 +48,7 @@ def test_the_one_head_map_is_kept_once_drawn_as_kept_and_equal_to_a_fresh_build(
     kept_fig, kept = cache.head_figure(*key)
     assert built == [] and cache.head_figure(*key)[0] is kept_fig  # the page's figure, one object, not a copy
     assert _drawn(kept_fig) == _drawn(fresh)  # drawing it changed nothing: still the fresh build
-    assert json.loads(plotly.io.to_json(kept_fig, validate=False)) == sent  # what the page sent is what is kept
+    assert as_sent(kept_fig) == sent  # what the page sent is what is kept
     np.testing.assert_array_equal(kept, views.mass_off_sink(p))
     assert not kept.flags.writeable  # shared with every session: read-only
 

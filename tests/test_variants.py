@@ -166,6 +166,8 @@ def test_the_pages_cached_charts_are_fresh_builds_of_its_settings():
 
     from streamlit.testing.v1 import AppTest
 
+    from tests.test_one_draw import as_sent
+
     from attnviz import cost
     from attnviz import variants as var
     from attnviz.attention import kv_head_of
@@ -200,4 +202,4 @@ def test_the_pages_cached_charts_are_fresh_builds_of_its_settings():
     ]
     assert len(drawn) == len(fresh)
     for shown, fig in zip(drawn, fresh):
-        assert shown == json.loads(fig.to_json())["data"]
+        assert shown == as_sent(fig)["data"]

@@ -38,12 +38,14 @@ def figure_dict(fig: go.Figure) -> dict:
 
 def array(value) -> np.ndarray:
     """An array attribute of a figure dict as numpy: plotly writes numpy arrays as typed-array specs ({"dtype",
-    "bdata", "shape"}: the bytes in base64), which this decodes bit for bit; lists and arrays are passed through."""
+    "bdata", "shape"}: the bytes in base64), which this decodes bit for bit; lists and arrays are passed through, a
+    list's None (NaN as JSON writes it, one_draw's lists) read as NaN."""
     if isinstance(value, Mapping) and "bdata" in value:
         flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
         shape = value.get("shape")
         return flat.reshape([int(n) for n in str(shape).split(",")]) if shape else flat
-    return np.asarray(value)
+    out = np.asarray(value)
+    return np.asarray(value, dtype=float) if out.dtype == object else out
 
 
 def json_bytes(obj) -> int:

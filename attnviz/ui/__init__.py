@@ -22,7 +22,7 @@ import streamlit as st
 from attnviz.ui.background import (  # noqa: F401
     BACKGROUND_BUILDS, build_in_background, foreground_work, visitor_waits)
 from attnviz.ui.chart_files import PRINT_STYLE, figure_files  # noqa: F401  (the package's names)
-from attnviz.ui.steady import same_axes, steady_reruns  # noqa: F401  (the package's names)
+from attnviz.ui.steady import same_axes, sendable, steady_reruns  # noqa: F401  (the package's names)
 from attnviz.ui.loaded import (  # noqa: F401  (the package's names)
     MAX_MODELS, MAX_TEXT_CHARS, cached_model, capture_need, capture_store, get_capture, get_model, model_roots,
     model_version, show_error)
@@ -207,7 +207,8 @@ def frozen(array):
 def chart(fig, caption: str) -> None:
     """A plotly figure across the page's width, with the one sentence that says what to see under it, and a
     Figure files button that offers it as SVG, PDF and PNG (figure_files)."""
-    st.plotly_chart(fig, width="stretch")
+    sent, theme = sendable(fig)
+    st.plotly_chart(sent, width="stretch", theme=theme)
     st.caption(caption)
     figure_files(fig, caption)
 
@@ -218,7 +219,8 @@ def plot(fig, *, where=None, key: str | None = None, files: str = "", **options)
     the chart's buttons apart from another chart of the same title."""
     options.setdefault("width", "stretch")
     with where if where is not None else contextlib.nullcontext():
-        st.plotly_chart(fig, key=key, **options)
+        sent, theme = sendable(fig)
+        st.plotly_chart(sent, key=key, theme=theme, **options)
         figure_files(fig, files or key or "")
 
 

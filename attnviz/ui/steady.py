@@ -1,5 +1,5 @@
-"""A view change that keeps the page as it was: no greying while a rerun draws the page again, and a chart that
-keeps the visitor's zoom when it is drawn again over the same axes.
+"""A view change that keeps the page as it was: no greying while a rerun draws the page again, a chart that keeps
+the visitor's zoom when it is drawn again over the same axes, and a chart drawn once rather than twice (sendable).
 
 Streamlit greys every element of the last run that the running one has not drawn again yet (data-stale="true" on
 its container; the opacity fades to a third from 0.5 s into a rerun). STEADY_CSS turns that off.
@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import hashlib
 
+import plotly.graph_objects as go
 import streamlit as st
+
+from attnviz.figures import one_draw
 
 STEADY_CSS = ('<style>[data-testid="stElementContainer"][data-stale="true"] '
               '{opacity: 1 !important; transition: none !important;}</style>')
@@ -67,3 +70,31 @@ def same_axes(fig, *what):
     For a figure about to be cached: it changes the figure."""
     fig.layout.uirevision = hashlib.blake2b(repr(what).encode(), digest_size=8).hexdigest()
     return fig
+
+
+class _Sent(go.Figure):
+    """A figure whose to_dict is a spec written beforehand (one_draw.spec): st.plotly_chart sends a figure's
+    to_dict as it is (to_json with validate=False), where a dict it is given is built into a Figure again (and takes
+    plotly's default template back)."""
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        self._spec = spec
+
+    def to_dict(self):
+        return self._spec
+
+
+def sendable(fig) -> tuple:
+    """(what to hand st.plotly_chart, its theme) so that the browser draws the chart once (one_draw): a figure of
+    at most one_draw.LIST_LIMIT numbers, with the light theme, goes as one_draw.spec with theme None; any other as it
+    is, with Streamlit's theme (drawn twice)."""
+    if _dark() or not isinstance(fig, go.Figure) or one_draw.numbers(fig) > one_draw.LIST_LIMIT:
+        return fig, "streamlit"
+    return _Sent(one_draw.spec(fig)), None
+
+
+def _dark() -> bool:
+    """Whether the visitor's browser shows the dark theme (a choice in Streamlit's settings menu; the app's own is
+    light): one_draw writes the light theme's colours, so a dark page gets Streamlit's theme instead."""
+    return getattr(st.context.theme, "type", None) == "dark"
