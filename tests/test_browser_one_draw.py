@@ -104,7 +104,7 @@ def page(browser, tmp_path_factory):
             context.close()
 
 
-@pytest.mark.parametrize("name", ["panels", "heat", "frames"])
+@pytest.mark.parametrize("name", ["panels", "heat", "shared", "frames"])
 def test_drawn_once_and_laid_out_as_streamlit_lays_it_out(page, name):
     draws = page.evaluate("window.__draws")
     assert draws.get(f"st-key-one-{name}") == 1, draws
@@ -120,7 +120,7 @@ def test_drawn_once_and_laid_out_as_streamlit_lays_it_out(page, name):
 
 def test_an_in_chart_slider_still_switches_frames_in_the_browser(page):
     """The frames chart's stop "3" draws y = 3x, with no message to the server."""
-    slider = next(s for s in chart_sliders(page) if s.chart == 5)  # the sixth chart: ui.plot's frames figure
+    slider = next(s for s in chart_sliders(page) if s.chart == 7)  # the eighth chart: ui.plot's frames figure
     _, sent = click_stop(page, slider, 2)
     assert sent == 0
     y = page.eval_on_selector(".st-key-one-frames .js-plotly-plot", "g => Array.from(g._fullData[0].y)")

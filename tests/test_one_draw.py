@@ -30,6 +30,17 @@ def heat() -> go.Figure:
                           y_title="query", colorbar_title="weight")
 
 
+def shared_scale() -> go.Figure:
+    """Two maps in two panels over one colour axis (its colour bar styled by Streamlit's theme), as the MHA, GQA,
+    MQA maps are drawn."""
+    rng = np.random.default_rng(2)
+    layout = common.grid_layout(1, 2, ["one", "two"])
+    layout["coloraxis"] = dict(colorscale=common.ATTENTION_SCALE, cmin=0, cmax=1, colorbar=dict(title=dict(text="w")))
+    return common.laid_out([go.Heatmap(z=rng.random((4, 4)), coloraxis="coloraxis"),
+                            go.Heatmap(z=rng.random((4, 4)), coloraxis="coloraxis", xaxis="x2", yaxis="y2")],
+                           layout, title="Shared scale")
+
+
 def with_frames() -> go.Figure:
     """A line with an in-chart slider over three stops (instant.add_frame_slider)."""
     stops = [{"data": [{"type": "scatter", "x": np.arange(5), "y": np.arange(5) * k}], "layout": {}}
@@ -38,7 +49,7 @@ def with_frames() -> go.Figure:
     return instant.add_frame_slider(fig, stops, ["1", "2", "3"], 1, parameter="slope")
 
 
-FIGURES = {"panels": panels, "heat": heat, "frames": with_frames}
+FIGURES = {"panels": panels, "heat": heat, "shared": shared_scale, "frames": with_frames}
 
 
 def as_sent(fig) -> dict:

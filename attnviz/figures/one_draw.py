@@ -125,6 +125,9 @@ def _themed_layout(layout: dict, theme: dict, data: list[dict]) -> dict:
             name = kind + str(ref)[1:]
             if name not in out:
                 out[name] = _axis(theme.get(kind, {}), {})
+        shared = trace.get("coloraxis") or (trace.get("marker") or {}).get("coloraxis")
+        if shared and shared not in out:
+            out[shared] = copy.deepcopy(theme.get("coloraxis", {}))
     out["datarevision"] = DATAREVISION
     return out
 
