@@ -200,9 +200,9 @@ def test_a_text_over_the_limit_is_refused_with_a_message_not_dropped(server, bro
 
 
 def test_an_instant_slider_redraws_its_chart_without_a_word_to_the_server(server, browser):
-    """The Softmax page's logits chart carries every d_k as plotly frames: a click on a stop of its own slider
-    redraws it in the browser, with that d_k's numbers (the library's attention rows), and sends nothing to the
-    server: no frame on Streamlit's websocket (/_stcore/stream), no request."""
+    """The Softmax page's logits chart carries every d_k in its own slider's steps (plotly.update): a click on a
+    stop redraws it in the browser, with that d_k's numbers (the library's attention rows) and panel titles, and
+    sends nothing to the server: no frame on Streamlit's websocket (/_stcore/stream), no request."""
     import numpy as np
 
     from attnviz import softmax as sm
@@ -244,6 +244,7 @@ def test_an_instant_slider_redraws_its_chart_without_a_word_to_the_server(server
             pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=1.0)[1]
             np.testing.assert_allclose(np.array(drawn, dtype=float), pattern[:12], rtol=1e-12, atol=0)
         assert "d_k (in this chart) = 1024" in chart.text_content()
+        assert "Logits, scaled: q·k / √1024" in chart.text_content()  # the panel titles, a layout change
         assert not page.query_selector_all('[data-testid="stException"]')
     finally:
         context.close()

@@ -104,7 +104,7 @@ def page(browser, tmp_path_factory):
             context.close()
 
 
-@pytest.mark.parametrize("name", ["panels", "heat", "shared", "frames"])
+@pytest.mark.parametrize("name", ["panels", "heat", "shared", "frames", "steps"])
 def test_drawn_once_and_laid_out_as_streamlit_lays_it_out(page, name):
     draws = page.evaluate("window.__draws")
     assert draws.get(f"st-key-one-{name}") == 1, draws
@@ -125,3 +125,20 @@ def test_an_in_chart_slider_still_switches_frames_in_the_browser(page):
     assert sent == 0
     y = page.eval_on_selector(".st-key-one-frames .js-plotly-plot", "g => Array.from(g._fullData[0].y)")
     assert y == [0.0, 3.0, 6.0, 9.0, 12.0]
+
+
+def test_an_in_chart_slider_updates_both_ways_alike(page):
+    """The steps chart's stop "3" (a plotly.update of its values, colour bar title and axis title, leaf by leaf)
+    draws the map times 3, and plotly.js lays out the one-draw chart as Streamlit's themed one, with no message to
+    the server."""
+    for chart in (8, 9):  # Streamlit's way, then ui.plot's
+        slider = next(s for s in chart_sliders(page) if s.chart == chart)
+        _, sent = click_stop(page, slider, 2)
+        assert sent == 0
+    theme = page.eval_on_selector(".st-key-theme-steps .js-plotly-plot", FULL)
+    one = page.eval_on_selector(".st-key-one-steps .js-plotly-plot", FULL)
+    assert one["data"][0]["z"] == [[3.0 * (4 * r + c) for c in range(4)] for r in range(3)]
+    assert one["layout"]["xaxis"]["title"]["text"] == "key (x3)"
+    for full in (theme, one):
+        full["layout"].pop("title")
+    assert _differences(theme, one) == []

@@ -3,8 +3,11 @@ each stop's figure back, two sliders compose, the stops fit their budget, and th
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 
 from attnviz.figures import instant
@@ -17,19 +20,7 @@ def _line(a: float) -> go.Figure:
                              shapes=[dict(type="line", x0=0, x1=1, y0=0, y1=1)])
 
 
-def test_frames_carry_only_what_differs_and_replay_to_each_stop():
-    values = [0.5, 1.0, 2.0]
-    fig = instant.slider_over(_line, values, 1.0, parameter="a")
-    assert [f.name for f in fig.frames] == ["0.5", "1", "2"]
-    for frame, a in zip(instant.figure_dict(fig)["frames"], values):
-        assert frame["traces"] == [0]  # the fixed trace is in no frame
-        (data,) = frame["data"]
-        assert set(data) == {"type", "y", "name"}  # x is the same at every stop
-        np.testing.assert_array_equal(instant.array(data["y"]), a * np.arange(5.0))
-        assert set(frame["layout"]) == {"title"}  # the shape is the same at every stop
-    (slider,) = fig.layout.sliders
-    assert slider.active == 1 and [s.label for s in slider.steps] == ["0.5", "1", "2"]
-    assert all(s.method == "animate" and list(s.args[0]) == [f.name] for s, f in zip(slider.steps, fig.frames))
+def _replays_to_each_stop(fig: go.Figure, values) -> None:
     for i, a in enumerate(values):
         state = instant.drawn(fig, [(0, i)])
         want = instant.figure_dict(_line(a))
@@ -37,8 +28,59 @@ def test_frames_carry_only_what_differs_and_replay_to_each_stop():
             np.testing.assert_array_equal(instant.array(got["y"]), instant.array(expected["y"]))
             np.testing.assert_array_equal(instant.array(got["x"]), np.arange(5.0))
             assert got["name"] == expected["name"]
-        assert state["layout"]["title"]["text"] == f"slope {a:g}"
         assert state["layout"]["sliders"][0]["active"] == i
+
+
+def test_a_step_that_changes_the_layout_updates_only_what_differs_and_replays_to_each_stop():
+    values = [0.5, 1.0, 2.0]
+    fig = instant.slider_over(_line, values, 1.0, parameter="a")
+    assert not fig.frames
+    (slider,) = instant.figure_dict(fig)["layout"]["sliders"]
+    assert slider["active"] == 1 and [s["label"] for s in slider["steps"]] == ["0.5", "1", "2"]
+    for step, a in zip(slider["steps"], values):
+        assert step["method"] == "update"
+        restyle, relayout, traces = step["args"]
+        assert traces == [0]  # the fixed trace is in no step
+        assert set(restyle) == {"y", "name"}  # x is the same at every stop
+        np.testing.assert_array_equal(instant.array(restyle["y"][0]), a * np.arange(5.0))
+        assert relayout == {"title.text": f"slope {a:g}"}  # the shape is the same at every stop
+    _replays_to_each_stop(fig, values)
+    for i, a in enumerate(values):
+        assert instant.drawn(fig, [(0, i)])["layout"]["title"]["text"] == f"slope {a:g}"
+
+
+def test_a_step_that_changes_only_lines_is_a_frame_of_what_differs_and_replays_to_each_stop():
+    values = [0.5, 1.0, 2.0]
+    fig = instant.slider_over(lambda a: _line(a).update_layout(title_text="slope"), values, 1.0, parameter="a")
+    assert [f.name for f in fig.frames] == ["0.5", "1", "2"]
+    for frame, a in zip(instant.figure_dict(fig)["frames"], values):
+        assert frame["traces"] == [0]
+        (data,) = frame["data"]
+        assert set(data) == {"type", "y", "name"}
+        np.testing.assert_array_equal(instant.array(data["y"]), a * np.arange(5.0))
+        assert not frame.get("layout")
+    steps = fig.layout.sliders[0].steps
+    assert all(s.method == "animate" and list(s.args[0]) == [f.name] for s, f in zip(steps, fig.frames))
+    _replays_to_each_stop(fig, values)
+
+
+def test_an_update_sets_nested_attributes_leaf_by_leaf_and_gives_every_listed_trace_a_value():
+    """A nested attribute that changes is set by its dotted path, so what the figure has beside it (a theme's
+    settings) stays, as plotly's frames merge; a trace listed for another trace's path gets its own value there."""
+    def build(a):
+        return go.Figure([go.Heatmap(z=[[a, 1.0]], colorbar=dict(title=dict(text=f"a = {a:g}"), len=0.5)),
+                          go.Scatter(x=[0, 1], y=[a, a], marker=dict(color="red"))],
+                         layout=dict(height=300, xaxis=dict(title=dict(text=f"x at {a:g}"), showgrid=False)))
+    fig = instant.slider_over(build, [1.0, 2.0], 1.0, parameter="a")
+    restyle, relayout, traces = fig.layout.sliders[0].steps[0].args
+    assert traces == (0, 1) and set(restyle) == {"z", "colorbar.title.text", "y"}  # not the colour bar's len
+    assert list(restyle["colorbar.title.text"]) == ["a = 1", None]  # the scatter has no colour bar: left unset
+    assert restyle["y"][0] is None  # the heatmap has no y
+    assert relayout == {"xaxis.title.text": "x at 1"}
+    state = instant.drawn(fig, [(0, 0)])
+    assert state["data"][0]["colorbar"] == {"title": {"text": "a = 1"}, "len": 0.5}
+    assert "colorbar" not in state["data"][1] and state["data"][1]["marker"] == {"color": "red"}
+    assert state["layout"]["xaxis"] == {"title": {"text": "x at 1"}, "showgrid": False}
 
 
 def test_a_slider_takes_its_own_band_at_the_top_and_leaves_the_plot_area_as_it_was():
@@ -116,22 +158,39 @@ def _heat(a: float) -> go.Figure:
                              xaxis=dict(tickvals=np.arange(3) * a))
 
 
-@pytest.mark.parametrize("build", [_line, _heat])
-def test_frames_set_without_plotly_checks_send_the_same_json_as_with_them(build, monkeypatch):
+def _fixed_title(a: float) -> go.Figure:
+    return _line(a).update_layout(title_text="slope")
+
+
+def test_frames_set_without_plotly_checks_send_the_same_json_as_with_them(monkeypatch):
     """The frames are set without plotly's per-attribute checks and with their arrays written once (_set_frames):
     the JSON Streamlit sends (to_dict, then plotly.io.to_json) must be what plotly's own checked setter gives."""
-    import json
-
-    import plotly.io as pio
-
     values = [0.5, 1.0, 2.0, 3.0]
-    fast = instant.slider_over(build, values, 2.0, parameter="a")
+    fast = instant.slider_over(_fixed_title, values, 2.0, parameter="a")
     monkeypatch.setattr(instant, "_set_frames", lambda fig, frames: setattr(fig, "frames", frames))
-    checked = instant.slider_over(build, values, 2.0, parameter="a")
+    checked = instant.slider_over(_fixed_title, values, 2.0, parameter="a")
     assert len(checked.frames) == len(values)
     sent = [json.loads(pio.to_json(fig.to_dict(), validate=False)) for fig in (fast, checked)]
     assert sent[0] == sent[1]  # the same JSON, up to the order of keys in an object
     assert "bdata" in json.dumps(sent[0]["frames"])  # the arrays travel as typed arrays either way
+
+
+@pytest.mark.parametrize("build", [_line, _heat, _fixed_title])
+def test_what_the_page_sends_replays_as_the_figure_does(build):
+    """The JSON Streamlit sends, read back, draws at every stop what the figure draws (its steps' arrays as typed
+    arrays, bit for bit)."""
+    values = [0.5, 1.0, 2.0, 3.0]
+    fig = instant.slider_over(build, values, 2.0, parameter="a")
+    sent = json.loads(pio.to_json(fig.to_dict(), validate=False))
+    assert "bdata" in json.dumps(sent["layout"]["sliders"] if build is not _fixed_title else sent["frames"])
+    for i in range(len(values)):
+        got, want = instant.drawn(sent, [(0, i)]), instant.drawn(fig, [(0, i)])
+        for a, b in zip(got["data"], want["data"], strict=True):
+            assert a.keys() == b.keys()
+            for key in a:
+                np.testing.assert_array_equal(instant.array(a[key]) if key in "xyz" else a[key],
+                                              instant.array(b[key]) if key in "xyz" else b[key])
+        assert got["layout"].get("title") == want["layout"].get("title")
 
 
 def _outside(fig: go.Figure) -> list[str]:
@@ -210,14 +269,14 @@ def test_the_apps_frame_sliders_keep_every_stop_inside_their_axes():
 
 
 def test_a_slider_that_changes_only_lines_is_restyled_in_place_and_any_other_is_redrawn():
-    """plotly.animate with redraw false restyles line and marker traces only: a frame slider asks for it when every
-    trace its frames change is a scatter trace and no layout key changes (the axes held), and for a full redraw
-    when a frame changes a heatmap or a bar, or the layout. The app's Softmax T chart is restyled in place
-    (tests/test_browser.py checks in Chromium that this draws what a full redraw draws)."""
+    """plotly.animate with redraw false restyles line and marker traces only: a frame slider's steps are frames
+    when every trace they change is a scatter trace and no layout key changes (the axes held), and plotly.update
+    steps, one full redraw each, when a step changes a heatmap or a bar, or the layout. The app's Softmax T chart
+    is restyled in place (tests/test_browser.py checks in Chromium that this draws what a full redraw draws)."""
     from attnviz.ui import softmax as ui_softmax
 
-    def redraws(fig: go.Figure) -> set:
-        return {step["args"][1]["frame"]["redraw"] for slider in fig.layout.sliders for step in slider.steps}
+    def redraws(fig: go.Figure) -> set:  # animate restyles in place, update redraws
+        return {step.method == "update" for slider in fig.layout.sliders for step in slider.steps}
 
     x = np.arange(5.0)
 

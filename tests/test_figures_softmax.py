@@ -131,7 +131,7 @@ def test_a_tab_figure_builds_its_own_tab_only(monkeypatch):
     monkeypatch.setattr(ui_softmax, "_sweeps", no_sweeps)
     build = ui_softmax.tab_figure.__wrapped__
     fig, dims = build("logits", 64, 16, 3, 1.0, 12)
-    assert 64 in dims and len(fig.frames) == len(dims)
+    assert 64 in dims and len(fig.layout.sliders[0].steps) == len(dims)
     variants, grads = ui_softmax.sample(64, 16, 3, 1.0)
     rows = build("rows", 64, 16, 3, 1.0, 12)
     np.testing.assert_array_equal(rows.data[0].y, variants[sm.SCALED][2].max_weight)

@@ -226,7 +226,7 @@ def _chart_titled(at: AppTest, title: str) -> dict:
 
 def test_the_kernel_pages_snippet_draws_its_step_view_with_every_frame():
     """A sliding window, 32 x 16 tiles, another seed, step 4: the shown code draws the page's step view, its slider's
-    frames included, from library calls alone."""
+    steps included, from library calls alone."""
     at = AppTest.from_file(str(ROOT / "app_pages" / "kernel.py"), default_timeout=300)
     for key, value in dict(kernel_n=80, kernel_d=16, kernel_block_m=32, kernel_block_n=16, kernel_window=32,
                            kernel_seed=5, kernel_step=4).items():
@@ -239,7 +239,7 @@ def test_the_kernel_pages_snippet_draws_its_step_view_with_every_frame():
     assert "streamlit" not in expected and "attnviz.ui" not in expected
     mine = _plain(as_sent(_run_snippet(expected)))
     assert mine["layout"]["title"]["text"].startswith("Step 4 of ")
-    assert len(mine["frames"]) > 1
+    assert len(mine["layout"]["sliders"][0]["steps"]) > 1
     _same(_chart_titled(at, mine["layout"]["title"]["text"]), mine)
 
 
@@ -309,7 +309,7 @@ def test_the_toy_labs_saved_history_refuses_a_bad_or_unknown_name(tmp_path, monk
 
 def test_the_softmax_pages_snippet_draws_its_random_logits_chart_with_every_d_k():
     """d_k = 16, 24 keys per query, T = 2, seed 9: the shown code draws the page's first chart, its d_k slider's
-    frames included."""
+    steps included."""
     at = AppTest.from_file(str(ROOT / "app_pages" / "softmax.py"), default_timeout=300)
     for key, value in dict(softmax_d_k=16, softmax_n_keys=24, softmax_temperature=2.0, softmax_seed=9).items():
         at.session_state[key] = value

@@ -2,59 +2,39 @@
 plotly's own slider, so moving it sends nothing to the server (a Streamlit widget reruns the page's script).
 
 Two kinds of slider, which compose in one figure:
-- `add_frame_slider`: one plotly frame per stop; a frame carries only what differs between the stops (the varying
-  attributes of the traces that vary, the varying top-level layout keys) and plotly.animate merges it into the
-  figure.
-- `add_group_slider`: a few stops of a second parameter, each a group of traces drawn for that value (frames of the
-  first slider update every group); its steps switch which group is visible ("update": restyle `visible`, and a
+- `add_frame_slider`: one step per stop, carrying only what differs between the stops (the varying attributes of
+  the traces that vary, the varying top-level layout keys): a plotly frame that plotly.animate restyles in place
+  where only lines change, else one plotly.update.
+- `add_group_slider`: a few stops of a second parameter, each a group of traces drawn for that value (the first
+  slider's steps update every group); its steps switch which group is visible ("update": restyle `visible`, and a
   layout change per stop if given).
 
 `drawn` replays slider moves in Python, as plotly.js applies them, so tests can read what the browser would draw
-(`array` decodes its arrays).
+(`array`, from attnviz.figures.typed_arrays, decodes its arrays).
 Stops are picked with `thinned` (every k-th value within a byte budget) or `window` (consecutive values).
 """
 
 from __future__ import annotations
 
-import base64
 import copy
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 from _plotly_utils.utils import convert_to_base64
+
+from attnviz.figures import typed_arrays
+from attnviz.figures.typed_arrays import array, json_bytes  # noqa: F401 (the figures' callers read them here)
 
 FRAME_BUDGET = 1_800_000  # bytes of JSON the frames of one figure may take (the figure itself comes on top)
 SLIDER_PX = 100  # the height a slider takes: its current value, rail, ticks and labels (plotly draws ~90 px)
 TITLE_PX = 44  # the figure title's band at the top, above the sliders
-_ANIMATE = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+_ANIMATE = {"mode": "immediate", "frame": {"duration": 0, "redraw": False}, "transition": {"duration": 0}}
 
 
 def figure_dict(fig: go.Figure) -> dict:
     """The figure as plain dicts ({"data": [trace dicts], "layout": {...}}), numpy arrays kept: what a stop is."""
     return fig.to_plotly_json()
-
-
-def array(value) -> np.ndarray:
-    """An array attribute of a figure dict as numpy: plotly writes numpy arrays as typed-array specs ({"dtype",
-    "bdata", "shape"}: the bytes in base64), which this decodes bit for bit; lists and arrays are passed through, a
-    list's None (NaN as JSON writes it, one_draw's lists) read as NaN."""
-    if isinstance(value, Mapping) and "bdata" in value:
-        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = value.get("shape")
-        return flat.reshape([int(n) for n in str(shape).split(",")]) if shape else flat
-    out = np.asarray(value)
-    return np.asarray(value, dtype=float) if out.dtype == object else out
-
-
-def json_bytes(obj) -> int:
-    """Size of a figure, or of a figure dict, as the JSON st.plotly_chart sends (plotly.io.to_json; a figure's
-    arrays as base64 typed arrays, as its to_dict writes them)."""
-    if not isinstance(obj, go.Figure):
-        obj = _copied(obj)
-        convert_to_base64(obj)
-    return len(pio.to_json(obj, validate=False))
 
 
 def thinned(n_options: int, current: int, stop_bytes: float, budget: float = FRAME_BUDGET) -> list[int]:
@@ -139,13 +119,18 @@ def _sliders(fig: go.Figure) -> list[dict]:
 
 def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[str], active: int, *,
                      parameter: str, name: str = "") -> go.Figure:
-    """Adds one frame per stop and a plotly slider over them to fig, the figure drawn at stops[active].
+    """Adds a plotly slider over the stops to fig, the figure drawn at stops[active].
 
     stops: each stop's figure as plain dicts ({"data": [one dict per trace of fig], "layout": {...}}, e.g.
-    figure_dict of the topic's builder at that value), the same traces in the same order. A frame carries, for
-    every trace that differs between stops, the attributes that differ, and the top-level layout keys that differ;
+    figure_dict of the topic's builder at that value), the same traces in the same order. A step carries, for every
+    trace that differs between stops, the attributes that differ, and the top-level layout keys that differ;
     everything else stays as fig has it. labels: each stop's value as the slider writes it; parameter: its name, as
     the slider's current value says it ("d_k"); name: prefixes the frame names (two frame sliders in one figure).
+
+    A step is one plotly frame, restyled in place by plotly.animate, where every trace that changes is a line or
+    marker trace and no layout key changes (_in_place); any other step is one plotly.update of the attributes that
+    change (_update), which draws the figure once where animate with a redraw computes it twice (the kernel's step
+    view: 0.18 s a step by animate, 0.12 s by update, in Chromium on a 2-core machine).
     """
     if len(stops) != len(labels) or not 0 <= active < len(stops):
         raise ValueError("one label per stop, and active must index a stop")
@@ -157,32 +142,84 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
     layout_keys = _varying([{k: v for k, v in s.get("layout", {}).items() if k != "sliders"} for s in stops]) \
         if len(stops) > 1 else []
     traces = sorted(varying)
-    animate = _animate(fig, traces, layout_keys)
-    frames, steps = [f.to_plotly_json() for f in fig.frames or ()], []
-    for stop, label in zip(stops, labels):
-        frame_name = f"{name}{label}"
-        frames.append(dict(  # plain dicts: plotly checks them once, when they are set on the figure
-            name=frame_name, traces=traces,
-            data=[{"type": stop["data"][i]["type"], **{k: stop["data"][i][k] for k in varying[i]}} for i in traces],
-            layout={k: stop["layout"][k] for k in layout_keys}))
-        steps.append(dict(method="animate", label=label, args=[[frame_name], animate]))
+    if _in_place(fig, traces, layout_keys):
+        steps = _frame_steps(fig, stops, labels, traces, varying, name)
+    else:
+        restyled = _changing([[s["data"][i] for s in stops] for i in traces], [varying[i] for i in traces])
+        relaid = _changing([[s.get("layout", {}) for s in stops]], [layout_keys])
+        steps = [dict(method="update", label=label, args=_update(stop, traces, restyled, relaid))
+                 for stop, label in zip(stops, labels)]
     hold_ranges(fig, stops, varying, layout_keys)
     new = _slider(fig, steps, active, parameter)
     fig.layout.sliders = _sliders(fig) + [new]  # assigned: plotly's update would merge into the old ones, slowly
-    _set_frames(fig, frames)
     return fig
 
 
 REDRAWN_IN_PLACE = ("scatter",)  # the trace types plotly.animate restyles without a full redraw (redraw: false)
 
 
-def _animate(fig: go.Figure, traces: Sequence[int], layout_keys: Sequence[str]) -> dict:
-    """plotly.animate's options for a step: no full redraw when every trace a frame changes is a line or marker
-    trace and no layout key changes (the axes' ranges held by hold_ranges), which plotly then restyles in place
-    (the Softmax T chart's six panels: 0.10 s a stop redrawn whole, 0.04 s in place); else a full redraw (heatmaps,
-    bars and layout changes need it)."""
-    in_place = not layout_keys and all(fig.data[i].type in REDRAWN_IN_PLACE for i in traces)
-    return {**_ANIMATE, "frame": {"duration": 0, "redraw": not in_place}}
+def _in_place(fig: go.Figure, traces: Sequence[int], layout_keys: Sequence[str]) -> bool:
+    """Whether plotly.animate can restyle the steps in place (redraw: false): every trace a step changes is a line
+    or marker trace and no layout key changes (the axes' ranges held by hold_ranges). The Softmax T chart's six
+    panels: 0.10 s a stop redrawn whole, 0.04 s in place. Heatmaps, bars and layout changes need a full redraw."""
+    return not layout_keys and all(fig.data[i].type in REDRAWN_IN_PLACE for i in traces)
+
+
+def _frame_steps(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[str], traces: Sequence[int],
+                 varying: Mapping[int, Sequence[str]], name: str) -> list[dict]:
+    """One frame per stop added to fig (each with the varying attributes of the varying traces), and the slider
+    steps that animate to them, restyled in place."""
+    frames, steps = [f.to_plotly_json() for f in fig.frames or ()], []
+    for stop, label in zip(stops, labels):
+        frame_name = f"{name}{label}"
+        frames.append(dict(  # plain dicts: plotly checks them once, when they are set on the figure
+            name=frame_name, traces=list(traces),
+            data=[{"type": stop["data"][i]["type"], **{k: stop["data"][i][k] for k in varying[i]}} for i in traces]))
+        steps.append(dict(method="animate", label=label, args=[[frame_name], _ANIMATE]))
+    _set_frames(fig, frames)
+    return steps
+
+
+def _changing(by_item: Sequence[Sequence[Mapping]], keys: Sequence[Sequence[str]]) -> list[str]:
+    """The dotted paths, under each item's keys, whose value is not the same in every stop (by_item: for each item,
+    a trace or the layout, its dict at every stop); a path some stops lack counts as changing."""
+    paths: dict[str, None] = {}
+    for dicts, own in zip(by_item, keys):
+        leaves = [dict(_leaves({k: d[k] for k in own})) for d in dicts]
+        for path in dict.fromkeys(p for stop in leaves for p in stop):
+            if not all(path in stop and _same(stop[path], leaves[0].get(path)) for stop in leaves):
+                paths[path] = None
+    return list(paths)
+
+
+def _update(stop: Mapping, traces: Sequence[int], restyled: Sequence[str], relaid: Sequence[str]) -> list:
+    """plotly.update's arguments that draw `stop`: [restyle, relayout, traces], each of the dotted paths that
+    change (_changing) set to its value at this stop: nested attributes leaf by leaf, as plotly's frames merge them
+    (the figure's other settings, its theme's included, stay); restyle gives each path one value per trace, None
+    where the trace has none (plotly then leaves it unset). Arrays travel as plotly writes them (base64 typed
+    arrays)."""
+    restyle = {path: [_at(stop["data"][i], path) for i in traces] for path in restyled}
+    relayout = {path: _at(stop["layout"], path) for path in relaid}
+    return [typed_arrays.typed(restyle), typed_arrays.typed(relayout), list(traces)]
+
+
+def _leaves(tree: Mapping, prefix: str = ""):
+    """(dotted path, value) of every value under tree that is not a dict (lists, arrays, typed-array specs and empty
+    dicts are values)."""
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value and "bdata" not in value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _at(tree: Mapping, path: str):
+    """The value at a dotted path of tree, None where there is none."""
+    for part in path.split("."):
+        if not isinstance(tree, Mapping) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
 
 
 HELD = ("scatter", "scattergl", "bar")  # the trace types whose x and y set an axis' autorange
@@ -238,34 +275,9 @@ def _set_frames(fig: go.Figure, frames: list[dict]) -> None:
     typed arrays, convert_to_base64) once here, not again at every rerun that sends the figure.
     tests/test_figures_instant.py checks that the JSON sent is the same as with plotly's checks (plotly is pinned:
     this sets the attribute its frames setter sets)."""
-    frames = _copied(frames)
+    frames = typed_arrays.copied(frames)
     convert_to_base64(frames)
     fig._frame_objs = tuple(go.Frame(frame, _validate=False) for frame in frames)
-
-
-_FLOATS = {np.dtype(np.float64): "f8", np.dtype(np.float32): "f4"}
-
-
-def _copied(obj):
-    """obj's dicts, lists and tuples copied (other values shared), for convert_to_base64 to rewrite. A non-empty
-    float array under a dict key is written here as plotly writes it ({"dtype", "bdata", "shape"}): plotly's own
-    path costs ~70 us an array, and a RoPE chart's frames hold thousands of small ones."""
-    if isinstance(obj, Mapping):
-        return {k: _float_spec(v) if isinstance(v, np.ndarray) and v.dtype in _FLOATS and v.size and k not in
-                _UNCONVERTED else _copied(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_copied(v) for v in obj]
-    return obj
-
-
-_UNCONVERTED = {"geojson", "layer", "layers", "range"}  # keys plotly's convert_to_base64 leaves as they are
-
-
-def _float_spec(v: np.ndarray) -> dict:
-    spec = {"dtype": _FLOATS[v.dtype], "bdata": base64.b64encode(np.ascontiguousarray(v)).decode("ascii")}
-    if v.ndim > 1:
-        spec["shape"] = str(v.shape)[1:-1]
-    return spec
 
 
 def add_group_slider(fig: go.Figure, groups: Sequence[Sequence[int]], labels: Sequence[str], active: int, *,
@@ -300,9 +312,9 @@ def slider_over(build: Callable[[object], go.Figure], values: Sequence, active, 
 
 def drawn(fig: go.Figure | Mapping, moves: Sequence[tuple[int, int]] = ()) -> dict:
     """What plotly.js draws after the slider moves (slider index, step index), in order, as figure_dict: an animate
-    step merges its frame's data into the listed traces and its layout keys into the layout; an update step restyles
-    its traces' `visible` and relayouts its dotted keys. fig: a figure, or its figure_dict (to replay many moves of
-    a large figure, convert it once)."""
+    step merges its frame's data into the listed traces; an update step sets each dotted path of its restyle in its
+    traces (value j of a path's list in the j-th trace) and each of its relayout in the layout, None unsetting it.
+    fig: a figure, or its figure_dict (to replay many moves of a large figure, convert it once)."""
     figure = figure_dict(fig) if isinstance(fig, go.Figure) else fig
     state = {"data": copy.deepcopy(figure["data"]), "layout": copy.deepcopy(figure["layout"])}
     frames = {f["name"]: f for f in figure.get("frames", ())}
@@ -315,18 +327,28 @@ def drawn(fig: go.Figure | Mapping, moves: Sequence[tuple[int, int]] = ()) -> di
             state["layout"].update(frame.get("layout", {}))
         elif method == "update":
             restyle, relayout, traces = args
-            for i, visible in zip(traces, restyle["visible"]):
-                state["data"][i]["visible"] = visible
+            for dotted, values in restyle.items():
+                for j, i in enumerate(traces):
+                    _put(state["data"][i], dotted, values[j % len(values)])
             for dotted, value in relayout.items():
-                *path, last = dotted.split(".")
-                node = state["layout"]
-                for part in path:
-                    node = node.setdefault(part, {})
-                node[last] = value
+                _put(state["layout"], dotted, value)
         else:
             raise ValueError(f"no replay for slider method {method!r}")
         state["layout"]["sliders"][slider]["active"] = step
     return state
+
+
+def _put(tree: dict, dotted: str, value) -> None:
+    """tree at the dotted path set to value (the dicts on the way made where missing), or removed where None."""
+    *path, last = dotted.split(".")
+    for part in path:
+        if value is None and part not in tree:
+            return
+        tree = tree.setdefault(part, {})
+    if value is None:
+        tree.pop(last, None)
+    else:
+        tree[last] = value
 
 
 def stop_label(value: float) -> str:
