@@ -201,3 +201,24 @@ def test_max_abs_pool_keeps_the_largest_difference_of_each_block_with_its_sign()
                 assert m[i, j] == block.flat[np.nanargmax(np.abs(block))]
     assert (m < 0).any() and (m > 0).any()
     np.testing.assert_array_equal(figs.max_abs_pool(d[:5, :5], 8), d[:5, :5])  # small maps unchanged
+
+
+def test_span_bars_draw_a_bar_per_key_and_past_the_limit_one_stepped_area_with_the_same_values():
+    """A bar per key while they are few; past BARS_AT_MOST keys one stepped line filled to zero (one element for
+    the browser to draw, not one per key), flat over each key at exactly the key's weight."""
+    from attnviz.figures import experiments as exp_figs
+    from attnviz.figures import heads as heads_figs
+
+    rng = np.random.default_rng(5)
+    for n, kind in ((12, "bar"), (exp_figs.BARS_AT_MOST + 1, "scatter")):
+        weights = rng.dirichlet(np.ones(n))
+        tokens = [f"t{i}" for i in range(n)]
+        fig = heads_figs.span_bars(weights, tokens, 1, 2, [n - 2, n - 1], "sum")
+        (trace,) = fig.data
+        assert trace.type == kind
+        np.testing.assert_array_equal(np.asarray(trace.y), weights)
+        assert list(trace.x) == [f"{i}: t{i}" for i in range(n)]
+    assert trace.line.shape == "hvh" and trace.fill == "tozeroy" and trace.mode == "lines"
+    two = exp_figs.bars_by_token({"a": np.ones(200), "b": np.zeros(200)}, [str(i) for i in range(200)],
+                                 title="t", y_title="y")
+    assert [t.type for t in two.data] == ["scatter", "scatter"] and {t.fill for t in two.data} == {None}

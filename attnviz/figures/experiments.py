@@ -172,12 +172,25 @@ def logit_parts(labels: Sequence[str], values: Sequence[float], *, total: float)
     return label_margins(fig, x_labels=list(labels), x_angle=45)
 
 
+BARS_AT_MOST = 300  # bars a chart draws one by one; more are drawn as stepped areas
+
+
 def bars_by_token(rows: dict[str, np.ndarray], tokens: Sequence[str], *, title: str, y_title: str) -> go.Figure:
-    """Grouped bars, one group per key token: each named row's value for that token (rollout beside flow)."""
+    """Grouped bars, one group per key token: each named row's value for that token (rollout beside flow). Past
+    BARS_AT_MOST bars, each row is one stepped line instead (flat over each token, filled to zero when it is the
+    only row): plotly draws a bar as an element of its own, and 1,800 of them took 0.2 s to draw, the line 0.07 s."""
     x = _labels(tokens[:len(next(iter(rows.values())))])
-    fig = go.Figure([go.Bar(x=x, y=np.asarray(row, dtype=float), name=name, marker_color=PALETTE[i % len(PALETTE)],
-                            hovertemplate="%{x}<br>" + name + " %{y:.3f}<extra></extra>")
-                     for i, (name, row) in enumerate(rows.items())])
+    if len(x) * len(rows) <= BARS_AT_MOST:
+        traces = [go.Bar(x=x, y=np.asarray(row, dtype=float), name=name, marker_color=PALETTE[i % len(PALETTE)],
+                         hovertemplate="%{x}<br>" + name + " %{y:.3f}<extra></extra>")
+                  for i, (name, row) in enumerate(rows.items())]
+    else:
+        traces = [go.Scatter(x=x, y=np.asarray(row, dtype=float), name=name, mode="lines",
+                             line=dict(shape="hvh", width=1, color=PALETTE[i % len(PALETTE)]),
+                             fill="tozeroy" if len(rows) == 1 else None,
+                             hovertemplate="%{x}<br>" + name + " %{y:.3f}<extra></extra>")
+                  for i, (name, row) in enumerate(rows.items())]
+    fig = go.Figure(traces)
     fig.update_layout(barmode="group")
     fig = apply_layout(fig, title=title, x_title="key (position: token)", y_title=y_title, height=400)
     return label_margins(fig, x_labels=x, x_angle=45 if len(x) > 12 else 0)
