@@ -159,6 +159,26 @@ def test_interpreter_is_chosen_on_import_without_cuda():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not INTERPRETED, reason="the interpreter's options: on a GPU the kernel compiles")
+def test_the_interpreter_skips_overflow_checks_and_the_numbers_are_the_same_bit_for_bit(monkeypatch):
+    """Without the integer overflow checks Triton builds (and drops, outside debug builds), the kernel's output and
+    trace are the ones it gives with them, bit for bit, on a causal, ragged, sliding-window case."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    assert builder.options.sanitize_overflow is False
+    q, k, v = (torch.randn(1, 2, 70, 24, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    run = dict(causal=True, block_m=16, block_n=32, trace=True, window=24)
+    fast, fast_trace = flash_attention(q, k, v, **run)
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=True))
+    checked, checked_trace = flash_attention(q, k, v, **run)
+    assert torch.equal(fast, checked)
+    for name in ("m_i", "l_i", "stage"):
+        np.testing.assert_array_equal(getattr(fast_trace, name), getattr(checked_trace, name), err_msg=name)
+
+
 def test_kernel_runs_when_the_kernels_come_first_and_torch_imports_triton_after():
     """A process that imports attnviz.kernels first, then torch and transformers, which may import triton.language
     (building a model does, through torch._dynamo): the interpreter was chosen before, so the kernel runs."""
