@@ -150,15 +150,17 @@ def step_view():
 
     traffic_counters(steps[:index + 1])
 
-    gap_m, gap_l = kn.trace_difference(run.trace, step)
-    st.caption(f"At step {index}, the Triton kernel wrote its own m_i and l_i to a debug buffer: they differ from the "
-               f"torch stepper's by at most {gap_m:.1e} (m_i) and {gap_l:.1e} (l_i).")
+    checked = uk.checked_run(run, *settings, window)  # after the view: the browser draws it meanwhile
+    if checked is not None:
+        gap_m, gap_l = kn.trace_difference(checked.trace, step)
+        st.caption(f"At step {index}, the Triton kernel wrote its own m_i and l_i to a debug buffer: they differ from "
+                   f"the torch stepper's by at most {gap_m:.1e} (m_i) and {gap_l:.1e} (l_i).")
     if step.last:
         st.success(f"Step {index} is the last key block of its query block: O = acc / l_i, max |O − float64 "
                    f"reference| = {run.out_error[index]:.1e}.")
-        if index == len(steps) - 1:
+        if index == len(steps) - 1 and checked is not None:
             st.success(f"Done. The whole Triton output differs from the float64 reference by at most "
-                       f"{run.kernel_error:.1e}.")
+                       f"{checked.kernel_error:.1e}.")
     if uk.fragment_alone():  # a Step move; in a full run the prefetch waits for the timing (see the page's end)
         uk.prefetch_step(*settings, window, index + 1)
 
@@ -189,7 +191,7 @@ def methods_section() -> None:
         st.info("Not timed at these settings: the comparison runs the same Triton kernel and tiled loops, which "
                 "cannot run here (the reason is above). The byte counts of the first tab need no run.")
         return
-    results = uk.comparison(*settings, run=run)
+    results = uk.comparison(*settings, run=uk.checked_run(run, *settings, window))
     if results is not None:
         timing_table(results)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from tests.kernel_cases import keys_read_by_definition, needs_gpu
@@ -256,6 +257,35 @@ def test_the_step_views_library_run_refuses_what_cannot_run_here_with_the_reason
         steps_view.step_view(run, 3)
 
 
+def test_the_stepper_run_and_the_kernels_checks_make_the_whole_run():
+    """stepper_run (all the step view needs, no kernel) with kernel_checks is kernel_run, field by field; the page
+    draws its step view from the first and adds the second after it."""
+    from dataclasses import fields, replace
+
+    from attnviz.kernels import steps_view
+
+    tiles = dict(block_m=16, block_n=32, causal=True, dtype="float32", seed=4, window=24)
+    whole = steps_view.kernel_run(70, 16, **tiles)
+    stepped = steps_view.stepper_run(70, 16, **tiles)
+    assert (stepped.trace, stepped.kernel_error, stepped.kernel_call) == (None, None, None)
+    joined = replace(stepped, **steps_view.kernel_checks(70, 16, **tiles))
+    for field in fields(whole):
+        a, b = getattr(whole, field.name), getattr(joined, field.name)
+        if field.name == "steps":
+            assert [(s.index, s.q_start, s.k_start) for s in a] == [(s.index, s.q_start, s.k_start) for s in b]
+            assert all(np.array_equal(x.scores, y.scores) and np.array_equal(x.acc, y.acc) for x, y in zip(a, b))
+        elif field.name == "trace":
+            for name in ("m_i", "l_i", "stage"):
+                np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+        elif field.name == "kernel_call":
+            assert torch.equal(a[1], b[1])  # the same output; its seconds are two timings
+        elif field.name == "codes":
+            np.testing.assert_array_equal(a, b)
+        else:
+            assert a == b, field.name
+    assert whole.kernel_error < 1e-5
+
+
 def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypatch):
     """After N moved to 65, the step views of N = 64 and 66 are built in the background at the step shown (clamped
     to their own steps); after BLOCK_M moved to 128, its one neighbour (64); nothing when nothing moved, and never a
@@ -267,7 +297,7 @@ def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypat
     monkeypatch.setattr(uk, "build_in_background", lambda cached, calls, name: asked.append((cached, calls)))
     base = dict(n=65, d=32, block_m=16, block_n=16, causal=True, dtype="float32", seed=3, window=None)
     uk.prefetch_neighbours(base, {**base, "n": 64}, 20)
-    assert asked[-1][0] is uk.step_view
+    assert asked[-1][0] is uk._ahead  # the step view and the kernel's checks
     steps = {n: kn.tile_steps(n, n, block_m=16, block_n=16, causal=True) for n in (64, 66)}
     # N went up: the next N up first (a control is mostly moved on the same way)
     assert asked[-1][1] == [(n, 32, 16, 16, True, "float32", 3, None, min(20, steps[n] - 1)) for n in (66, 64)]

@@ -3,11 +3,14 @@ kernel on seeded inputs (kernel_run), and the view of its steps with an in-chart
 
     run = kernel_run(64, 32, block_m=16, block_n=16, causal=True)
     fig, shown = step_view(run, 3)   # step 3, the slider over the steps in `shown`
+
+A step view needs the stepper alone (stepper_run); the Triton kernel's part (kernel_checks: its trace, its error,
+its timed call), interpreted on a CPU, is most of a small run's time, and the page computes it after the view.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,43 +35,62 @@ class KernelRefused(AttnvizError, ValueError):
 
 @dataclass(frozen=True)
 class KernelRun:
-    """The stepper's steps, the Triton kernel's trace, the tile map with its edges (positions), and the errors
-    against the float64 reference: of the kernel's whole output (kernel_error) and of the stepper's O at the last
-    step of each query block (out_error, by step index); causal and window as run. Read only."""
+    """The stepper's steps, the tile map with its edges (positions), the error of the stepper's O at the last step of
+    each query block against the float64 reference (out_error, by step index), causal and window as run; and the
+    Triton kernel's part (kernel_checks): its trace, the error of its whole output (kernel_error) and its timed call,
+    None in a stepper_run. Read only."""
 
     steps: list
-    trace: KernelTrace
     codes: np.ndarray
     q_edges: list[int]
     k_edges: list[int]
-    kernel_error: float
     out_error: dict[int, float]
     causal: bool
     window: int | None
+    trace: KernelTrace | None = None
+    kernel_error: float | None = None
     kernel_call: tuple | None = None  # (seconds, output [1, 1, n, d]) of the kernel's traced call, as timing.measure
 
 
-def kernel_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtype: str = "float32", seed: int = 0,
-               window: int | None = None) -> KernelRun:
-    """Runs the torch stepper (attnviz.kernels.tiled_steps) and the Triton kernel with its trace on seeded N(0, 1)
-    Q, K, V of [n, d] (one head), and compares both with the float64 reference. window: a sliding window of keys,
-    with causal. Raises KernelRefused when these settings cannot run here."""
+def stepper_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtype: str = "float32", seed: int = 0,
+                window: int | None = None) -> KernelRun:
+    """Runs the torch stepper (attnviz.kernels.tiled_steps) on seeded N(0, 1) Q, K, V of [n, d] (one head) and
+    compares each query block's O with the float64 reference; no Triton kernel (its fields None). window: a sliding
+    window of keys, with causal. Raises KernelRefused when these settings cannot run here."""
     reason = refusal(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
     if reason:
         raise KernelRefused(reason)
     q, k, v = make_inputs(n, d, dtype=dtype, seed=seed)
     with one_core():  # tile-sized products: a second core only waits on a loaded machine
         steps = list(tiled_steps(q, k, v, causal=causal, block_m=block_m, block_n=block_n, window=window))
+    reference = reference_attention(q, k, v, causal=causal, window=window)[0, 0].numpy()
+    codes = tile_map(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window)
+    return KernelRun(steps, codes, [min(i * block_m, n) for i in range(codes.shape[0] + 1)],
+                     [min(j * block_n, n) for j in range(codes.shape[1] + 1)],
+                     out_error={s.index: float(np.abs(s.out - reference[s.q_start:s.q_stop]).max())
+                                for s in steps if s.last},
+                     causal=causal, window=window)
+
+
+def kernel_checks(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtype: str = "float32",
+                  seed: int = 0, window: int | None = None) -> dict:
+    """The Triton kernel's part of kernel_run, on the same seeded inputs: {"trace", "kernel_error" (its whole
+    output against the float64 reference), "kernel_call" ((seconds, output) of its one traced call)}."""
+    q, k, v = make_inputs(n, d, dtype=dtype, seed=seed)
     seconds, (out, trace) = timed_once(lambda: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n,
                                                            trace=True, window=window))
     reference = reference_attention(q, k, v, causal=causal, window=window)[0, 0].numpy()
-    codes = tile_map(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window)
-    return KernelRun(steps, trace, codes, [min(i * block_m, n) for i in range(codes.shape[0] + 1)],
-                     [min(j * block_n, n) for j in range(codes.shape[1] + 1)],
-                     kernel_error=float(np.abs(out[0, 0].double().numpy() - reference).max()),
-                     out_error={s.index: float(np.abs(s.out - reference[s.q_start:s.q_stop]).max())
-                                for s in steps if s.last},
-                     causal=causal, window=window, kernel_call=(seconds, out))
+    return dict(trace=trace, kernel_error=float(np.abs(out[0, 0].double().numpy() - reference).max()),
+                kernel_call=(seconds, out))
+
+
+def kernel_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtype: str = "float32", seed: int = 0,
+               window: int | None = None) -> KernelRun:
+    """Runs the torch stepper and the Triton kernel with its trace on seeded N(0, 1) Q, K, V of [n, d] (one head),
+    and compares both with the float64 reference (stepper_run with kernel_checks). window: a sliding window of
+    keys, with causal. Raises KernelRefused when these settings cannot run here."""
+    tiles = dict(block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed, window=window)
+    return replace(stepper_run(n, d, **tiles), **kernel_checks(n, d, **tiles))
 
 
 def step_title(run: KernelRun, index: int) -> str:

@@ -1,7 +1,11 @@
-"""The Tiled kernel page's caches: one stepper-and-kernel run per setting, its figures per step, the timing table
-and the peak-memory measurements. Every cache is keyed on every setting its result depends on."""
+"""The Tiled kernel page's caches: one stepper run per setting and, apart, its Triton kernel's checks (the page
+draws the step view before it runs the interpreted kernel), its figures per step, the timing table and the
+peak-memory measurements. Every cache is keyed on every setting its result depends on."""
 
 from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
 
 import streamlit as st
 
@@ -23,14 +27,22 @@ SMALL_RUN = 2**20
 
 @st.cache_resource(max_entries=2, show_spinner=False)
 def _large_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
-    return kview.kernel_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
-                            window=window)
+    return kview.stepper_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
+                             window=window)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _small_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
-    return kview.kernel_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
-                            window=window)
+    return kview.stepper_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
+                             window=window)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
+    """The kernel's trace, error and timed call (kview.kernel_checks): an output and a trace of n rows, kept for
+    as many settings as the small runs."""
+    return kview.kernel_checks(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
+                               window=window)
 
 
 def is_small(n, block_m, block_n, causal, window=None) -> bool:
@@ -40,22 +52,29 @@ def is_small(n, block_m, block_n, causal, window=None) -> bool:
 
 
 def _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
-    """The shared run of these settings, from the cache its size belongs to."""
+    """The shared stepper run of these settings, from the cache its size belongs to."""
     cached = _small_run if is_small(n, block_m, block_n, causal, window) else _large_run
     return cached(n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun | None:
-    """The run for these settings (window: a sliding window, with causal), or None after an st.error saying why it
-    cannot run (a size over the limits, or blocks that need more shared memory than the GPU has)."""
+    """The stepper's run for these settings (window: a sliding window, with causal; no kernel checks: checked_run),
+    or None after an st.error saying why it cannot run (a size over the limits)."""
     reason = kn.refusal(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
     if reason:
         st.error(f"Not run: {reason}")
         return None
+    with st.spinner("Running the stepper…"):
+        return _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
+
+
+def checked_run(run: KernelRun, n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun | None:
+    """run (these settings' kernel_run) with the Triton kernel's trace, error and timed call, or None after an
+    st.error saying why the kernel refuses (blocks that need more shared memory than the GPU has)."""
     try:
-        with st.spinner("Running the stepper and the Triton kernel…"):
-            return _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window)
-    except AttnvizError as exc:  # the kernel's refusals, e.g. blocks that need more shared memory than the GPU has
+        with st.spinner("Running the Triton kernel…"):
+            return replace(run, **_kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window))
+    except AttnvizError as exc:
         st.error(BLOCKS_TOO_BIG.format(exc))
         return None
 
@@ -86,13 +105,20 @@ BLOCKS = [16, 32, 64, 128]  # BLOCK_M's and BLOCK_N's
 def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> None:
     """Builds, in the background, the step view one step either way of the control just moved (setting, previous:
     {"n", "d", "block_m", "block_n", "causal", "dtype", "seed", "window"} of this run and the last; index: the
-    step shown), for small runs that can run here: a control moved again by a step then finds its run and figure
-    ready. Nothing is built when nothing moved."""
+    step shown), for small runs that can run here: a control moved again by a step then finds its run, figure and
+    kernel checks ready. Nothing is built when nothing moved."""
     if previous is None:
         return
     steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "seed": SEED_RANGE}
     calls = [_prefetchable(s, index) for s in moved_neighbours(setting, previous, steps)]
-    build_in_background(step_view, [call for call in calls if call is not None], "attnviz-kernel-neighbours")
+    build_in_background(_ahead, [call for call in calls if call is not None], "attnviz-kernel-neighbours")
+
+
+def _ahead(n, d, block_m, block_n, causal, dtype, seed, window, index) -> None:
+    """The step view at `index` and the kernel's checks of these settings, into their caches."""
+    step_view(n, d, block_m, block_n, causal, dtype, seed, window, index)
+    with contextlib.suppress(AttnvizError):  # a kernel's refusal is the page's to say, when the setting is shown
+        _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def _prefetchable(s: dict, index: int) -> tuple | None:
@@ -123,8 +149,9 @@ def _comparison(n, d, block_m, block_n, causal, dtype, seed, _interpreted_call) 
 
 def comparison(n, d, block_m, block_n, causal, dtype, seed, run: KernelRun | None = None) -> list[dict] | None:
     """kernels.compare_methods as dicts (one per method), or None after an st.error when the kernel refuses. run:
-    the step view's run of these settings; without a sliding window its interpreted kernel call is the one the
-    table reports (under the interpreter a call is a functional simulation: the same call need not be made twice)."""
+    the step view's run of these settings with its kernel checks (checked_run); without a sliding window its
+    interpreted kernel call is the one the table reports (under the interpreter a call is a functional simulation:
+    the same call need not be made twice)."""
     call = run.kernel_call if kn.INTERPRETED and run is not None and run.window is None else None
     try:
         with st.spinner("Running and timing the five methods…"):
