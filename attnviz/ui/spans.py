@@ -7,14 +7,15 @@ import streamlit as st
 
 from attnviz import snippets, ui
 from attnviz.figures import heads as figs
+from attnviz.figures.experiments import BARS_AT_MOST
 from attnviz.ui import snippets as snippet_ui
 
 MAX_PICKED = 2048  # tokens offered one by one; a longer text is selected as a span
 HOW = {"Sum over the queries": "sum", "Mean over the queries": "mean"}
 RULES = ("The rules, as Clark et al. (2019) merge a word's tokens: attention TO a set of keys is the **sum** of their "
          "columns, attention FROM a set of queries is the **mean** of their rows. Here each key stays a token and the "
-         "selected queries' rows are summed (key j gets the total weight the set gives it; the bars add up to the "
-         "number of queries) or averaged (the bars add up to 1, as one token's row does).")
+         "selected queries' rows are summed (key j gets the total weight the set gives it; the weights add up to the "
+         "number of queries) or averaged (they add up to 1, as one token's row does).")
 
 
 def selected_queries(n: int, tokens) -> list[int]:
@@ -59,8 +60,9 @@ def span_panel(capture, layer: int, head: int, *, model: str, text: str, layers)
     code = snippets.span_attention(model, text, layer, head, queries, how=how, layers=layers)
     fig = figs.span_bars(weights, capture.tokens, layer, head, queries, how)
     ui.plot(fig, width="stretch")
-    st.caption(f"Each bar is a key token: the weight the {len(queries)} selected quer"
+    shape = "Each bar is a key token" if len(weights) <= BARS_AT_MOST else "Each step of the line is a key token"
+    st.caption(f"{shape}: the weight the {len(queries)} selected quer"
                f"{'y gives' if len(queries) == 1 else 'ies give'} it, {'summed' if how == 'sum' else 'averaged'} "
-               f"over them (the bars add up to {weights.sum():.3f}). The raw weights, with the sink shown"
+               f"over them (the weights add up to {weights.sum():.3f}). The raw weights, with the sink shown"
                + ("; a causal query gives no weight to later keys." if capture.causal else "."))
     snippet_ui.show(code)
