@@ -62,10 +62,10 @@ def variants_stop(d_k: int, n_keys: int, seed: int, temperature: float, rows_sho
 
 def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int = ROWS_SHOWN, *,
                    stop: Callable[..., dict] = variants_stop) -> tuple:
-    """(figure, d_ks): the variants figure at d_k with an in-chart slider over the d_k values d_ks, each a frame the
-    browser draws: all of DIMS while their frames fit instant.FRAME_BUDGET, else every k-th counted from d_k (k = 2,
+    """(figure, d_ks): the variants figure at d_k with an in-chart slider over the d_k values d_ks, each a stop the
+    browser draws: all of DIMS while their stops fit instant.FRAME_BUDGET, else every k-th counted from d_k (k = 2,
     one per doubling, at 256 keys per query; 3 at 512), with the first and last. stop(d_k, n_keys, seed,
-    temperature, rows_shown) makes each frame (variants_stop, or a cached copy of it)."""
+    temperature, rows_shown) makes each stop (variants_stop, or a cached copy of it)."""
     if d_k not in DIMS:
         raise ValueError(f"d_k = {d_k} is not one of the chart's values {DIMS}")
     stop_bytes = instant.json_bytes({"data": stop(d_k, n_keys, seed, temperature, rows_shown)["data"]})

@@ -83,6 +83,22 @@ def test_an_update_sets_nested_attributes_leaf_by_leaf_and_gives_every_listed_tr
     assert state["layout"]["xaxis"] == {"title": {"text": "x at 1"}, "showgrid": False}
 
 
+def test_a_path_set_at_some_stops_only_is_refused():
+    """plotly would unset it with null and keep what setting it implied (a fixed range turns autorange off), and a
+    container empty at one stop and filled at another would be a parent and its child in one update."""
+    def ranged(a):
+        fig = go.Figure(go.Heatmap(z=[[a, 1.0]]), layout=dict(height=300, xaxis=dict(title=dict(text="x"))))
+        return fig.update_xaxes(range=[0, a]) if a > 1 else fig
+
+    with pytest.raises(ValueError, match="'xaxis.range'"):
+        instant.slider_over(ranged, [1.0, 2.0], 1.0, parameter="a")
+    fig = go.Figure(go.Heatmap(z=[[1.0, 1.0]]), layout=dict(height=300))
+    stops = [{"data": [{"type": "heatmap", "z": [[a, 1.0]], "colorbar": colorbar}], "layout": {}}
+             for a, colorbar in ((1.0, {}), (2.0, {"title": {"text": "a = 2"}}))]
+    with pytest.raises(ValueError, match="colorbar"):
+        instant.add_frame_slider(fig, stops, ["1", "2"], 0, parameter="a")
+
+
 def test_a_slider_takes_its_own_band_at_the_top_and_leaves_the_plot_area_as_it_was():
     before = _line(1.0)
     fig = instant.slider_over(_line, [1.0, 2.0], 1.0, parameter="a")

@@ -158,7 +158,6 @@ def test_interpreter_is_chosen_on_import_without_cuda():
     assert result.stdout.strip().endswith("True"), result.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not INTERPRETED, reason="the interpreter's options: on a GPU the kernel compiles")
 def test_the_interpreter_skips_overflow_checks_and_the_numbers_are_the_same_bit_for_bit(monkeypatch):
     """Without the integer overflow checks Triton builds (and drops, outside debug builds), the kernel's output and
@@ -179,6 +178,7 @@ def test_the_interpreter_skips_overflow_checks_and_the_numbers_are_the_same_bit_
         np.testing.assert_array_equal(getattr(fast_trace, name), getattr(checked_trace, name), err_msg=name)
 
 
+@pytest.mark.slow
 def test_kernel_runs_when_the_kernels_come_first_and_torch_imports_triton_after():
     """A process that imports attnviz.kernels first, then torch and transformers, which may import triton.language
     (building a model does, through torch._dynamo): the interpreter was chosen before, so the kernel runs."""

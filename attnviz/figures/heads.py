@@ -342,7 +342,8 @@ def stat_grid(stats: pd.DataFrame, column: str, *, title: str, colorbar_title: s
 def span_bars(weights: np.ndarray, tokens: Sequence[str], layer: int, head: int, queries: Sequence[int],
               how: str) -> go.Figure:
     """The attention a set of queries gives every key in one head (AttentionCapture.span_attention), weights [key],
-    `how` "sum" or "mean" of their rows: one bar per key token."""
+    `how` "sum" or "mean" of their rows: one bar per key token (bars_by_token: past BARS_AT_MOST keys, a stepped
+    line)."""
     queries = [int(q) for q in queries]
     if queries == list(range(queries[0], queries[-1] + 1)):
         shown = f"queries {queries[0]}–{queries[-1]}"

@@ -26,7 +26,7 @@ from _plotly_utils.utils import convert_to_base64
 from attnviz.figures import typed_arrays
 from attnviz.figures.typed_arrays import array, json_bytes  # noqa: F401 (the figures' callers read them here)
 
-FRAME_BUDGET = 1_800_000  # bytes of JSON the frames of one figure may take (the figure itself comes on top)
+FRAME_BUDGET = 1_800_000  # bytes of JSON the stops of one figure's sliders may take (the figure itself on top)
 SLIDER_PX = 100  # the height a slider takes: its current value, rail, ticks and labels (plotly draws ~90 px)
 TITLE_PX = 44  # the figure title's band at the top, above the sliders
 _ANIMATE = {"mode": "immediate", "frame": {"duration": 0, "redraw": False}, "transition": {"duration": 0}}
@@ -182,12 +182,16 @@ def _frame_steps(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[str]
 
 def _changing(by_item: Sequence[Sequence[Mapping]], keys: Sequence[Sequence[str]]) -> list[str]:
     """The dotted paths, under each item's keys, whose value is not the same in every stop (by_item: for each item,
-    a trace or the layout, its dict at every stop); a path some stops lack counts as changing."""
+    a trace or the layout, its dict at every stop). A path that some stops set and others do not is refused: plotly
+    would unset it with null but keep what setting it implied (a range turns autorange off), and a container set
+    empty at one stop and filled at another would be a parent and its child in one update, which plotly refuses."""
     paths: dict[str, None] = {}
     for dicts, own in zip(by_item, keys):
         leaves = [dict(_leaves({k: d[k] for k in own})) for d in dicts]
         for path in dict.fromkeys(p for stop in leaves for p in stop):
-            if not all(path in stop and _same(stop[path], leaves[0].get(path)) for stop in leaves):
+            if not all(path in stop for stop in leaves):
+                raise ValueError(f"the stops differ in whether they set {path!r}: set it at every stop")
+            if not all(_same(stop[path], leaves[0][path]) for stop in leaves):
                 paths[path] = None
     return list(paths)
 
@@ -197,7 +201,9 @@ def _update(stop: Mapping, traces: Sequence[int], restyled: Sequence[str], relai
     change (_changing) set to its value at this stop: nested attributes leaf by leaf, as plotly's frames merge them
     (the figure's other settings, its theme's included, stay); restyle gives each path one value per trace, None
     where the trace has none (plotly then leaves it unset). Arrays travel as plotly writes them (base64 typed
-    arrays)."""
+    arrays). plotly.js recomputes a trace for a changed style array (a marker colour per point) only when the value is
+    an array to it, which a typed-array spec is not: the steps here also change x, y or z, which recompute it; a
+    step whose only change was such a style array would need it as a list."""
     restyle = {path: [_at(stop["data"][i], path) for i in traces] for path in restyled}
     relayout = {path: _at(stop["layout"], path) for path in relaid}
     return [typed_arrays.typed(restyle), typed_arrays.typed(relayout), list(traces)]
@@ -231,8 +237,8 @@ def hold_ranges(fig: go.Figure, stops: Sequence[Mapping], varying: Mapping[int, 
     """Gives every x and y axis that autoranges (no range set, in the figure or in the stops' layouts) and holds a
     trace whose values there change between stops (varying: {trace: its attributes that change}) the range that
     holds every stop's values of every trace on it, padded by PAD (on a log axis in powers of ten; a bar's base 0
-    included). plotly.animate does not autorange again: a stop's curves would leave the axes drawn for the first,
-    and the axes would not stay put while the slider moves."""
+    included): the axes stay put while the slider moves, and plotly.animate, which does not autorange again, keeps
+    every stop's curves inside them."""
     for letter in ("x", "y"):
         values: dict[str, list[np.ndarray]] = {}
         moving = set()
@@ -328,8 +334,11 @@ def drawn(fig: go.Figure | Mapping, moves: Sequence[tuple[int, int]] = ()) -> di
         elif method == "update":
             restyle, relayout, traces = args
             for dotted, values in restyle.items():
-                for j, i in enumerate(traces):
-                    _put(state["data"][i], dotted, values[j % len(values)])
+                if isinstance(values, (list, tuple)) and not values:
+                    continue  # plotly skips an empty list
+                for j, i in enumerate(traces):  # a list gives trace j its j-th value, anything else goes to all
+                    value = values[j % len(values)] if isinstance(values, (list, tuple)) else values
+                    _put(state["data"][i], dotted, value)
             for dotted, value in relayout.items():
                 _put(state["layout"], dotted, value)
         else:

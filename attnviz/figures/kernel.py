@@ -219,7 +219,7 @@ def step_view_parts(step, states, title: str, q_edges, k_edges, *, causal: bool,
     n_query, n_key = q_edges[-1], k_edges[-1]
     axes["xaxis"].update(range=[0, n_key], title=dict(text="key position (token index)"))
     axes["yaxis"].update(range=[n_query, 0], title=dict(text="query position (token index)"))
-    # the tile's own positions, set at every step: plotly's animate never autoranges again
+    # the tile's own positions, set at every step: the axes stay put while the slider moves
     k_span = [step.k_start - 0.5, step.k_start + step.scores.shape[1] - 0.5]
     q_down = [step.q_stop - 0.5, step.q_start - 0.5]  # top to bottom
     axes["xaxis2"].update(range=k_span, title=dict(text="key position (token index)"))
@@ -239,7 +239,7 @@ def step_view_parts(step, states, title: str, q_edges, k_edges, *, causal: bool,
 
 def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], active: int, *, q_edges, k_edges,
                      causal: bool, window: int | None = None) -> go.Figure:
-    """The kernel's whole state at each of `steps` in one figure, with an in-chart slider over them (one frame per
+    """The kernel's whole state at each of `steps` in one figure, with an in-chart slider over them (one stop per
     step, drawn by the browser): top, the score matrix by tiles (states[i], TILE_STATES indices, between q_edges and
     k_edges) and the current tile's scores; middle, m_i, l_i and alpha per query row; bottom, the accumulator
     before and after the tile. steps: TileStep-like (scores, q_start, q_stop, k_start, m_prev, m_i, l_prev, l_i,

@@ -106,7 +106,7 @@ def step_title(run: KernelRun, index: int) -> str:
 def step_view(run: KernelRun, index: int, *, most: int = STEP_STOPS) -> tuple:
     """(figure, steps) of the step view at step `index`: figures.kernel.step_view_figure over a window of
     consecutive steps around it (`steps`, a range: at most `most`, and as many as fit the frame budget), each a
-    frame of its in-chart slider."""
+    stop of its in-chart slider."""
     if not 0 <= index < len(run.steps):
         raise KernelRefused(f"step {index} is not one of this run's steps 0–{len(run.steps) - 1}")
 

@@ -201,8 +201,10 @@ def _no_overflow_checks() -> None:
 
     from triton.runtime import interpreter
 
-    builder = interpreter.interpreter_builder
-    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    builder = getattr(interpreter, "interpreter_builder", None)
+    if dataclasses.is_dataclass(getattr(builder, "options", None)) and \
+            "sanitize_overflow" in {f.name for f in dataclasses.fields(builder.options)}:
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)  # else: a Triton without it
 
 
 INTERPRETED = type(_attn_fwd).__name__ == "InterpretedFunction"

@@ -4,7 +4,6 @@ peak-memory measurements. Every cache is keyed on every setting its result depen
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 
 import streamlit as st
@@ -37,12 +36,24 @@ def _small_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> Kern
                              window=window)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
+def _checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
+    """The kernel's trace, error and timed call (kview.kernel_checks), or {"refused": why} when the kernel refuses
+    these blocks (kept too: a Step move does not launch a refused kernel again)."""
+    try:
+        return kview.kernel_checks(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
+                                   window=window)
+    except AttnvizError as exc:
+        return {"refused": str(exc)}
+
+
+# a trace holds three [key block, query] arrays: kept for as many settings as the runs of its size
+_large_checks = st.cache_resource(max_entries=2, show_spinner=False)(_checks)
+_small_checks = st.cache_resource(max_entries=8, show_spinner=False)(_checks)
+
+
 def _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
-    """The kernel's trace, error and timed call (kview.kernel_checks): an output and a trace of n rows, kept for
-    as many settings as the small runs."""
-    return kview.kernel_checks(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
-                               window=window)
+    cached = _small_checks if is_small(n, block_m, block_n, causal, window) else _large_checks
+    return cached(n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def is_small(n, block_m, block_n, causal, window=None) -> bool:
@@ -59,7 +70,8 @@ def _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> Ker
 
 def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun | None:
     """The stepper's run for these settings (window: a sliding window, with causal; no kernel checks: checked_run),
-    or None after an st.error saying why it cannot run (a size over the limits)."""
+    or None after an st.error saying why it cannot run (a size over the limits, or blocks that need more shared
+    memory than the GPU has: kn.refusal)."""
     reason = kn.refusal(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, window=window)
     if reason:
         st.error(f"Not run: {reason}")
@@ -71,18 +83,18 @@ def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> Kern
 def checked_run(run: KernelRun, n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun | None:
     """run (these settings' kernel_run) with the Triton kernel's trace, error and timed call, or None after an
     st.error saying why the kernel refuses (blocks that need more shared memory than the GPU has)."""
-    try:
-        with st.spinner("Running the Triton kernel…"):
-            return replace(run, **_kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window))
-    except AttnvizError as exc:
-        st.error(BLOCKS_TOO_BIG.format(exc))
+    with st.spinner("Running the Triton kernel…"):
+        checks = _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window)
+    if "refused" in checks:
+        st.error(BLOCKS_TOO_BIG.format(checks["refused"]))
         return None
+    return replace(run, **checks)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def step_view(n, d, block_m, block_n, causal, dtype, seed, window, index) -> tuple:
     """(figure, steps) of the step view at step `index` (attnviz.kernels.steps_view.step_view: a window of
-    consecutive steps around it, each a frame of its in-chart slider). Kept as an object (plotly reads a figure
+    consecutive steps around it, each a stop of its in-chart slider). Kept as an object (plotly reads a figure
     only to draw it)."""
     return kview.step_view(_kernel_run(n, d, block_m, block_n, causal, dtype, seed, window), index)
 
@@ -117,8 +129,7 @@ def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> Non
 def _ahead(n, d, block_m, block_n, causal, dtype, seed, window, index) -> None:
     """The step view at `index` and the kernel's checks of these settings, into their caches."""
     step_view(n, d, block_m, block_n, causal, dtype, seed, window, index)
-    with contextlib.suppress(AttnvizError):  # a kernel's refusal is the page's to say, when the setting is shown
-        _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window)
+    _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def _prefetchable(s: dict, index: int) -> tuple | None:

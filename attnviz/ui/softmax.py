@@ -76,7 +76,7 @@ def _sweep_stop(n_keys: int, seed: int, temperature: float) -> dict:
 
 
 def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int) -> tuple:
-    """(figure, d_ks): attnviz.softmax_charts.variants_chart, each d_k's frame from this page's cache."""
+    """(figure, d_ks): attnviz.softmax_charts.variants_chart, each d_k's stop from this page's cache."""
     return charts.variants_chart(d_k, n_keys, seed, temperature, rows_shown, stop=_variants_stop)
 
 
