@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from _plotly_utils.utils import convert_to_base64
-
 from attnviz.figures import typed_arrays
 from attnviz.figures.typed_arrays import array, json_bytes  # noqa: F401 (the figures' callers read them here)
 
@@ -204,9 +202,9 @@ def _update(stop: Mapping, traces: Sequence[int], restyled: Sequence[str], relai
     arrays). plotly.js recomputes a trace for a changed style array (a marker colour per point) only when the value is
     an array to it, which a typed-array spec is not: the steps here also change x, y or z, which recompute it; a
     step whose only change was such a style array would need it as a list."""
-    restyle = {path: [_at(stop["data"][i], path) for i in traces] for path in restyled}
-    relayout = {path: _at(stop["layout"], path) for path in relaid}
-    return [typed_arrays.typed(restyle), typed_arrays.typed(relayout), list(traces)]
+    restyle = {path: [typed_arrays.value(_at(stop["data"][i], path), path) for i in traces] for path in restyled}
+    relayout = {path: typed_arrays.value(_at(stop["layout"], path), path) for path in relaid}
+    return [restyle, relayout, list(traces)]
 
 
 def _leaves(tree: Mapping, prefix: str = ""):
@@ -277,12 +275,11 @@ def _held_range(arrays: list[np.ndarray], *, log: bool) -> list[float] | None:
 def _set_frames(fig: go.Figure, frames: list[dict]) -> None:
     """fig.frames = frames, without plotly checking each frame's every attribute again (`fig.frames = ...` does,
     even for Frame objects: 0.2 s for a RoPE chart of 201 stops, most of a rerun). The frames are plotly's own
-    dicts, made from traces it already checked. Their arrays are written as plotly's JSON writes them (base64
-    typed arrays, convert_to_base64) once here, not again at every rerun that sends the figure.
+    dicts, made from traces it already checked. Their arrays are written as plotly's JSON writes them
+    (typed_arrays.written: base64 typed arrays) once here, not again at every rerun that sends the figure.
     tests/test_figures_instant.py checks that the JSON sent is the same as with plotly's checks (plotly is pinned:
     this sets the attribute its frames setter sets)."""
-    frames = typed_arrays.copied(frames)
-    convert_to_base64(frames)
+    frames = typed_arrays.written(frames)
     fig._frame_objs = tuple(go.Frame(frame, _validate=False) for frame in frames)
 
 

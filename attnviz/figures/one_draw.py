@@ -22,8 +22,8 @@ from collections.abc import Mapping
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
-from _plotly_utils.utils import convert_to_base64
 
+from attnviz.figures import typed_arrays
 from attnviz.figures.common import TEMPLATE
 
 # Numbers in a figure's arrays, at most, for it to go as lists. Measured on a 2-core machine for a heatmap: written as
@@ -97,10 +97,8 @@ def spec(fig: go.Figure) -> dict:
     data = [_listed(trace) for trace in fig._data]
     out = {"data": [_merged(trace_defaults.get(trace.get("type", "scatter"), {}), trace) for trace in data],
            "layout": _themed_layout(layout, theme_layout, data)}
-    frames = copy.deepcopy([frame._props for frame in fig._frame_objs])
-    if frames:
-        convert_to_base64(frames)
-        out["frames"] = frames
+    if fig._frame_objs:  # written by instant._set_frames already: copied, any array left written as plotly writes it
+        out["frames"] = typed_arrays.written([frame._props for frame in fig._frame_objs])
     return out
 
 

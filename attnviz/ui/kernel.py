@@ -52,8 +52,7 @@ _small_checks = st.cache_resource(max_entries=8, show_spinner=False)(_checks)
 
 
 def _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
-    cached = _small_checks if is_small(n, block_m, block_n, causal, window) else _large_checks
-    return cached(n, d, block_m, block_n, causal, dtype, seed, window)
+    return _by_size(_small_checks, _large_checks, n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def is_small(n, block_m, block_n, causal, window=None) -> bool:
@@ -64,7 +63,12 @@ def is_small(n, block_m, block_n, causal, window=None) -> bool:
 
 def _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
     """The shared stepper run of these settings, from the cache its size belongs to."""
-    cached = _small_run if is_small(n, block_m, block_n, causal, window) else _large_run
+    return _by_size(_small_run, _large_run, n, d, block_m, block_n, causal, dtype, seed, window)
+
+
+def _by_size(small, large, n, d, block_m, block_n, causal, dtype, seed, window):
+    """small(...) or large(...) of these settings: the cache a run of their size (is_small) is kept in."""
+    cached = small if is_small(n, block_m, block_n, causal, window) else large
     return cached(n, d, block_m, block_n, causal, dtype, seed, window)
 
 
