@@ -70,12 +70,12 @@ def generation_view(model, loaded):
         "Generated token", list(range(gen.n_generated)), key="exp_step", persist_state="session",
         format_func=lambda i: steps[i])
     s = gen.steps[step]
-    query = f"{s.position} ({gen.tokens[s.position]!s})"
-    ui.chart(figs.step_rows(s.rows, gen.tokens, query=query),
+    ui.chart(figs.generation_step(gen, step),
              f"To choose token {gen.n_prompt + step} ({gen.tokens[gen.n_prompt + step]}), the newest token, at "
              f"position {s.position}, was the only query: each row is one head's weights over the {s.position + 1} "
              "tokens in the cache. Bright columns on token 0 are sinks; a diagonal-like spot on an earlier copy is "
              "an induction head at work.")
+    snippet_ui.show(snippets.generation_step(model, prompt, int(n_new), float(temperature), int(seed), step))
     a, b = st.columns(2)
     with a:
         labels = readable_tokens(loaded.tokenizer, [int(t) for t in s.top_ids])

@@ -12,6 +12,7 @@ page's chart); its last line, a comment, saves it for a paper (View.save or attn
     worked_example(q, k, v, scaled=..., causal=..., digits=...)  the Worked example's scores and weights
     span_attention(model, text, layer, head, queries, how=...)  the Heads page's span chart
     knockout_grid(model, text, mode=..., target=...)  the Experiments page's knock-outs, each head in turn
+    generation_step(model, prompt, n_new, temperature, seed, step)  the Experiments page's rows of one generated token
     corpus_grid(run, stat, window)                 the Corpus page's mean of every head over a run's windows
     softmax_variants(d_k, n_keys, seed, temperature, rows_shown)  the Softmax page's random q·k, scaled and unscaled
     softmax_head(model, text, layer, head, temperature)  the Softmax page's real head at its own scale, unscaled, ÷ T
@@ -175,6 +176,23 @@ def knockout_grid(model: str, text: str, *, mode: str = "zero", target: tuple[in
         "fig = figs.effect_grid(result.grid(result.delta_loss, layers, heads), what=\"Change in mean next-token "
         "loss\", unit=\"nats\")",
         EXPORT.format(name=_file_name(model, "knockouts")),
+    ])
+
+
+def generation_step(model: str, prompt: str, n_new: int, temperature: float, seed: int, step: int) -> str:
+    """The Experiments page's Generation view: the prompt continued (attnviz.generation.generate), and the newest
+    token's attention row in every head at one generated token (figures.experiments.generation_step)."""
+    return "\n".join([
+        "import attnviz",
+        "from attnviz.figures import experiments as figs",
+        "from attnviz.generation import generate",
+        "from attnviz.models import load_model",
+        "",
+        f"loaded = load_model({model!r})",
+        f"gen = generate(loaded, {prompt!r}, {int(n_new)}, temperature={float(temperature)!r}, seed={int(seed)})",
+        "print(gen.text)  # the generated tokens",
+        f"fig = figs.generation_step(gen, {int(step)})  # the rows when generated token {int(step)} was chosen",
+        EXPORT.format(name=_file_name(model, "generation", step)),
     ])
 
 

@@ -188,6 +188,16 @@ def test_the_experiments_pages_knockout_snippet_draws_its_grid():
     _check_page(at, snippets.knockout_grid("toy-llama-gqa", text, mode="mean", target=(3, ids[4])))
 
 
+def test_the_experiments_pages_generation_snippet_draws_the_rows_of_its_step():
+    at = AppTest.from_file(str(ROOT / "app_pages" / "experiments.py"), default_timeout=300)
+    settings = dict(model="toy-llama-gqa", view="Generation", prompt="A cat sat", new="5", temperature="0.7",
+                    seed="3", step="2")
+    for key, value in settings.items():
+        at.query_params[key] = value
+    at.run()
+    _check_page(at, snippets.generation_step("toy-llama-gqa", "A cat sat", 5, 0.7, 3, 2))
+
+
 def test_the_corpus_pages_snippet_draws_its_grid_from_the_run(tmp_path, monkeypatch):
     """The code names the run, not where this server keeps it: RUNS is set to the runs folder before it runs."""
     from attnviz.corpus import corpus_run

@@ -32,6 +32,13 @@ def step_rows(rows: np.ndarray, tokens: Sequence[str], *, query: str) -> go.Figu
                    height=min(1400, max(320, 12 * z.shape[0] + 140)))
 
 
+def generation_step(gen, step: int) -> go.Figure:
+    """step_rows of one step of a Generation (attnviz.generation): the newest token's row in every head, over the
+    tokens in the cache when generated token `step` was chosen."""
+    s = gen.steps[step]
+    return step_rows(s.rows, gen.tokens, query=f"{s.position} ({gen.tokens[s.position]!s})")
+
+
 def top_k_bars(labels: Sequence[str], probs: np.ndarray, chosen: int | None) -> go.Figure:
     """probs [k] of the k most likely next tokens (labels); the bar at index `chosen` is the token generated."""
     colors = [PALETTE[1] if i == chosen else PALETTE[0] for i in range(len(probs))]

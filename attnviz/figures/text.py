@@ -33,40 +33,49 @@ def _token_html(token: str) -> str:
     return shown.replace("↵", "↵<br>")
 
 
+CSS_CLASS = "attnviz-text"
+STYLE = (f"<style>.{CSS_CLASS}{{font-family:ui-monospace,monospace;font-size:0.85rem;line-height:1.7;"
+         "white-space:pre-wrap;word-break:break-word;max-height:420px;overflow-y:auto}"
+         f".{CSS_CLASS} span{{padding:1px 0;border-radius:2px}}.{CSS_CLASS} .unseen{{color:#aaa}}</style>")
+
+
+def _span(i: int, token: str, value: float, level: float, label: str, fmt: str, selected: bool) -> str:
+    """One visible token: shaded by level in [0, 1] (unshaded where NaN), its title "i: token — label value"."""
+    tip = html.escape(f"{i}: {token}", quote=True)
+    style = ""
+    if np.isnan(value):
+        tip += f" — {html.escape(label)}: none"
+    else:
+        tip += f" — {html.escape(label)} {value:{fmt}}"
+        if f"{level:.3f}" != "0.000":  # an unshaded span carries no style: less for the browser to parse
+            style = f"background:rgba({SHADE[0]},{SHADE[1]},{SHADE[2]},{level:.3f});"
+            style += "color:white;" if level > 0.55 else ""
+    style += f"outline:2px solid {HIGHLIGHT};" if selected else ""
+    return f'<span title="{tip}"' + (f' style="{style}"' if style else "") + f">{_token_html(token)}</span>"
+
+
 def shaded_text(tokens: Sequence[str], values: np.ndarray, *, selected: int | None = None,
                 visible: int | None = None, label: str = "weight", vmax: float | None = None,
                 fmt: str = ".4f") -> str:
     """HTML of the text with token i shaded by values[i] (relative to the largest value, or vmax).
 
     selected: the token outlined (the query). visible: tokens from this position on are drawn faint and unshaded
-    (a causal query cannot see them). NaN values (a row blanked with the sink hidden) are unshaded. Each span's
-    title reads "position: token — label value"."""
+    (a causal query cannot see them), as one span titled with their positions: a query early in a long text sends
+    and sanitises one element for the rest of the text, not one per token. NaN values (a row blanked with the sink
+    hidden) are unshaded. Each visible token's title reads "position: token — label value"."""
     values = np.asarray(values, dtype=np.float64)
     n = len(tokens)
     if values.shape != (n,):
         raise ValueError(f"values must have one entry per token ({n}), not shape {values.shape}")
-    level = shade_levels(values[:visible] if visible is not None else values, vmax=vmax)
-    spans = []
-    for i, token in enumerate(tokens):
-        tip = html.escape(f"{i}: {token}", quote=True)
-        style = "padding:1px 0;border-radius:2px;"
-        if visible is not None and i >= visible:
-            style += "color:#aaa;"
-            tip += " — not visible to the query"
-        elif np.isnan(values[i]):
-            tip += f" — {html.escape(label)}: none"
-        else:
-            alpha = float(level[i])
-            style += f"background:rgba({SHADE[0]},{SHADE[1]},{SHADE[2]},{alpha:.3f});"
-            if alpha > 0.55:
-                style += "color:white;"
-            tip += f" — {html.escape(label)} {values[i]:{fmt}}"
-        if i == selected:
-            style += f"outline:2px solid {HIGHLIGHT};"
-        spans.append(f'<span title="{tip}" style="{style}">{_token_html(token)}</span>')
-    body = "".join(spans)
-    return ('<div style="font-family:ui-monospace,monospace;font-size:0.85rem;line-height:1.7;'
-            f'white-space:pre-wrap;word-break:break-word;max-height:420px;overflow-y:auto">{body}</div>')
+    shown = n if visible is None else min(max(int(visible), 0), n)
+    level = shade_levels(values[:shown], vmax=vmax)
+    spans = [_span(i, tokens[i], values[i], level[i], label, fmt, i == selected) for i in range(shown)]
+    if shown < n:
+        tip = f"tokens {shown:,}–{n - 1:,}: not visible to the query" if shown < n - 1 else \
+            f"token {shown:,}: not visible to the query"
+        spans.append(f'<span class="unseen" title="{tip}">' + "".join(_token_html(t) for t in tokens[shown:])
+                     + "</span>")
+    return f'{STYLE}<div class="{CSS_CLASS}">{"".join(spans)}</div>'
 
 
 def loss_chart(losses: np.ndarray, tokens: Sequence[str], *, title: str):
