@@ -223,7 +223,7 @@ def stats_panel():
 def compare_panel():
     mode = st.radio("Compare", ["Two heads", "Two layers (mean over heads)", "Two texts"], horizontal=True,
                     key="heads_compare_mode", persist_state="session")
-    ahead, following = [], dict(zip(capture.layers, capture.layers[1:]))  # built ahead: the next Layer B
+    ahead, following = [], dict(zip(capture.layers, capture.layers[1:]))  # built ahead: the next Layer B, Head B
     if mode == "Two heads":
         d1, d2 = st.columns(2)
         with d1:
@@ -234,6 +234,8 @@ def compare_panel():
         layer_b2 = st.session_state.get("heads_layer_b2")  # and the other mode
         ahead = [comparing.two_layers(capture, layer, layer_b2 if layer_b2 in capture.layers else capture.layers[0])]
         ahead += [comparing.two_heads(capture, layer, head, following[layer_b], head_b)] if layer_b in following else []
+        if head_b + 1 < capture.n_heads:
+            ahead.append(comparing.two_heads(capture, layer, head, layer_b, head_b + 1))
     elif mode.startswith("Two layers"):
         layer_b = cache.choice_box("Layer B", list(capture.layers), "heads_layer_b2")
         a, b = comparing.two_layers(capture, layer, layer_b)

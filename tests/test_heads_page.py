@@ -636,7 +636,7 @@ def test_compare_draws_long_maps_max_pooled_and_states_the_exact_difference(monk
 
 def test_compare_builds_the_next_layer_b_and_the_other_mode_ahead(monkeypatch):
     """Compare of long maps asks the background builds for the next Layer B and, from Two heads, the two layers'
-    means; built, they are what the page then shows, with no second comparison."""
+    means and the next Head B; built, they are what the page then shows, with no second comparison."""
     from attnviz import compare, ui
     from attnviz.ui import heads_compare
 
@@ -648,12 +648,16 @@ def test_compare_builds_the_next_layer_b_and_the_other_mode_ahead(monkeypatch):
     at = open_tab(heads_page({"model": "toy-gpt2", "text": text, "layer": "0", "head": "1"}), "Compare")
     assert not at.exception and not at.error
     fn, calls = asked[-1]
-    assert [(c[4], c[5]) for c in calls] == [(("mean", 0), ("mean", 0)), (("head", 0, 1), ("head", 1, 0))]
+    assert [(c[4], c[5]) for c in calls] == [(("mean", 0), ("mean", 0)), (("head", 0, 1), ("head", 1, 0)),
+                                              (("head", 0, 1), ("head", 0, 1))]
     for call in calls:
         fn(*call)  # as the background thread would
     made = []
     real = compare.compare_maps
     monkeypatch.setattr(compare, "compare_maps", lambda *a, **k: made.append(1) or real(*a, **k))
+    at.selectbox(key="heads_head_b").set_value(1).run()
+    assert not at.exception and not at.error and made == []
+    at.selectbox(key="heads_head_b").set_value(0).run()  # compared on the first run
     at.selectbox(key="heads_layer_b").set_value(1).run()
     at.radio(key="heads_compare_mode").set_value("Two layers (mean over heads)").run()
     assert not at.exception and not at.error and made == []
