@@ -209,6 +209,7 @@ def flow_panel(model, text, capture, joint, query, layer):
     flows = cache.flow(model, text, capture, query, layer)
     if flows is None:
         return
+    cache.prefetch_flows(model, text, capture, query, layer)
     ui.chart(figs.bars_by_token({f"rollout through layer {layer}": joint[layer, query],
                                  "attention flow (each row's share)": normalised(flows[None])[0]},
                                 capture.tokens, title=f"Query {query}: rollout beside attention flow",

@@ -213,6 +213,30 @@ def test_attention_flow_beside_rollout_on_a_short_text():
     np.testing.assert_allclose(_values(spec["data"][1]["y"]), want, atol=1e-9)
 
 
+def test_the_flows_next_to_the_one_shown_are_built_ahead_and_then_shown_without_a_second_solve(monkeypatch):
+    """After a flow is drawn, the background builds ask for the query one either way and the other layer; built,
+    a move to one of them solves no max-flow."""
+    from attnviz import flow, ui
+
+    asked = []
+    monkeypatch.setattr(ui, "build_in_background", lambda fn, calls, name: asked.append((fn, calls)) or True)
+    at = _page(view="Rollout", model="toy-llama-gqa", text="one two three four")
+    assert not at.error, [e.value for e in at.error]
+    fn, calls = asked[-1]
+    n, layers = len(at.selectbox(key="exp_query").options), at.selectbox(key="exp_layer").options
+    last = int(layers[-1])
+    assert [c[3:5] for c in calls] == [(n - 2, last), (n - 1, int(layers[-2]))]  # no query after the last
+    for call in calls:
+        fn(*call)  # as the background thread would
+    solved = []
+    real = flow.attention_flow
+    monkeypatch.setattr(flow, "attention_flow", lambda *a, **k: solved.append(a[1]) or real(*a, **k))
+    at.selectbox(key="exp_query").set_value(n - 2).run()
+    at.selectbox(key="exp_query").set_value(n - 1).run()
+    at.selectbox(key="exp_layer").set_value(int(layers[-2])).run()
+    assert not at.exception and not at.error and solved == []
+
+
 def test_your_own_pair_is_read_from_the_link_and_refused_with_a_reason():
     """A link carries your own pair; prompts of different token lengths get tokenize_pair's message, no traceback."""
     at = _page(view="Patching", model="smollm2-135m", pair="yours", clean="The cat sat on the mat and",

@@ -191,15 +191,37 @@ def logit_attribution(name: str, pair):
 
 def flow(name: str, text: str, capture, query: int, layer: int):
     """attnviz.flow.attention_flow of the query through `layer` ([n] float64), or None after a message."""
-    from attnviz.flow import FlowError, attention_flow
+    from attnviz.flow import FlowError
 
-    key = (name, ui.model_version(name), text, int(query), int(layer))
     try:
         with st.spinner("Solving one max-flow per token…"):
-            return _FLOWS.get(key, lambda: attention_flow(capture, int(query), layers=[int(layer)])[int(layer)])
+            return flow_of(name, ui.model_version(name), text, int(query), int(layer), capture)
     except FlowError as exc:
         st.error(str(exc))
         return None
+
+
+def flow_of(name: str, version: tuple, text: str, query: int, layer: int, capture):
+    """The flow of one query through one layer, computed once for every session: the page's and the builds
+    ahead's cache."""
+    from attnviz.flow import attention_flow
+
+    return _FLOWS.get((name, version, text, query, layer),
+                      lambda: attention_flow(capture, query, layers=[layer])[layer])
+
+
+def prefetch_flows(name: str, text: str, capture, query: int, layer: int) -> None:
+    """Builds in the background (ui.build_in_background) the flows a visitor is likely to ask for next: the query
+    one either way, then the layer one either way where the text stays within that layer's flow.token_limit."""
+    from attnviz.flow import token_limit
+
+    layers = list(capture.layers)
+    here = layers.index(layer)
+    near = [(q, layer) for q in (query + 1, query - 1) if 0 <= q < capture.n_tokens]
+    near += [(query, x) for x in layers[max(0, here - 1):here + 2]
+             if x != layer and capture.n_tokens <= token_limit([x])]
+    version = ui.model_version(name)
+    ui.build_in_background(flow_of, [(name, version, text, q, x, capture) for q, x in near], "attnviz-flow-next")
 
 
 def qk_attribution(name: str, text: str, layer: int, head: int, query: int, key: int):
