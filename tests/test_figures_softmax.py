@@ -50,22 +50,27 @@ def test_variants_figure_draws_each_variants_logits_and_rows():
                      "predicted_var": scale**2, "title": name}
               for name, scale in (("scaled", 1.0), ("unscaled", 4.0))}
     fig = figs.variants_figure(panels, rows_shown=12)
-    hists = [t for t in fig.data if t.type == "bar"]
+    hists = [t for t in fig.data if (t.name or "").endswith("sampled logits")]
     maps = [t for t in fig.data if t.type == "heatmap"]
+    assert len(hists) == 2
     for hist, heat, panel in zip(hists, maps, panels.values()):
-        # each bar: the logits in its bin (counted here), over all logits and the bin's width
+        # each step of the line: the logits in its bin (counted here), over all logits and the bin's width; the
+        # line holds each value to the next edge, and its last point closes the last bin
+        assert hist.line.shape == "hv" and hist.fill == "tozeroy"
         x = panel["scores"].ravel()
-        lo, hi = np.asarray(hist.customdata).T
+        lo, hi = np.asarray(hist.customdata).T[:, :-1]
         counts = [np.sum((x >= a) & ((x < b) | ((b == hi[-1]) & (x == b)))) for a, b in zip(lo, hi)]
-        assert sum(counts) == x.size and lo[0] == x.min() and hi[-1] == x.max()
-        np.testing.assert_allclose(hist.y, np.array(counts) / (x.size * (hi - lo)))
-        np.testing.assert_allclose(hist.x, (lo + hi) / 2)
-        np.testing.assert_allclose(hist.width, hi - lo)
-        assert np.sum(hist.y * hist.width) == pytest.approx(1.0)  # a density: area 1
+        assert len(counts) == figs.LOGIT_BINS and sum(counts) == x.size and lo[0] == x.min() and hi[-1] == x.max()
+        np.testing.assert_allclose(hist.y[:-1], np.array(counts) / (x.size * (hi - lo)))
+        assert hist.y[-1] == hist.y[-2] and hist.x[-1] == hi[-1]
+        np.testing.assert_allclose(hist.x[:-1], lo)
+        np.testing.assert_allclose(hist.x[1:], hi)
+        assert np.sum(hist.y[:-1] * np.diff(hist.x)) == pytest.approx(1.0)  # a density: area 1
         np.testing.assert_array_equal(heat.z, panel["pattern"][:12])
         assert (heat.zmin, heat.zmax) == (0.0, 1.0)
     assert [m.showscale for m in maps] == [True, False]  # both maps on one colour scale, one bar
-    densities = [t for t in fig.data if t.type == "scatter"]
+    densities = [t for t in fig.data if "normal" in (t.name or "")]
+    assert len(densities) == 2
     for curve, panel in zip(densities, panels.values()):  # the normal density of the predicted variance
         sd = np.sqrt(panel["predicted_var"])
         x = np.asarray(curve.x)
@@ -173,15 +178,16 @@ def test_the_variants_charts_d_k_slider_draws_the_librarys_logits_and_rows_at_ev
     for i, d_k in enumerate(dims):
         state = instant.drawn(fig, [(0, i)])
         q, k = sm.random_qk(ui_softmax.N_QUERIES, n_keys, d_k, seed)
-        bars, maps, curves = (_traces_on(state, kind) for kind in ("bar", "heatmap", "scatter"))
-        curves = [c for c in curves if "normal" in c["name"]]
+        maps, lines = (_traces_on(state, kind) for kind in ("heatmap", "scatter"))
+        bars = [c for c in lines if c["name"].endswith("sampled logits")]
+        curves = [c for c in lines if "normal" in c["name"]]
         for scaled, bar, heat, curve in zip((True, False), bars, maps, curves):
             scores, pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
             # to the last bits only: OpenBLAS may sum a product in another order for other memory alignments
             np.testing.assert_allclose(instant.array(heat["z"]), pattern[:rows], rtol=1e-12, atol=0)
             density, edges = np.histogram(scores.ravel(), bins=figs.LOGIT_BINS, density=True)
-            np.testing.assert_allclose(instant.array(bar["y"]), density, rtol=1e-12, atol=0)
-            np.testing.assert_allclose(instant.array(bar["x"]), (edges[:-1] + edges[1:]) / 2, rtol=1e-12, atol=1e-15)
+            np.testing.assert_allclose(instant.array(bar["y"]), np.append(density, density[-1]), rtol=1e-12, atol=0)
+            np.testing.assert_allclose(instant.array(bar["x"]), edges, rtol=1e-12, atol=1e-15)
             sd = np.sqrt((1.0 if scaled else d_k) / temperature**2)
             x = instant.array(curve["x"])
             np.testing.assert_allclose(instant.array(curve["y"]),
