@@ -14,6 +14,8 @@ BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
 HEAD_DIMS = [8, 16, 32, 64, 128, 256]
 D_MODELS = [8, 16, 32, 64, 128, 256, 512]
 POSITIONS = list(range(201))  # the query and key position sliders' range, every one a stop of the RoPE charts
+SIN_POSITIONS = range(8, 513, 4)  # the sinusoid's Positions slider, and the stops its prefetch walks
+CMP_LENGTHS = range(8, 1025, 8)  # the Compare section's Sequence length slider, likewise
 SLOPES = [2.0 ** -e for e in range(1, 9)]
 MEASURE_TEXT = (
     "The old lighthouse keeper climbed the spiral stairs every evening. He lit the lamp, wound the clockwork, and "
@@ -50,13 +52,14 @@ if section == "Sinusoidal":
     st.latex(r"PE_{p,2i} = \sin(p\,\omega_i),\quad PE_{p,2i+1} = \cos(p\,\omega_i),\quad "
              r"\omega_i = \mathrm{base}^{-2i/d}")
     c1, c2, c3 = st.columns(3)
-    n_pos = c1.slider("Positions", 8, 512, 100, step=4, key="pos_sin_n", persist_state="session")
+    n_pos = c1.slider("Positions", SIN_POSITIONS[0], SIN_POSITIONS[-1], 100, step=SIN_POSITIONS.step, key="pos_sin_n",
+                      persist_state="session")
     d_model = c2.select_slider("d_model", options=D_MODELS, value=64, key="pos_sin_d", persist_state="session")
     base_sin = c3.select_slider("Base", options=BASES, value=10000.0, key="pos_sin_base", persist_state="session")
     heatmap, by_offset = ui_pos.sinusoid_charts(n_pos, d_model, base_sin, tuple(D_MODELS))
     setting = {"n_pos": n_pos, "d_model": d_model, "base": base_sin}
     ui_pos.prefetch_sinusoid(setting, ui.last_setting("pos_sin_last", setting),
-                             {"n_pos": list(range(8, 513, 4)), "d_model": D_MODELS, "base": BASES}, tuple(D_MODELS))
+                             {"n_pos": list(SIN_POSITIONS), "d_model": D_MODELS, "base": BASES}, tuple(D_MODELS))
     left, right = st.columns(2)
     with left:
         ui.chart(heatmap, "Early dimensions turn fast (stripes), late ones barely move: each position "
@@ -229,7 +232,8 @@ if section == "Compare":
                 "q and k are random, the projections are the identity, so only the positional scheme differs.")
     c1, c2, c3, c4, c5 = st.columns(5)
     d_cmp = c1.select_slider("d", options=HEAD_DIMS, value=64, key="pos_cmp_d", persist_state="session")
-    n_cmp = c2.slider("Sequence length", 8, 1024, 128, step=8, key="pos_cmp_n", persist_state="session")
+    n_cmp = c2.slider("Sequence length", CMP_LENGTHS[0], CMP_LENGTHS[-1], 128, step=CMP_LENGTHS.step, key="pos_cmp_n",
+                      persist_state="session")
     base_cmp = c3.select_slider("Base (sinusoidal, RoPE)", options=BASES, value=10000.0, key="pos_cmp_base",
                                 persist_state="session")
     slope_cmp = c4.select_slider("ALiBi slope m", options=SLOPES, value=2.0 ** -4,
@@ -244,7 +248,7 @@ if section == "Compare":
              "server); the controls above recompute.")
     setting = {"d": d_cmp, "n": n_cmp, "base": base_cmp, "slope": slope_cmp, "seed": int(seed_cmp), "same": same}
     ui_pos.prefetch_compare(setting, ui.last_setting("pos_cmp_last", setting),
-                            {"d": HEAD_DIMS, "n": list(range(8, 1025, 8)), "base": BASES, "slope": SLOPES,
+                            {"d": HEAD_DIMS, "n": list(CMP_LENGTHS), "base": BASES, "slope": SLOPES,
                              "seed": (0, 10_000)}, tuple(SLOPES))
 
 # ---------------------------------------------------------------- measured

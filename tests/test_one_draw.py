@@ -69,14 +69,15 @@ def as_sent(fig) -> dict:
     return json.loads(pio.to_json(steady.sendable(fig)[0], validate=False))
 
 
-def _plain(value):
-    """A figure dict's values as plain Python: typed arrays decoded (instant.array), arrays as lists."""
+def plain(value):
+    """A figure dict's values as plain Python: typed arrays decoded (instant.array), arrays as lists (what
+    tests/test_snippets.py compares too)."""
     if isinstance(value, dict) and "bdata" in value:
         return instant.array(value).tolist()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -108,8 +109,8 @@ def _walk(value, path=""):
 @pytest.mark.parametrize("name", FIGURES)
 def test_every_number_and_attribute_is_kept(name):
     fig = FIGURES[name]()
-    original = _plain(json.loads(pio.to_json(fig, validate=False)))
-    sent = _plain(json.loads(json.dumps(one_draw.spec(fig))))  # what st.plotly_chart writes, read back
+    original = plain(json.loads(pio.to_json(fig, validate=False)))
+    sent = plain(json.loads(json.dumps(one_draw.spec(fig))))  # what st.plotly_chart writes, read back
     for before, after in zip(original["data"], sent["data"], strict=True):
         _within(before, after, "data")
     layout = {k: v for k, v in original["layout"].items() if k != "template"}

@@ -5,7 +5,6 @@ number. A snippet that drifts from its page fails here."""
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 from pathlib import Path
@@ -15,24 +14,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from attnviz import snippets
-from tests.test_one_draw import as_sent
+from tests.test_one_draw import as_sent, plain
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
-
-
-def _plain(value):
-    """A figure's JSON with plotly's typed arrays ({"dtype", "bdata"}, possibly with "shape") read back into lists."""
-    if isinstance(value, dict):
-        if set(value) >= {"dtype", "bdata"}:
-            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-            if "shape" in value:
-                array = array.reshape([int(s) for s in str(value["shape"]).split(",")])
-            return array.astype(float).tolist() if array.dtype.kind == "f" else array.tolist()
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _same(a, b, where: str = "fig") -> None:
@@ -65,9 +50,9 @@ def _check_page(at: AppTest, expected_code: str) -> None:
     shown = [c.value for c in at.code if c.value.startswith("import attnviz")]
     assert shown == [expected_code]
     fig = _run_snippet(shown[0])
-    mine = _plain(as_sent(fig))
+    mine = plain(as_sent(fig))
     title = mine["layout"].get("title", {}).get("text")
-    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    charts = [plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
     same_title = [c for c in charts if c["layout"].get("title", {}).get("text") == title]
     assert len(same_title) == 1, (title, [c["layout"].get("title") for c in charts])
     _same(same_title[0]["data"], mine["data"], "data")
@@ -134,7 +119,7 @@ def test_a_snippet_writes_any_text_back_exactly():
 
 
 def _span_chart(at: AppTest) -> dict | None:
-    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    charts = [plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
     found = [c for c in charts if "the attention of" in (c["layout"].get("title", {}).get("text") or "")]
     assert len(found) <= 1
     return found[0] if found else None
@@ -162,7 +147,7 @@ def test_the_heads_pages_span_attention_sums_or_averages_the_chosen_rows(attenti
     np.testing.assert_allclose(chart["data"][0]["y"], own[n - 4:].sum(0), atol=1e-5)
     code = [c.value for c in at.code if "span_attention" in c.value]
     assert len(code) == 1
-    _same(_plain(as_sent(_run_snippet(code[0]))), chart)
+    _same(plain(as_sent(_run_snippet(code[0]))), chart)
 
     at.radio(key="heads_span_mode").set_value("Tokens one by one").run()
     assert not at.exception and _span_chart(at) is None
@@ -173,7 +158,7 @@ def test_the_heads_pages_span_attention_sums_or_averages_the_chosen_rows(attenti
     np.testing.assert_allclose(chart["data"][0]["y"], own[[1, 5]].mean(0), atol=1e-5)
     assert sum(chart["data"][0]["y"]) == pytest.approx(1.0, abs=1e-5)
     code = [c.value for c in at.code if "span_attention" in c.value]
-    _same(_plain(as_sent(_run_snippet(code[0]))), chart)
+    _same(plain(as_sent(_run_snippet(code[0]))), chart)
 
 
 def test_the_experiments_pages_knockout_snippet_draws_its_grid():
@@ -219,8 +204,8 @@ def test_the_corpus_pages_snippet_draws_its_grid_from_the_run(tmp_path, monkeypa
     rooted = expected.replace('RUNS = Path("runs")', f"RUNS = Path({str(runs)!r})")
     assert rooted != expected
     fig = _run_snippet(rooted)
-    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
-    mine = _plain(as_sent(fig))
+    charts = [plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    mine = plain(as_sent(fig))
     same = [c for c in charts if c["layout"]["title"]["text"] == mine["layout"]["title"]["text"]]
     assert len(same) == 1 and "sink_mass: each head's mean over" in mine["layout"]["title"]["text"]
     _same(same[0], mine)
@@ -228,7 +213,7 @@ def test_the_corpus_pages_snippet_draws_its_grid_from_the_run(tmp_path, monkeypa
 
 def _chart_titled(at: AppTest, title: str) -> dict:
     """The one chart on the page whose layout title is `title`."""
-    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    charts = [plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
     found = [c for c in charts if (c["layout"].get("title") or {}).get("text") == title]
     assert len(found) == 1, (title, [c["layout"].get("title") for c in charts])
     return found[0]
@@ -247,7 +232,7 @@ def test_the_kernel_pages_snippet_draws_its_step_view_with_every_frame():
                                     step=4)
     assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
     assert "streamlit" not in expected and "attnviz.ui" not in expected
-    mine = _plain(as_sent(_run_snippet(expected)))
+    mine = plain(as_sent(_run_snippet(expected)))
     assert mine["layout"]["title"]["text"].startswith("Step 4 of ")
     assert len(mine["layout"]["sliders"][0]["steps"]) > 1
     _same(_chart_titled(at, mine["layout"]["title"]["text"]), mine)
@@ -269,10 +254,10 @@ def test_the_softmax_pages_snippet_draws_a_real_heads_three_maps():
     assert not at.exception, at.exception
     expected = snippets.softmax_head("toy-bloom-alibi", text, 1, 2, 0.5)
     assert [c.value for c in at.code if "head_logits" in c.value] == [expected]
-    mine = _plain(as_sent(_run_snippet(expected)))
+    mine = plain(as_sent(_run_snippet(expected)))
     names = [t["name"] for t in mine["data"]]
     assert names == ["Own scale: q·k × 0.25 + b", "Unscaled: q·k + b", "Own scale ÷ T, T = 0.5"]
-    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    charts = [plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
     same = [c for c in charts if [t.get("name") for t in c["data"]] == names]
     assert len(same) == 1
     _same(same[0], mine)
@@ -301,7 +286,7 @@ def test_the_toy_labs_snippet_redraws_the_loss_curve_from_the_saved_run(tmp_path
 
     monkeypatch.setattr(lab.LabRun, "__init__", lambda *a, **k: pytest.fail("the snippet trained a model"))
     fig = _run_snippet(expected)
-    mine = _plain(as_sent(fig))
+    mine = plain(as_sent(fig))
     assert mine["data"][0]["y"] == pytest.approx(snap.losses, rel=0, abs=0)
     assert "bytes" in json.dumps(mine["data"])
     _same(_chart_titled(at, "Loss on the answer tokens"), mine)
@@ -327,10 +312,10 @@ def test_the_softmax_pages_snippet_draws_its_random_logits_chart_with_every_d_k(
     assert not at.exception, at.exception
     expected = snippets.softmax_variants(16, 24, 9, 2.0, 12)
     assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
-    mine = _plain(as_sent(_run_snippet(expected)))
+    mine = plain(as_sent(_run_snippet(expected)))
     assert [s["label"] for s in mine["layout"]["sliders"][0]["steps"]][:3] == ["1", "2", "3"]
     assert "Logits, scaled: q·k / √16" in [a["text"] for a in mine["layout"]["annotations"]]
-    charts = [_plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+    charts = [plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
     same = [c for c in charts if c["layout"].get("sliders") == mine["layout"]["sliders"]]
     assert len(same) == 1
     _same(same[0], mine)

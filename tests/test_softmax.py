@@ -483,7 +483,8 @@ def test_page_real_model_section_with_a_toy_model(monkeypatch):
     at.selectbox(key="softmax_head").set_value(1).run()
     assert not at.exception, at.exception
     table = at.dataframe[0].value  # rows: own scale, unscaled, temperature
-    raw = torch.as_tensor(scores[0, 1], dtype=torch.float64)[1:]  # row 0 of a causal model sees one key
+    # row 0 of a causal model sees one key; a copy, since the capture's arrays are read-only
+    raw = torch.tensor(np.array(scores[0, 1]), dtype=torch.float64)[1:]
     for row, logits in zip(range(3), (raw, raw / cap.scaling, raw / 2.0)):
         top = torch.softmax(logits, -1).amax(-1)
         assert table["mean max weight"].iloc[row] == pytest.approx(top.mean().item(), rel=1e-5)
