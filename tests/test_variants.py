@@ -203,3 +203,38 @@ def test_the_pages_cached_charts_are_fresh_builds_of_its_settings():
     assert len(drawn) == len(fresh)
     for shown, fig in zip(drawn, fresh):
         assert shown == as_sent(fig)["data"]
+
+
+def test_a_query_heads_move_builds_the_next_ones_ahead_and_they_are_then_drawn_without_a_build(monkeypatch):
+    """After Query heads moves, the background builds ask for one head either way, each with the key/value heads and
+    toy head size the page would pick there; built, a move to one of them builds no figure."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.figures import cost as figs
+    from attnviz.ui import variants as uv
+
+    asked = []
+    monkeypatch.setattr(uv, "build_in_background", lambda fn, calls, name: asked.append((fn, calls)) or True)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app_pages" / "variants.py"),
+                           default_timeout=180)
+    at.run()
+    assert asked == []  # a first run moved nothing
+    at.slider(key="variants_dhead").set_value(64).run()
+    at.slider(key="variants_heads").set_value(31).run()  # from 8, rising: 32 first, 64 wide as 2048 // 32
+    assert not at.exception, at.exception
+    fn, calls = asked[-1]
+    assert at.select_slider(key="variants_kv").value == 1  # 31 is prime: its middle divisor of two is 1
+    assert calls == [(32, 1, 12, 64, True, 0, (0, 1, 2, 3)), (30, 1, 12, 64, True, 0, (0, 1, 2, 3))]
+    assert uv.kv_heads_for(32, None) == 8 and uv.kv_heads_for(7, 7) == 7 and uv.kv_heads_for(7, 2) == 1
+    assert uv.toy_head_dim(64, 32, 2048) == 64 and uv.toy_head_dim(64, 33, 2048) == 62
+    for call in calls:
+        fn(*call)  # as the background thread would
+    built = []
+    for name in ("head_sharing_figure", "variant_maps_figure"):
+        real = getattr(figs, name)
+        monkeypatch.setattr(figs, name, lambda *a, real=real, name=name, **k: built.append(name) or real(*a, **k))
+    at.slider(key="variants_heads").set_value(30).run()
+    assert not at.exception, at.exception
+    assert at.select_slider(key="variants_kv").value == 1 and built == []

@@ -11,7 +11,7 @@ from attnviz import cost
 from attnviz import variants as var
 from attnviz.attention import kv_head_of
 from attnviz.figures import cost as figs
-from attnviz.ui import figure_cache, get_model
+from attnviz.ui import build_in_background, figure_cache, get_model, neighbours
 
 
 @st.cache_data(show_spinner=False)
@@ -43,6 +43,39 @@ def loaded_arch(name: str):
         st.warning(f"{exc}: it is left out of the tables and charts.")
         return None
     return arch, sum(p.numel() for p in loaded.model.parameters())
+
+
+def kv_heads_for(n_heads: int, asked: int | None) -> int:
+    """The key/value heads the page uses with n_heads query heads: the one asked for where it divides n_heads, else
+    the middle divisor (the smallest, 1, where there are only two)."""
+    divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+    if asked in divisors:
+        return asked
+    return divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
+
+
+def toy_head_dim(asked: int, n_heads: int, max_width: int) -> int:
+    """The toy layer's head size: the one asked for, at most max_width // n_heads (and 64)."""
+    return min(asked, 64, max_width // n_heads)
+
+
+def prefetch_heads(n_heads: int, previous: int | None, n_kv: int, toy: dict, max_heads: int, max_width: int) -> None:
+    """Builds in the background (ui.build_in_background) what a Query heads move of one step asks for: the sharing
+    figure, and the toy layer's maps with its settings (toy: {"n_tokens", "d_head", "causal", "seed", "heads"} as
+    this run has them), at n_heads one either way; each with kv_heads_for's key/value heads. Nothing on a first
+    run or when the query heads did not move."""
+    if previous is None or previous == n_heads:
+        return
+    calls = [(n, kv_heads_for(n, n_kv), toy["n_tokens"], toy_head_dim(toy["d_head"], n, max_width), toy["causal"],
+              toy["seed"], tuple(h for h in toy["heads"] if h < n))
+             for n in neighbours((1, max_heads), n_heads, previous)]
+    build_in_background(_heads_ahead, calls, "attnviz-variants-next")
+
+
+def _heads_ahead(n_heads: int, n_kv: int, n_tokens: int, d_head: int, causal: bool, seed: int, heads: tuple) -> None:
+    sharing_figure(n_heads, n_kv)
+    if heads:
+        variant_maps_chart(n_tokens, d_head, n_heads, n_kv, causal, seed, heads)
 
 
 @figure_cache(max_entries=64)
