@@ -30,10 +30,9 @@ st.header("Who reads which key/value head")
 c1, c2 = st.columns(2)
 n_heads = c1.slider("Query heads", 1, MAX_HEADS, 8, key="variants_heads", persist_state="session",
                     help="Up to 128, as in the largest open models (Llama-3-405B); Llama-2-70B has 64.")
-divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
 if st.session_state.get("variants_kv") != (kv_used := uv.kv_heads_for(n_heads, st.session_state.get("variants_kv"))):
     st.session_state["variants_kv"] = kv_used  # the asked value does not divide the query heads
-n_kv = c2.select_slider("Key/value heads (must divide the query heads)", divisors, key="variants_kv",
+n_kv = c2.select_slider("Key/value heads (must divide the query heads)", uv.divisors(n_heads), key="variants_kv",
                         persist_state="session")
 ui.plot(uv.sharing_figure(n_heads, n_kv), width="stretch", key="variants_sharing")
 snippet_ui.show(snippets.variants_sharing(n_heads, n_kv))
@@ -142,7 +141,7 @@ def toy_layer(n_heads: int, n_kv: int) -> None:
     """The toy layer's maps: its own controls rerun this section only."""
     t1, t2, t3, t4 = st.columns(4)
     n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens", persist_state="session")
-    max_d_head = uv.toy_head_dim(64, n_heads, MAX_TOY_WIDTH)
+    max_d_head = uv.max_toy_head_dim(n_heads, MAX_TOY_WIDTH)
     if st.session_state.get("variants_dhead", 16) > max_d_head:  # more query heads were chosen above
         st.session_state["variants_dhead"] = max_d_head
     d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead",
@@ -154,9 +153,6 @@ def toy_layer(n_heads: int, n_kv: int) -> None:
     results, _ = uv.toy_run(n_tokens, d_head, n_heads, n_kv, toy_causal, int(seed))
     heads_shown = st.multiselect("Heads to show", list(range(n_heads)), default=list(range(min(n_heads, 4))),
                                  key="variants_heads_shown", persist_state="session", max_selections=MAX_HEADS_SHOWN)
-    uv.prefetch_heads(n_heads, ui.last_setting("variants_heads_last", n_heads), n_kv,
-                      dict(n_tokens=n_tokens, d_head=d_head, causal=toy_causal, seed=int(seed), heads=heads_shown),
-                      MAX_HEADS, MAX_TOY_WIDTH)
     if not heads_shown:
         st.warning("Pick at least one head to show.")
     else:
@@ -170,6 +166,9 @@ def toy_layer(n_heads: int, n_kv: int) -> None:
         st.caption("Heads in one GQA group read the same keys, so their maps differ only through their queries; under "
                    "MQA every head does. Untrained, pooled keys are averages of unrelated heads, so rows move a lot: "
                    "this is why converted checkpoints need some further training (uptraining).")
+    uv.prefetch_heads(n_heads, ui.last_setting("variants_heads_last", n_heads), n_kv,
+                      dict(n_tokens=n_tokens, d_head=d_head, causal=toy_causal, seed=int(seed), heads=heads_shown),
+                      MAX_HEADS, MAX_TOY_WIDTH)
 
 
 toy_layer(n_heads, n_kv)

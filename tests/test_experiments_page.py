@@ -237,6 +237,24 @@ def test_the_flows_next_to_the_one_shown_are_built_ahead_and_then_shown_without_
     assert not at.exception and not at.error and solved == []
 
 
+def test_only_flows_cheaper_than_a_quarter_of_the_pages_limit_are_built_ahead(monkeypatch):
+    from types import SimpleNamespace
+
+    from attnviz import ui
+    from attnviz.flow import FLOW_WORK
+    from attnviz.ui import experiments as cache
+
+    asked = []
+    monkeypatch.setattr(ui, "build_in_background", lambda fn, calls, name: asked.append(calls) or True)
+    monkeypatch.setattr(ui, "model_version", lambda name: ("v",))
+    n = 49  # through layer 1 (2 x 49^3) under FLOW_WORK / 4, through layer 2 (3 x 49^3) over it
+    assert 2 * n**3 <= FLOW_WORK / 4 < 3 * n**3
+    cache.prefetch_flows("m", "t", SimpleNamespace(n_tokens=n, layers=[0, 1, 2]), 5, 1)
+    assert [c[3:5] for c in asked[-1]] == [(6, 1), (4, 1), (5, 0)]
+    cache.prefetch_flows("m", "t", SimpleNamespace(n_tokens=n, layers=[0, 1, 2]), 5, 2)
+    assert [c[3:5] for c in asked[-1]] == [(5, 1)]  # layer 2 itself is over: only its cheaper neighbour
+
+
 def test_your_own_pair_is_read_from_the_link_and_refused_with_a_reason():
     """A link carries your own pair; prompts of different token lengths get tokenize_pair's message, no traceback."""
     at = _page(view="Patching", model="smollm2-135m", pair="yours", clean="The cat sat on the mat and",

@@ -238,3 +238,14 @@ def test_a_query_heads_move_builds_the_next_ones_ahead_and_they_are_then_drawn_w
     at.slider(key="variants_heads").set_value(30).run()
     assert not at.exception, at.exception
     assert at.select_slider(key="variants_kv").value == 1 and built == []
+
+
+def test_the_heads_built_ahead_are_sorted_as_the_page_asks_for_them(monkeypatch):
+    """Heads picked out of order are built ahead in the order the page draws them (sorted), and only those the next
+    query heads have."""
+    from attnviz.ui import variants as uv
+
+    asked = []
+    monkeypatch.setattr(uv, "build_in_background", lambda fn, calls, name: asked.append(calls) or True)
+    uv.prefetch_heads(6, 5, 3, dict(n_tokens=12, d_head=16, causal=True, seed=0, heads=[5, 3, 1]), 128, 2048)
+    assert asked[-1] == [(7, 1, 12, 16, True, 0, (1, 3, 5)), (5, 1, 12, 16, True, 0, (1, 3))]

@@ -313,7 +313,7 @@ def neighbours(options, value, previous=None) -> list:
     return out[::-1] if rising else out
 
 
-def last_setting(key: str, setting: dict) -> dict | None:
+def last_setting(key: str, setting):
     """The setting this session's last run kept under `key` (None on a first run), keeping `setting` in its place:
     what a prefetch compares to find the control just moved."""
     previous = st.session_state.get(key)

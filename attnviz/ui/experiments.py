@@ -211,17 +211,23 @@ def flow_of(name: str, version: tuple, text: str, query: int, layer: int, captur
 
 
 def prefetch_flows(name: str, text: str, capture, query: int, layer: int) -> None:
-    """Builds in the background (ui.build_in_background) the flows a visitor is likely to ask for next: the query
-    one either way, then the layer one either way where the text stays within that layer's flow.token_limit."""
-    from attnviz.flow import token_limit
+    """Builds in the background (ui.build_in_background) the flows a visitor is likely to ask for next, the query
+    one either way, then the layer one either way, each only while it is cheap: a quarter of flow.FLOW_WORK, the
+    most the page solves (0.12 s for toy-gpt2's last layer on the default text, at 0.22 of it). A flow is pure Python
+    (networkx) that nothing pauses once it starts, so a long one would hold a background slot and a core for
+    seconds."""
+    from attnviz.flow import FLOW_WORK
+
+    def cheap(x: int) -> bool:
+        return (x + 1) * capture.n_tokens ** 3 <= FLOW_WORK / 4  # the work token_limit counts, through layer x
 
     layers = list(capture.layers)
     here = layers.index(layer)
     near = [(q, layer) for q in (query + 1, query - 1) if 0 <= q < capture.n_tokens]
-    near += [(query, x) for x in layers[max(0, here - 1):here + 2]
-             if x != layer and capture.n_tokens <= token_limit([x])]
+    near += [(query, x) for x in layers[max(0, here - 1):here + 2] if x != layer]
     version = ui.model_version(name)
-    ui.build_in_background(flow_of, [(name, version, text, q, x, capture) for q, x in near], "attnviz-flow-next")
+    ui.build_in_background(flow_of, [(name, version, text, q, x, capture) for q, x in near if cheap(x)],
+                           "attnviz-flow-next")
 
 
 def qk_attribution(name: str, text: str, layer: int, head: int, query: int, key: int):

@@ -146,9 +146,10 @@ def two_layers(capture, layer: int, layer_b: int) -> tuple[CompareMap, CompareMa
 
 
 def prefetch(key: tuple, pairs: list[tuple[CompareMap, CompareMap]], hide_sink: bool) -> None:
-    """Compares, in the background (ui.build_in_background), pairs of maps a visitor is likely to ask for next: the
-    next Layer B, the other mode. Only maps compared block by block (longer than FULL_MAP_MAX_TOKENS: shorter ones
-    are drawn whole at once), each admitted under the memory budget as compare_view admits it."""
+    """Compares, in the background (ui.build_in_background), pairs of maps a visitor is likely to ask for next (the
+    page's Compare tab chooses them: the next Layer B, the next Head B, the other mode). Only maps compared block by
+    block (longer than FULL_MAP_MAX_TOKENS: shorter ones are drawn whole at once), each admitted under the memory budget
+    as compare_view admits it."""
     calls = [(*key, a.key, b.key, hide_sink, a, b) for a, b in pairs if max(a.n, b.n) > FULL_MAP_MAX_TOKENS]
     ui.build_in_background(_compared_in_budget, calls, "attnviz-compare-next")
 

@@ -45,29 +45,39 @@ def loaded_arch(name: str):
     return arch, sum(p.numel() for p in loaded.model.parameters())
 
 
+def divisors(n_heads: int) -> list[int]:
+    """The key/value head counts n_heads query heads can share: its divisors, from 1 (MQA) to n_heads (MHA)."""
+    return [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+
+
 def kv_heads_for(n_heads: int, asked: int | None) -> int:
     """The key/value heads the page uses with n_heads query heads: the one asked for where it divides n_heads, else
     the middle divisor (the smallest, 1, where there are only two)."""
-    divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
-    if asked in divisors:
+    options = divisors(n_heads)
+    if asked in options:
         return asked
-    return divisors[len(divisors) // 2] if len(divisors) > 2 else divisors[0]
+    return options[len(options) // 2] if len(options) > 2 else options[0]
+
+
+def max_toy_head_dim(n_heads: int, max_width: int) -> int:
+    """The toy layer's largest head size with n_heads query heads: 64, or less so that heads x size <= max_width."""
+    return min(64, max_width // n_heads)
 
 
 def toy_head_dim(asked: int, n_heads: int, max_width: int) -> int:
-    """The toy layer's head size: the one asked for, at most max_width // n_heads (and 64)."""
-    return min(asked, 64, max_width // n_heads)
+    """The toy layer's head size: the one asked for, at most max_toy_head_dim."""
+    return min(asked, max_toy_head_dim(n_heads, max_width))
 
 
 def prefetch_heads(n_heads: int, previous: int | None, n_kv: int, toy: dict, max_heads: int, max_width: int) -> None:
     """Builds in the background (ui.build_in_background) what a Query heads move of one step asks for: the sharing
-    figure, and the toy layer's maps with its settings (toy: {"n_tokens", "d_head", "causal", "seed", "heads"} as
-    this run has them), at n_heads one either way; each with kv_heads_for's key/value heads. Nothing on a first
-    run or when the query heads did not move."""
+    figure, and the toy layer's maps (their heads sorted, as the page asks for them) with its settings (toy:
+    {"n_tokens", "d_head", "causal", "seed", "heads"} as this run has them), at n_heads one either way; each with
+    kv_heads_for's key/value heads. Nothing on a first run or when the query heads did not move."""
     if previous is None or previous == n_heads:
         return
     calls = [(n, kv_heads_for(n, n_kv), toy["n_tokens"], toy_head_dim(toy["d_head"], n, max_width), toy["causal"],
-              toy["seed"], tuple(h for h in toy["heads"] if h < n))
+              toy["seed"], tuple(sorted(h for h in toy["heads"] if h < n)))  # sorted, as the page asks
              for n in neighbours((1, max_heads), n_heads, previous)]
     build_in_background(_heads_ahead, calls, "attnviz-variants-next")
 
