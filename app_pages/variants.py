@@ -142,8 +142,9 @@ def toy_layer(n_heads: int, n_kv: int) -> None:
     t1, t2, t3, t4 = st.columns(4)
     n_tokens = t1.slider("Tokens", 2, 32, 12, key="variants_tokens", persist_state="session")
     max_d_head = uv.max_toy_head_dim(n_heads, MAX_TOY_WIDTH)
-    if st.session_state.get("variants_dhead", 16) > max_d_head:  # more query heads were chosen above
-        st.session_state["variants_dhead"] = max_d_head
+    d_asked = st.session_state.get("variants_dhead", 16)
+    if d_asked != (d_used := uv.toy_head_dim(d_asked, n_heads, MAX_TOY_WIDTH)):  # more query heads were chosen above
+        st.session_state["variants_dhead"] = d_used
     d_head = t2.slider("Head dim", 2, max_d_head, min(16, max_d_head), key="variants_dhead",
                        persist_state="session",
                        help=f"At most {MAX_TOY_WIDTH} // query heads, so the toy layer stays {MAX_TOY_WIDTH} wide or "
