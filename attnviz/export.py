@@ -192,7 +192,7 @@ def _recolour(fig: go.Figure) -> None:
             holder = trace[part] if part in trace else None
             if holder is not None and "color" in holder and isinstance(holder.color, str):
                 holder.color = swap.get(holder.color.lower(), holder.color)
-    if any(trace.type == "image" for trace in fig.data):  # its pixels and their colour bar keep one scale
+    if any(trace.type == "image" for trace in fig.data) or fig.layout.images:  # pixels and colour bar keep one scale
         return
     fig.update_layout(colorscale=dict(sequential=SEQUENTIAL_SCALE))
     for holder in _colour_holders(fig):

@@ -19,7 +19,7 @@ from attnviz.figures import softmax as figs
 
 N_QUERIES = 256  # rows sampled per setting: enough to see each statistic's spread, fast on a CPU
 DIMS = sm.log_spaced_dims(1, 1024, per_octave=2)  # the d_k values of the page's control and of the chart's slider
-ROWS_SHOWN = 12  # the first rows drawn as heatmaps
+ROWS_SHOWN = 12  # the first rows drawn as maps
 
 
 def scale_text(d_k: int) -> dict[str, str]:
@@ -40,10 +40,17 @@ def variant_logits(d_k: int, n_keys: int, seed: int, temperature: float) -> dict
             for variant, scaled in ((sm.SCALED, True), (sm.UNSCALED, False))}
 
 
+# the figure's titles and legend as every d_k stop has them (a stop that changed them would be drawn whole again,
+# attnviz.figures.instant): d_k by name, its value on the slider
+TITLES = {sm.SCALED: "scaled: q·k / √d_k", sm.UNSCALED: "unscaled: q·k"}
+
+
 def _panels(logits: dict, d_k: int, temperature: float) -> dict:
-    text, variance = scale_text(d_k), predicted_variance(d_k, temperature)
+    variance = predicted_variance(d_k, temperature)
+    variance_text = {sm.SCALED: f"1 / T² = {variance[sm.SCALED]:.4g}", sm.UNSCALED: "d_k / T²"}
     return {variant: {"scores": scores, "pattern": pattern, "predicted_var": variance[variant],
-                      "title": text[variant]} for variant, (scores, pattern) in logits.items()}
+                      "variance_text": variance_text[variant], "title": TITLES[variant]}
+            for variant, (scores, pattern) in logits.items()}
 
 
 def variants_figure(logits: dict, d_k: int, temperature: float, rows_shown: int = ROWS_SHOWN) -> go.Figure:
@@ -53,11 +60,11 @@ def variants_figure(logits: dict, d_k: int, temperature: float, rows_shown: int 
 
 
 def variants_stop(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int = ROWS_SHOWN) -> dict:
-    """One d_k's variants figure as plain dicts (a stop of the chart's d_k slider): binned logits and the shown
-    rows only, and the panel titles (they name d_k)."""
+    """One d_k's variants figure as plain dicts (a stop of the chart's d_k slider): binned logits, the shown rows'
+    hover and their pictures (the layout's images)."""
     traces, layout = figs.variants_parts(_panels(variant_logits(d_k, n_keys, seed, temperature), d_k, temperature),
                                          rows_shown=rows_shown)
-    return {"data": traces, "layout": {"annotations": layout["annotations"]}}
+    return {"data": traces, "layout": {"images": layout["images"]}}
 
 
 def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_shown: int = ROWS_SHOWN, *,
@@ -68,7 +75,7 @@ def variants_chart(d_k: int, n_keys: int, seed: int, temperature: float, rows_sh
     temperature, rows_shown) makes each stop (variants_stop, or a cached copy of it)."""
     if d_k not in DIMS:
         raise ValueError(f"d_k = {d_k} is not one of the chart's values {DIMS}")
-    stop_bytes = instant.json_bytes({"data": stop(d_k, n_keys, seed, temperature, rows_shown)["data"]})
+    stop_bytes = instant.json_bytes(stop(d_k, n_keys, seed, temperature, rows_shown))
     dims = [DIMS[i] for i in instant.thinned(len(DIMS), DIMS.index(d_k), stop_bytes)]
     chart = variants_figure(variant_logits(d_k, n_keys, seed, temperature), d_k, temperature, rows_shown)
     instant.add_frame_slider(chart, [stop(d, n_keys, seed, temperature, rows_shown) for d in dims],

@@ -9,6 +9,8 @@ import pytest
 
 from attnviz import softmax as sm
 from attnviz.figures import softmax as figs
+from attnviz.figures.common import ATTENTION_SCALE
+from tests.test_figures_raster import QUANTUM, cell_colours, expected_colours
 
 
 def _sweep() -> pd.DataFrame:
@@ -51,9 +53,9 @@ def test_variants_figure_draws_each_variants_logits_and_rows():
               for name, scale in (("scaled", 1.0), ("unscaled", 4.0))}
     fig = figs.variants_figure(panels, rows_shown=12)
     hists = [t for t in fig.data if (t.name or "").endswith("sampled logits")]
-    maps = [t for t in fig.data if t.type == "heatmap"]
-    assert len(hists) == 2
-    for hist, heat, panel in zip(hists, maps, panels.values()):
+    hovers = [t for t in fig.data if t.customdata is not None and t.mode == "lines" and t.line.width == 0]
+    assert len(hists) == 2 and len(hovers) == 2 and len(fig.layout.images) == 2
+    for hist, hover, image, panel in zip(hists, hovers, fig.layout.images, panels.values()):
         # each step of the line: the logits in its bin (counted here), over all logits and the bin's width; the
         # line holds each value to the next edge, and its last point closes the last bin
         assert hist.line.shape == "hv" and hist.fill == "tozeroy"
@@ -66,9 +68,13 @@ def test_variants_figure_draws_each_variants_logits_and_rows():
         np.testing.assert_allclose(hist.x[:-1], lo)
         np.testing.assert_allclose(hist.x[1:], hi)
         assert np.sum(hist.y[:-1] * np.diff(hist.x)) == pytest.approx(1.0)  # a density: area 1
-        np.testing.assert_array_equal(heat.z, panel["pattern"][:12])
-        assert (heat.zmin, heat.zmax) == (0.0, 1.0)
-    assert [m.showscale for m in maps] == [True, False]  # both maps on one colour scale, one bar
+        rows = panel["pattern"][:12]
+        np.testing.assert_array_equal(hover.customdata, rows.ravel())  # the hover: every weight as computed
+        np.testing.assert_allclose(cell_colours(image.to_plotly_json(), rows.shape),
+                                   expected_colours(rows, ATTENTION_SCALE, 0.0, 1.0), atol=QUANTUM)
+        assert (image.xref, image.yref) == (hover.xaxis, hover.yaxis)
+    bars = [t for t in fig.data if t.marker.showscale]
+    assert len(bars) == 1 and (bars[0].marker.cmin, bars[0].marker.cmax) == (0.0, 1.0)  # one scale, one bar
     densities = [t for t in fig.data if "normal" in (t.name or "")]
     assert len(densities) == 2
     for curve, panel in zip(densities, panels.values()):  # the normal density of the predicted variance
@@ -178,13 +184,16 @@ def test_the_variants_charts_d_k_slider_draws_the_librarys_logits_and_rows_at_ev
     for i, d_k in enumerate(dims):
         state = instant.drawn(fig, [(0, i)])
         q, k = sm.random_qk(ui_softmax.N_QUERIES, n_keys, d_k, seed)
-        maps, lines = (_traces_on(state, kind) for kind in ("heatmap", "scatter"))
-        bars = [c for c in lines if c["name"].endswith("sampled logits")]
-        curves = [c for c in lines if "normal" in c["name"]]
-        for scaled, bar, heat, curve in zip((True, False), bars, maps, curves):
+        lines = _traces_on(state, "scatter")
+        bars = [c for c in lines if c.get("name", "").endswith("sampled logits")]
+        curves = [c for c in lines if "normal" in c.get("name", "")]
+        hovers = [c for c in lines if "customdata" in c and c.get("line", {}).get("width") == 0]
+        for scaled, bar, hover, image, curve in zip((True, False), bars, hovers, state["layout"]["images"], curves):
             scores, pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=temperature)
             # to the last bits only: OpenBLAS may sum a product in another order for other memory alignments
-            np.testing.assert_allclose(instant.array(heat["z"]), pattern[:rows], rtol=1e-12, atol=0)
+            np.testing.assert_allclose(instant.array(hover["customdata"]), pattern[:rows].ravel(), rtol=1e-12, atol=0)
+            np.testing.assert_allclose(cell_colours(image, (rows, n_keys)),
+                                       expected_colours(pattern[:rows], ATTENTION_SCALE, 0.0, 1.0), atol=QUANTUM)
             density, edges = np.histogram(scores.ravel(), bins=figs.LOGIT_BINS, density=True)
             np.testing.assert_allclose(instant.array(bar["y"]), np.append(density, density[-1]), rtol=1e-12, atol=0)
             np.testing.assert_allclose(instant.array(bar["x"]), edges, rtol=1e-12, atol=1e-15)
@@ -192,7 +201,9 @@ def test_the_variants_charts_d_k_slider_draws_the_librarys_logits_and_rows_at_ev
             x = instant.array(curve["x"])
             np.testing.assert_allclose(instant.array(curve["y"]),
                                        np.exp(-0.5 * (x / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), rtol=1e-12)
-        assert f"Logits, scaled: q·k / √{d_k}" in [a["text"] for a in state["layout"]["annotations"]]
+        assert state["layout"]["sliders"][0]["steps"][i]["label"] == str(d_k)
+    # drawn in place: the steps animate frames that change line traces and the maps' pictures only
+    assert {s.method for s in fig.layout.sliders[0].steps} == {"animate"}
 
 
 def test_the_variants_chart_thins_its_d_k_stops_to_stay_small_at_512_keys():

@@ -313,8 +313,8 @@ def test_the_softmax_pages_snippet_draws_its_random_logits_chart_with_every_d_k(
     expected = snippets.softmax_variants(16, 24, 9, 2.0, 12)
     assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
     mine = plain(as_sent(_run_snippet(expected)))
-    assert [s["label"] for s in mine["layout"]["sliders"][0]["steps"]][:3] == ["1", "2", "3"]
-    assert "Logits, scaled: q·k / √16" in [a["text"] for a in mine["layout"]["annotations"]]
+    labels = [s["label"] for s in mine["layout"]["sliders"][0]["steps"]]
+    assert labels[:3] == ["1", "2", "3"] and mine["layout"]["sliders"][0]["active"] == labels.index("16")
     charts = [plain(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
     same = [c for c in charts if c["layout"].get("sliders") == mine["layout"]["sliders"]]
     assert len(same) == 1

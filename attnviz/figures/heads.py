@@ -1,6 +1,6 @@
 """Figures for the Heads page: the grid of all heads, one head in detail, where a token looks, comparisons.
 
-Big maps go to the browser as one palette PNG (one byte per cell before compression) inside a go.Image, not as
+Big maps go to the browser as one palette PNG (attnviz.figures.raster) inside a go.Image, not as
 a list of floats: plotly's default JSON for a 1024 x 1024 heatmap is ~20 bytes per cell, the PNG is under one.
 Small maps (up to DETAIL_MAX_TOKENS tokens) stay go.Heatmap so the hover can name the query and key tokens.
 
@@ -11,54 +11,21 @@ otherwise be drawn at full brightness.
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-import plotly.colors
 import plotly.graph_objects as go
-from PIL import Image
 
 from attnviz.pooling import MIN_REMAINING, block_reduce, pool_edges
 from attnviz.figures.common import ATTENTION_SCALE, DIVERGING_SCALE, apply_layout, heatmap, label_margins, line_chart
 from attnviz.figures.experiments import bars_by_token
+from attnviz.figures.raster import MASKED_GREY, palette_png
 
 DETAIL_MAX_TOKENS = 160  # above this a head is drawn as an image; the hover then shows indices only
 GRID_TILE = 48  # pixels per head in the grid of all heads
 HEATMAP_MAX_CELLS = 60_000  # token-by-head maps above this many cells become images too
 BOOST_FROM_TOKENS = 256  # from this many tokens the page turns weight^0.5 on: most weights are ~1/n, near black
-MASKED_GREY = (170, 170, 170)  # a neutral grey, distinct from both ends of Viridis and from white gaps
-
-
-def palette_png(values: np.ndarray, *, colorscale: str = ATTENTION_SCALE, vmin: float = 0.0,
-                vmax: float = 1.0, masked: np.ndarray | None = None) -> str:
-    """values [rows, cols] -> a data: URI of a palette PNG (256 colours of colorscale over [vmin, vmax]).
-
-    NaN cells are drawn white (palette entry 255 is reserved for them). masked [rows, cols] (bool), if given, marks
-    cells drawn MASKED_GREY (entry 254); the colour scale then has 254 steps instead of 255."""
-    v = np.asarray(values, dtype=np.float64)
-    scaled = np.clip((v - vmin) / max(vmax - vmin, 1e-12), 0.0, 1.0)
-    steps = 254 if masked is None else 253
-    index = np.where(np.isnan(v), 255, np.rint(np.nan_to_num(scaled) * steps)).astype(np.uint8)
-    if masked is not None:
-        index[np.asarray(masked, dtype=bool)] = 254
-    image = Image.fromarray(index, mode="P")
-    palette = _palette(colorscale, steps + 1)
-    if masked is not None:
-        palette += list(MASKED_GREY)
-    image.putpalette(palette + [255, 255, 255])
-    buffer = io.BytesIO()
-    # zlib's fastest level: many times faster than optimize=True for slightly larger files (still well under a byte
-    # per cell, benchmarks/capture.py); the encoding is on every view change that draws a new map
-    image.save(buffer, format="PNG", compress_level=1)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _palette(colorscale: str, count: int = 255) -> list[int]:
-    colors = plotly.colors.sample_colorscale(colorscale, list(np.linspace(0.0, 1.0, count)), colortype="rgb")
-    return [int(round(float(c))) for color in colors for c in color[4:-1].split(",")]
 
 
 def image_figure(values: np.ndarray, *, title: str, x_title: str, y_title: str, colorscale: str = ATTENTION_SCALE,

@@ -126,9 +126,10 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
     the slider's current value says it ("d_k"); name: prefixes the frame names (two frame sliders in one figure).
 
     A step is one plotly frame, restyled in place by plotly.animate, where every trace that changes is a line or
-    marker trace and no layout key changes (_in_place); any other step is one plotly.update of the attributes that
-    change (_update), which draws the figure once where animate with a redraw computes it twice (the kernel's step
-    view: 0.18 s a step by animate, 0.12 s by update, in Chromium on a 2-core machine).
+    marker trace and no layout key but the layout images changes (_in_place: a map drawn by attnviz.figures.raster
+    is one); any other step is one plotly.update of the attributes that change (_update), which draws the figure
+    once where animate with a redraw computes it twice (the kernel's step view: 0.18 s a step by animate, 0.12 s by
+    update, in Chromium on a 2-core machine).
     """
     if len(stops) != len(labels) or not 0 <= active < len(stops):
         raise ValueError("one label per stop, and active must index a stop")
@@ -141,7 +142,7 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
         if len(stops) > 1 else []
     traces = sorted(varying)
     if _in_place(fig, traces, layout_keys):
-        steps = _frame_steps(fig, stops, labels, traces, varying, name)
+        steps = _frame_steps(fig, stops, labels, traces, varying, layout_keys, name)
     else:
         restyled = _changing([[s["data"][i] for s in stops] for i in traces], [varying[i] for i in traces])
         relaid = _changing([[s.get("layout", {}) for s in stops]], [layout_keys])
@@ -154,25 +155,29 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
 
 
 REDRAWN_IN_PLACE = ("scatter",)  # the trace types plotly.animate restyles without a full redraw (redraw: false)
+SWAPPED_IN_PLACE = ("images",)  # the layout keys it draws again by themselves (a layout image's picture)
 
 
 def _in_place(fig: go.Figure, traces: Sequence[int], layout_keys: Sequence[str]) -> bool:
     """Whether plotly.animate can restyle the steps in place (redraw: false): every trace a step changes is a line
-    or marker trace and no layout key changes (the axes' ranges held by hold_ranges). The Softmax T chart's six
-    panels: 0.10 s a stop redrawn whole, 0.04 s in place. Heatmaps, bars and layout changes need a full redraw."""
-    return not layout_keys and all(fig.data[i].type in REDRAWN_IN_PLACE for i in traces)
+    or marker trace and the only layout key that changes is the images (the axes' ranges held by hold_ranges). The
+    Softmax T chart's six panels: 0.10 s a stop redrawn whole, 0.04 s in place. Heatmaps, bars and other layout
+    changes (a title, an axis) need a full redraw: animate would leave them as they were."""
+    return (set(layout_keys) <= set(SWAPPED_IN_PLACE)
+            and all(fig.data[i].type in REDRAWN_IN_PLACE for i in traces))
 
 
 def _frame_steps(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[str], traces: Sequence[int],
-                 varying: Mapping[int, Sequence[str]], name: str) -> list[dict]:
-    """One frame per stop added to fig (each with the varying attributes of the varying traces), and the slider
-    steps that animate to them, restyled in place."""
+                 varying: Mapping[int, Sequence[str]], layout_keys: Sequence[str], name: str) -> list[dict]:
+    """One frame per stop added to fig (each with the varying attributes of the varying traces, and the varying
+    layout keys), and the slider steps that animate to them, restyled in place."""
     frames, steps = [f.to_plotly_json() for f in fig.frames or ()], []
     for stop, label in zip(stops, labels):
         frame_name = f"{name}{label}"
         frames.append(dict(  # plain dicts: plotly checks them once, when they are set on the figure
             name=frame_name, traces=list(traces),
-            data=[{"type": stop["data"][i]["type"], **{k: stop["data"][i][k] for k in varying[i]}} for i in traces]))
+            data=[{"type": stop["data"][i]["type"], **{k: stop["data"][i][k] for k in varying[i]}} for i in traces],
+            **({"layout": {k: stop["layout"][k] for k in layout_keys}} if layout_keys else {})))
         steps.append(dict(method="animate", label=label, args=[[frame_name], _ANIMATE]))
     _set_frames(fig, frames)
     return steps

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from attnviz.figures import raster
 from attnviz.figures.common import (
     ATTENTION_SCALE, PALETTE, apply_layout, grid_layout, heatmap, label_margins, legend_below, unique_labels,
 )
@@ -41,9 +42,11 @@ def histogram_line(x, color: str) -> dict:
 
 def variants_figure(panels: Mapping[str, dict], *, rows_shown: int, height: int = 680) -> go.Figure:
     """The random-logits section in one figure (one chart to draw per slider move, not four): a column per variant
-    (panels: name -> {"scores", "pattern", "predicted_var", "title"}). Top, the histogram of every logit as a
-    density (logit_density) with the normal density of the predicted variance, dashed; bottom, the first
-    rows_shown attention rows on one 0..1 colour scale. Built in one go from variants_parts."""
+    (panels: name -> {"scores", "pattern", "predicted_var", "title"}, optionally "variance_text", the predicted
+    variance as the legend writes it). Top, the histogram of every logit as a density (logit_density) with the
+    normal density of the predicted variance, dashed; bottom, the first rows_shown attention rows on one 0..1 colour
+    scale, each a picture (attnviz.figures.raster: an in-chart slider swaps it in place). Built in one go from
+    variants_parts."""
     traces, layout = variants_parts(panels, rows_shown=rows_shown)
     fig = go.Figure(data=traces, layout=layout)
     apply_layout(fig, height=height)
@@ -58,6 +61,7 @@ def variants_parts(panels: Mapping[str, dict], *, rows_shown: int) -> tuple[list
     layout = grid_layout(2, len(names), [f"Logits, {panels[n]['title']}" for n in names]
                          + [f"First {rows_shown} attention rows, {panels[n]['title']}" for n in names],
                          horizontal_spacing=0.12, vertical_spacing=0.2)
+    layout["images"] = []
     traces = []
     for i, name in enumerate(names):
         top, bottom = ("" if i == 0 else str(i + 1)), str(len(names) + i + 1)
@@ -69,18 +73,22 @@ def variants_parts(panels: Mapping[str, dict], *, rows_shown: int) -> tuple[list
         sd = float(np.sqrt(panel["predicted_var"]))
         grid = np.linspace(min(x.min(), -4 * sd), max(x.max(), 4 * sd), 300)
         normal = np.exp(-0.5 * (grid / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-        traces.append(dict(type="scatter", x=grid, y=normal, mode="lines",
-                           name=f"{name}: normal, variance {panel['predicted_var']:.4g}",
+        variance = panel.get("variance_text", f"{panel['predicted_var']:.4g}")
+        traces.append(dict(type="scatter", x=grid, y=normal, mode="lines", name=f"{name}: normal, variance {variance}",
                            line=dict(color=color, dash="dash"), xaxis=f"x{top}", yaxis=f"y{top}"))
-        traces.append(dict(type="heatmap", z=np.asarray(panel["pattern"], dtype=float)[:rows_shown], zmin=0.0,
-                           zmax=1.0, colorscale=ATTENTION_SCALE, showscale=i == 0,
-                           colorbar=dict(title=dict(text="weight"), len=0.4, y=0.2, yanchor="middle"),
-                           hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra></extra>",
-                           xaxis=f"x{bottom}", yaxis=f"y{bottom}"))
+        rows = np.asarray(panel["pattern"], dtype=float)[:rows_shown]
+        axes = (f"x{bottom}", f"y{bottom}")
+        layout["images"].append(raster.map_image(rows, axes=axes, colorscale=ATTENTION_SCALE, vmin=0.0, vmax=1.0))
+        traces.append(raster.map_hover(
+            rows, axes=axes, hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>"))
+        if i == 0:  # both maps on one colour scale, one bar
+            traces.append(raster.colour_bar(axes=axes, colorscale=ATTENTION_SCALE, vmin=0.0, vmax=1.0, colorbar=dict(
+                title=dict(text="weight"), len=0.4, y=0.2, yanchor="middle")))
         layout[f"xaxis{top}"]["title"] = dict(text="logit q·k × scale / T (nats)")
         layout[f"yaxis{top}"]["title"] = dict(text="density (per nat)")
-        layout[f"xaxis{bottom}"]["title"] = dict(text="key index")
-        layout[f"yaxis{bottom}"].update(title=dict(text="query index"), autorange="reversed")
+        x_range, y_range = raster.map_ranges(rows.shape)
+        layout[f"xaxis{bottom}"].update(x_range, title=dict(text="key index"))
+        layout[f"yaxis{bottom}"].update(y_range, title=dict(text="query index"))
     return traces, layout
 
 

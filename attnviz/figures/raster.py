@@ -1,0 +1,102 @@
+"""Matrices drawn as pictures: a palette PNG (one byte per cell before compression) that a go.Image or a layout
+image shows, an invisible line through the cells for the hover, and a colour bar from a marker trace.
+
+`map_image`, `map_hover` and `colour_bar` draw a map that an in-chart slider can change without plotly drawing the
+figure again: plotly.animate swaps a layout image's picture and restyles a line in place (redraw: false), where a
+heatmap whose values change makes it draw every panel of the figure again (attnviz.figures.instant). The picture's
+cells are colours of the scale quantised to 255 steps; the hover gives each cell's value as the library computed
+it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import plotly.colors
+from PIL import Image
+
+from attnviz.figures.common import ATTENTION_SCALE
+
+MASKED_GREY = (170, 170, 170)  # a neutral grey, distinct from both ends of Viridis and from white gaps
+PICTURE_PX = 640  # a map's picture is at least this many pixels on its longer side, each cell a square of pixels
+MAX_CELL_PX = 32  # (a picture of one pixel per cell is scaled up smoothly by the browser: its cells blur)
+
+
+def palette_png(values: np.ndarray, *, colorscale=ATTENTION_SCALE, vmin: float = 0.0, vmax: float = 1.0,
+                masked: np.ndarray | None = None, cell_px: int = 1) -> str:
+    """values [rows, cols] -> a data: URI of a palette PNG (256 colours of colorscale over [vmin, vmax]), each cell
+    cell_px by cell_px pixels.
+
+    NaN cells are drawn white (palette entry 255 is reserved for them). masked [rows, cols] (bool), if given, marks
+    cells drawn MASKED_GREY (entry 254); the colour scale then has 254 steps instead of 255."""
+    v = np.asarray(values, dtype=np.float64)
+    scaled = np.clip((v - vmin) / max(vmax - vmin, 1e-12), 0.0, 1.0)
+    steps = 254 if masked is None else 253
+    index = np.where(np.isnan(v), 255, np.rint(np.nan_to_num(scaled) * steps)).astype(np.uint8)
+    if masked is not None:
+        index[np.asarray(masked, dtype=bool)] = 254
+    if cell_px > 1:
+        index = index.repeat(cell_px, axis=0).repeat(cell_px, axis=1)
+    image = Image.fromarray(index, mode="P")
+    palette = _palette(colorscale, steps + 1)
+    if masked is not None:
+        palette += list(MASKED_GREY)
+    image.putpalette(palette + [255, 255, 255])
+    buffer = io.BytesIO()
+    # zlib's fastest level for a big map: many times faster than optimize=True for slightly larger files (still well
+    # under a byte per cell, benchmarks/capture.py), and the encoding is on every view change that draws a new map; a
+    # small map's picture of cells many pixels wide is half as big at level 6, in a millisecond
+    image.save(buffer, format="PNG", compress_level=1 if index.size > 1_000_000 else 6)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _palette(colorscale, count: int = 255) -> list[int]:
+    colors = plotly.colors.sample_colorscale(colorscale, list(np.linspace(0.0, 1.0, count)), colortype="rgb")
+    return [int(round(float(c))) for color in colors for c in color[4:-1].split(",")]
+
+
+def cell_px(rows: int, cols: int) -> int:
+    """Pixels per cell side of a map's picture: its longer side at least PICTURE_PX, a cell at most MAX_CELL_PX."""
+    return int(min(MAX_CELL_PX, max(1, -(-PICTURE_PX // max(rows, cols, 1)))))
+
+
+def map_image(values, *, axes: tuple[str, str], x0: float = 0.0, y0: float = 0.0, colorscale, vmin: float,
+              vmax: float) -> dict:
+    """values [rows, cols] as a layout image on the panel of `axes` ("x2", "y2"): cell (i, j) centred on
+    (x0 + j, y0 + i), rows downwards (the y axis reversed, as map_ranges gives it); NaN cells white."""
+    values = np.asarray(values, dtype=np.float64)
+    rows, cols = values.shape
+    return dict(source=palette_png(values, colorscale=colorscale, vmin=vmin, vmax=vmax, cell_px=cell_px(rows, cols)),
+                xref=axes[0], yref=axes[1], x=x0 - 0.5, y=y0 - 0.5, sizex=cols, sizey=rows, sizing="stretch",
+                xanchor="left", yanchor="top", layer="above")
+
+
+def map_ranges(shape: tuple[int, int], x0: float = 0.0, y0: float = 0.0) -> tuple[dict, dict]:
+    """The x and y axis settings that frame a map_image of `shape` exactly, rows downwards, with no grid over it
+    (a picture sets no autorange)."""
+    rows, cols = shape
+    bare = dict(showgrid=False, zeroline=False)
+    return (dict(range=[x0 - 0.5, x0 + cols - 0.5], **bare),
+            dict(range=[y0 + rows - 0.5, y0 - 0.5], autorange=False, **bare))
+
+
+def map_hover(values, *, axes: tuple[str, str], x0: float = 0.0, y0: float = 0.0, hovertemplate: str) -> dict:
+    """The hover of a map_image of values [rows, cols] (same axes and origin): an invisible line through every cell
+    (not a marker each: plotly draws one path for a line, and restyles it in place ~15 ms faster for 384 cells),
+    whose template reads the cell's value as %{customdata} and its position as %{x} and %{y}. A NaN cell (blank)
+    has none."""
+    values = np.asarray(values, dtype=np.float64)
+    y, x = np.mgrid[0:values.shape[0], 0:values.shape[1]]
+    shown = ~np.isnan(values)
+    return dict(type="scatter", x=(x0 + x)[shown], y=(y0 + y)[shown], customdata=values[shown], mode="lines",
+                line=dict(width=0), showlegend=False, xaxis=axes[0], yaxis=axes[1], hovertemplate=hovertemplate)
+
+
+def colour_bar(*, axes: tuple[str, str], colorscale, vmin: float, vmax: float, colorbar: dict) -> dict:
+    """A colour bar for map_image's pictures: a marker trace with no point to draw (a picture draws none)."""
+    return dict(type="scatter", x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+                xaxis=axes[0], yaxis=axes[1],
+                marker=dict(color=[vmin], colorscale=colorscale, cmin=vmin, cmax=vmax, showscale=True,
+                            colorbar=colorbar))

@@ -1,0 +1,66 @@
+"""Maps drawn as pictures (attnviz.figures.raster): each cell's colour against plotly's own colour scale, the
+picture's place on its axes, the hover's values."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import plotly.colors
+from PIL import Image
+
+from attnviz.figures import raster
+
+QUANTUM = 6  # colour units one of the picture's 255 steps can move a channel of Viridis or RdBu (about 3), twice
+
+
+def cell_colours(image: dict, shape: tuple[int, int]) -> np.ndarray:
+    """The RGB colour at the centre of each cell of a layout image drawing a map of `shape`, [rows, cols, 3]."""
+    picture = np.asarray(Image.open(io.BytesIO(base64.b64decode(image["source"].split(",", 1)[1]))).convert("RGB"))
+    rows, cols = shape
+    height, width = picture.shape[:2]
+    assert height % rows == 0 and width % cols == 0 and height // rows == width // cols  # square cells
+    px = height // rows
+    return picture[px // 2::px, px // 2::px].astype(int)
+
+
+def expected_colours(values, colorscale, vmin: float, vmax: float) -> np.ndarray:
+    """plotly's colour of each value on the scale (plotly.colors, not the code under test), NaN white."""
+    values = np.asarray(values, dtype=float)
+    scaled = np.clip((np.nan_to_num(values) - vmin) / (vmax - vmin), 0, 1).ravel()
+    rgb = [[float(c) for c in s[4:-1].split(",")] for s in plotly.colors.sample_colorscale(colorscale, list(scaled))]
+    out = np.asarray(rgb).reshape(*values.shape, 3)
+    out[np.isnan(values)] = 255
+    return out
+
+
+def test_a_map_image_shows_each_cell_in_plotlys_colour_at_its_place():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(5, 7))
+    values[1, 2] = np.nan
+    image = raster.map_image(values, axes=("x3", "y3"), x0=10, y0=20, colorscale="RdBu_r", vmin=-3.0, vmax=3.0)
+    np.testing.assert_allclose(cell_colours(image, values.shape), expected_colours(values, "RdBu_r", -3.0, 3.0),
+                               atol=QUANTUM)
+    # cell (i, j) centred on (10 + j, 20 + i): the picture's top left corner half a cell before the first
+    assert (image["xref"], image["yref"], image["x"], image["y"]) == ("x3", "y3", 9.5, 19.5)
+    assert (image["sizex"], image["sizey"], image["sizing"]) == (7, 5, "stretch")
+    x_axis, y_axis = raster.map_ranges(values.shape, x0=10, y0=20)
+    assert x_axis["range"] == [9.5, 16.5] and y_axis["range"] == [24.5, 19.5]  # rows downwards
+
+
+def test_a_small_maps_picture_has_cells_many_pixels_wide_and_a_big_ones_one():
+    assert raster.cell_px(12, 32) * 32 >= raster.PICTURE_PX
+    assert raster.cell_px(1, 1) == raster.MAX_CELL_PX
+    assert raster.cell_px(1000, 900) == 1
+
+
+def test_the_hover_line_carries_every_shown_cells_value_at_its_position():
+    values = np.arange(6.0).reshape(2, 3)
+    values[0, 1] = np.nan
+    hover = raster.map_hover(values, axes=("x2", "y2"), x0=4, y0=1, hovertemplate="%{customdata}")
+    assert hover["mode"] == "lines" and hover["line"]["width"] == 0
+    assert list(zip(hover["x"], hover["y"], hover["customdata"])) == [
+        (4, 1, 0.0), (6, 1, 2.0), (4, 2, 3.0), (5, 2, 4.0), (6, 2, 5.0)]
+    bar = raster.colour_bar(axes=("x2", "y2"), colorscale="Viridis", vmin=0.0, vmax=1.0, colorbar={})
+    assert bar["marker"]["showscale"] and (bar["marker"]["cmin"], bar["marker"]["cmax"]) == (0.0, 1.0)
