@@ -140,11 +140,14 @@ def step_view():
                "all (stage 1), then the yellow ones with masks (stage 2)" + (", after the yellow tiles the window's "
                "edge cuts" if window else "") + ". Top right, the scores q·k/√d of this tile only: the one piece of "
                "the N × N matrix that exists right now; blank cells are hidden by the causal mask (a whole blank row "
-               "is fine: its m_i keeps the previous value). Middle: where a row's max grows, alpha < 1 shrinks the "
+               "is fine: its m_i keeps the previous value). The tile's panels count rows and columns from its first "
+               "query and key (its title names them, the hover gives each position), so their axes stay put while "
+               "the slider moves; the scores and the accumulator keep one colour scale each over the steps in the "
+               "chart. Middle: where a row's max grows, alpha < 1 shrinks the "
                "old sum and accumulator before this tile's terms are added; where it does not, alpha = 1. Bottom: "
                "the accumulator is an unnormalised weighted sum of value rows; rescaling keeps every term relative "
-               "to the current max. On a block's first key tile the old acc is all zeros. Both sides share one "
-               "colour scale. O = acc / l_i is taken after a query block's last key tile.")
+               "to the current max. On a block's first key tile the old acc is all zeros. O = acc / l_i is taken "
+               "after a query block's last key tile.")
     snippet_ui.show(snippets.kernel_step(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype,
                                          seed=seed, window=window, step=index))
 

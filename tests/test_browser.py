@@ -200,13 +200,16 @@ def test_a_text_over_the_limit_is_refused_with_a_message_not_dropped(server, bro
 
 
 def test_an_instant_slider_redraws_its_chart_without_a_word_to_the_server(server, browser):
-    """The Softmax page's logits chart carries every d_k in its own slider's steps (plotly.update): a click on a
-    stop redraws it in the browser, with that d_k's numbers (the library's attention rows) and panel titles, and
-    sends nothing to the server: no frame on Streamlit's websocket (/_stcore/stream), no request."""
+    """The Softmax page's logits chart carries every d_k in its own slider's frames: a click on a stop redraws it in
+    the browser, in place, with that d_k's numbers (the library's attention rows, in the hover and in the pictures'
+    colours; the pictures drawn are the ones a full redraw draws), and sends nothing to the server: no frame on
+    Streamlit's websocket (/_stcore/stream), no request."""
     import numpy as np
 
     from attnviz import softmax as sm
+    from attnviz.figures.common import ATTENTION_SCALE
     from attnviz.ui import softmax as ui_softmax
+    from tests.test_figures_raster import QUANTUM, cell_colours, expected_colours
 
     context = browser.new_context(viewport={"width": 1400, "height": 1300})
     page = context.new_page()
@@ -215,7 +218,9 @@ def test_an_instant_slider_redraws_its_chart_without_a_word_to_the_server(server
     page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload))
             if "/_stcore/stream" in ws.url else None)
     page.on("request", lambda r: requests.append(r.url))
-    rows = """g => g._fullData.filter(t => t.type === 'heatmap').map(t => Array.from(t.z, r => Array.from(r)))"""
+    rows = """g => g._fullData.filter(t => t.mode === 'lines' && t.line.width === 0 && t.customdata)
+                             .map(t => Array.from(t.customdata))"""
+    pictures = "g => Array.from(g.querySelectorAll('.layer-above image'), i => i.getAttribute('href'))"
     try:
         page.goto(f"{server}/softmax", wait_until="domcontentloaded")
         _wait_until_done(page, PAGE_TIMEOUT_S)
@@ -238,13 +243,20 @@ def test_an_instant_slider_redraws_its_chart_without_a_word_to_the_server(server
         assert requests[n_requests:] == [], requests[n_requests:]
         after = chart.evaluate(rows)
         assert after != before, "the chart's drawn data did not change"
+        assert chart.evaluate("g => g.layout.sliders[0].steps.every(s => s.method === 'animate')")  # in place
+        drawn = chart.evaluate(pictures)
+        assert len(drawn) == 2, drawn
         # the page's defaults: 32 keys per query, seed 0, T = 1; the chart shows the first 12 rows of each variant
         q, k = sm.random_qk(ui_softmax.N_QUERIES, 32, 1024, 0)
-        for scaled, drawn in zip((True, False), after):
+        for scaled, hovered, picture in zip((True, False), after, drawn):
             pattern = sm.scores_and_pattern(q, k, scaled=scaled, temperature=1.0)[1]
-            np.testing.assert_allclose(np.array(drawn, dtype=float), pattern[:12], rtol=1e-12, atol=0)
+            np.testing.assert_allclose(np.array(hovered, dtype=float), pattern[:12].ravel(), rtol=1e-12, atol=0)
+            np.testing.assert_allclose(cell_colours({"source": picture}, (12, 32)),
+                                       expected_colours(pattern[:12], ATTENTION_SCALE, 0.0, 1.0), atol=QUANTUM)
         assert "d_k (in this chart) = 1024" in chart.text_content()
-        assert "Logits, scaled: q·k / √1024" in chart.text_content()  # the panel titles, a layout change
+        chart.evaluate("g => Plotly.redraw(g)")
+        time.sleep(0.3)
+        assert chart.evaluate(pictures) == drawn, "the pictures drawn in place differ from a full redraw's"
         assert not page.query_selector_all('[data-testid="stException"]')
     finally:
         context.close()

@@ -113,11 +113,20 @@ def test_accumulator_figure_puts_before_and_after_on_one_scale():
     assert [before.showscale, after.showscale] == [False, True]  # one colour bar for both
 
 
+def _boxes(trace: dict) -> set[tuple[float, float]]:
+    """The (query, key) top left corners of the tiles a filled line outlines (x, y broken by None)."""
+    x = [v for v in trace["x"] if v is not None]
+    y = [v for v in trace["y"] if v is not None]
+    return {(y[i], x[i]) for i in range(0, len(x), 5)}
+
+
 def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
     """Each stop of the step view's in-chart slider, replayed as plotly.js applies its frame, draws that step of
-    kernels.tiled_steps: the tile states, the tile's scores (masked ones blank), m_i, l_i and alpha before and after,
-    and the accumulator before and after."""
+    kernels.tiled_steps: the tiles done and the current one, the tile's scores (masked ones blank), m_i, l_i and
+    alpha before and after, and the accumulator before and after, each map's picture in its scale's colours and
+    its hover with the value and the positions."""
     from attnviz.figures import instant
+    from tests.test_figures_raster import QUANTUM, cell_colours, expected_colours
 
     q, k, v = make_inputs(40, 16)
     steps = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))
@@ -125,10 +134,14 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
     states = [figs.tile_states(codes, [(s.q_block, s.k_block) for s in steps[:i]], (step.q_block, step.k_block))
               for i, step in enumerate(steps)]
     edges = [0, 16, 32, 40]
-    fig = figs.step_view_figure(steps, states, [f"Step {s.index}" for s in steps], 2, q_edges=edges, k_edges=edges,
-                                causal=True)
-    assert fig.layout.title.text == "Step 2" and fig.layout.sliders[0].active == 2
+    base = figs.tile_states(codes, [], None)
+    fig = figs.step_view_figure(steps, states, [f"Step {s.index}" for s in steps], 2, base=base, q_edges=edges,
+                                k_edges=edges, causal=True)
+    assert fig.layout.sliders[0].active == 2
+    assert {s.method for s in fig.layout.sliders[0].steps} == {"animate"}  # drawn in place
     figure = instant.figure_dict(fig)
+    score_limit = max(np.abs(s.scores[np.isfinite(s.scores)]).max() for s in steps)
+    acc_limit = max(max(np.abs(s.acc).max(), np.abs(s.acc_rescaled).max()) for s in steps)
 
     def finite(x):
         x = np.asarray(x, dtype=float)
@@ -136,22 +149,39 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
 
     for i, step in enumerate(steps):
         state = instant.drawn(figure, [(0, i)])
-        tiles, scores, before, after = (t for t in state["data"] if t["type"] == "heatmap")
-        np.testing.assert_array_equal(instant.array(tiles["z"]), states[i])
-        np.testing.assert_array_equal(instant.array(scores["z"]), finite(step.scores))
-        assert list(scores["x"]) == [step.k_start + j for j in range(step.k_stop - step.k_start)]
-        assert list(scores["y"]) == [step.q_start + r for r in range(step.q_stop - step.q_start)]
-        np.testing.assert_array_equal(instant.array(before["z"]), np.asarray(step.acc_rescaled, dtype=float))
-        np.testing.assert_array_equal(instant.array(after["z"]), np.asarray(step.acc, dtype=float))
+        (tiles,) = (t for t in state["data"] if t["type"] == "heatmap")
+        np.testing.assert_array_equal(instant.array(tiles["z"]), base)  # the map under the tiles drawn over it
+        assert [tiles["customdata"][a][b] for a, b in ((1, 0), (2, 2), (0, 1))] == [
+            "queries 16–31, keys 0–15<br>computed without a mask",
+            "queries 32–39, keys 32–39<br>computed masked (the diagonal, a window's edge or the ragged last block)",
+            "queries 0–15, keys 16–31<br>skipped: the causal mask hides it"]
+        boxes = {t["name"]: _boxes(t) for t in state["data"] if t.get("fill") == "toself"}
+        for name, value in (("done", 3), ("done, masked", 4), ("current", 5)):
+            assert boxes[name] == {(edges[a], edges[b]) for a, b in zip(*np.nonzero(states[i] == value))}
+        assert [t["text"][0] for t in state["data"] if t.get("mode") == "text"] == [
+            figs._scores_title(step.scores, step.q_start, step.k_start), f"Step {step.index}"]
+        hovers = [t for t in state["data"] if t.get("line", {}).get("width") == 0 and "customdata" in t]
+        for hover, image, values, limit in zip(hovers, state["layout"]["images"],
+                                               (finite(step.scores), step.acc_rescaled, step.acc),
+                                               (score_limit, acc_limit, acc_limit)):
+            values = np.asarray(values, dtype=float)
+            rows, cols = np.nonzero(~np.isnan(values))
+            custom = instant.array(hover["customdata"])
+            np.testing.assert_array_equal(custom[:, 0], values[rows, cols])  # the kernel's own float32 numbers
+            np.testing.assert_array_equal(custom[:, 1], step.q_start + rows)
+            np.testing.assert_array_equal(instant.array(hover["x"]), cols)
+            np.testing.assert_allclose(cell_colours(image, values.shape),
+                                       expected_colours(values, "RdBu_r", -limit, limit), atol=QUANTUM)
+        np.testing.assert_array_equal(instant.array(hovers[0]["customdata"])[:, 2],
+                                      step.k_start + np.nonzero(~np.isnan(finite(step.scores)))[1])
         lines = {(t["name"], t["xaxis"]): t for t in state["data"] if t.get("legend") == "legend2"}
         for (name, axis), want in {("before", "x3"): step.m_prev, ("after", "x3"): step.m_i,
                                    ("before", "x4"): step.l_prev, ("after", "x4"): step.l_i,
                                    ("alpha", "x5"): step.alpha}.items():
             np.testing.assert_array_equal(instant.array(lines[(name, axis)]["y"]), finite(want))
-            np.testing.assert_array_equal(instant.array(lines[(name, axis)]["x"]), np.arange(step.q_start,
-                                                                                              step.q_stop))
-        assert state["layout"]["title"]["text"] == f"Step {step.index}"
-        assert figs._scores_title(step.scores, step.q_start, step.k_start) in \
-            [a["text"] for a in state["layout"]["annotations"]]
+            np.testing.assert_array_equal(instant.array(lines[(name, axis)]["x"]),
+                                          np.arange(step.q_stop - step.q_start))
+            np.testing.assert_array_equal(instant.array(lines[(name, axis)]["customdata"]),
+                                          np.arange(step.q_start, step.q_stop))
     axes = [figure["layout"][a] for a in figure["layout"] if a.startswith(("xaxis", "yaxis"))]
     assert len(axes) == 14 and all(a["title"]["text"] for a in axes)

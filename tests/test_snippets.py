@@ -233,7 +233,7 @@ def test_the_kernel_pages_snippet_draws_its_step_view_with_every_frame():
     assert [c.value for c in at.code if c.value.startswith("import attnviz")] == [expected]
     assert "streamlit" not in expected and "attnviz.ui" not in expected
     mine = plain(as_sent(_run_snippet(expected)))
-    assert mine["layout"]["title"]["text"].startswith("Step 4 of ")
+    assert [t["text"][0] for t in mine["data"] if t.get("mode") == "text"][-1].startswith("Step 4 of ")
     assert len(mine["layout"]["sliders"][0]["steps"]) > 1
     _same(_chart_titled(at, mine["layout"]["title"]["text"]), mine)
 

@@ -94,12 +94,12 @@ def kernel_run(n: int, d: int, *, block_m: int, block_n: int, causal: bool, dtyp
 
 
 def step_title(run: KernelRun, index: int) -> str:
-    """The step view's title at step `index`: the tile it computes, and on a query block's last key tile, the error
-    of its output."""
+    """The step view's line at step `index`: the tile it computes, and on a query block's last key tile, a second
+    line with the error of its output."""
     step = run.steps[index]
     title = f"Step {index} of {len(run.steps) - 1}: query block {step.q_block}, key block {step.k_block}"
     if step.last:
-        title += f"; the block's last, O = acc / l_i: max |O − float64| = {run.out_error[index]:.1e}"
+        title += f"<br>block done, O = acc / l_i: max |O − float64| = {run.out_error[index]:.1e}"
     return title
 
 
@@ -115,13 +115,17 @@ def step_view(run: KernelRun, index: int, *, most: int = STEP_STOPS) -> tuple:
         return figs.tile_states(run.codes, [(s.q_block, s.k_block) for s in run.steps[:i]],
                                 (step.q_block, step.k_block))
 
+    base = figs.tile_states(run.codes, [], None)
+
     def view(indices, active):
         return figs.step_view_figure([run.steps[i] for i in indices], [states(i) for i in indices],
-                                     [step_title(run, i) for i in indices], active, q_edges=run.q_edges,
+                                     [step_title(run, i) for i in indices], active, base=base, q_edges=run.q_edges,
                                      k_edges=run.k_edges, causal=run.causal, window=run.window)
 
-    traces, _ = figs.step_view_parts(run.steps[index], states(index), step_title(run, index), run.q_edges,
-                                     run.k_edges, causal=run.causal, window=run.window)
-    stop_bytes = instant.json_bytes({"data": traces})
+    step = run.steps[index]
+    traces, layout = figs.step_view_parts(step, states(index), base, step_title(run, index), run.q_edges, run.k_edges,
+                                          causal=run.causal, window=run.window,
+                                          limits=figs.step_view_limits([step]), block=np.shape(step.scores))
+    stop_bytes = instant.json_bytes({"data": traces, "layout": {"images": layout["images"]}})
     shown = instant.window(len(run.steps), index, stop_bytes, most=most)
     return view(shown, index - shown.start), shown
