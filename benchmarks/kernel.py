@@ -251,7 +251,7 @@ def step_view(repeats=5):
     """What one step costs in the step view's figures, built and serialised as st.plotly_chart does
     (plotly.io.to_json), against serialising figures already built for that step. Medians over the steps of one
     run, at the page's default and at a large setting. (The page now draws the step view as one figure whose
-    in-chart slider moves over the computed steps with no rerun: attnviz.figures.kernel.step_view_figure.)"""
+    in-chart slider moves over the computed steps with no rerun: attnviz.figures.kernel_steps.step_view_figure.)"""
     import statistics
 
     import numpy as np

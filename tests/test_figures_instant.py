@@ -289,9 +289,11 @@ def test_the_apps_frame_sliders_keep_every_stop_inside_their_axes():
 
 def test_a_slider_that_changes_only_lines_is_restyled_in_place_and_any_other_is_redrawn():
     """plotly.animate with redraw false restyles line and marker traces only: a frame slider's steps are frames
-    when every trace they change is a scatter trace and no layout key changes (the axes held), and plotly.update
-    steps, one full redraw each, when a step changes a heatmap or a bar, or the layout. The app's Softmax T chart
-    is restyled in place (tests/test_browser.py checks in Chromium that this draws what a full redraw draws)."""
+    when every trace of the figure is a scatter trace and no layout key but the images changes (the axes held), and
+    plotly.update steps, one full redraw each, when a step changes a heatmap or a bar, or the layout, and where a
+    heatmap that does not change is drawn (animate would drop its drawing: it draws a panel again from the traces it
+    animates). The app's Softmax T chart is restyled in place (tests/test_browser.py checks in Chromium that this
+    draws what a full redraw draws)."""
     from attnviz.ui import softmax as ui_softmax
 
     def redraws(fig: go.Figure) -> set:  # animate restyles in place, update redraws
@@ -305,7 +307,10 @@ def test_a_slider_that_changes_only_lines_is_restyled_in_place_and_any_other_is_
     def lines(a):
         return figure(go.Scatter(x=x, y=a * x), go.Heatmap(z=[[1.0, 2.0]]))
 
-    assert redraws(instant.slider_over(lines, [1.0, 2.0], 1.0, parameter="a")) == {False}  # the heatmap stays
+    assert redraws(instant.slider_over(lines, [1.0, 2.0], 1.0, parameter="a")) == {True}  # the heatmap stays drawn
+    assert redraws(instant.slider_over(lambda a: figure(go.Scatter(x=x, y=a * x)).update_layout(
+        images=[dict(source=f"data:image/png;base64,{a}", x=0, y=0, sizex=1, sizey=1)]), [1.0, 2.0], 1.0,
+        parameter="a")) == {False}  # a picture is swapped in place
     assert redraws(instant.slider_over(lambda a: figure(go.Heatmap(z=[[a, 2.0]])), [1.0, 2.0], 1.0,
                                        parameter="a")) == {True}
     assert redraws(instant.slider_over(lambda a: figure(go.Bar(x=x, y=a * x)), [1.0, 2.0], 1.0,

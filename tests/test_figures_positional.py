@@ -10,6 +10,7 @@ import pytest
 from attnviz import positional as P
 from attnviz.figures import instant
 from attnviz.figures import positional as F
+from tests.test_figures_raster import QUANTUM, cell_colours, expected_colours
 
 BASES = [100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
 POSITIONS = list(range(201))
@@ -85,15 +86,19 @@ def test_the_rope_layouts_position_slider_draws_both_rotation_matrices_at_every_
     half = [P.rope_rotation_matrix(m, 8, base) for m in POSITIONS]
     fig = F.rope_layouts_instant(paper, half, np.eye(8)[perm], POSITIONS, 3)
     assert instant.json_bytes(fig) < LIMIT
+    assert {s.method for s in fig.layout.sliders[0].steps} == {"animate"}  # drawn in place
     fig = instant.figure_dict(fig)
     for i, m in enumerate(POSITIONS):
         state = instant.drawn(fig, [(0, i)])
-        left, middle, right = (instant.array(t["z"]) for t in state["data"])
-        np.testing.assert_array_equal(left, P.rope_rotation_matrix(m, 8, base, interleaved=True))
-        np.testing.assert_array_equal(middle, P.rope_rotation_matrix(m, 8, base))
-        np.testing.assert_array_equal(right, np.eye(8)[perm])
-        titles = [a["text"] for a in state["layout"]["annotations"]]
-        assert titles[:2] == [f"Paper layout R_m, m = {m}", f"rotate_half layout R_m, m = {m}"]
+        hovers = [t for t in state["data"] if "customdata" in t]
+        for hover, image, want in zip(hovers, state["layout"]["images"],
+                                      (P.rope_rotation_matrix(m, 8, base, interleaved=True),
+                                       P.rope_rotation_matrix(m, 8, base), np.eye(8)[perm])):
+            np.testing.assert_array_equal(instant.array(hover["customdata"]), want.ravel())
+            np.testing.assert_allclose(cell_colours(image, want.shape), expected_colours(want, "RdBu_r", -1, 1),
+                                       atol=QUANTUM)
+        assert len(hovers) == len(state["layout"]["images"]) == 3
+        assert state["layout"]["sliders"][0]["steps"][i]["label"] == str(m)
 
 
 def test_the_decay_bounds_base_slider_draws_rope_decay_bound_at_every_base():

@@ -8,6 +8,7 @@ import re
 import numpy as np
 
 from attnviz.figures import kernel as figs
+from attnviz.figures import kernel_steps
 from attnviz.kernels import TILE_FULL, TILE_MASKED, TILE_SKIPPED, make_inputs, tile_map, tiled_steps
 
 
@@ -114,10 +115,14 @@ def test_accumulator_figure_puts_before_and_after_on_one_scale():
 
 
 def _boxes(trace: dict) -> set[tuple[float, float]]:
-    """The (query, key) top left corners of the tiles a filled line outlines (x, y broken by None)."""
-    x = [v for v in trace["x"] if v is not None]
-    y = [v for v in trace["y"] if v is not None]
-    return {(y[i], x[i]) for i in range(0, len(x), 5)}
+    """The (query, key) top left corners of the tiles a filled line outlines (x, y broken by NaN), each a closed
+    rectangle."""
+    from attnviz.figures import instant
+
+    x, y = (instant.array(trace[a]).astype(float).reshape(-1, 6) for a in ("x", "y"))
+    assert np.isnan(x[:, 5]).all() and np.isnan(y[:, 5]).all()
+    assert (x[:, 0] == x[:, 3]).all() and (x[:, 1] == x[:, 2]).all() and (y[:, 0] == y[:, 1]).all()
+    return {(float(b), float(a)) for a, b in zip(x[:, 0], y[:, 0])}
 
 
 def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
@@ -135,7 +140,7 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
               for i, step in enumerate(steps)]
     edges = [0, 16, 32, 40]
     base = figs.tile_states(codes, [], None)
-    fig = figs.step_view_figure(steps, states, [f"Step {s.index}" for s in steps], 2, base=base, q_edges=edges,
+    fig = kernel_steps.step_view_figure(steps, states, [f"Step {s.index}" for s in steps], 2, base=base, q_edges=edges,
                                 k_edges=edges, causal=True)
     assert fig.layout.sliders[0].active == 2
     assert {s.method for s in fig.layout.sliders[0].steps} == {"animate"}  # drawn in place
@@ -149,18 +154,22 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
 
     for i, step in enumerate(steps):
         state = instant.drawn(figure, [(0, i)])
-        (tiles,) = (t for t in state["data"] if t["type"] == "heatmap")
-        np.testing.assert_array_equal(instant.array(tiles["z"]), base)  # the map under the tiles drawn over it
-        assert [tiles["customdata"][a][b] for a, b in ((1, 0), (2, 2), (0, 1))] == [
-            "queries 16–31, keys 0–15<br>computed without a mask",
-            "queries 32–39, keys 32–39<br>computed masked (the diagonal, a window's edge or the ragged last block)",
-            "queries 0–15, keys 16–31<br>skipped: the causal mask hides it"]
+        assert not [t for t in state["data"] if t["type"] != "scatter"]  # lines only: plotly animates them in place
         boxes = {t["name"]: _boxes(t) for t in state["data"] if t.get("fill") == "toself"}
-        for name, value in (("done", 3), ("done, masked", 4), ("current", 5)):
-            assert boxes[name] == {(edges[a], edges[b]) for a, b in zip(*np.nonzero(states[i] == value))}
+        for value in (0, 1, 2, 3, 4, 5):  # the map before any step, then the tiles done and the current one
+            grid = base if value < 3 else states[i]
+            assert boxes[figs.TILE_STATES[value]] == {(edges[a], edges[b]) for a, b in zip(*np.nonzero(grid == value))}
+        tiles = {t["hovertemplate"].split("<br>")[1].removesuffix("<extra></extra>"):
+                 instant.array(t["customdata"]).tolist()
+                 for t in state["data"] if t.get("hovertemplate", "").startswith("queries")}
+        assert tiles == {"computed without a mask": [[16, 31, 0, 15], [32, 39, 0, 15], [32, 39, 16, 31]],
+                         "computed masked (the diagonal, a window's edge or the ragged last block)":
+                             [[0, 15, 0, 15], [16, 31, 16, 31], [32, 39, 32, 39]],
+                         "skipped: the causal mask hides it": [[0, 15, 16, 31], [0, 15, 32, 39], [16, 31, 32, 39]]}
         assert [t["text"][0] for t in state["data"] if t.get("mode") == "text"] == [
-            figs._scores_title(step.scores, step.q_start, step.k_start), f"Step {step.index}"]
-        hovers = [t for t in state["data"] if t.get("line", {}).get("width") == 0 and "customdata" in t]
+            figs.scores_title(step.scores, step.q_start, step.k_start), f"Step {step.index}"]
+        hovers = [t for t in state["data"] if t.get("line", {}).get("width") == 0 and "customdata" in t
+                  and not t["hovertemplate"].startswith("queries")]  # the maps' (not the tile map's)
         for hover, image, values, limit in zip(hovers, state["layout"]["images"],
                                                (finite(step.scores), step.acc_rescaled, step.acc),
                                                (score_limit, acc_limit, acc_limit)):

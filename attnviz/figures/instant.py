@@ -141,7 +141,7 @@ def add_frame_slider(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[
     layout_keys = _varying([{k: v for k, v in s.get("layout", {}).items() if k != "sliders"} for s in stops]) \
         if len(stops) > 1 else []
     traces = sorted(varying)
-    if _in_place(fig, traces, layout_keys):
+    if _in_place(fig, layout_keys):
         steps = _frame_steps(fig, stops, labels, traces, varying, layout_keys, name)
     else:
         restyled = _changing([[s["data"][i] for s in stops] for i in traces], [varying[i] for i in traces])
@@ -158,13 +158,15 @@ REDRAWN_IN_PLACE = ("scatter",)  # the trace types plotly.animate restyles witho
 SWAPPED_IN_PLACE = ("images",)  # the layout keys it draws again by themselves (a layout image's picture)
 
 
-def _in_place(fig: go.Figure, traces: Sequence[int], layout_keys: Sequence[str]) -> bool:
-    """Whether plotly.animate can restyle the steps in place (redraw: false): every trace a step changes is a line
-    or marker trace and the only layout key that changes is the images (the axes' ranges held by hold_ranges). The
-    Softmax T chart's six panels: 0.10 s a stop redrawn whole, 0.04 s in place. Heatmaps, bars and other layout
-    changes (a title, an axis) need a full redraw: animate would leave them as they were."""
+def _in_place(fig: go.Figure, layout_keys: Sequence[str]) -> bool:
+    """Whether plotly.animate can restyle the steps in place (redraw: false): every trace of the figure is a line or
+    marker trace and the only layout key that changes is the images (the axes' ranges held by hold_ranges). The
+    Softmax T chart's six panels: 0.10 s a stop redrawn whole, 0.04 s in place. A heatmap or a bar that changes,
+    and other layout changes (a title, an axis), need a full redraw: animate would leave them as they were; and it
+    drops the drawing of one that does not change (it draws a panel's layers again from the traces it animates,
+    which are line and marker traces only), so a figure with one is redrawn whole too."""
     return (set(layout_keys) <= set(SWAPPED_IN_PLACE)
-            and all(fig.data[i].type in REDRAWN_IN_PLACE for i in traces))
+            and all(trace.type in REDRAWN_IN_PLACE for trace in fig.data))
 
 
 def _frame_steps(fig: go.Figure, stops: Sequence[Mapping], labels: Sequence[str], traces: Sequence[int],

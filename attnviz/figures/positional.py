@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures import instant
+from attnviz.figures import instant, raster
 from attnviz.figures.common import (
     DIVERGING_SCALE, PALETTE, apply_layout, below_legend, grid_layout, heatmap, hline, laid_out, legend_below,
     line_chart,
@@ -103,27 +103,34 @@ def rope_pair_rotation_instant(q_pair, k_pair, rotated_q: Mapping[float, np.ndar
                                     layouts=[{"title.text": titles[b]} for b in bases])
 
 
-def _rope_layouts_parts(paper, half, permutation, m: int) -> tuple[list[dict], dict]:
-    """rope_layouts' traces and layout as plain dicts (a stop of its slider is built without plotly's checks)."""
-    layout = grid_layout(1, 3, [f"Paper layout R_m, m = {m}", f"rotate_half layout R_m, m = {m}",
+def _rope_layouts_parts(paper, half, permutation) -> tuple[list[dict], dict]:
+    """rope_layouts' traces and layout as plain dicts (a stop of its slider is built without plotly's checks): the
+    three matrices are pictures (attnviz.figures.raster: the slider swaps the two rotations in place), on one colour
+    bar."""
+    layout = grid_layout(1, 3, ["Paper layout R_m", "rotate_half layout R_m",
                                 "Permutation P: interleaved → rotate_half"], horizontal_spacing=0.09)
+    layout["images"] = []
     traces = []
-    for i, z in enumerate((paper, half, permutation)):
+    template = "row %{y}<br>column %{x}<br>entry %{customdata:.4f}<extra></extra>"
+    titles = (("input dimension", "output dimension"),) * 2 + (("interleaved index", "rotate_half index"),)
+    for i, (z, (x_title, y_title)) in enumerate(zip((paper, half, permutation), titles)):
         suffix = "" if i == 0 else str(i + 1)
-        traces.append(dict(type="heatmap", z=np.asarray(z, dtype=float), colorscale=DIVERGING_SCALE, zmin=-1.0,
-                           zmax=1.0, showscale=i == 2, colorbar=dict(title=dict(text="entry")),
-                           xaxis=f"x{suffix}", yaxis=f"y{suffix}",
-                           hovertemplate="row %{y}<br>column %{x}<br>entry %{z:.4f}<extra></extra>"))
-        layout[f"xaxis{suffix}"].update(title=dict(text="interleaved index" if i == 2 else "input dimension"))
-        layout[f"yaxis{suffix}"].update(autorange="reversed", title=dict(text="rotate_half index" if i == 2 else
-                                                                         "output dimension"))
+        axes = (f"x{suffix}", f"y{suffix}")
+        z = np.asarray(z, dtype=float)
+        layout["images"].append(raster.map_image(z, axes=axes, colorscale=DIVERGING_SCALE, vmin=-1.0, vmax=1.0))
+        traces.append(raster.map_hover(z, axes=axes, hovertemplate=template))
+        x_range, y_range = raster.map_ranges(z.shape)
+        layout[f"xaxis{suffix}"].update(x_range, title=dict(text=x_title))
+        layout[f"yaxis{suffix}"].update(y_range, title=dict(text=y_title))
+    traces.append(raster.colour_bar(axes=("x3", "y3"), colorscale=DIVERGING_SCALE, vmin=-1.0, vmax=1.0,
+                                    colorbar=dict(title=dict(text="entry"))))
     return traces, layout
 
 
-def rope_layouts(paper, half, permutation, m: int) -> go.Figure:
-    """The RoPE rotation R_m [d, d] at position m in the paper's layout and in rotate_half's, and the permutation
+def rope_layouts(paper, half, permutation) -> go.Figure:
+    """The RoPE rotation R_m [d, d] at one position m in the paper's layout and in rotate_half's, and the permutation
     matrix [d, d] that turns one into the other, side by side on one signed colour scale (-1 to 1)."""
-    traces, layout = _rope_layouts_parts(paper, half, permutation, m)
+    traces, layout = _rope_layouts_parts(paper, half, permutation)
     fig = go.Figure(data=traces, layout=layout)
     apply_layout(fig, height=380)
     return fig.update_layout(margin=dict(t=60))
@@ -134,10 +141,12 @@ def rope_layouts_instant(paper_by_m: Sequence, half_by_m: Sequence, permutation,
     """rope_layouts with an in-chart slider over the position m: paper_by_m[i], half_by_m[i] are R_m [d, d] at
     positions[i] in the two layouts (attnviz.positional.rope_rotation_matrix). Drawn at m."""
     positions = list(positions)
-    stops = [dict(zip(("data", "layout"), _rope_layouts_parts(paper_by_m[i], half_by_m[i], permutation, p)))
-             for i, p in enumerate(positions)]
+    stops = []
+    for paper, half in zip(paper_by_m, half_by_m):
+        traces, layout = _rope_layouts_parts(paper, half, permutation)
+        stops.append({"data": traces, "layout": {"images": layout["images"]}})
     i = positions.index(m)
-    return instant.add_frame_slider(rope_layouts(paper_by_m[i], half_by_m[i], permutation, m), stops,
+    return instant.add_frame_slider(rope_layouts(paper_by_m[i], half_by_m[i], permutation), stops,
                                     [str(p) for p in positions], i, parameter="query position m")
 
 

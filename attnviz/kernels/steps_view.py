@@ -18,6 +18,7 @@ from attnviz.cores import one_core
 from attnviz.errors import AttnvizError
 from attnviz.figures import instant
 from attnviz.figures import kernel as figs
+from attnviz.figures import kernel_steps
 
 from .limits import refusal
 from .naive import reference_attention
@@ -104,7 +105,7 @@ def step_title(run: KernelRun, index: int) -> str:
 
 
 def step_view(run: KernelRun, index: int, *, most: int = STEP_STOPS) -> tuple:
-    """(figure, steps) of the step view at step `index`: figures.kernel.step_view_figure over a window of
+    """(figure, steps) of the step view at step `index`: figures.kernel_steps.step_view_figure over a window of
     consecutive steps around it (`steps`, a range: at most `most`, and as many as fit the frame budget), each a
     stop of its in-chart slider."""
     if not 0 <= index < len(run.steps):
@@ -118,14 +119,15 @@ def step_view(run: KernelRun, index: int, *, most: int = STEP_STOPS) -> tuple:
     base = figs.tile_states(run.codes, [], None)
 
     def view(indices, active):
-        return figs.step_view_figure([run.steps[i] for i in indices], [states(i) for i in indices],
-                                     [step_title(run, i) for i in indices], active, base=base, q_edges=run.q_edges,
-                                     k_edges=run.k_edges, causal=run.causal, window=run.window)
+        return kernel_steps.step_view_figure([run.steps[i] for i in indices], [states(i) for i in indices],
+                                             [step_title(run, i) for i in indices], active, base=base,
+                                             q_edges=run.q_edges, k_edges=run.k_edges, causal=run.causal,
+                                             window=run.window)
 
     step = run.steps[index]
-    traces, layout = figs.step_view_parts(step, states(index), base, step_title(run, index), run.q_edges, run.k_edges,
-                                          causal=run.causal, window=run.window,
-                                          limits=figs.step_view_limits([step]), block=np.shape(step.scores))
+    traces, layout = kernel_steps.step_view_parts(
+        step, states(index), base, step_title(run, index), run.q_edges, run.k_edges, causal=run.causal,
+        window=run.window, limits=kernel_steps.step_view_limits([step]), block=np.shape(step.scores))
     stop_bytes = instant.json_bytes({"data": traces, "layout": {"images": layout["images"]}})
     shown = instant.window(len(run.steps), index, stop_bytes, most=most)
     return view(shown, index - shown.start), shown
