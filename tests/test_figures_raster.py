@@ -55,12 +55,14 @@ def test_a_small_maps_picture_has_cells_many_pixels_wide_and_a_big_ones_one():
     assert raster.cell_px(1000, 900) == 1
 
 
-def test_the_hover_line_carries_every_shown_cells_value_at_its_position():
+def test_the_hover_line_carries_every_finite_cells_value_at_its_position():
     values = np.arange(6.0).reshape(2, 3)
-    values[0, 1] = np.nan
+    values[0, 1] = -np.inf
     hover = raster.map_hover(values, axes=("x2", "y2"), x0=4, y0=1, hovertemplate="%{customdata}")
     assert hover["mode"] == "lines" and hover["line"]["width"] == 0
-    assert list(zip(hover["x"], hover["y"], hover["customdata"])) == [
+    assert list(zip(hover["x"], hover["y"], hover["customdata"])) == [  # not the masked one
         (4, 1, 0.0), (6, 1, 2.0), (4, 2, 3.0), (5, 2, 4.0), (6, 2, 5.0)]
+    named = raster.map_hover(values.astype(np.float32), axes=("x", "y"), hovertemplate="", named_from=(10, None))
+    assert named["customdata"].dtype == np.float32 and named["customdata"].tolist()[3] == [4.0, 11.0]
     bar = raster.colour_bar(axes=("x2", "y2"), colorscale="Viridis", vmin=0.0, vmax=1.0, colorbar={})
     assert bar["marker"]["showscale"] and (bar["marker"]["cmin"], bar["marker"]["cmax"]) == (0.0, 1.0)

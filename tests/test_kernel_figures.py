@@ -171,18 +171,19 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
         hovers = [t for t in state["data"] if t.get("line", {}).get("width") == 0 and "customdata" in t
                   and not t["hovertemplate"].startswith("queries")]  # the maps' (not the tile map's)
         for hover, image, values, limit in zip(hovers, state["layout"]["images"],
-                                               (finite(step.scores), step.acc_rescaled, step.acc),
+                                               (step.scores, step.acc_rescaled, step.acc),
                                                (score_limit, acc_limit, acc_limit)):
             values = np.asarray(values, dtype=float)
-            rows, cols = np.nonzero(~np.isnan(values))
+            rows, cols = np.nonzero(np.isfinite(values))  # a masked score (-inf) has no hover
             custom = instant.array(hover["customdata"])
             np.testing.assert_array_equal(custom[:, 0], values[rows, cols])  # the kernel's own float32 numbers
             np.testing.assert_array_equal(custom[:, 1], step.q_start + rows)
             np.testing.assert_array_equal(instant.array(hover["x"]), cols)
-            np.testing.assert_allclose(cell_colours(image, values.shape),
-                                       expected_colours(values, "RdBu_r", -limit, limit), atol=QUANTUM)
+            np.testing.assert_allclose(cell_colours(image, values.shape),  # a masked score blank (white)
+                                       expected_colours(finite(values), "RdBu_r", -limit, limit), atol=QUANTUM)
         np.testing.assert_array_equal(instant.array(hovers[0]["customdata"])[:, 2],
-                                      step.k_start + np.nonzero(~np.isnan(finite(step.scores)))[1])
+                                      step.k_start + np.nonzero(np.isfinite(step.scores))[1])
+        assert [instant.array(h["customdata"]).shape[1] for h in hovers] == [3, 2, 2]
         lines = {(t["name"], t["xaxis"]): t for t in state["data"] if t.get("legend") == "legend2"}
         for (name, axis), want in {("before", "x3"): step.m_prev, ("after", "x3"): step.m_i,
                                    ("before", "x4"): step.l_prev, ("after", "x4"): step.l_i,

@@ -81,18 +81,18 @@ def step_view_limits(steps: Sequence) -> tuple[float, float]:
 def _step_maps(step, limits: tuple[float, float]) -> tuple[list[dict], list[dict]]:
     """(hover traces, layout images) of one step's S tile (panel 2) and accumulator before and after (6, 7), each
     cell at its offset in the tile (the axes stay put along the slider; the hover names the positions)."""
-    scores = np.asarray(step.scores)
-    shown = np.where(np.isneginf(scores), np.nan, scores)
+    scores = np.asarray(step.scores)  # -inf where masked: blank, and no hover
     q, k = step.q_start, step.k_start
-    maps = [(2, shown, limits[0], (q, k), "query %{customdata[1]}<br>key %{customdata[2]}<br>score "
-                                          "%{customdata[0]:.4g}<extra></extra>")]
-    maps += [(panel, np.asarray(acc), limits[1], (q, 0), "query %{customdata[1]}<br>channel %{x}<br>"
-                                                                      "value %{customdata[0]:.4g}<extra></extra>")
+    maps = [(2, scores, limits[0], (q, k), "query %{customdata[1]}<br>key %{customdata[2]}<br>score "
+                                           "%{customdata[0]:.4g}<extra></extra>")]
+    maps += [(panel, np.asarray(acc), limits[1], (q, None), "query %{customdata[1]}<br>channel %{x}<br>"
+                                                            "value %{customdata[0]:.4g}<extra></extra>")
              for panel, acc in ((6, step.acc_rescaled), (7, step.acc))]
     hovers, images = [], []
     for panel, values, limit, named_from, template in maps:
         hovers.append(raster.map_hover(values, axes=_axes(panel), hovertemplate=template, named_from=named_from))
-        images.append(raster.map_image(values, axes=_axes(panel), colorscale=DIVERGING_SCALE, vmin=-limit,
+        shown = np.where(np.isneginf(values), np.nan, values)
+        images.append(raster.map_image(shown, axes=_axes(panel), colorscale=DIVERGING_SCALE, vmin=-limit,
                                        vmax=limit))
     return hovers, images
 

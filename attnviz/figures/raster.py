@@ -11,6 +11,7 @@ it.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 
 import numpy as np
@@ -20,7 +21,7 @@ from PIL import Image
 from attnviz.figures.common import ATTENTION_SCALE
 
 MASKED_GREY = (170, 170, 170)  # a neutral grey, distinct from both ends of Viridis and from white gaps
-PICTURE_PX = 640  # a map's picture is at least this many pixels on its longer side, each cell a square of pixels
+PICTURE_PX = 400  # a map's picture is at least this many pixels on its longer side, each cell a square of pixels
 MAX_CELL_PX = 32  # (a picture of one pixel per cell is scaled up smoothly by the browser: its cells blur)
 
 
@@ -53,8 +54,15 @@ def palette_png(values: np.ndarray, *, colorscale=ATTENTION_SCALE, vmin: float =
 
 
 def _palette(colorscale, count: int = 255) -> list[int]:
+    return list(_sampled(colorscale if isinstance(colorscale, str) else tuple(map(tuple, colorscale)), count))
+
+
+@functools.lru_cache(maxsize=32)
+def _sampled(colorscale, count: int) -> tuple[int, ...]:
+    """count colours of colorscale, evenly from its low end to its high end, as r, g, b, r, g, b, ... (plotly's
+    sampling takes ~10 ms: once per scale, not once a picture)."""
     colors = plotly.colors.sample_colorscale(colorscale, list(np.linspace(0.0, 1.0, count)), colortype="rgb")
-    return [int(round(float(c))) for color in colors for c in color[4:-1].split(",")]
+    return tuple(int(round(float(c))) for color in colors for c in color[4:-1].split(","))
 
 
 def cell_px(rows: int, cols: int) -> int:
@@ -83,21 +91,25 @@ def map_ranges(shape: tuple[int, int], x0: float = 0.0, y0: float = 0.0) -> tupl
 
 
 def map_hover(values, *, axes: tuple[str, str], x0: float = 0, y0: float = 0, hovertemplate: str,
-              named_from: tuple[int, int] | None = None) -> dict:
+              named_from: tuple[int | None, int | None] | None = None) -> dict:
     """The hover of a map_image of values [rows, cols] (same axes and origin): an invisible line through every cell
     (not a marker each: plotly draws one path for a line, and restyles it in place ~15 ms faster for 384 cells),
-    whose template reads the cell's value as %{customdata} and its position as %{x} and %{y}; with named_from =
-    (first row, first column), the value is %{customdata[0]} and the cell's row and column counted from those are
-    %{customdata[1]} and %{customdata[2]} (a map drawn at offsets, named by positions). A NaN cell (blank) has
-    none. The values travel in their own precision (float32 stays float32: half the bytes, and the same numbers)."""
+    whose template reads the cell's value as %{customdata} and its position as %{x} and %{y}. With named_from =
+    (first row, first column), the value is %{customdata[0]}, then the cell's row counted from the first row and its
+    column counted from the first column, each where it is not None (a map drawn at offsets, named by positions).
+    A cell that is not a finite number (blank, or a masked score) has no hover: a page sends a small figure's arrays
+    as JSON lists, where it would read null, which plotly writes as 0. The cells' places are the same for every map
+    of one shape with none (an in-chart slider sends them once). The values travel in their own precision (float32
+    stays float32: half the bytes, and the same numbers)."""
     values = np.asarray(values)
     values = values.astype(np.float32 if values.dtype.itemsize <= 4 and values.dtype.kind == "f" else np.float64)
     y, x = np.mgrid[0:values.shape[0], 0:values.shape[1]].astype(np.int32)
-    shown = ~np.isnan(values)
-    custom = values[shown] if named_from is None else np.stack(
-        [values[shown], (y + named_from[0])[shown], (x + named_from[1])[shown]], axis=-1).astype(values.dtype)
-    return dict(type="scatter", x=(x0 + x)[shown], y=(y0 + y)[shown], customdata=custom, mode="lines",
-                line=dict(width=0), showlegend=False, xaxis=axes[0], yaxis=axes[1], hovertemplate=hovertemplate)
+    shown = np.isfinite(values)
+    columns = [values] + [grid + first for grid, first in zip((y, x), named_from or ()) if first is not None]
+    custom = np.stack([c[shown] for c in columns], axis=-1).astype(values.dtype)
+    return dict(type="scatter", x=(x0 + x)[shown], y=(y0 + y)[shown], customdata=custom[:, 0] if len(columns) == 1
+                else custom, mode="lines", line=dict(width=0), showlegend=False, xaxis=axes[0], yaxis=axes[1],
+                hovertemplate=hovertemplate)
 
 
 def colour_bar(*, axes: tuple[str, str], colorscale, vmin: float, vmax: float, colorbar: dict) -> dict:
