@@ -21,6 +21,7 @@ from .kernel import (
 _VIEW_ROWS = ((0.64, 1.0), (0.31, 0.49), (0.0, 0.2))
 _VIEW_COLS = (((0.0, 0.44), (0.56, 1.0)), ((0.0, 0.27), (0.365, 0.635), (0.73, 1.0)), ((0.0, 0.44), (0.56, 1.0)))
 VIEW_HEIGHT, _VIEW_TOP, _VIEW_BOTTOM = 1150, 80, 70
+_BELOW = 50 / (VIEW_HEIGHT - _VIEW_TOP - _VIEW_BOTTOM)  # a row's key or legend, under its tick labels and x title
 VIEW_TITLE = "The tiled kernel, one tile a step"
 # what the tile map's cells are whatever the step: its hover (the colours of done and current tiles lie over it)
 TILE_KINDS = {0: "skipped: the causal mask hides it", 1: "computed without a mask",
@@ -115,8 +116,9 @@ def _text(text: str, x: float, y: float, panel: int, position: str, size: int) -
 
 
 def step_view_parts(step, states, base, title: str, q_edges, k_edges, *, causal: bool, window: int | None,
-                    limits: tuple[float, float], block: tuple[int, int]) -> tuple[list[dict], dict]:
-    """step_view_figure's traces and layout for one step, as plain dicts (a stop of its slider). base: the tile
+                    limits: tuple[float, float], block: tuple[int, int]) -> tuple[list[dict], list[dict]]:
+    """step_view_figure's traces and layout images for one step, as plain dicts (a stop of its slider; the rest of
+    the layout is the same at every step: _view_axes, _view_notes). base: the tile
     states before any step; limits: the colour scales' (step_view_limits); block: (rows, columns) of the largest
     tile, the extent of the tile's panels."""
     traces = [dict(t, xaxis="x", yaxis="y") for t in _tile_lines(base, q_edges, k_edges, causal=causal,
@@ -135,12 +137,10 @@ def step_view_parts(step, states, base, title: str, q_edges, k_edges, *, causal:
                                                                             y=sum(_VIEW_ROWS[2]) / 2,
                                                                             len=_VIEW_ROWS[2][1] - _VIEW_ROWS[2][0]))]
     traces.append(_text(title, 0.0, 0.0, 1, "top right", 15))  # over the tile map, the panel's title
-    plot_h = VIEW_HEIGHT - _VIEW_TOP - _VIEW_BOTTOM
-    return traces, dict(_view_axes(q_edges, k_edges, block, plot_h), images=images,
-                        annotations=_view_notes(causal, window, plot_h))
+    return traces, images
 
 
-def _view_axes(q_edges, k_edges, block: tuple[int, int], plot_h: float) -> dict:
+def _view_axes(q_edges, k_edges, block: tuple[int, int]) -> dict:
     """The step view's axes: its seven panels (_VIEW_ROWS, _VIEW_COLS), the tile's panels over offsets in the tile,
     fixed along the slider."""
     axes, panel = {}, 0
@@ -165,15 +165,14 @@ def _view_axes(q_edges, k_edges, block: tuple[int, int], plot_h: float) -> dict:
     return axes
 
 
-def _view_notes(causal: bool, window: int | None, plot_h: float) -> list[dict]:
+def _view_notes(causal: bool, window: int | None) -> list[dict]:
     """The step view's fixed text: the panel titles that do not change with the step (the top row's are its
     lines of text), and the tile map's key."""
     titles = ((), tuple(zip(STATE_TITLES, _VIEW_COLS[1])), tuple(zip(ACC_TITLES, _VIEW_COLS[2])))
     notes = [dict(text=text, x=(x0 + x1) / 2, y=y1, xref="paper", yref="paper", xanchor="center", yanchor="bottom",
                   showarrow=False, font=dict(size=16))
              for (_, y1), row in zip(_VIEW_ROWS, titles) for text, (x0, x1) in row]
-    below = 50 / plot_h  # under a row's tick labels and x-axis title
-    return notes + [key_note(tile_key(causal=causal, window=window), 0.0, _VIEW_ROWS[0][0] - below)]
+    return notes + [key_note(tile_key(causal=causal, window=window), 0.0, _VIEW_ROWS[0][0] - _BELOW)]
 
 
 def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], active: int, *, base, q_edges,
@@ -190,11 +189,10 @@ def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], a
     block = (max(np.shape(s.scores)[0] for s in steps), max(np.shape(s.scores)[1] for s in steps))
     parts = [step_view_parts(s, st, base, t, q_edges, k_edges, causal=causal, window=window, limits=limits,
                              block=block) for s, st, t in zip(steps, states, titles)]
-    traces, layout = parts[active]
-    layout = dict(layout, title=dict(text=VIEW_TITLE, x=0.0, xanchor="left"), hoverdistance=-1,
-                  legend2=dict(orientation="h", yanchor="top", y=_VIEW_ROWS[1][0] - 50 / (VIEW_HEIGHT - _VIEW_TOP
-                                                                                       - _VIEW_BOTTOM),
-                               xanchor="left", x=0.0))
+    traces, images = parts[active]
+    layout = dict(_view_axes(q_edges, k_edges, block), images=images, annotations=_view_notes(causal, window),
+                  title=dict(text=VIEW_TITLE, x=0.0, xanchor="left"), hoverdistance=-1,
+                  legend2=dict(orientation="h", yanchor="top", y=_VIEW_ROWS[1][0] - _BELOW, xanchor="left", x=0.0))
     fig = laid_out(traces, layout, height=VIEW_HEIGHT, margin=dict(t=_VIEW_TOP, b=_VIEW_BOTTOM))
-    return instant.add_frame_slider(fig, [{"data": t, "layout": {"images": lay["images"]}} for t, lay in parts],
+    return instant.add_frame_slider(fig, [{"data": t, "layout": {"images": im}} for t, im in parts],
                                     [str(s.index) for s in steps], active, parameter="step")
