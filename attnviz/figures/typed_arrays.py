@@ -11,7 +11,6 @@ from collections.abc import Mapping
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
-from _plotly_utils.utils import to_typed_array_spec
 
 
 def array(value) -> np.ndarray:
@@ -32,7 +31,9 @@ def json_bytes(obj) -> int:
     return len(pio.to_json(obj if isinstance(obj, go.Figure) else written(obj), validate=False))
 
 
-_FLOATS = {np.dtype(np.float64): "f8", np.dtype(np.float32): "f4"}
+# plotly.js's typed arrays, by numpy's dtype name (plotly's plotlyjsShortTypes)
+_SHORT = {"int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2", "int32": "i4", "uint32": "u4",
+          "float32": "f4", "float64": "f8"}
 _UNCONVERTED = {"geojson", "layer", "layers", "range"}  # keys plotly's convert_to_base64 leaves as they are
 
 
@@ -50,16 +51,29 @@ def written(obj, convert: bool = True):
 
 def value(v, key: str, convert: bool = True):
     """v as plotly's JSON writes the value of the attribute `key` (a dotted path's last part counts): a numpy array as
-    a typed-array spec (a float one directly: plotly's to_typed_array_spec costs 70-150 us an array, through
-    narwhals, and a RoPE chart's frames hold thousands), or as a list where plotly has no typed array for it
-    (strings, an empty array) or leaves the key unconverted (an axis range); anything else through `written`."""
+    a typed-array spec, written here as plotly's to_typed_array_spec writes it (which costs 70-150 us an array,
+    through narwhals, and a RoPE chart's or the kernel's step view's frames hold thousands), or as a list where plotly
+    has no typed array for it (strings, bools, an empty array) or leaves the key unconverted (an axis range);
+    anything else through `written`."""
     convert = convert and key.rsplit(".", 1)[-1] not in _UNCONVERTED
     if not isinstance(v, np.ndarray):
         return written(v, convert)
     if not convert or not v.size:
         return v.tolist()
-    if v.dtype in _FLOATS:
-        spec = {"dtype": _FLOATS[v.dtype], "bdata": base64.b64encode(np.ascontiguousarray(v)).decode("ascii")}
-        return {**spec, "shape": str(v.shape)[1:-1]} if v.ndim > 1 else spec
-    spec = to_typed_array_spec(v)  # ints narrowed as plotly narrows them; the array back where none fits
-    return spec.tolist() if isinstance(spec, np.ndarray) else spec
+    v = _narrowed(v) if v.dtype.kind in "iu" else v
+    if v.dtype.name not in _SHORT:  # no typed array for it in plotly.js (bools, an int64 past int32)
+        return v.tolist()
+    spec = {"dtype": _SHORT[v.dtype.name], "bdata": base64.b64encode(np.ascontiguousarray(v)).decode("ascii")}
+    return {**spec, "shape": str(v.shape)[1:-1]} if v.ndim > 1 else spec
+
+
+def _narrowed(v: np.ndarray) -> np.ndarray:
+    """A 64-bit int array as plotly's to_typed_array_spec narrows it (plotly.js has no 64-bit ints): to the first of
+    int8, int16, int32 (uint8, uint16, uint32) that holds its values, or as it is where none does."""
+    if v.dtype.itemsize < 8:
+        return v
+    low, high = int(v.min()), int(v.max())
+    for narrow in (("uint8", "uint16", "uint32") if v.dtype.kind == "u" else ("int8", "int16", "int32")):
+        if np.iinfo(narrow).min <= low and high <= np.iinfo(narrow).max:
+            return v.astype(narrow)
+    return v
