@@ -12,8 +12,7 @@ functional simulation, not a speed), then naive vs SDPA wall time and measured p
     python benchmarks/kernel.py --plan           print what the GPU run will do, run nothing
     python benchmarks/kernel.py --tune           on a GPU: every launch config of a wider grid at N = 4096
     python benchmarks/kernel.py --sizes 4096 --head-dims 64 --dtypes float16    a part of the GPU table
-    python benchmarks/kernel.py --step-view      the Tiled kernel page's step view: one step redrawn, figures
-                                                 built afresh vs taken from attnviz.ui.kernel's per-step cache
+    python benchmarks/kernel.py --step-view      the Tiled kernel page's step view: built and serialised, its size
     python benchmarks/kernel.py --quick          the smallest case of the run: on a GPU N = 256, d = 64, float16;
                                                  on the CPU the interpreter at N = 64 and the tables at N = 256
 """
@@ -248,48 +247,35 @@ def tune(args):
 
 
 def step_view(repeats=5):
-    """What one step costs in the step view's figures, built and serialised as st.plotly_chart does
-    (plotly.io.to_json), against serialising figures already built for that step. Medians over the steps of one
-    run, at the page's default and at a large setting. (The page now draws the step view as one figure whose
-    in-chart slider moves over the computed steps with no rerun: attnviz.figures.kernel_steps.step_view_figure.)"""
+    """What the Tiled kernel page's step view costs the server when a setting or the Step slider moves: the view
+    built (attnviz.kernels.steps_view.step_view: a window of steps, each a stop of its in-chart slider) and
+    serialised as the page sends it (one_draw.spec, or the figure as it is when it holds too many numbers, then
+    plotly.io.to_json as st.plotly_chart writes it), and its size. Medians over `repeats` steps of one run, at the
+    page's default and at larger settings."""
     import statistics
 
-    import numpy as np
     import plotly.io as pio
 
-    from attnviz.figures import kernel as figs
-    from attnviz.kernels import tile_map, tiled_steps
+    from attnviz.kernels.steps_view import step_view as view, stepper_run
+    from attnviz.figures import one_draw
 
-    print("Step view of the Tiled kernel page, one step redrawn (median over steps, causal, float32, d = 32)")
-    print("      N  blocks      steps  build + serialise ms  serialise cached ms  ratio")
-    for n, block in ((64, 16), (1024, 128)):
-        q, k, v = make_inputs(n, 32)
-        steps = list(tiled_steps(q, k, v, causal=True, block_m=block, block_n=block))
-        codes = tile_map(n, n, block_m=block, block_n=block, causal=True)
-        edges = [min(i * block, n) for i in range(codes.shape[0] + 1)]
-
-        def build(i):
-            s = steps[i]
-            states = figs.tile_states(codes, [(t.q_block, t.k_block) for t in steps[:i]], (s.q_block, s.k_block))
-            return [figs.step_figure(states, edges, edges, s.scores, s.q_start, s.k_start, causal=True,
-                                     title=f"Step {i}"),
-                    figs.state_figure(np.arange(s.q_start, s.q_stop), s.m_prev, s.m_i, s.l_prev, s.l_i, s.alpha),
-                    figs.accumulator_figure(s.acc_rescaled, s.acc, s.q_start)]
-
-        build(0)  # plotly's validators load on first use
-        fresh, cached = [], []
-        for i in list(range(len(steps)))[:repeats * 4:max(1, len(steps) // (repeats * 4))]:
+    print("Step view of the Tiled kernel page, built and serialised (median over steps; causal, float32, d = 32)")
+    print("      N  blocks      steps  stops  build ms  serialise ms      KB")
+    for n, block in ((64, 16), (128, 16), (1024, 128)):
+        run = stepper_run(n, 32, block_m=block, block_n=block, causal=True)
+        view(run, 0)  # plotly's validators load on first use
+        built, sent, size, stops = [], [], 0, 0
+        for i in list(range(len(run.steps)))[::max(1, len(run.steps) // repeats)][:repeats]:
             start = time.perf_counter()
-            kept = build(i)
-            for fig in kept:
-                pio.to_json(fig, validate=False)
-            fresh.append(time.perf_counter() - start)
+            fig, shown = view(run, i)
+            built.append(time.perf_counter() - start)
             start = time.perf_counter()
-            for fig in kept:
-                pio.to_json(fig, validate=False)
-            cached.append(time.perf_counter() - start)
-        a, b = statistics.median(fresh) * 1e3, statistics.median(cached) * 1e3
-        print(f"{n:>7}  {block:>3} x {block:<3} {len(steps):>7} {a:>21.1f} {b:>20.1f} {a / b:>6.1f}x")
+            listed = one_draw.numbers(fig) <= one_draw.LIST_LIMIT  # as ui.steady.sendable chooses
+            size = len(pio.to_json(one_draw.spec(fig) if listed else fig, validate=False))
+            sent.append(time.perf_counter() - start)
+            stops = len(shown)
+        print(f"{n:>7}  {block:>3} x {block:<3} {len(run.steps):>7} {stops:>6} {statistics.median(built) * 1e3:>9.0f}"
+              f" {statistics.median(sent) * 1e3:>13.0f} {size / 1e3:>7.0f}")
 
 
 def main(argv=None):
@@ -300,7 +286,7 @@ def main(argv=None):
     parser.add_argument("--head-dims", type=int, nargs="+", default=HEAD_DIMS)
     parser.add_argument("--dtypes", nargs="+", default=DTYPES, choices=("float16", "bfloat16"))
     parser.add_argument("--csv", help="also write every GPU cell to this CSV file")
-    parser.add_argument("--step-view", action="store_true", help="time one step of the page's step view")
+    parser.add_argument("--step-view", action="store_true", help="time the page's step view, built and sent")
     parser.add_argument("--quick", action="store_true", help="the smallest case of the run")
     args = parser.parse_args(argv)
     if args.quick:

@@ -28,15 +28,7 @@ def test_tile_states_mark_done_current_skipped_and_partial():
 
 
 def test_every_figure_has_a_title_and_axis_titles():
-    q, k, v = make_inputs(40, 16)
-    step = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))[3]
-    codes = tile_map(40, 40, block_m=16, block_n=16, causal=True)
-    rows = np.arange(step.q_start, step.q_stop)
     built = [
-        figs.step_figure(figs.tile_states(codes, [], (1, 1)), [0, 16, 32, 40], [0, 16, 32, 40], step.scores,
-                         step.q_start, step.k_start, causal=True, title="Step 3"),
-        figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start),
-        figs.state_figure(rows, step.m_prev, step.m_i, step.l_prev, step.l_i, step.alpha),
         figs.peak_memory_figure([128, 256], {"naive": [2**20, 2**22], "tiled": [2**18, None]}),
         figs.timing_figure(["naive", "SDPA"], [1.0, 0.5]),
     ]
@@ -58,60 +50,28 @@ def test_timing_figure_is_a_dot_plot_on_a_log_axis_with_every_dot_in_range():
     assert lo < np.log10(min(ms)) - 0.1 and hi > np.log10(max(ms)) + 0.1
 
 
-def test_step_figure_draws_the_tile_map_and_this_tiles_scores_with_the_mask_blank():
-    """The step's one figure: left the tile states (named in the key under it, no colour bar), right the current tile's
-    scores as the stepper computed them, -inf (masked) cells blank and the colour scale centred on 0."""
-    q, k, v = make_inputs(40, 16)
-    steps = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))
-    step = next(s for s in steps if s.partial)  # a diagonal tile: some scores masked
-    codes = tile_map(40, 40, block_m=16, block_n=16, causal=True)
-    states = figs.tile_states(codes, [(s.q_block, s.k_block) for s in steps[:step.index]], (step.q_block, step.k_block))
-    fig = figs.step_figure(states, [0, 16, 32, 40], [0, 16, 32, 40], step.scores, step.q_start, step.k_start,
-                           causal=True, title="Step")
-    tiles, scores = (t for t in fig.data if t.type == "heatmap")
-    np.testing.assert_array_equal(tiles.z, states)
-    assert tiles.showscale is False
-    assert not [t for t in fig.data if t.type == "scatter" and t.showlegend is not False]  # a key, not a legend
-    key = next(a.text for a in fig.layout.annotations if "causal diagonal" in a.text)
-    assert key == figs.tile_key(causal=True, window=None, per_line=3)
-    expected = np.asarray(step.scores, dtype=float)
-    masked = np.isneginf(expected)
-    assert masked.any() and not masked.all()
-    z = np.asarray(scores.z, dtype=float)
-    assert np.isnan(z[masked]).all()
-    np.testing.assert_array_equal(z[~masked], expected[~masked])
-    assert scores.zmin == -scores.zmax == -np.abs(expected[~masked]).max()
-    assert list(scores.x) == [step.k_start + j for j in range(expected.shape[1])]
-    assert list(scores.y) == [step.q_start + i for i in range(expected.shape[0])]
+def test_the_tile_key_names_every_state_in_the_colour_the_step_view_fills_it_with():
+    """The tile map's key (one annotation) names each state before a square of the colour the step view fills that
+    state's tiles with (an outlined square for the near-white one), and the mask's edges it draws."""
+    from attnviz.kernels.steps_view import step_view, stepper_run
 
-
-def test_the_tile_key_names_every_state_in_the_colour_the_map_gives_it():
-    fig = figs.step_figure(np.zeros((2, 2), int), [0, 16, 32], [0, 16, 32], np.zeros((16, 16)), 0, 0, causal=True,
-                           title="Step")
-    scale, n = fig.data[0].colorscale, len(figs.TILE_STATES)
-    for window in (None, 8):
+    filled = set()
+    for window in (None, 16):
+        fig, _ = step_view(stepper_run(40, 16, block_m=8, block_n=8, causal=True, window=window), 3)
+        fills = {t.name: t.fillcolor for t in fig.data if t.fill == "toself"}
         key = figs.tile_key(causal=True, window=window)
+        assert key in {a.text for a in fig.layout.annotations}
         entries = re.findall(r"<span style='color:(#[0-9a-f]{6})'>([□■])</span> ([^<\u2003]+)", key)
         assert [name for *_, name in entries] == [s for s in figs.TILE_STATES if window or "window" not in s]
+        assert set(fills) <= {name for *_, name in entries}  # the map fills no state the key leaves out
+        filled |= set(fills)
         for colour, glyph, name in entries:
             state = figs.TILE_STATES.index(name)
-            drawn = next(c for at, c in scale if at > (state + 0.5) / n - 1e-9 and at >= state / n)  # the map's
-            assert drawn == figs.TILE_COLOURS[state]
-            assert colour == drawn or (glyph == "□" and state == 0)  # the near-white state: an outlined square
-        assert ("window edge (8 keys)" in key) is bool(window) and "causal diagonal" in key
+            assert fills[name] == figs.TILE_COLOURS[state]
+            assert colour == fills[name] or (glyph == "□" and state == 0)  # the near-white state: outlined
+        assert ("window edge (16 keys)" in key) is bool(window) and "causal diagonal" in key
+    assert filled == set(figs.TILE_STATES)  # every state drawn in one of the two
     assert "causal diagonal" not in figs.tile_key(causal=False, window=None)
-
-
-def test_accumulator_figure_puts_before_and_after_on_one_scale():
-    q, k, v = make_inputs(40, 16)
-    step = list(tiled_steps(q, k, v, causal=True, block_m=16, block_n=16))[4]
-    fig = figs.accumulator_figure(step.acc_rescaled, step.acc, step.q_start)
-    before, after = fig.data
-    np.testing.assert_array_equal(before.z, np.asarray(step.acc_rescaled, dtype=float))
-    np.testing.assert_array_equal(after.z, np.asarray(step.acc, dtype=float))
-    limit = max(np.abs(np.asarray(step.acc_rescaled)).max(), np.abs(np.asarray(step.acc)).max())
-    assert before.zmin == after.zmin == -limit and before.zmax == after.zmax == limit
-    assert [before.showscale, after.showscale] == [False, True]  # one colour bar for both
 
 
 def _boxes(trace: dict) -> set[tuple[float, float]]:
