@@ -77,9 +77,8 @@ class _Sent(go.Figure):
     to_dict as it is (to_json with validate=False), where a dict it is given is built into a Figure again (and takes
     plotly's default template back)."""
 
-    def __init__(self, spec: dict):
-        super().__init__()
-        self._spec = spec
+    def __init__(self, spec: dict):  # plotly's own __init__ is not run: it builds an empty figure with its template
+        self._spec = spec  # (a millisecond a chart, on every rerun), and st.plotly_chart reads to_dict() alone
 
     def to_dict(self):
         return self._spec
