@@ -137,14 +137,20 @@ def test_a_group_slider_composes_with_a_frame_slider():
                              [f"{a:g}" for a in a_values], 1, parameter="a")
     instant.add_group_slider(fig, [[1], [2]], [f"{b:g}" for b in b_values], 1, parameter="b",
                              layouts=[{"title.text": f"b = {b:g}"} for b in b_values])
-    assert [t.visible for t in fig.data] == [None, False, True]
+    assert [t.visible for t in fig.data] == [None, None, None]  # hidden by style, restyled in place
+    assert [(t.opacity, t.showlegend, t.hoverinfo) for t in fig.data] == [(None, None, None), (0, False, "skip"),
+                                                                          (1, True, "all")]
+    assert {s.method for s in fig.layout.sliders[1].steps} == {"update"} and all(
+        set(s.args[0]) == set(instant.HIDDEN) for s in fig.layout.sliders[1].steps)  # no `visible`: no full redraw
     assert fig.layout.sliders[0].y < fig.layout.sliders[1].y  # the slider added last is on top
     for i, a in enumerate(a_values):
         for j, b in enumerate(b_values):
             for moves in ([(0, i), (1, j)], [(1, j), (0, i)]):  # either order
                 state = instant.drawn(fig, moves)
-                shown = [t for t in state["data"] if t.get("visible", True) and t["name"] != "shared"]
-                assert len(shown) == 1
+                shown = [t for t in state["data"] if instant.shown(t) and t["name"] != "shared"]
+                assert len(shown) == 1 and shown[0]["showlegend"] and shown[0]["hoverinfo"] == "all"
+                hidden = [t for t in state["data"] if not instant.shown(t)]
+                assert len(hidden) == 1 and {k: hidden[0][k] for k in instant.HIDDEN} == instant.HIDDEN
                 np.testing.assert_array_equal(instant.array(shown[0]["y"]), a * b * x)
                 assert state["layout"]["title"]["text"] == f"b = {b:g}"
 

@@ -20,7 +20,7 @@ LIMIT = 2_000_000  # bytes of figure JSON
 
 
 def _visible(state: dict) -> list[dict]:
-    return [t for t in state["data"] if t.get("visible", True) is not False]
+    return [t for t in state["data"] if instant.shown(t)]
 
 
 def test_the_dot_products_d_model_slider_draws_sinusoidal_dot_at_every_d_model():

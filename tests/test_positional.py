@@ -723,7 +723,7 @@ def test_the_rope_charts_position_sliders_span_the_window_around_m_and_draw_appl
     fig = instant.figure_dict(rotation)
     for i, p in enumerate(window):
         state = instant.drawn(fig, [(0, i), (1, bases.index(10000.0))])
-        arrow = next(t for t in state["data"] if t.get("name") == f"R_m q (m = {p})" and t.get("visible", True))
+        arrow = next(t for t in state["data"] if t.get("name") == f"R_m q (m = {p})" and instant.shown(t))
         tip = P.apply_rope(q[None], [p], 10000.0, interleaved=True)[0, 4:6]
         np.testing.assert_allclose(instant.array(arrow["x"]), [0.0, tip[0]], rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(instant.array(arrow["y"]), [0.0, tip[1]], rtol=1e-12, atol=1e-15)
