@@ -270,8 +270,7 @@ def step_view(repeats=5):
             fig, shown = view(run, i)
             built.append(time.perf_counter() - start)
             start = time.perf_counter()
-            listed = one_draw.numbers(fig) <= one_draw.LIST_LIMIT  # as ui.steady.sendable chooses
-            size = len(pio.to_json(one_draw.spec(fig) if listed else fig, validate=False))
+            size = len(pio.to_json(one_draw.spec(fig) if one_draw.listed(fig) else fig, validate=False))
             sent.append(time.perf_counter() - start)
             stops = len(shown)
         print(f"{n:>7}  {block:>3} x {block:<3} {len(run.steps):>7} {stops:>6} {statistics.median(built) * 1e3:>9.0f}"

@@ -77,6 +77,12 @@ def numbers(fig: go.Figure) -> int:
     return _count(fig._data) + _count(fig._layout)
 
 
+def listed(fig: go.Figure) -> bool:
+    """Whether the page sends the figure as its spec (lists, drawn once) rather than as it is: at most LIST_LIMIT
+    numbers."""
+    return numbers(fig) <= LIST_LIMIT
+
+
 def _count(value) -> int:
     if isinstance(value, np.ndarray):
         return value.size

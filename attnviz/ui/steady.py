@@ -88,7 +88,7 @@ def sendable(fig) -> tuple:
     """(what to hand st.plotly_chart, its theme) so that the browser draws the chart once (one_draw): a figure of
     at most one_draw.LIST_LIMIT numbers, with the light theme, goes as one_draw.spec with theme None; any other as it
     is, with Streamlit's theme (drawn twice)."""
-    if _dark() or not isinstance(fig, go.Figure) or one_draw.numbers(fig) > one_draw.LIST_LIMIT:
+    if _dark() or not isinstance(fig, go.Figure) or not one_draw.listed(fig):
         return fig, "streamlit"
     return _Sent(one_draw.spec(fig)), None
 
