@@ -201,10 +201,9 @@ def flow_panel(model, text, capture, joint, query, layer):
     st.subheader("Attention flow (max-flow through the same graph)")
     limit = token_limit([layer])
     if capture.n_tokens > limit:
-        st.caption(f"Attention flow solves one max-flow per token over (layers x tokens²) edges, in pure Python "
-                   f"(networkx), about tokens³ x depth: through layer {layer} it stays under about 3 s up to {limit} "
-                   f"tokens (32 through SmolLM2's last layer). This text has {capture.n_tokens}: shorten it, or pick "
-                   "an earlier layer.")
+        st.caption(f"Attention flow solves one max-flow per token over (layers x tokens²) edges, about tokens³ x "
+                   f"depth: through layer {layer} it stays under about 3 s up to {limit} tokens (128 through "
+                   f"SmolLM2's last layer). This text has {capture.n_tokens}: shorten it, or pick an earlier layer.")
         return
     flows = cache.flow(model, text, capture, query, layer)
     if flows is None:
@@ -216,8 +215,8 @@ def flow_panel(model, text, capture, joint, query, layer):
                                 y_title="share of the query's input (unitless)"),
              "Rollout multiplies the (residual-mixed) attention matrices, so mass piles onto the first tokens; flow "
              "asks how much can get from each input token to the query if every weight is a pipe's capacity, so "
-             "tokens reachable by many paths keep their share (Abnar & Zuidema 2020). Flow uses networkx's "
-             "maximum flow, checked against graphs solved by hand in the tests.")
+             "tokens reachable by many paths keep their share (Abnar & Zuidema 2020). Flow uses scipy's maximum "
+             "flow, checked against graphs solved by hand and networkx's max-flow in the tests.")
     st.download_button("Flow (.csv)", data="position,token,flow,rollout\n" + "\n".join(
         f"{j},{capture.tokens[j]!r},{f:.6g},{r:.6g}" for j, (f, r) in enumerate(zip(flows, joint[layer, query]))),
         file_name="attention-flow.csv", mime="text/csv", key="exp_dl_flow")

@@ -51,6 +51,7 @@ QUICK = [
                       "load toy-llama-gqa as a GGUF file: first (GGUF -> safetensors)")),
     Quick("corpus", ("float32 matmul rate measured first", "\nlocal: ", "\nkill: ", "\nduckdb: ", "\npaper: "),
           args=("--quick", "--part", "local", "--part", "kill", "--part", "duckdb", "--part", "paper"), seconds=12),
+    Quick("flow", ("tokens   attnviz.flow s   networkx s   networkx / attnviz   equal to the unit",), seconds=3),
     Quick("gemma3", ("layer kind     Sink_0^0.3  mean a0", "after layer set to", "window W  (a) full",
                      "layer head kind     prefix matching", "cross-checks against transformers' own outputs"),
           seconds=28, marks=(pytest.mark.slow,)),

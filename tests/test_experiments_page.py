@@ -247,7 +247,7 @@ def test_only_flows_cheaper_than_a_quarter_of_the_pages_limit_are_built_ahead(mo
     asked = []
     monkeypatch.setattr(ui, "build_in_background", lambda fn, calls, name: asked.append(calls) or True)
     monkeypatch.setattr(ui, "model_version", lambda name: ("v",))
-    n = 49  # through layer 1 (2 x 49^3) under FLOW_WORK / 4, through layer 2 (3 x 49^3) over it
+    n = 190  # through layer 1 (2 x 190^3) under FLOW_WORK / 4, through layer 2 (3 x 190^3) over it
     assert 2 * n**3 <= FLOW_WORK / 4 < 3 * n**3
     cache.prefetch_flows("m", "t", SimpleNamespace(n_tokens=n, layers=[0, 1, 2]), 5, 1)
     assert [c[3:5] for c in asked[-1]] == [(6, 1), (4, 1), (5, 0)]

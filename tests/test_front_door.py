@@ -274,7 +274,7 @@ def test_refusals_say_what_to_change(held):
     with pytest.raises(ExperimentError, match="tokenizer= goes with a model object"):
         attnviz.rollout(NAME, TEXT, tokenizer=byte_tokenizer())
     with pytest.raises(ExperimentError, match="attention flow through layers"):
-        attnviz.attention_flow(NAME, "x" * 80, layer=None)
+        attnviz.attention_flow(NAME, "x" * 300, layer=None)  # 301 tokens, past 275 through both layers
     with pytest.raises(attnviz.AttnvizError):  # a refusal inside a model object's experiment puts it back too
         attnviz.qk_attribution(model, TEXT, layer=0, head=9, tokenizer=byte_tokenizer())
     after = _state(model)

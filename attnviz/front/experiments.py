@@ -139,8 +139,8 @@ def attention_flow(model: Model, text: Text, *, query: int = -1, layer: Layers =
     """Attention flow (Abnar & Zuidema 2020): how much of each input token can reach position `query` after
     `layer` (one or several, negative from the last; default the last; None: every layer), reading each layer's
     head-averaged attention, mixed with the residual (weight `residual`), as pipe capacities. One max-flow per
-    token and layer, in pure Python: with limit=True a text longer than attnviz.flow.token_limit(layers) is
-    refused (through the last layer of a 30-layer model: 32 tokens). Returns FlowResults, with the same query's
+    token and layer: with limit=True a text longer than attnviz.flow.token_limit(layers) is refused (through the
+    last layer of a 30-layer model: 128 tokens). Returns FlowResults, with the same query's
     rollout beside."""
     with ins.model_for(model, tokenizer, "attnviz.attention_flow") as loaded:
         ids = ins.token_ids(loaded, text)

@@ -213,9 +213,8 @@ def flow_of(name: str, version: tuple, text: str, query: int, layer: int, captur
 def prefetch_flows(name: str, text: str, capture, query: int, layer: int) -> None:
     """Builds in the background (ui.build_in_background) the flows a visitor is likely to ask for next, the query
     one either way, then the layer one either way, each only while it is cheap: a quarter of flow.FLOW_WORK, the
-    most the page solves (0.12 s for toy-gpt2's last layer on the default text, at 0.22 of it). A flow is pure Python
-    (networkx) that nothing pauses once it starts, so a long one would hold a background slot and a core for
-    seconds."""
+    most the page solves (0.6 s through SmolLM2's last layer at 80 tokens). A flow is one compiled max-flow per token
+    that nothing pauses once it starts, so a long one would hold a background slot and a core for seconds."""
     from attnviz.flow import FLOW_WORK
 
     def cheap(x: int) -> bool:
