@@ -202,8 +202,8 @@ def flow_panel(model, text, capture, joint, query, layer):
     limit = token_limit([layer])
     if capture.n_tokens > limit:
         st.caption(f"Attention flow solves one max-flow per token over (layers x tokens²) edges, about tokens³ x "
-                   f"depth: through layer {layer} it stays under about 3 s up to {limit} tokens (128 through "
-                   f"SmolLM2's last layer). This text has {capture.n_tokens}: shorten it, or pick an earlier layer.")
+                   f"depth: through layer {layer} it stays under about 3 s up to {limit} tokens. This text has "
+                   f"{capture.n_tokens}: shorten it, or pick an earlier layer.")
         return
     flows = cache.flow(model, text, capture, query, layer)
     if flows is None:
