@@ -1,6 +1,5 @@
 import itertools
 
-import networkx as nx
 import numpy as np
 import pytest
 
@@ -8,6 +7,7 @@ from attnviz import flow as F
 from attnviz.capture import capture_attention
 from attnviz.models import load_model
 from attnviz.rollout import capture_rollout, rollout
+from benchmarks.flow import networkx_flows
 
 # Two layers of three tokens, already averaged over heads; rows are queries, columns keys (causal).
 A1 = [[1.0, 0.0, 0.0],
@@ -134,25 +134,11 @@ def test_only_some_layers_and_refusals():
         F.attention_flow(capture)
 
 
-def _networkx_flows(caps: np.ndarray, query: int, top: int) -> np.ndarray:
-    """[n] networkx's maximum flow (preflow-push, pure Python) from each input token to (top, query), on the integer
-    graph attnviz.flow solves: another implementation of the same problem, exact on integers."""
-    graph, nodes = F.layer_graph(caps, query, top)
-    g = nx.DiGraph()
-    g.add_nodes_from(range(graph.shape[0]))
-    coo = graph.tocoo()
-    g.add_weighted_edges_from(zip(coo.row.tolist(), coo.col.tolist(), coo.data.tolist()), weight="capacity")
-    out = np.zeros(caps.shape[-1], dtype=np.int64)
-    for source, j in enumerate(nodes[0]):
-        out[j] = nx.maximum_flow_value(g, source, graph.shape[0] - 1, flow_func=nx.algorithms.flow.preflow_push)
-    return out
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_causal_graphs_equal_networkx_to_the_unit(seed):
-    """Peaked causal attention (most of a row on a few keys, as real heads have it), 5 layers of 14 tokens, every
-    query and layer: the flows equal networkx's on the same integer capacities exactly, and lie between rollout and
-    one."""
+    """Peaked causal attention (most of a row on a few keys, as real heads have it), 5 layers of 14 tokens, three
+    queries and every layer: the flows equal networkx's (its pure-Python Boykov-Kolmogorov max-flow, another
+    implementation, benchmarks/flow.py) on the same integer capacities exactly, and lie between rollout and one."""
     rng = np.random.default_rng(seed)
     weights = np.tril(rng.random((5, 14, 14)) ** 6)
     attentions = weights / weights.sum(-1, keepdims=True)
@@ -162,5 +148,5 @@ def test_random_causal_graphs_equal_networkx_to_the_unit(seed):
         flow = F.attention_flow(attentions, query)
         for top in range(1, 6):
             assert np.array_equal(np.rint(flow[top - 1] * F.SCALE).astype(np.int64),
-                                  _networkx_flows(caps, query, top))
+                                  networkx_flows(caps, query, top))
         assert np.all(flow >= roll[:, query] - 1e-9) and np.all(flow <= 1 + 1e-9)
