@@ -41,6 +41,7 @@ SCALE = 2**30  # capacities are rounded to multiples of 1 / SCALE; each is at mo
 MAX_FLOW_TOKENS = 128
 FLOW_WORK = 30 * MAX_FLOW_TOKENS**3  # sum over the layers asked for of (layer + 1) x tokens^3, at the limit
 
+
 class FlowError(AttnvizError, ValueError):
     """Attention flow cannot be computed as asked; the message says why."""
 
