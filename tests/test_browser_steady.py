@@ -1,6 +1,8 @@
 """A view change on the Heads page in a real browser (Debian's Chromium driven by playwright, Streamlit on
 127.0.0.1): the One head map keeps the visitor's zoom across a head change and a boost toggle, forgets it after a
-double-click's reset, and no element of the page is greyed while the rerun draws it again (attnviz.ui.steady)."""
+double-click's reset, and no element of the page is greyed while the rerun draws it again; a chart mounted anew is
+drawn by plotly once, at the width it is shown at, and a call that changes anything still draws
+(attnviz.ui.steady)."""
 
 from __future__ import annotations
 
@@ -132,3 +134,53 @@ def test_a_reset_zoom_is_not_brought_back(page):
     x, y, title = _map(page).evaluate(RANGES)
     assert "head 0" in title or "head 2" in title
     assert x == pytest.approx(whole_x) and y == pytest.approx(whole_y)
+
+
+DRAWS = "() => ({...window.__attnvizDraws})"
+# The map's width as plotly laid it out, as its layout asks for it, and as its element is shown.
+WIDTHS = "g => [g._fullLayout.width, g.layout.width, Math.round(g.getBoundingClientRect().width)]"
+
+
+def test_a_mounted_chart_is_drawn_once_at_the_width_it_is_shown_at(page):
+    before = page.evaluate(DRAWS)
+    _change(page, "heads_head")
+    after = page.evaluate(DRAWS)
+    drawn, skipped = after["drawn"] - before["drawn"], after["skipped"] - before["skipped"]
+    assert drawn >= 1, f"no chart was drawn anew: {before} -> {after}"
+    assert skipped >= drawn, f"Streamlit's calls that change nothing were drawn: {before} -> {after}"
+    laid_out, asked, shown = _map(page).evaluate(WIDTHS)
+    assert laid_out == asked == shown and shown > 500, (laid_out, asked, shown)
+
+    page.set_viewport_size({"width": 1100, "height": 1300})  # a new width: Streamlit asks plotly for it
+    try:
+        page.wait_for_function(f"() => {{ const [a, b, c] = ({WIDTHS})(document.querySelector('{MAP}')); "
+                               "return a === b && b === c && c < " + str(shown) + "; }", timeout=30_000)
+        assert page.evaluate(DRAWS)["drawn"] > after["drawn"]
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1300})
+        page.wait_for_function(f"() => ({WIDTHS})(document.querySelector('{MAP}'))[0] === {shown}", timeout=30_000)
+
+
+# On the map as drawn: the same figure again is skipped; after a zoom (a relayout), or with another title, it is
+# drawn, and the title is the new one.
+CALLS = """async () => {
+    const g = document.querySelector('%s'), counts = window.__attnvizDraws;
+    const again = async layout => {
+        const before = {...counts};
+        await window.Plotly.react(g, {data: g.data, layout, config: g.__attnvizConfig, frames: undefined});
+        return [counts.drawn - before.drawn, counts.skipped - before.skipped];
+    };
+    const copy = () => JSON.parse(JSON.stringify(g.layout));
+    const same = await again(copy());
+    await window.Plotly.relayout(g, {'xaxis.range': [0, 2]});
+    const afterZoom = await again(copy());
+    const retitled = await again({...copy(), title: {text: 'another title'}});
+    return {same, afterZoom, retitled, title: g._fullLayout.title.text};
+}""" % MAP
+
+
+def test_only_a_call_that_changes_nothing_is_skipped(page):
+    seen = page.evaluate(CALLS)
+    assert seen["same"] == [0, 1], seen
+    assert seen["afterZoom"] == [1, 0], seen
+    assert seen["retitled"] == [1, 0] and seen["title"] == "another title", seen

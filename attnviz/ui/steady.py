@@ -9,6 +9,15 @@ Streamlit draws a chart whose figure changed as a new chart: its element id hash
 browser mounts an element whose id changed afresh (React's key is the id), so plotly's own layout.uirevision never
 comes into play. KEEP_ZOOM, in the browser, keeps each chart's zoomed axis ranges by its layout.uirevision (set by
 same_axes to what defines the axes) and applies them to the next chart drawn with the same uirevision.
+
+A mounted chart then gets plotly's `react` twice more on the same element, and neither changes what is drawn: once
+with the JSON copy of the figure that Streamlit's theme effect makes (with the width it measured, which plotly had
+already laid out), once with plotly's own objects handed back by its update callback. Each makes plotly compute
+every trace's and axis's defaults again and re-add the frames: 0.03 s for the kernel's step view on an idle
+machine, more on a loaded one. DRAW_ONCE, in the browser, wraps plotly's `react` and skips a call whose figure
+equals, as JSON, the figure the chart was last drawn from (its width and height apart, when they are the ones
+plotly laid out); a restyle, relayout or animation of the chart forgets what it was drawn from, so a call after one
+always draws. window.__attnvizDraws counts the calls drawn and skipped.
 """
 
 from __future__ import annotations
@@ -56,12 +65,63 @@ KEEP_ZOOM = """<script>(() => {
 })();</script>"""
 
 
+# Installed once per browser tab, on plotly.js as Streamlit's chart code sets window.Plotly (or at once, if it is
+# there already). A chart's fingerprint: its traces, its layout but width and height, its frames' count, as JSON (a
+# typed array gives none: such a figure is always drawn).
+DRAW_ONCE = """<script>(() => {
+  if (window.__attnvizDraws) return;
+  const counts = window.__attnvizDraws = {drawn: 0, skipped: 0};
+  const SIZE = ['width', 'height'];
+  const CHANGES = ['plotly_restyle', 'plotly_relayout', 'plotly_animated', 'plotly_redraw'];
+  const plain = (k, v) => { if (ArrayBuffer.isView(v)) throw new TypeError('typed array'); return v; };
+  const print = (data, layout, frames) => {
+    try {
+      return JSON.stringify([data, {...layout, width: undefined, height: undefined}, (frames || []).length], plain);
+    } catch (e) { return undefined; }
+  };
+  const forget = g => { g.__attnvizDrawn = undefined; };
+  const sameSize = (g, layout) => SIZE.every(
+    k => layout[k] === undefined || layout[k] === g.layout[k] || layout[k] === (g._fullLayout || {})[k]);
+  const wrap = P => {
+    if (!P || P.__attnvizDrawOnce || typeof P.react !== 'function') return;
+    P.__attnvizDrawOnce = true;
+    const react = P.react;
+    P.react = function (g, fig, ...rest) {
+      const asFigure = g instanceof HTMLElement && fig && Array.isArray(fig.data) && fig.layout && !rest.length;
+      if (asFigure && g.__attnvizDrawn !== undefined && g.__attnvizConfig === fig.config && sameSize(g, fig.layout)
+          && g.__attnvizDrawn === print(fig.data, fig.layout, fig.frames)) {
+        counts.skipped += 1;
+        for (const k of SIZE) if (fig.layout[k] !== undefined) g.layout[k] = fig.layout[k];
+        return Promise.resolve(g);
+      }
+      counts.drawn += 1;
+      if (g instanceof HTMLElement) forget(g);
+      const out = react.call(this, g, fig, ...rest);
+      if (!asFigure) return out;
+      return Promise.resolve(out).then(drawn => {
+        if (!g.__attnvizForgets && typeof g.on === 'function') {
+          g.__attnvizForgets = true;
+          for (const change of CHANGES) g.on(change, () => forget(g));
+        }
+        g.__attnvizDrawn = print(g.data, g.layout, g._transitionData && g._transitionData._frames);
+        g.__attnvizConfig = fig.config;
+        return drawn;
+      });
+    };
+  };
+  if (window.Plotly) { wrap(window.Plotly); return; }
+  let plotly;
+  Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
+    get: () => plotly, set: value => { plotly = value; wrap(value); }});
+})();</script>"""
+
+
 def steady_reruns() -> None:
     """Once per page run: no greying while a rerun draws the page again (STEADY_CSS: a style alone takes no room on
-    the page), and zoom kept across reruns for charts marked by same_axes (KEEP_ZOOM, in the sidebar, where its
-    empty element takes no room from the page)."""
+    the page); zoom kept across reruns for charts marked by same_axes (KEEP_ZOOM) and a mounted chart drawn by plotly
+    once (DRAW_ONCE), both scripts in the sidebar, where their empty element takes no room from the page."""
     st.html(STEADY_CSS)
-    st.sidebar.html(KEEP_ZOOM, unsafe_allow_javascript=True)
+    st.sidebar.html(KEEP_ZOOM + DRAW_ONCE, unsafe_allow_javascript=True)
 
 
 def same_axes(fig, *what):
