@@ -40,7 +40,7 @@ block_n = c4.select_slider("BLOCK_N (keys per tile)", uk.BLOCKS, 16, key="kernel
                            persist_state="session")
 c5, c8, c6, c7 = st.columns(4)
 causal = c5.checkbox("Causal mask (query i sees keys ≤ i)", value=True, key="kernel_causal", persist_state="session")
-window = c8.select_slider("Sliding window (keys)", ["off", 8, 16, 32, 64, 128, 256, 512, 1024], "off",
+window = c8.select_slider("Sliding window (keys)", ["off", *uk.WINDOWS], "off",
                           key="kernel_window", persist_state="session", disabled=not causal,
                           help="With the causal mask: each query sees only its last W keys, its own included, as "
                                "Gemma 3's local layers (W = 512) and Mistral do. Key blocks left of every query's "

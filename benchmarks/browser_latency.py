@@ -126,6 +126,7 @@ class Run:
     done: set = field(default_factory=set)  # widget idents timed or left out
     explored: set = field(default_factory=set)  # radios and tabs whose every option was opened
     seen: dict = field(default_factory=dict)  # widget ident: the values it has had
+    flipped: list = field(default_factory=list)  # checkboxes and toggles its moves left changed (idents)
 
     def full(self) -> bool:
         return self.limit is not None and len(self.rows) >= self.limit
@@ -136,7 +137,30 @@ def find(page, ident: str) -> Widget | None:
 
 
 def time_widget(page, run: Run, widget: Widget) -> list[tuple[float, float]]:
-    """REPEAT moves of the widget, each timed (fewer when a move took it out of view)."""
+    """REPEAT moves of the widget, each timed (fewer when a move took it out of view). A widget that answers no
+    move while checkboxes or toggles moved before it are left changed (one disables it: the kernel's causal mask its
+    window) is timed again with them set back, and they are then changed again (untimed), for what they bring into
+    view."""
+    times = _moves(page, run, widget)
+    if run.flipped and times and all(math.isnan(t[1]) for t in times):
+        flipped, run.flipped = run.flipped, []
+        _flip(page, flipped)
+        times = _moves(page, run, widget)
+        _flip(page, flipped)
+        run.flipped = flipped
+    if widget.kind in ("Checkbox", "Toggle") and sum(not math.isnan(t[1]) for t in times) % 2:
+        run.flipped.append(widget.ident)
+    return times
+
+
+def _flip(page, idents: list[str]) -> None:
+    """Flips each of these checkboxes and toggles once, untimed."""
+    for ident in idents:
+        if (now := find(page, ident)) is not None:
+            untimed(page, lambda: move(page, now, set()))  # called at once
+
+
+def _moves(page, run: Run, widget: Widget) -> list[tuple[float, float]]:
     seen = run.seen.setdefault(widget.ident, set())
     times = []
     for _ in range(run.repeat):

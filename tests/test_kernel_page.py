@@ -292,8 +292,9 @@ def test_the_stepper_run_and_the_kernels_checks_make_the_whole_run():
 
 def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypatch):
     """After N moved to 65, the step views of N = 64 and 66 are built in the background at the step shown (clamped
-    to their own steps); after BLOCK_M moved to 128, its one neighbour (64); nothing when nothing moved, and never a
-    size this machine refuses or a run over SMALL_RUN."""
+    to their own steps); after BLOCK_M moved to 128, its one neighbour (64); after the window moved to 8 keys, 16
+    keys and no window; nothing when nothing moved, no window without the causal mask, and never a size this
+    machine refuses or a run over SMALL_RUN."""
     from attnviz import kernels as kn
     from attnviz.ui import kernel as uk
 
@@ -311,6 +312,11 @@ def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypat
     assert [call[2] for call in asked[-1][1]] == [64]
     uk.prefetch_neighbours(base, base, 0)
     assert asked[-1][1] == []
+    uk.prefetch_neighbours({**base, "window": 8}, base, 0)  # the window moved on from "off": 16 first, then off
+    assert [call[7] for call in asked[-1][1]] == [16, None]
+    uncausal = {**base, "causal": False}  # the causal mask taken off: no window to move to
+    uk.prefetch_neighbours(uncausal, {**uncausal, "window": 8}, 0)
+    assert [call[7] for call in asked[-1][1]] == []
     big = {**base, "n": 1100, "block_m": 128, "block_n": 128, "causal": False}  # 81 steps of 128 x 128
     assert kn.refusal(1100, 32, block_m=128, block_n=128, causal=False, dtype="float32") is None
     assert not uk.is_small(1100, 128, 128, False) and uk.is_small(1024, 128, 128, False)  # 64 steps: 2**20

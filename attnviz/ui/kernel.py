@@ -116,6 +116,7 @@ def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) ->
 N_RANGE, SEED_RANGE = (1, 4096), (0, 10_000)  # the page's N slider and seed bounds
 HEAD_DIMS = [8, 16, 32, 48, 64, 80, 96, 128]  # the head dim control's options
 BLOCKS = [16, 32, 64, 128]  # BLOCK_M's and BLOCK_N's
+WINDOWS = [8, 16, 32, 64, 128, 256, 512, 1024]  # the sliding window's, in keys, after "off"
 
 
 def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> None:
@@ -125,7 +126,8 @@ def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> Non
     kernel checks ready. Nothing is built when nothing moved."""
     if previous is None:
         return
-    steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "seed": SEED_RANGE}
+    steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "seed": SEED_RANGE,
+             **({"window": [None, *WINDOWS]} if setting["causal"] else {})}  # a window only with the causal mask
     calls = [_prefetchable(s, index) for s in moved_neighbours(setting, previous, steps)]
     build_in_background(_ahead, [call for call in calls if call is not None], "attnviz-kernel-neighbours")
 
