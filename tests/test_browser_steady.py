@@ -167,7 +167,7 @@ CALLS = """async () => {
     const g = document.querySelector('%s'), counts = window.__attnvizDraws;
     const again = async layout => {
         const before = {...counts};
-        await window.Plotly.react(g, {data: g.data, layout, config: g.__attnvizConfig, frames: undefined});
+        await window.Plotly.react(g, {data: g.data, layout, config: (g.__attnvizLast || {}).config, frames: undefined});
         return [counts.drawn - before.drawn, counts.skipped - before.skipped];
     };
     const copy = () => JSON.parse(JSON.stringify(g.layout));

@@ -10,14 +10,15 @@ browser mounts an element whose id changed afresh (React's key is the id), so pl
 comes into play. KEEP_ZOOM, in the browser, keeps each chart's zoomed axis ranges by its layout.uirevision (set by
 same_axes to what defines the axes) and applies them to the next chart drawn with the same uirevision.
 
-A mounted chart then gets plotly's `react` twice more on the same element, and neither changes what is drawn: once
-with the JSON copy of the figure that Streamlit's theme effect makes (with the width it measured, which plotly had
-already laid out), once with plotly's own objects handed back by its update callback. Each makes plotly compute
-every trace's and axis's defaults again and re-add the frames: 0.03 s for the kernel's step view on an idle
-machine, more on a loaded one. DRAW_ONCE, in the browser, wraps plotly's `react` and skips a call whose figure
-equals, as JSON, the figure the chart was last drawn from (its width and height apart, when they are the ones
-plotly laid out); a restyle, relayout or animation of the chart forgets what it was drawn from, so a call after one
-always draws. window.__attnvizDraws counts the calls drawn and skipped.
+A mounted chart then gets plotly's `react` again on the same element with the JSON copy of the figure that
+Streamlit's theme effect makes (with the width it measured, which plotly had already laid out). It changes nothing
+drawn, but plotly computes every trace's and axis's defaults again and re-adds the frames: 0.02 s for the kernel's
+step view on an idle machine, more on a loaded one. DRAW_ONCE, in the browser, wraps plotly's `react` and skips a
+call that hands plotly the objects it last drew, or a figure equal, as JSON, to the one it was last handed or left
+after drawing (width and height apart, when they are the ones plotly laid out). Once the copy is skipped, the
+chart's update callback hands Streamlit plotly's own objects, and a third call brings them back: skipped too. A
+restyle, relayout or animation of the chart forgets the draw, so a call after one always draws.
+window.__attnvizDraws counts the calls drawn and skipped.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ KEEP_ZOOM = """<script>(() => {
 
 # Installed once per browser tab, on plotly.js as Streamlit's chart code sets window.Plotly (or at once, if it is
 # there already). A chart's fingerprint: its traces, its layout but width and height, its frames' count, as JSON (a
-# typed array gives none: such a figure is always drawn).
+# typed array gives none). A call is skipped when nothing forgot the chart's last draw, its config and size are the
+# same, and it hands plotly the very objects it drew, or a figure whose fingerprint is the one plotly was handed then
+# or the one it left after drawing.
 DRAW_ONCE = """<script>(() => {
   if (window.__attnvizDraws) return;
   const counts = window.__attnvizDraws = {drawn: 0, skipped: 0};
@@ -79,23 +82,30 @@ DRAW_ONCE = """<script>(() => {
       return JSON.stringify([data, {...layout, width: undefined, height: undefined}, (frames || []).length], plain);
     } catch (e) { return undefined; }
   };
-  const forget = g => { g.__attnvizDrawn = undefined; };
+  const forget = g => { g.__attnvizLast = undefined; };
   const sameSize = (g, layout) => SIZE.every(
     k => layout[k] === undefined || layout[k] === g.layout[k] || layout[k] === (g._fullLayout || {})[k]);
+  const unchanged = (g, fig) => {
+    const last = g.__attnvizLast;
+    if (!last || last.config !== fig.config || !sameSize(g, fig.layout)) return false;
+    if (fig.data === last.data && fig.layout === last.layout && (fig.frames || []).length === last.frames) return true;
+    const now = print(fig.data, fig.layout, fig.frames);
+    return now !== undefined && (now === last.asked || now === last.drawn);
+  };
   const wrap = P => {
     if (!P || P.__attnvizDrawOnce || typeof P.react !== 'function') return;
     P.__attnvizDrawOnce = true;
     const react = P.react;
     P.react = function (g, fig, ...rest) {
       const asFigure = g instanceof HTMLElement && fig && Array.isArray(fig.data) && fig.layout && !rest.length;
-      if (asFigure && g.__attnvizDrawn !== undefined && g.__attnvizConfig === fig.config && sameSize(g, fig.layout)
-          && g.__attnvizDrawn === print(fig.data, fig.layout, fig.frames)) {
+      if (asFigure && unchanged(g, fig)) {
         counts.skipped += 1;
         for (const k of SIZE) if (fig.layout[k] !== undefined) g.layout[k] = fig.layout[k];
         return Promise.resolve(g);
       }
       counts.drawn += 1;
       if (g instanceof HTMLElement) forget(g);
+      const asked = asFigure ? print(fig.data, fig.layout, fig.frames) : undefined;
       const out = react.call(this, g, fig, ...rest);
       if (!asFigure) return out;
       return Promise.resolve(out).then(drawn => {
@@ -103,8 +113,9 @@ DRAW_ONCE = """<script>(() => {
           g.__attnvizForgets = true;
           for (const change of CHANGES) g.on(change, () => forget(g));
         }
-        g.__attnvizDrawn = print(g.data, g.layout, g._transitionData && g._transitionData._frames);
-        g.__attnvizConfig = fig.config;
+        const frames = (g._transitionData && g._transitionData._frames) || [];
+        g.__attnvizLast = {asked, drawn: print(g.data, g.layout, frames), data: g.data, layout: g.layout,
+                           frames: frames.length, config: fig.config};
         return drawn;
       });
     };
