@@ -144,7 +144,7 @@ def time_widget(page, run: Run, widget: Widget) -> list[tuple[float, float]]:
     times = _moves(page, run, widget)
     if run.flipped and times and all(math.isnan(t[1]) for t in times):
         flipped, run.flipped = run.flipped, []
-        _flip(page, flipped)
+        _flip(page, flipped[::-1])  # the last changed first: an earlier one may hide or disable it
         times = _moves(page, run, widget)
         _flip(page, flipped)
         run.flipped = flipped

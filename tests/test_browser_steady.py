@@ -149,20 +149,22 @@ def test_a_mounted_chart_is_drawn_once_at_the_width_it_is_shown_at(page):
     assert drawn >= 1, f"no chart was drawn anew: {before} -> {after}"
     assert skipped >= drawn, f"Streamlit's calls that change nothing were drawn: {before} -> {after}"
     laid_out, asked, shown = _map(page).evaluate(WIDTHS)
-    assert laid_out == asked == shown and shown > 500, (laid_out, asked, shown)
+    assert laid_out == asked and abs(laid_out - shown) <= 1 and shown > 500, (laid_out, asked, shown)
 
     page.set_viewport_size({"width": 1100, "height": 1300})  # a new width: Streamlit asks plotly for it
     try:
         page.wait_for_function(f"() => {{ const [a, b, c] = ({WIDTHS})(document.querySelector('{MAP}')); "
-                               "return a === b && b === c && c < " + str(shown) + "; }", timeout=30_000)
+                               "return a === b && Math.abs(b - c) <= 1 && c < " + str(shown - 100) + "; }",
+                               timeout=30_000)
         assert page.evaluate(DRAWS)["drawn"] > after["drawn"]
     finally:
         page.set_viewport_size({"width": 1400, "height": 1300})
-        page.wait_for_function(f"() => ({WIDTHS})(document.querySelector('{MAP}'))[0] === {shown}", timeout=30_000)
+        page.wait_for_function(f"() => ({WIDTHS})(document.querySelector('{MAP}'))[0] === {laid_out}",
+                               timeout=30_000)
 
 
 # On the map as drawn: the same figure again is skipped; after a zoom (a relayout), or with another title, it is
-# drawn, and the title is the new one.
+# drawn, and the title is the new one. It leaves the map zoomed and retitled: the file's last test.
 CALLS = """async () => {
     const g = document.querySelector('%s'), counts = window.__attnvizDraws;
     const again = async layout => {

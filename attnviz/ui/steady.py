@@ -75,7 +75,7 @@ DRAW_ONCE = """<script>(() => {
   if (window.__attnvizDraws) return;
   const counts = window.__attnvizDraws = {drawn: 0, skipped: 0};
   const SIZE = ['width', 'height'];
-  const CHANGES = ['plotly_restyle', 'plotly_relayout', 'plotly_animated', 'plotly_redraw'];
+  const CHANGES = ['plotly_restyle', 'plotly_relayout', 'plotly_update', 'plotly_animated', 'plotly_redraw'];
   const plain = (k, v) => { if (ArrayBuffer.isView(v)) throw new TypeError('typed array'); return v; };
   const print = (data, layout, frames) => {
     try {
@@ -83,6 +83,11 @@ DRAW_ONCE = """<script>(() => {
     } catch (e) { return undefined; }
   };
   const forget = g => { g.__attnvizLast = undefined; };
+  const listen = g => {
+    if (g.__attnvizForgets || typeof g.on !== 'function') return;
+    g.__attnvizForgets = true;
+    for (const change of CHANGES) g.on(change, () => forget(g));
+  };
   const sameSize = (g, layout) => SIZE.every(
     k => layout[k] === undefined || layout[k] === g.layout[k] || layout[k] === (g._fullLayout || {})[k]);
   const unchanged = (g, fig) => {
@@ -109,10 +114,7 @@ DRAW_ONCE = """<script>(() => {
       const out = react.call(this, g, fig, ...rest);
       if (!asFigure) return out;
       return Promise.resolve(out).then(drawn => {
-        if (!g.__attnvizForgets && typeof g.on === 'function') {
-          g.__attnvizForgets = true;
-          for (const change of CHANGES) g.on(change, () => forget(g));
-        }
+        listen(g);
         const frames = (g._transitionData && g._transitionData._frames) || [];
         g.__attnvizLast = {asked, drawn: print(g.data, g.layout, frames), data: g.data, layout: g.layout,
                            frames: frames.length, config: fig.config};
