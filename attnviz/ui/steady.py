@@ -17,7 +17,7 @@ step view on an idle machine, more on a loaded one. DRAW_ONCE, in the browser, w
 call that hands plotly the objects it last drew, or a figure equal, as JSON, to the one it was last handed or left
 after drawing (width and height apart, when they are the ones plotly laid out). Once the copy is skipped, the
 chart's update callback hands Streamlit plotly's own objects, and a third call brings them back: skipped too. A
-restyle, relayout or animation of the chart forgets the draw, so a call after one always draws.
+restyle, relayout, update or animation of the chart forgets the draw, so a call after one always draws.
 window.__attnvizDraws counts the calls drawn and skipped.
 """
 
