@@ -166,6 +166,7 @@ class _Running:
         self.m = torch.full((n_heads, rows), neg_inf)  # the shift (-inf while nothing was seen)
         self.neg_shift = torch.zeros(n_heads, rows, 1)  # -m log2(e), 0 while nothing was seen: added to s log2(e)
         self.l = torch.zeros(n_heads, rows)
+        self.rest = None  # sum exp(s - m) over the keys but token 0, when the weight off it is asked for (pooling)
         self.big_a = torch.zeros(n_heads, rows)  # A: sum exp(s - m)(s - m), in units of ln 2 (s - m in log2 units)
         self.dist = torch.zeros(n_heads, rows)  # sum exp(s - m) (k - a) (keys behind) or sum exp(s - m) |q - k|
         self.induction = torch.zeros(n_heads, rows)  # sum exp(s - m) over the keys after an earlier copy
@@ -186,6 +187,8 @@ class _Running:
         # A <- alpha (A + (m_old - m_new) log2(e) l), 0 while l = 0
         self.big_a = alpha * (self.big_a + torch.where(self.l > 0, (self.m - m_safe) * LOG2E * self.l, 0.0))
         self.l = alpha * self.l
+        if self.rest is not None:
+            self.rest = alpha * self.rest
         self.dist, self.induction = alpha * self.dist, alpha * self.induction
         if self.acc is not None:
             self.acc *= alpha[..., None]
@@ -248,6 +251,7 @@ class _LayerPass:
         find = self.match is not None and x.n_key == x.n_query and bool(self.with_targets[a:b].any())
         if self.pools is not None:
             run.fine_max = self.pools.start(x.n_heads, b - a)
+            run.rest = torch.zeros(x.n_heads, b - a)
         scores, run.exp_buffer = self._buffers()
         run.offsets = self.positions - a if self.keys_behind else None
         # key tiles left of every key the block's rows may see (a sliding window's, a chunk's) are never computed
@@ -270,7 +274,10 @@ class _LayerPass:
         if masked_from is not None:  # masked: exp gives 0, and 0 * s stays 0 (no -inf * 0)
             s[..., masked_from:].clamp_(min=-1e30)
         e = torch.exp2(s, out=_view(run.exp_buffer, s.shape))
-        run.l += e.sum(-1)
+        weights = e.sum(-1)
+        run.l += weights
+        if run.rest is not None:  # summed apart, not l less token 0's: a row that keeps 1e-6 off it keeps its digits
+            run.rest += e[..., 1:].sum(-1) if k0 == 0 else weights
         if self.keys_behind:
             run.dist += torch.matmul(e, run.offsets[k0:k1])
         if self.v is not None:
@@ -297,9 +304,11 @@ class _LayerPass:
         m_safe = torch.where(torch.isfinite(run.m), run.m, 0.0)
         l_keys = l = run.l
         big_a, dist, induction, acc = run.big_a * LN2, run.dist, run.induction, run.acc
+        rest = run.rest
         if sink is not None:  # the sink logit joins the normalisation, with no value and no key
             m_f = torch.maximum(m_safe, sink[:, None])
             alpha = torch.exp(run.m - m_f)
+            rest = None if rest is None else alpha * rest
             big_a = alpha * (big_a + torch.where(l > 0, (run.m - m_f) * l, 0.0))
             l_keys = alpha * l
             l = l_keys + torch.exp(sink[:, None] - m_f)
@@ -323,7 +332,7 @@ class _LayerPass:
         if acc is not None:
             torch.div(acc, total[..., None], out=self.output[:, a:b])
         if self.pools is not None:
-            kept = (mass - p0).numpy()
+            kept = (rest / total).numpy()
             self.pools.finish(run.fine_max, a, b, m_safe, total, kept)
             if self.kept is not None:
                 self.kept[:, a:b] = kept
