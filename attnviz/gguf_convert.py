@@ -15,6 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import gguf as gguf_package
+import numpy as np
+from gguf import GGUFReader
+
 from attnviz import paths
 from attnviz.gguf import READ_BYTES, GGUFError, Progress
 
@@ -84,14 +88,15 @@ def dequantize(file: Path, out: Path, report: Progress) -> None:
 
     report("Dequantizing the GGUF to float32…")
     common: dict[str, Any] = dict(gguf_file=file.name, local_files_only=True, trust_remote_code=False)
-    # dequantize=True: transformers' newer GGUF loader would otherwise keep some weights in their quantized blocks
-    model, info = AutoModelForCausalLM.from_pretrained(str(file.parent), dtype=torch.float32,
-                                                       quantization_config=GgufConfig(dequantize=True),
-                                                       output_loading_info=True, **common)
-    if info["missing_keys"]:  # transformers would fill them with random weights, and warn only
-        raise GGUFError("That GGUF file lacks some of the weights its architecture needs.",
-                        f"missing: {sorted(info['missing_keys'])}")
-    tokenizer = AutoTokenizer.from_pretrained(str(file.parent), **common)
+    with read_once():
+        # dequantize=True: transformers' newer GGUF loader would otherwise keep some weights in their quantized blocks
+        model, info = AutoModelForCausalLM.from_pretrained(str(file.parent), dtype=torch.float32,
+                                                           quantization_config=GgufConfig(dequantize=True),
+                                                           output_loading_info=True, **common)
+        if info["missing_keys"]:  # transformers would fill them with random weights, and warn only
+            raise GGUFError("That GGUF file lacks some of the weights its architecture needs.",
+                            f"missing: {sorted(info['missing_keys'])}")
+        tokenizer = AutoTokenizer.from_pretrained(str(file.parent), **common)
     report("Saving the converted model as safetensors…")
     # The weights are plain float32 now; the GGUF quantizer left on the model is only bookkeeping, and
     # save_pretrained refuses to write while it is attached.
@@ -100,6 +105,41 @@ def dequantize(file: Path, out: Path, report: Progress) -> None:
         del model.config.quantization_config
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+
+
+@contextlib.contextmanager
+def read_once():
+    """transformers reads a GGUF file's metadata with gguf.GGUFReader three times in one conversion (for the config,
+    the weights and the tokenizer), each a numpy view per vocabulary entry, sliced from a numpy memmap. Inside this
+    block (one conversion at a time: the caller holds _convert_lock) gguf.GGUFReader is ArrayReader, one per file,
+    made once and handed to each: for Gemma 3's 262,144 tokens, most of a conversion's time was those three reads
+    (`benchmarks/capture.py --load gemma3-270m` times a conversion)."""
+    own, readers = gguf_package.GGUFReader, {}
+
+    def reader(path, mode: str = "r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = ArrayReader(path, mode)
+        return readers[key]
+
+    gguf_package.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_package.GGUFReader = own
+
+
+class ArrayReader(GGUFReader):
+    """gguf's reader over the file's memory map as a plain array: each slice it takes is then a plain view (a
+    memmap's slicing costs about four times more), with the same fields and tensors."""
+
+    @property
+    def data(self):
+        return self._data
+
+    @data.setter
+    def data(self, value):
+        self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@
 Run: python benchmarks/capture.py
      python benchmarks/capture.py --quick    the smallest case of each (toy-llama-gqa, 64 tokens, 2 repeats; the
                                              load of a toy written as a GGUF file): seconds, not figures
+     python benchmarks/capture.py --load gemma3-270m    part 3 only, for that bundled model
 """
 
 from __future__ import annotations
@@ -115,7 +116,13 @@ def load_times(name: str = "smollm2-135m") -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the smallest case of each part")
+    parser.add_argument("--load", metavar="MODEL", help="only part 3, for this bundled model (gemma3-270m: its "
+                        "GGUF's 262,144-token vocabulary)")
     args = parser.parse_args()
+    if args.load:
+        first, cached = load_times(args.load)
+        print(f"load {args.load}: first (GGUF -> safetensors) {first:.1f} s vs cached {cached:.2f} s")
+        return
     name, n_tokens, repeats, map_tokens, layer = (("toy-llama-gqa", 64, 2, 64, 1) if args.quick
                                                    else ("smollm2-135m", 256, 7, 1024, 20))
     torch.manual_seed(0)

@@ -47,7 +47,7 @@ def smollm2():
 @pytest.fixture(scope="session")
 def gemma3():
     """The bundled Gemma 3 270M (float32), loaded once for the whole session. Its first load on a machine converts
-    its GGUF (about two minutes); later ones read the converted folder."""
+    its GGUF (`benchmarks/capture.py --load gemma3-270m` times it); later ones read the converted folder."""
     from attnviz.models import load_model
 
     return load_model("gemma3-270m", device="cpu")

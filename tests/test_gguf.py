@@ -4,6 +4,7 @@ clear message when it is not a readable GGUF, opened under a server's roots only
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
@@ -153,6 +154,42 @@ def test_a_second_load_reads_the_converted_folder(files, lab_cache, monkeypatch,
     assert len([p for p in paths.converted_dir().iterdir() if p.is_dir()]) == 2
 
 
+def test_a_conversion_reads_its_file_once_as_ggufreader_reads_it(files, smollm2_file, smollm2_reader, lab_cache,
+                                                                  monkeypatch, tmp_path):
+    """transformers asks for a GGUF reader once for the config, once for the weights and once for the tokenizer: a
+    conversion makes one ArrayReader and hands it to each, and leaves gguf's reader as it was. ArrayReader reads the
+    fields and tensors GGUFReader reads, from plain arrays."""
+    import gguf as gguf_package
+
+    made, asked = [], []
+
+    class Counted(gguf_convert.ArrayReader):
+        def __init__(self, path, mode="r"):
+            made.append(path)
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf_convert, "ArrayReader", Counted)
+    ask = gguf_convert.read_once
+
+    @contextlib.contextmanager
+    def counted():
+        with ask():
+            reader = gguf_package.GGUFReader
+            gguf_package.GGUFReader = lambda *a: asked.append(a) or reader(*a)
+            yield
+
+    monkeypatch.setattr(gguf_convert, "read_once", counted)
+    own = gguf_package.GGUFReader
+    file = tmp_path / "once.gguf"
+    file.write_bytes(files["q8"].read_bytes())
+    load_model(str(file), device="cpu")
+    assert len(asked) >= 2 and len(made) == 1 and gguf_package.GGUFReader is own
+    for path, theirs in ((files["q8"], GGUFReader(files["q8"])), (smollm2_file, smollm2_reader)):
+        ours = gguf_convert.ArrayReader(path)
+        assert type(ours.data) is np.ndarray and _reader_facts(ours) == _reader_facts(theirs)
+        assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
+
+
 def test_the_folder_name_follows_the_file(files, tmp_path):
     file = tmp_path / "a.gguf"
     file.write_bytes(files["f32"].read_bytes())
@@ -282,7 +319,8 @@ def test_a_gguf_opens_under_the_roots_only(files, toy, lab_cache, tmp_path):
             assert str(refused.value) == NOT_AVAILABLE
 
 
-# The bundled Gemma 3 270M: converted once per machine (the conftest fixture), about two minutes.
+# The bundled Gemma 3 270M: converted once per machine (the conftest fixture; `benchmarks/capture.py --load
+# gemma3-270m` times it).
 
 @pytest.fixture(scope="module")
 def gemma_file(tmp_path_factory):
