@@ -9,6 +9,17 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# --dev: Chromium for the browser tests and figure files (attnviz.export finds it on PATH), and an emoji font so the
+# screenshots show the page icons, installed from apt while pip installs the Python packages rather than after
+# them. A server that should offer figure files needs only `apt-get install chromium`.
+apt=""
+if [ "${1:-}" = "--dev" ] && { ! command -v chromium >/dev/null 2>&1 || [ ! -d /usr/share/fonts/truetype/noto ]; }; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  ( $sudo apt-get update -q &&
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-noto-color-emoji ) &
+  apt=$!
+fi
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
   "${pip[@]}" --index-url "$TORCH_INDEX_URL" torch==2.13.0
 fi
@@ -19,12 +30,7 @@ fi
 if [ "${1:-}" = "--dev" ]; then
   "${pip[@]}" -r requirements-dev.txt
   "${pip[@]}" --no-deps -r requirements-dev-nodeps.txt
-  # Chromium for the browser tests and figure files (attnviz.export finds it on PATH), and an emoji font so the
-  # screenshots show the page icons. A server that should offer figure files needs only `apt-get install chromium`.
-  if ! command -v chromium >/dev/null 2>&1 || [ ! -d /usr/share/fonts/truetype/noto ]; then
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -q
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-noto-color-emoji
-  fi
+fi
+if [ -n "$apt" ]; then
+  wait "$apt"  # its failure fails the setup
 fi
