@@ -212,6 +212,22 @@ def test_the_overview_equals_the_streamed_pass(case):
         assert_close(got, want, TOLERANCE, [*COLUMNS, "learned_sink", "_pooled", "_pooled_nosink", "_kept"])
 
 
+@pytest.mark.parametrize("sink", [False, True])
+def test_the_weight_a_row_keeps_off_key_0_has_its_own_digits(sink):
+    """"_kept", the weight a row keeps off key 0 (what hiding the sink divides by), is summed apart from key 0's:
+    against float64, every row to a relative 1e-5, even one that keeps 1e-13 or less (as mass - p0 in float32 it
+    read 1e-7s there). A strong sink on key 0; blocks of 16 keys, so key 0's tile holds others."""
+    from attnviz.attention import layer_pattern
+
+    inputs, values, ids = make_inputs(48, d=8, heads=4, kv=2, sink=sink, scale=3.0, seed=7)
+    inputs.q[:, :, 0] += 4
+    inputs.k[:, 0, 0] = 6
+    got = kernel_stats(inputs, ids, block_m=16, block_n=16, overview=8)["_kept"]
+    want = layer_pattern(inputs, dtype=torch.float64)[0].numpy()[..., 1:].sum(-1)
+    assert 0 < want[want > 0].min() < 1e-12
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
+
+
 def test_float16_inputs_match_float64_of_the_same_rounded_values():
     inputs, values, ids = make_inputs(48, heads=2, kv=1, sink=True)
     rounded = LayerInputs(q=inputs.q.half().float(), k=inputs.k.half().float(), kv_head_of=inputs.kv_head_of,

@@ -27,7 +27,7 @@ USE_KERNEL = os.environ.get("ATTNVIZ_STATS_KERNEL", "1") != "0"
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # per-row outputs of stats_fwd, in this order
-ROW_FIELDS = ("entropy", "distance", "p0", "self", "prev", "induction", "mass", "lse2")
+ROW_FIELDS = ("entropy", "distance", "p0", "self", "prev", "induction", "mass", "lse2", "kept")
 
 
 class Unsupported(AttnvizError, ValueError):
@@ -134,7 +134,7 @@ class StatsLaunch:
                 kind = np.float16 if name == "_overview" else np.float32  # as streamed_stats stores them
                 result[name], result[name + "_nosink"] = plain.astype(kind), off.astype(kind)
         if overview:  # each row's weight off token 0 (views.mass_off_sink)
-            result["_kept"] = (self.rows[:, 6] - self.rows[:, 2]).cpu().numpy()
+            result["_kept"] = self.rows[:, ROW_FIELDS.index("kept")].cpu().numpy()
         if self.v is not None:
             result["_output"] = self.out
         if trace:
@@ -214,7 +214,7 @@ def _pooled(q, k, bias, kv_of, rows, scalars, shape_args, pool: int, common: dic
     key_bin = torch.from_numpy(np.searchsorted(key_edges, np.arange(n_key), side="right") - 1).to(device,
                                                                                                     torch.int32)
     lse = rows[:, 7].contiguous()
-    kept = rows[:, 6] - rows[:, 2]  # the weight on keys other than key 0
+    kept = rows[:, ROW_FIELDS.index("kept")]  # the weight on keys other than key 0, summed apart
     blank = kept < MIN_REMAINING
     lse_off = torch.where(blank, torch.full_like(lse, float("inf")), lse + torch.log2(kept.clamp_min(1e-38)))
     pooled = torch.full((n_heads, n_r, n_c), float("-inf"), dtype=torch.float32, device=device)

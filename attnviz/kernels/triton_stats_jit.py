@@ -10,11 +10,14 @@ stats.streamed_stats uses (scores in log2 units t = s log2 e, so every exponenti
   D     sum_k e_k |q - k|         D <- alpha D + sum_tile e |q - k|                                 (mean distance)
         (a causal tile left of the diagonal: (q - start) sum_tile e - sum_tile e (k - start), no |q - k| per element)
   I     sum over q's induction targets of e_k, carried like D                                        (induction)
+  R     sum_{k > 0} e_k, carried like D (the weight off key 0, summed apart: l - e_0 would lose a row's digits
+        where key 0 takes nearly all of it)
   t0, t_self, t_prev  the raw scores of key 0, key q and key q - 1, read from the tiles that hold them; their weight
         is 2^(t - m) / l at the end (sink mass, self, previous token)
-with e_k = 2^(t_k - m). The epilogue joins the learned sink logit to m and l, then writes eight numbers per row:
+with e_k = 2^(t_k - m). The epilogue joins the learned sink logit to m and l, then writes nine numbers per row:
 entropy, distance, weight on key 0, on key q, on key q - 1, on the induction targets, the share of the row's weight
-on real keys, and log2 of the row's normaliser. kernel_stats averages the rows as streamed_stats does.
+on real keys, log2 of the row's normaliser, and the weight off key 0 (triton_stats.ROW_FIELDS). kernel_stats
+averages the rows as streamed_stats does.
 
 Induction targets reach the kernel as one int32 per key, the token before it (prev_id[k] = ids[k - 1], -1 for key
 0), and one per query, its own token: key t is a target of query q exactly when t < q and prev_id[t] == ids[q]
@@ -115,7 +118,7 @@ def _raw_scores(q, K, cols, offs_d, stride_kn, stride_kd, HEAD_DIM: tl.constexpr
 
 
 @triton.jit
-def _stats_inner(m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q,
+def _stats_inner(m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits, q,
                  K, V, Bias, KeyPrev, tok, stride_kn, stride_kd, stride_vn, stride_vd,
                  lo, hi, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap, offs_m, offs_d, offs_dv,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
@@ -157,6 +160,10 @@ def _stats_inner(m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q,
         big_a = alpha * (big_a + (tl.where(l_i > 0.0, m_i, m_shift) - m_shift) * l_i) + tl.sum(p * shifted, 1)
         l_tile = tl.sum(p, 1)
         l_i = alpha * l_i + l_tile
+        rest_tile = l_tile
+        if start_n == 0:
+            rest_tile = tl.sum(tl.where(cols[None, :] > 0, p, 0.0), 1)
+        rest = alpha * rest + rest_tile
         if MASKED or not ALIGNED:
             gap = tl.abs(offs_m[:, None] - cols[None, :]).to(tl.float32)
             dist = alpha * dist + tl.sum(p * gap, 1)
@@ -176,7 +183,7 @@ def _stats_inner(m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q,
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
         visits += 1
-    return m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits
+    return m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits
 
 
 @triton.jit
@@ -234,24 +241,24 @@ def stats_fwd(Q, K, V, Out, Bias, Sink, KvOf, Tok, KeyPrev, Rows, Visits, qk_sca
     tok = tl.load(Tok + offs_m, mask=offs_m < NQ, other=-3)
     neg = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     zero = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i, l_i, big_a, dist, ind, t0, t_self, t_prev = neg, zero, zero, zero, zero, neg, neg, neg
+    m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev = neg, zero, zero, zero, zero, zero, neg, neg, neg
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     visits = 0
     lo, left, mid, hi = _key_bounds(start_m, NQ, NK, off, WINDOW, CHUNK, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW,
                                     HAS_CHUNK)
     # [lo, left) masked (a window's left edge), [left, mid) unmasked, [mid, hi) masked (diagonal, ragged end)
-    m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
-        m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
+    m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits = _stats_inner(
+        m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, lo, left, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
         offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, True, CAUSAL, HAS_WINDOW,
         HAS_CHUNK, HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
-    m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
-        m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
+    m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits = _stats_inner(
+        m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, left, mid, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
         offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, False, CAUSAL, HAS_WINDOW,
         HAS_CHUNK, HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
-    m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits = _stats_inner(
-        m_i, l_i, big_a, dist, ind, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
+    m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits = _stats_inner(
+        m_i, l_i, big_a, dist, ind, rest, t0, t_self, t_prev, acc, visits, q, K, V, Bias, KeyPrev, tok,
         stride_kn, stride_kd, stride_vn, stride_vd, mid, hi, NQ, NK, off, WINDOW, CHUNK, qk_scale, softcap,
         offs_m, offs_d, offs_dv, BLOCK_M, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, True, CAUSAL, HAS_WINDOW,
         HAS_CHUNK, HAS_SOFTCAP, HAS_BIAS, HAS_V, INDUCTION, PRECISION, ALIGNED)
@@ -267,12 +274,13 @@ def stats_fwd(Q, K, V, Out, Bias, Sink, KvOf, Tok, KeyPrev, Rows, Visits, qk_sca
         l_i = l_keys + tl.math.exp2(sink - m_f)
         dist = alpha * dist
         ind = alpha * ind
+        rest = alpha * rest
         acc = acc * alpha[:, None]
         m_safe = m_f
     total = tl.where(l_i > 0.0, l_i, 1.0)
     mass = l_keys / total
     rows_ok = offs_m < NQ
-    Rows += h.to(tl.int64) * 8 * NQ + offs_m
+    Rows += h.to(tl.int64) * 9 * NQ + offs_m  # triton_stats.ROW_FIELDS
     tl.store(Rows, tl.log(total) * mass - big_a * 0.6931471805599453 / total, mask=rows_ok)  # entropy, nats
     tl.store(Rows + NQ, dist / total, mask=rows_ok)
     tl.store(Rows + 2 * NQ, tl.math.exp2(t0 - m_safe) / total, mask=rows_ok)
@@ -281,6 +289,7 @@ def stats_fwd(Q, K, V, Out, Bias, Sink, KvOf, Tok, KeyPrev, Rows, Visits, qk_sca
     tl.store(Rows + 5 * NQ, ind / total, mask=rows_ok)
     tl.store(Rows + 6 * NQ, mass, mask=rows_ok)
     tl.store(Rows + 7 * NQ, m_safe + tl.log2(total), mask=rows_ok)
+    tl.store(Rows + 8 * NQ, rest / total, mask=rows_ok)
     tl.store(Visits + h * tl.num_programs(0) + start_m, visits)
     if HAS_V:
         Out += h.to(tl.int64) * stride_oh
