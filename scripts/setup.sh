@@ -15,10 +15,14 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 apt=""
 if [ "${1:-}" = "--dev" ] && { ! command -v chromium >/dev/null 2>&1 || [ ! -d /usr/share/fonts/truetype/noto ]; }; then
   sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
+  if [ "$(id -u)" != 0 ]; then
+    sudo=sudo
+    sudo -v  # its password asked now, not in the middle of pip's output
+  fi
   ( $sudo apt-get update -q &&
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-noto-color-emoji ) &
   apt=$!
+  trap 'wait "$apt" 2>/dev/null || true' EXIT  # a pip step that fails leaves no apt running behind it
 fi
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
   "${pip[@]}" --index-url "$TORCH_INDEX_URL" torch==2.13.0

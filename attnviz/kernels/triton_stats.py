@@ -213,7 +213,7 @@ def _pooled(q, k, bias, kv_of, rows, scalars, shape_args, pool: int, common: dic
     row_bin = torch.from_numpy(np.searchsorted(row_edges, np.arange(n), side="right") - 1).to(device, torch.int32)
     key_bin = torch.from_numpy(np.searchsorted(key_edges, np.arange(n_key), side="right") - 1).to(device,
                                                                                                     torch.int32)
-    lse = rows[:, 7].contiguous()
+    lse = rows[:, ROW_FIELDS.index("lse2")].contiguous()
     kept = rows[:, ROW_FIELDS.index("kept")]  # the weight on keys other than key 0, summed apart
     blank = kept < MIN_REMAINING
     lse_off = torch.where(blank, torch.full_like(lse, float("inf")), lse + torch.log2(kept.clamp_min(1e-38)))
