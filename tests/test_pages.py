@@ -4,6 +4,8 @@ so a new page is covered the moment it is declared."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,9 @@ def test_page_runs_with_defaults_and_after_a_widget_change(page):
     at = _run_page(page.script)
     assert not at.exception, f"{page.title}: {at.exception}"
     assert at.title or at.header, f"{page.title} shows no title"
+    measured = [(i, where) for i, chart in enumerate(at.get("plotly_chart"))
+                for where in measured_tick_labels(json.loads(chart.proto.spec))]
+    assert not measured, f"{page.title}: tick labels plotly measures on every draw: {measured}"
     changed = _change_one_widget(at)
     assert not at.exception, f"{page.title} after {changed}: {at.exception}"
     if not page.state_prefix:
@@ -77,6 +82,26 @@ def test_page_runs_with_defaults_and_after_a_widget_change(page):
     at.switch_page(page.script).run()
     assert not at.exception, f"{page.title} after leaving and coming back: {at.exception}"
     assert _settings(at, page.state_prefix) == before, f"{page.title} lost its settings ({changed})"
+
+
+def measured_tick_labels(spec: dict) -> list[str]:
+    """The axes and colour bars of a chart spec whose tick labels plotly.js measures on every draw (their
+    ticklabeloverflow not "allow": plotly's default hides the labels past the chart's edge, measuring each one)."""
+    layout = spec["layout"]
+    out = [name for name in layout if re.fullmatch(r"[xy]axis\d*", name)
+           and layout[name].get("ticklabeloverflow") != "allow"]
+    out += [name for name in layout if re.fullmatch(r"coloraxis\d*", name)
+            and (layout[name].get("colorbar") or {}).get("ticklabeloverflow") != "allow"]
+    for i, trace in enumerate(spec["data"]):
+        if trace.get("type", "scatter") in ("heatmap", "histogram2d", "contour") and not trace.get("coloraxis") \
+                and trace.get("showscale") is not False \
+                and (trace.get("colorbar") or {}).get("ticklabeloverflow") != "allow":
+            out.append(f"data[{i}].colorbar")
+        marker = trace.get("marker") or {}
+        if marker.get("showscale") and not marker.get("coloraxis") \
+                and (marker.get("colorbar") or {}).get("ticklabeloverflow") != "allow":
+            out.append(f"data[{i}].marker.colorbar")
+    return out
 
 
 def _settings(at: AppTest, prefix: str) -> dict:

@@ -102,6 +102,7 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     # (One update per axis kind: each plotly update of a many-panel figure takes milliseconds.)
     fig.update_xaxes(ticklabeloverflow="allow", **({} if x_title is None else {"title_text": x_title}))
     fig.update_yaxes(ticklabeloverflow="allow", **({} if y_title is None else {"title_text": y_title}))
+    unmeasured_colorbars(fig.data, fig.layout, [k for k in fig._layout if re.fullmatch("coloraxis[0-9]*", k)])
     return fig
 
 
@@ -134,7 +135,36 @@ def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x
         for name in {f"{kind}axis"} | {k for k in out if re.fullmatch(f"{kind}axis[0-9]*", k)}:
             _merge(out, {name: dict(ticklabeloverflow="allow", **({} if text is None else {"title": {"text": text}}))})
     _merge(out, {"legend": dict(legend or {}), "margin": dict(margin or {})})
+    unmeasured_colorbars(data, out, [k for k in out if re.fullmatch("coloraxis[0-9]*", k)])
     return go.Figure(data=data, layout=out)
+
+
+COLOURED = ("heatmap", "histogram2d", "contour")  # the trace types that draw a colour bar of their own by default
+ALLOW = {"ticklabeloverflow": "allow"}
+
+
+def unmeasured_colorbars(data, layout, coloraxes: Sequence[str]) -> None:
+    """Every colour bar the traces draw (data: plotly's traces or plain dicts; layout: the figure's, plotly's or a
+    plain dict; coloraxes: its colour axes' names) draws its tick labels as they are, as every axis does (apply_layout,
+    laid_out). plotly's default, "hide past div", measures each tick label in the browser on every draw, and each
+    measure makes the browser lay the whole page out again: 20-30 ms for the kernel's step view and its two colour
+    bars on a loaded 2-core machine (docs/measured.md, "Colour bars that measure their labels")."""
+    for trace in data:
+        if _read(trace, "coloraxis") is None and (_read(trace, "type") or "scatter") in COLOURED \
+                and _read(trace, "showscale") is not False:
+            _put(trace, {"colorbar": ALLOW})
+        if _read(trace, "marker", "showscale") and _read(trace, "marker", "coloraxis") is None:
+            _put(trace, {"marker": {"colorbar": ALLOW}})
+    for name in coloraxes:
+        _put(layout, {name: {"colorbar": ALLOW}})
+
+
+def _put(obj, update: Mapping) -> None:
+    """update merged into obj, a plain dict (as _merge) or a plotly object (its own update)."""
+    if isinstance(obj, Mapping):
+        _merge(obj, update)
+    else:
+        obj.update(update)
 
 
 def _merge(into: dict, update: Mapping) -> None:
