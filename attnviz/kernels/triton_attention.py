@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from attnviz.errors import AttnvizError
+from attnviz.kernels import interpreted
 
 MAX_HEAD_DIM = 128
 # software-pipelining depth on a GPU: K and V tiles for this many key blocks are held in shared memory at once
@@ -191,22 +192,6 @@ def _attn_fwd(Q, K, V, Out, TraceM, TraceL, TraceS, sm_scale,  #
              mask=q_mask)
 
 
-def _no_overflow_checks() -> None:
-    """The interpreter computes no integer overflow checks, as a compiled kernel runs none. Triton builds a check
-    (in int64, compared with the type's bounds) around every integer +, - and * and keeps it only for a device
-    assert, which is dropped when the kernel is not built in debug mode (the interpreter's default, as a
-    compiled kernel's); the interpreter computed each check with numpy all the same: a third of a small run's time
-    (the Tiled kernel page at N = 66: 0.15 -> 0.10 s). The kernel's numbers are the same either way (tested)."""
-    import dataclasses
-
-    from triton.runtime import interpreter
-
-    builder = getattr(interpreter, "interpreter_builder", None)
-    if dataclasses.is_dataclass(getattr(builder, "options", None)) and \
-            "sanitize_overflow" in {f.name for f in dataclasses.fields(builder.options)}:
-        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)  # else: a Triton without it
-
-
 INTERPRETED = type(_attn_fwd).__name__ == "InterpretedFunction"
 # tl.max and tl.sum are triton.language's own @triton.jit functions, decorated when it was first imported: compiled
 # ones, if that was before TRITON_INTERPRET was set, which an interpreted kernel cannot call
@@ -217,7 +202,8 @@ UNAVAILABLE = None if not INTERPRETED or type(tl.max).__name__ == "InterpretedFu
 if UNAVAILABLE:
     warnings.warn(UNAVAILABLE, RuntimeWarning)
 if INTERPRETED:
-    _no_overflow_checks()
+    interpreted.no_overflow_checks()
+    interpreted.builtins_found_once()
 KERNEL_DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda")
 # The interpreter patches triton.language while a kernel runs, so two threads (two app sessions) must take turns,
 # whichever of attnviz's kernels each launches (triton_stats takes this lock too).
