@@ -92,8 +92,9 @@ def test_pyproject_pins_are_requirements_txt():
     required = sorted(line for line in lines if line and not line.startswith("#"))
     assert sorted(project["dependencies"] + project["optional-dependencies"]["app"]) == required
     assert sorted(project["optional-dependencies"]["app"]) == ["choreographer==1.4.0", "kaleido==1.5.0",
-                                                               "logistro==2.0.1", "pillow==13.0.0", "plotly==7.1.0",
-                                                               "streamlit==1.67.0", "threadpoolctl==3.8.0"]
+                                                               "logistro==2.0.1", "orjson==3.13.0", "pillow==13.0.0",
+                                                               "plotly==7.1.0", "streamlit==1.67.0",
+                                                               "threadpoolctl==3.8.0"]
     assert project["scripts"] == {"attnviz": "attnviz.__main__:main"}
 
 
