@@ -182,6 +182,7 @@ def test_the_interpreter_skips_overflow_checks_and_the_numbers_are_the_same_bit_
 def test_the_interpreter_swaps_the_same_builtins_when_it_finds_them_once(monkeypatch):
     """kernels.interpreted.builtins_found_once: the builtins it swaps before a launch and before a device function's
     call are the very ones Triton's own search swaps, and the kernel's output and trace are the same bit for bit."""
+    import triton.language as tl
     from triton.runtime import interpreter
 
     import attnviz.kernels.triton_attention as ta
@@ -190,16 +191,15 @@ def test_the_interpreter_swaps_the_same_builtins_when_it_finds_them_once(monkeyp
     assert interpreter._patch_builtin.__module__ == interpreted.__name__, "installed when the kernels are imported"
 
     def swapped(fn) -> list[tuple[int, str]]:
-        scope = interpreter._patch_lang(fn)
-        names = [(id(obj), name) for obj, name, _ in scope._changes]
-        scope.restore()
+        with ta.LAUNCH_LOCK:  # the swaps are global: no kernel may run meanwhile
+            scope = interpreter._patch_lang(fn)
+            names = [(id(obj), name) for obj, name, _ in scope._changes]
+            scope.restore()
         return names
 
     def run():
         q, k, v = (torch.randn(1, 2, 70, 24, generator=torch.Generator().manual_seed(i)) for i in range(3))
         return flash_attention(q, k, v, causal=True, block_m=16, block_n=32, trace=True, window=24)
-
-    import triton.language as tl
 
     functions = [ta._attn_fwd.fn, ta._attn_fwd_inner.fn, tl.max.fn, tl.sum.fn]
     fast, found_once = run(), [swapped(fn) for fn in functions]
