@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -38,12 +38,23 @@ def _colorbar_titles_in(data, layout) -> list[str] | None:
         shared = _read(trace, "coloraxis")  # a colour axis shared by traces draws one bar
         if shared:
             titles.append(_read(layout, shared, "colorbar", "title", "text") or "")
-        elif (_read(trace, "type") or "scatter") in ("heatmap", "histogram2d", "contour") \
-                and _read(trace, "showscale") is not False:
-            titles.append(_read(trace, "colorbar", "title", "text") or "")
-        if _read(trace, "marker", "showscale"):
-            titles.append(_read(trace, "marker", "colorbar", "title", "text") or "")
+        titles += [_read(trace, *path, "title", "text") or "" for path in _own_colorbars(trace)]
     return titles or None
+
+
+COLOURED = ("heatmap", "histogram2d", "contour")  # the trace types that draw a colour bar of their own by default
+
+
+def _own_colorbars(trace) -> list[tuple[str, ...]]:
+    """Where the colour bars a trace draws of its own are set: ("colorbar",) for a heatmap's (not on a shared colour
+    axis, not hidden), ("marker", "colorbar") for a marker's shown scale."""
+    own = []
+    if _read(trace, "coloraxis") is None and (_read(trace, "type") or "scatter") in COLOURED \
+            and _read(trace, "showscale") is not False:
+        own.append(("colorbar",))
+    if _read(trace, "marker", "showscale"):
+        own.append(("marker", "colorbar"))
+    return own
 
 
 def _read(obj, *path):
@@ -102,7 +113,7 @@ def apply_layout(fig: go.Figure, *, title: str | None = None, x_title: str | Non
     # (One update per axis kind: each plotly update of a many-panel figure takes milliseconds.)
     fig.update_xaxes(ticklabeloverflow="allow", **({} if x_title is None else {"title_text": x_title}))
     fig.update_yaxes(ticklabeloverflow="allow", **({} if y_title is None else {"title_text": y_title}))
-    unmeasured_colorbars(fig.data, fig.layout, [k for k in fig._layout if re.fullmatch("coloraxis[0-9]*", k)])
+    unmeasured_colorbars(fig.data, fig.layout, list(fig._layout))
     return fig
 
 
@@ -135,28 +146,26 @@ def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x
         for name in {f"{kind}axis"} | {k for k in out if re.fullmatch(f"{kind}axis[0-9]*", k)}:
             _merge(out, {name: dict(ticklabeloverflow="allow", **({} if text is None else {"title": {"text": text}}))})
     _merge(out, {"legend": dict(legend or {}), "margin": dict(margin or {})})
-    unmeasured_colorbars(data, out, [k for k in out if re.fullmatch("coloraxis[0-9]*", k)])
+    unmeasured_colorbars(data, out, list(out))
     return go.Figure(data=data, layout=out)
 
 
-COLOURED = ("heatmap", "histogram2d", "contour")  # the trace types that draw a colour bar of their own by default
 ALLOW = {"ticklabeloverflow": "allow"}
 
 
-def unmeasured_colorbars(data, layout, coloraxes: Sequence[str]) -> None:
+def unmeasured_colorbars(data, layout, names: Iterable[str]) -> None:
     """Every colour bar the traces draw (data: plotly's traces or plain dicts; layout: the figure's, plotly's or a
-    plain dict; coloraxes: its colour axes' names) draws its tick labels as they are, as every axis does (apply_layout,
-    laid_out). plotly's default, "hide past div", measures each tick label in the browser on every draw, and each
-    measure makes the browser lay the whole page out again: 20-30 ms for the kernel's step view and its two colour
-    bars on a loaded 2-core machine (docs/measured.md, "Colour bars that measure their labels")."""
+    plain dict; names: the layout's property names, its colour axes among them) draws its tick labels as they are, as
+    every axis does (apply_layout, laid_out). plotly's default, "hide past div", measures each tick label in the
+    browser on every draw, and each measure makes the browser lay the whole page out again: 20-30 ms for the kernel's
+    step view and its two colour bars on a loaded 2-core machine (docs/measured.md, "Colour bars that measure their
+    labels")."""
     for trace in data:
-        if _read(trace, "coloraxis") is None and (_read(trace, "type") or "scatter") in COLOURED \
-                and _read(trace, "showscale") is not False:
-            _put(trace, {"colorbar": ALLOW})
-        if _read(trace, "marker", "showscale") and _read(trace, "marker", "coloraxis") is None:
-            _put(trace, {"marker": {"colorbar": ALLOW}})
-    for name in coloraxes:
-        _put(layout, {name: {"colorbar": ALLOW}})
+        for path in _own_colorbars(trace):
+            _put(trace, {path[0]: ALLOW} if len(path) == 1 else {path[0]: {path[1]: ALLOW}})
+    for name in names:
+        if re.fullmatch("coloraxis[0-9]*", name):
+            _put(layout, {name: {"colorbar": ALLOW}})
 
 
 def _put(obj, update: Mapping) -> None:
