@@ -7,6 +7,7 @@ import base64
 import io
 
 import numpy as np
+import pytest
 import plotly.colors
 from PIL import Image
 
@@ -53,6 +54,28 @@ def test_a_small_maps_picture_has_cells_many_pixels_wide_and_a_big_ones_one():
     assert raster.cell_px(12, 32) * 32 >= raster.PICTURE_PX
     assert raster.cell_px(1, 1) == raster.MAX_CELL_PX
     assert raster.cell_px(1000, 900) == 1
+
+
+@pytest.mark.parametrize("shape, cell", [((3, 5), 1), ((3, 5), 2), ((16, 16), 25), ((7, 2), 32), ((40, 1), 9)])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_a_picture_decodes_to_each_cells_palette_entry_in_a_square_of_pixels(shape, cell, with_mask):
+    """The PNG written by hand, decoded by PIL: every pixel of a cell's square is its entry (NaN 255, masked 254), and
+    the palette is the scale's colours, the mask's grey and white."""
+    rng = np.random.default_rng(sum(shape) + cell)
+    values = rng.uniform(-0.2, 1.2, size=shape)
+    values.flat[::4] = np.nan
+    masked = rng.random(shape) < 0.3 if with_mask else None
+    uri = raster.palette_png(values, masked=masked, cell_px=cell)
+    image = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    steps = 253 if with_mask else 254
+    entry = np.where(np.isnan(values), 255, np.rint(np.clip(np.nan_to_num(values), 0, 1) * steps))
+    if with_mask:
+        entry[masked] = 254
+    assert image.mode == "P" and image.size == (shape[1] * cell, shape[0] * cell)
+    np.testing.assert_array_equal(np.asarray(image), entry.repeat(cell, 0).repeat(cell, 1))
+    palette = np.asarray(image.getpalette()).reshape(-1, 3)
+    assert len(palette) == 256 and tuple(palette[255]) == (255, 255, 255)
+    assert not with_mask or tuple(palette[254]) == raster.MASKED_GREY
 
 
 def test_the_hover_line_carries_every_finite_cells_value_at_its_position():

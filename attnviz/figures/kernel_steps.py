@@ -48,6 +48,11 @@ def _tile_boxes(states, state: int, q_edges, k_edges) -> dict:
                 line=dict(color="white", width=1), hoverinfo="skip", showlegend=False, name=TILE_STATES[state])
 
 
+def tile_map_lines(base, q_edges, k_edges, *, causal: bool, window: int | None) -> list[dict]:
+    """The tile map's lines before any step (_tile_lines), on the step view's first panel."""
+    return [dict(t, xaxis="x", yaxis="y") for t in _tile_lines(base, q_edges, k_edges, causal=causal, window=window)]
+
+
 def _tile_lines(base, q_edges, k_edges, *, causal: bool, window: int | None) -> list[dict]:
     """The step view's tile map before any step, as line traces only (plotly.animate animates lines, and stops
     drawing a heatmap once the slider moves): the tiles of each state of base (_tile_boxes), an invisible line
@@ -116,13 +121,14 @@ def _text(text: str, x: float, y: float, panel: int, position: str, size: int) -
 
 
 def step_view_parts(step, states, base, title: str, q_edges, k_edges, *, causal: bool, window: int | None,
-                    limits: tuple[float, float], block: tuple[int, int]) -> tuple[list[dict], list[dict]]:
+                    limits: tuple[float, float], block: tuple[int, int],
+                    base_lines: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
     """step_view_figure's traces and layout images for one step, as plain dicts (a stop of its slider; the rest of
     the layout is the same at every step: _view_axes, _view_notes). base: the tile
     states before any step; limits: the colour scales' (step_view_limits); block: (rows, columns) of the largest
-    tile, the extent of the tile's panels."""
-    traces = [dict(t, xaxis="x", yaxis="y") for t in _tile_lines(base, q_edges, k_edges, causal=causal,
-                                                                   window=window)]
+    tile, the extent of the tile's panels; base_lines: tile_map_lines(base, ...), the traces every step shares, when
+    already built (the same objects in every stop: the slider's builder finds them unchanged at once)."""
+    traces = list(base_lines or tile_map_lines(base, q_edges, k_edges, causal=causal, window=window))
     traces += [dict(_tile_boxes(states, s, q_edges, k_edges), xaxis="x", yaxis="y")
                for s in (_DONE, _DONE_MASKED, _CURRENT)]
     hovers, images = _step_maps(step, limits)
@@ -187,8 +193,9 @@ def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], a
     the line over the chart at steps[i]; drawn at steps[active]. Steps are labelled by their index."""
     limits = step_view_limits(steps)
     block = (max(np.shape(s.scores)[0] for s in steps), max(np.shape(s.scores)[1] for s in steps))
+    lines = tile_map_lines(base, q_edges, k_edges, causal=causal, window=window)
     parts = [step_view_parts(s, st, base, t, q_edges, k_edges, causal=causal, window=window, limits=limits,
-                             block=block) for s, st, t in zip(steps, states, titles)]
+                             block=block, base_lines=lines) for s, st, t in zip(steps, states, titles)]
     traces, images = parts[active]
     layout = dict(_view_axes(q_edges, k_edges, block), images=images, annotations=_view_notes(causal, window),
                   title=dict(text=VIEW_TITLE, x=0.0, xanchor="left"), hoverdistance=-1,
