@@ -115,3 +115,16 @@ def test_charts_built_in_one_go_equal_the_same_charts_laid_out_by_plotlys_update
     by_updates.add_hline(y=0.5, line=dict(color="#868e96", dash="dot"), annotation_text="half",
                          annotation_position="top right")
     assert drawn(with_line) == drawn(by_updates)
+
+
+def test_laid_out_leaves_the_traces_it_is_given_as_they_were():
+    """laid_out writes ticklabeloverflow into each colour bar of the figure it builds, not into the caller's dicts (an
+    in-chart slider's stop, say, which must stay equal to its other stops)."""
+    bar = {"type": "scatter", "x": [None], "y": [None], "mode": "markers",
+           "marker": {"color": [0.0], "showscale": True, "colorbar": {"title": {"text": "v"}}}}
+    heat = {"type": "heatmap", "z": np.eye(2)}
+    given = json.dumps([bar, heat], default=str)
+    fig = common.laid_out([bar, heat], {})
+    assert json.dumps([bar, heat], default=str) == given
+    assert fig.data[0].marker.colorbar.ticklabeloverflow == fig.data[1].colorbar.ticklabeloverflow == "allow"
+    assert fig.data[0].marker.colorbar.title.text == "v"

@@ -155,3 +155,11 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
                                           np.arange(step.q_start, step.q_stop))
     axes = [figure["layout"][a] for a in figure["layout"] if a.startswith(("xaxis", "yaxis"))]
     assert len(axes) == 14 and all(a["title"]["text"] for a in axes)
+    # a frame restyles what a step changes, nothing else: not the tile map under the steps, not a colour bar (a
+    # restyled one is drawn again, at every step), whatever stop the figure is drawn at
+    for active in (0, 2, len(steps) - 1):
+        moving = kernel_steps.step_view_figure(steps, states, [f"Step {s.index}" for s in steps], active, base=base,
+                                               q_edges=edges, k_edges=edges, causal=True)
+        restyled = {fig.data[t].name or fig.data[t].mode for f in moving.frames for t in f.traces}
+        assert "markers" not in restyled and not {figs.TILE_STATES[v] for v in (0, 1, 2)} & restyled, active
+        assert {figs.TILE_STATES[v] for v in (3, 4, 5)} <= restyled

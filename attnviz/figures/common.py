@@ -146,26 +146,38 @@ def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x
         for name in {f"{kind}axis"} | {k for k in out if re.fullmatch(f"{kind}axis[0-9]*", k)}:
             _merge(out, {name: dict(ticklabeloverflow="allow", **({} if text is None else {"title": {"text": text}}))})
     _merge(out, {"legend": dict(legend or {}), "margin": dict(margin or {})})
-    unmeasured_colorbars(data, out, list(out))
-    return go.Figure(data=data, layout=out)
+    return go.Figure(data=unmeasured_colorbars(data, out, list(out)), layout=out)
 
 
 ALLOW = {"ticklabeloverflow": "allow"}
 
 
-def unmeasured_colorbars(data, layout, names: Iterable[str]) -> None:
+def unmeasured_colorbars(data, layout, names: Iterable[str]) -> list:
     """Every colour bar the traces draw (data: plotly's traces or plain dicts; layout: the figure's, plotly's or a
     plain dict; names: the layout's property names, its colour axes among them) draws its tick labels as they are, as
     every axis does (apply_layout, laid_out). plotly's default, "hide past div", measures each tick label in the
     browser on every draw, and each measure makes the browser lay the whole page out again: 20-30 ms for the kernel's
     step view and its two colour bars on a loaded 2-core machine (docs/measured.md, "Colour bars that measure their
-    labels")."""
-    for trace in data:
-        for path in _own_colorbars(trace):
-            _put(trace, {path[0]: ALLOW} if len(path) == 1 else {path[0]: {path[1]: ALLOW}})
+    labels"). Returns the traces: plotly's updated in place, a plain dict with a colour bar as a copy (the caller's
+    dict, an in-chart slider's stop say, stays as it was, the same as its other stops)."""
     for name in names:
         if re.fullmatch("coloraxis[0-9]*", name):
             _put(layout, {name: {"colorbar": ALLOW}})
+    return [_unmeasured(trace) for trace in data]
+
+
+def _unmeasured(trace):
+    """The trace with ALLOW in each of its own colour bars: a plain dict copied along the way to them."""
+    for path in _own_colorbars(trace):
+        if not isinstance(trace, Mapping):
+            trace.update({path[0]: ALLOW} if len(path) == 1 else {path[0]: {path[1]: ALLOW}})
+            continue
+        trace = inner = dict(trace)
+        for key in path:
+            inner[key] = dict(inner.get(key) or {})
+            inner = inner[key]
+        inner.update(ALLOW)
+    return trace
 
 
 def _put(obj, update: Mapping) -> None:
