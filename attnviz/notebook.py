@@ -32,12 +32,12 @@ from attnviz import views
 from attnviz.errors import CaptureError
 from attnviz.pooling import MIN_REMAINING
 
-try:  # the figures draw with plotly and pillow, which the library alone does not install
+try:  # the figures draw with plotly, which the library alone does not install
     from attnviz import export
     from attnviz.figures import heads as figs
     from attnviz.figures import text as text_figs
 except ImportError as exc:
-    raise ImportError(f"attnviz's notebook views need plotly and pillow ({exc}): pip install 'attnviz[app]'") from exc
+    raise ImportError(f"attnviz's notebook views need plotly ({exc}): pip install 'attnviz[app]'") from exc
 
 OVERVIEW, FULL_MAP_MAX_TOKENS = views.OVERVIEW, views.FULL_MAP_MAX_TOKENS  # as on the Heads page
 ZOOM_SIZE = 64  # tokens per side of the zoom window, the Heads page's default

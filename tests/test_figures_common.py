@@ -128,3 +128,13 @@ def test_laid_out_leaves_the_traces_it_is_given_as_they_were():
     assert json.dumps([bar, heat], default=str) == given
     assert fig.data[0].marker.colorbar.ticklabeloverflow == fig.data[1].colorbar.ticklabeloverflow == "allow"
     assert fig.data[0].marker.colorbar.title.text == "v"
+
+
+def test_a_plotly_marker_inside_a_trace_dict_keeps_its_settings():
+    marker = go.scatter.Marker(color=[0.5], colorscale="Viridis", showscale=True, colorbar=dict(title=dict(text="v")))
+    trace = {"type": "scatter", "x": [None], "y": [None], "mode": "markers", "marker": marker}
+    fig = common.laid_out([trace], {})
+    assert trace["marker"] is marker and marker.colorbar.ticklabeloverflow is None
+    drawn = fig.data[0].marker
+    assert drawn.colorscale == marker.colorscale and drawn.colorbar.title.text == "v"
+    assert drawn.colorbar.ticklabeloverflow == "allow"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -59,14 +61,27 @@ def test_a_small_maps_picture_has_cells_many_pixels_wide_and_a_big_ones_one():
 @pytest.mark.parametrize("shape, cell", [((3, 5), 1), ((3, 5), 2), ((16, 16), 25), ((7, 2), 32), ((40, 1), 9)])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_a_picture_decodes_to_each_cells_palette_entry_in_a_square_of_pixels(shape, cell, with_mask):
-    """The PNG written by hand, decoded by PIL: every pixel of a cell's square is its entry (NaN 255, masked 254), and
-    the palette is the scale's colours, the mask's grey and white."""
+    """The PNG written by hand, read chunk by chunk (each chunk's CRC, each pixel row's filter: none for a row of cells'
+    first, up for the rows repeating it) and decoded by PIL: every pixel of a cell's square is its entry (NaN 255,
+    masked 254); the palette's last entries are the mask's grey and white."""
     rng = np.random.default_rng(sum(shape) + cell)
     values = rng.uniform(-0.2, 1.2, size=shape)
     values.flat[::4] = np.nan
     masked = rng.random(shape) < 0.3 if with_mask else None
     uri = raster.palette_png(values, masked=masked, cell_px=cell)
-    image = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    png = base64.b64decode(uri.split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, at = {}, 8
+    while at < len(png):
+        (length,), kind = struct.unpack(">I", png[at:at + 4]), png[at + 4:at + 8]
+        data, (crc,) = png[at + 8:at + 8 + length], struct.unpack(">I", png[at + 8 + length:at + 12 + length])
+        assert crc == zlib.crc32(kind + data), kind
+        chunks[kind], at = data, at + 12 + length
+    assert list(chunks) == [b"IHDR", b"PLTE", b"IDAT", b"IEND"] and len(chunks[b"PLTE"]) == 3 * 256
+    width = shape[1] * cell
+    rows = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), dtype=np.uint8).reshape(shape[0] * cell, width + 1)
+    assert rows[:, 0].tolist() == [0 if r % cell == 0 else 2 for r in range(shape[0] * cell)]
+    image = Image.open(io.BytesIO(png))
     steps = 253 if with_mask else 254
     entry = np.where(np.isnan(values), 255, np.rint(np.clip(np.nan_to_num(values), 0, 1) * steps))
     if with_mask:
@@ -76,6 +91,11 @@ def test_a_picture_decodes_to_each_cells_palette_entry_in_a_square_of_pixels(sha
     palette = np.asarray(image.getpalette()).reshape(-1, 3)
     assert len(palette) == 256 and tuple(palette[255]) == (255, 255, 255)
     assert not with_mask or tuple(palette[254]) == raster.MASKED_GREY
+
+
+def test_an_empty_map_has_no_picture():
+    with pytest.raises(ValueError, match="at least one cell"):
+        raster.palette_png(np.zeros((0, 4)), cell_px=4)
 
 
 def test_the_hover_line_carries_every_finite_cells_value_at_its_position():

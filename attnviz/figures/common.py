@@ -158,8 +158,8 @@ def unmeasured_colorbars(data, layout, names: Iterable[str]) -> list:
     every axis does (apply_layout, laid_out). plotly's default, "hide past div", measures each tick label in the
     browser on every draw, and each measure makes the browser lay the whole page out again: 20-30 ms for the kernel's
     step view and its two colour bars on a loaded 2-core machine (docs/measured.md, "Colour bars that measure their
-    labels"). Returns the traces: plotly's updated in place, a plain dict with a colour bar as a copy (the caller's
-    dict, an in-chart slider's stop say, stays as it was, the same as its other stops)."""
+    labels"). The layout is updated in place. Returns the traces: plotly's updated in place, a plain dict with a colour
+    bar as a copy (the caller's dict, an in-chart slider's stop say, stays as it was, the same as its other stops)."""
     for name in names:
         if re.fullmatch("coloraxis[0-9]*", name):
             _put(layout, {name: {"colorbar": ALLOW}})
@@ -173,8 +173,9 @@ def _unmeasured(trace):
             trace.update({path[0]: ALLOW} if len(path) == 1 else {path[0]: {path[1]: ALLOW}})
             continue
         trace = inner = dict(trace)
-        for key in path:
-            inner[key] = dict(inner.get(key) or {})
+        for key in path:  # a plotly object on the way (a go.scatter.Marker in a dict) as its plain dict
+            held = inner.get(key) or {}
+            inner[key] = held.to_plotly_json() if hasattr(held, "to_plotly_json") else dict(held)
             inner = inner[key]
         inner.update(ALLOW)
     return trace

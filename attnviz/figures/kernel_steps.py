@@ -126,9 +126,12 @@ def step_view_parts(step, states, base, title: str, q_edges, k_edges, *, causal:
     """step_view_figure's traces and layout images for one step, as plain dicts (a stop of its slider; the rest of
     the layout is the same at every step: _view_axes, _view_notes). base: the tile
     states before any step; limits: the colour scales' (step_view_limits); block: (rows, columns) of the largest
-    tile, the extent of the tile's panels; base_lines: tile_map_lines(base, ...), the traces every step shares, when
-    already built (the same objects in every stop: the slider's builder finds them unchanged at once)."""
-    traces = list(base_lines or tile_map_lines(base, q_edges, k_edges, causal=causal, window=window))
+    tile, the extent of the tile's panels; base_lines: tile_map_lines(base, ...) of the same base, the traces every
+    step shares, when already built (the same objects in every stop, which the slider's builder finds unchanged at
+    once: not to be changed afterwards, or every stop changes with them)."""
+    if base_lines is None:
+        base_lines = tile_map_lines(base, q_edges, k_edges, causal=causal, window=window)
+    traces = list(base_lines)
     traces += [dict(_tile_boxes(states, s, q_edges, k_edges), xaxis="x", yaxis="y")
                for s in (_DONE, _DONE_MASKED, _CURRENT)]
     hovers, images = _step_maps(step, limits)

@@ -27,8 +27,8 @@ MAX_CELL_PX = 32  # (a picture of one pixel per cell is scaled up smoothly by th
 
 def palette_png(values: np.ndarray, *, colorscale=ATTENTION_SCALE, vmin: float = 0.0, vmax: float = 1.0,
                 masked: np.ndarray | None = None, cell_px: int = 1) -> str:
-    """values [rows, cols] -> a data: URI of a palette PNG (256 colours of colorscale over [vmin, vmax]), each cell
-    cell_px by cell_px pixels.
+    """values [rows, cols] -> a data: URI of a palette PNG of 256 entries (255 colours of colorscale over [vmin, vmax],
+    then white), each cell cell_px by cell_px pixels.
 
     NaN cells are drawn white (palette entry 255 is reserved for them). masked [rows, cols] (bool), if given, marks
     cells drawn MASKED_GREY (entry 254); the colour scale then has 254 steps instead of 255."""
@@ -51,6 +51,8 @@ def _png(index: np.ndarray, palette: list[int], cell_px: int) -> bytes:
     zlib's fastest level. A picture of one pixel per cell of up to a million cells is packed at level 6 (a third
     smaller, in a few ms)."""
     rows, cols = index.shape
+    if not rows or not cols or cell_px < 1:
+        raise ValueError(f"a picture needs at least one cell and one pixel a cell, not {rows} x {cols} at {cell_px}")
     lines = np.zeros((rows * cell_px, cols * cell_px + 1), dtype=np.uint8)  # a filter byte, then the row's pixels
     lines[::cell_px, 1:] = index.repeat(cell_px, axis=1)
     lines[:, 0] = 2  # up
