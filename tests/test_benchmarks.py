@@ -30,7 +30,7 @@ class Quick:
     script: str  # benchmarks/<script>.py
     shows: tuple[str, ...]  # what its output must contain: its table's header (stdout; stderr for a refusal)
     args: tuple[str, ...] = ("--quick",)
-    seconds: float = 5  # about how long it takes on 2 idle cores: the longest start first
+    seconds: float = 5  # about how long it takes on 2 idle cores (measured one at a time): the longest start first
     exit_code: int = 0
     marks: tuple = field(default=(), compare=False)
     timeout: int = 300
@@ -41,40 +41,40 @@ class Quick:
 
 
 QUICK = [
-    Quick("attention_layer", ("toy-llama-gqa layer 1, 256 tokens", "layer (statistics and output):")),
+    Quick("attention_layer", ("toy-llama-gqa layer 1, 256 tokens", "layer (statistics and output):"), seconds=12),
     Quick("browser_latency", ("float32 matmul rate measured first:",
                               "| page | widget | input -> idle, median s | driver -> idle, median s |",
                               "| Positional encodings | Positions (slider, pos_sin_n) |",
-                              "| Positional encodings | d_model (in-chart slider of"), seconds=12,
+                              "| Positional encodings | d_model (in-chart slider of"), seconds=32,
           marks=(pytest.mark.browser,)),
     Quick("capture", ("capture overhead, toy-llama-gqa, 64 tokens, cpu time",
-                      "load toy-llama-gqa as a GGUF file: first (GGUF -> safetensors)")),
+                      "load toy-llama-gqa as a GGUF file: first (GGUF -> safetensors)"), seconds=15),
     Quick("corpus", ("float32 matmul rate measured first", "\nlocal: ", "\nkill: ", "\nduckdb: ", "\npaper: "),
-          args=("--quick", "--part", "local", "--part", "kill", "--part", "duckdb", "--part", "paper"), seconds=12),
-    Quick("flow", ("tokens   attnviz.flow s   networkx s   networkx / attnviz   equal to the unit",), seconds=3),
+          args=("--quick", "--part", "local", "--part", "kill", "--part", "duckdb", "--part", "paper"), seconds=28),
+    Quick("flow", ("tokens   attnviz.flow s   networkx s   networkx / attnviz   equal to the unit",), seconds=8),
     Quick("gemma3", ("layer kind     Sink_0^0.3  mean a0", "after layer set to", "window W  (a) full",
                      "layer head kind     prefix matching", "cross-checks against transformers' own outputs"),
-          seconds=28, marks=(pytest.mark.slow,)),
-    Quick("gpu_stats", ("needs a CUDA GPU",), args=(), seconds=1, exit_code=2,
+          seconds=23, marks=(pytest.mark.slow,)),
+    Quick("gpu_stats", ("needs a CUDA GPU",), args=(), seconds=2, exit_code=2,
           marks=(pytest.mark.skipif(CUDA, reason="with CUDA, gpu_stats.py runs in full"),)),
-    Quick("kernel", ("     N  naive ms   SDPA ms  naive/SDPA",) if not CUDA else ("Triton config",), seconds=3),
-    Quick("knockout", ("method", "(c) batched, first layers shared", "knockout_effects (c)")),
-    Quick("hybrid_capture", ("run          wall s   cpu s  x forward (wall, cpu)  goal 1.5x", "capture qk"), seconds=8),
-    Quick("lab", ("positions    steps to induction > 0.5  seconds  loss then  steps / rope",)),
+    Quick("kernel", ("     N  naive ms   SDPA ms  naive/SDPA",) if not CUDA else ("Triton config",), seconds=5),
+    Quick("knockout", ("method", "(c) batched, first layers shared", "knockout_effects (c)"), seconds=7),
+    Quick("hybrid_capture", ("run          wall s   cpu s  x forward (wall, cpu)  goal 1.5x", "capture qk"), seconds=7),
+    Quick("lab", ("positions    steps to induction > 0.5  seconds  loss then  steps / rope",), seconds=8),
     Quick("load", ("visitor    own result  first chart s  waited exceptions console errors  refusals",
-                   "mixed results: none"), seconds=15, marks=(pytest.mark.browser, pytest.mark.slow)),
+                   "mixed results: none"), seconds=22, marks=(pytest.mark.browser, pytest.mark.slow)),
     Quick("longcontext", ("case                                          tokens   TFLOP  seconds peak GiB   x limit",
                           "Heads page, first view", "    reruns after a head, layer, zoom and sink change:"),
-          seconds=25),
+          seconds=45),
     Quick("mixers", ("tokens heads decay clock GFLOP/s limit s   map s x lim  into s x lim    goal kernel s x kern",
                      "layer                        tokens heads dense map    before      peak     goal  seconds"),
-          seconds=10),
-    Quick("patching", ("method", "seconds   goal  x goal", "direct logit attribution, clean prompt")),
-    Quick("positional", ("ALiBi position-only attention against distance, 4 heads x 64 tokens",), seconds=1),
-    Quick("sink_variants", ("variant        first step > 0.3  seconds  loss then  best Sink",), seconds=6),
+          seconds=12),
+    Quick("patching", ("method", "seconds   goal  x goal", "direct logit attribution, clean prompt"), seconds=7),
+    Quick("positional", ("ALiBi position-only attention against distance, 4 heads x 64 tokens",), seconds=2),
+    Quick("sink_variants", ("variant        first step > 0.3  seconds  loss then  best Sink",), seconds=12),
     Quick("sinks", ("setting                                           perplexity   x full   seconds",
-                    "rolling KV cache, one forward call per token")),
-    Quick("softmax", ("1. per-row softmax Jacobian norm", "3. the page's d_k sweep"), seconds=2),
+                    "rolling KV cache, one forward call per token"), seconds=9),
+    Quick("softmax", ("1. per-row softmax Jacobian norm", "3. the page's d_k sweep"), seconds=3),
 ]
 
 
