@@ -49,15 +49,10 @@ def _tile_boxes(states, state: int, q_edges, k_edges) -> dict:
 
 
 def tile_map_lines(base, q_edges, k_edges, *, causal: bool, window: int | None) -> list[dict]:
-    """The tile map's lines before any step (_tile_lines), on the step view's first panel."""
-    return [dict(t, xaxis="x", yaxis="y") for t in _tile_lines(base, q_edges, k_edges, causal=causal, window=window)]
-
-
-def _tile_lines(base, q_edges, k_edges, *, causal: bool, window: int | None) -> list[dict]:
-    """The step view's tile map before any step, as line traces only (plotly.animate animates lines, and stops
-    drawing a heatmap once the slider moves): the tiles of each state of base (_tile_boxes), an invisible line
-    through the centres of each kind's tiles for the hover (their positions, TILE_KINDS; the layout's hoverdistance
-    -1 takes the nearest), the causal diagonal and the window's edge."""
+    """The step view's tile map before any step (base: its tile states), on its first panel, as line traces only
+    (plotly.animate animates lines, and stops drawing a heatmap once the slider moves): the tiles of each state of
+    base (_tile_boxes), an invisible line through the centres of each kind's tiles for the hover (their positions,
+    TILE_KINDS; the layout's hoverdistance -1 takes the nearest), the causal diagonal and the window's edge."""
     base = np.asarray(base)
     kinds = [kind for kind in TILE_KINDS if (base == kind).any()]
     traces = [_tile_boxes(base, kind, q_edges, k_edges) for kind in kinds]
@@ -70,7 +65,8 @@ def _tile_lines(base, q_edges, k_edges, *, causal: bool, window: int | None) -> 
                            mode="lines", line=dict(width=0), showlegend=False,
                            hovertemplate="queries %{customdata[0]}–%{customdata[1]}, keys %{customdata[2]}–"
                                          f"%{{customdata[3]}}<br>{TILE_KINDS[kind]}<extra></extra>"))
-    return traces + mask_edges(int(q_edges[-1]), int(k_edges[-1]), causal=causal, window=window)
+    traces += mask_edges(int(q_edges[-1]), int(k_edges[-1]), causal=causal, window=window)
+    return [dict(t, xaxis="x", yaxis="y") for t in traces]
 
 
 def step_view_limits(steps: Sequence) -> tuple[float, float]:
@@ -120,17 +116,13 @@ def _text(text: str, x: float, y: float, panel: int, position: str, size: int) -
                 xaxis=_axes(panel)[0], yaxis=_axes(panel)[1])
 
 
-def step_view_parts(step, states, base, title: str, q_edges, k_edges, *, causal: bool, window: int | None,
-                    limits: tuple[float, float], block: tuple[int, int],
-                    base_lines: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
+def step_view_parts(step, states, base_lines: list[dict], title: str, q_edges, k_edges, *,
+                    limits: tuple[float, float], block: tuple[int, int]) -> tuple[list[dict], list[dict]]:
     """step_view_figure's traces and layout images for one step, as plain dicts (a stop of its slider; the rest of
-    the layout is the same at every step: _view_axes, _view_notes). base: the tile
-    states before any step; limits: the colour scales' (step_view_limits); block: (rows, columns) of the largest
-    tile, the extent of the tile's panels; base_lines: tile_map_lines(base, ...) of the same base, the traces every
-    step shares, when already built (the same objects in every stop, which the slider's builder finds unchanged at
-    once: not to be changed afterwards, or every stop changes with them)."""
-    if base_lines is None:
-        base_lines = tile_map_lines(base, q_edges, k_edges, causal=causal, window=window)
+    the layout is the same at every step: _view_axes, _view_notes). base_lines: tile_map_lines of the tile states
+    before any step, the traces every step shares (the same objects in every stop, which the slider's builder finds
+    unchanged at once: not to be changed afterwards); limits: the colour scales' (step_view_limits); block: (rows,
+    columns) of the largest tile, the extent of the tile's panels."""
     traces = list(base_lines)
     traces += [dict(_tile_boxes(states, s, q_edges, k_edges), xaxis="x", yaxis="y")
                for s in (_DONE, _DONE_MASKED, _CURRENT)]
@@ -197,8 +189,8 @@ def step_view_figure(steps: Sequence, states: Sequence, titles: Sequence[str], a
     limits = step_view_limits(steps)
     block = (max(np.shape(s.scores)[0] for s in steps), max(np.shape(s.scores)[1] for s in steps))
     lines = tile_map_lines(base, q_edges, k_edges, causal=causal, window=window)
-    parts = [step_view_parts(s, st, base, t, q_edges, k_edges, causal=causal, window=window, limits=limits,
-                             block=block, base_lines=lines) for s, st, t in zip(steps, states, titles)]
+    parts = [step_view_parts(s, st, lines, t, q_edges, k_edges, limits=limits, block=block)
+             for s, st, t in zip(steps, states, titles)]
     traces, images = parts[active]
     layout = dict(_view_axes(q_edges, k_edges, block), images=images, annotations=_view_notes(causal, window),
                   title=dict(text=VIEW_TITLE, x=0.0, xanchor="left"), hoverdistance=-1,

@@ -125,9 +125,10 @@ def step_view(run: KernelRun, index: int, *, most: int = STEP_STOPS) -> tuple:
                                              window=run.window)
 
     step = run.steps[index]
+    lines = kernel_steps.tile_map_lines(base, run.q_edges, run.k_edges, causal=run.causal, window=run.window)
     traces, images = kernel_steps.step_view_parts(
-        step, states(index), base, step_title(run, index), run.q_edges, run.k_edges, causal=run.causal,
-        window=run.window, limits=kernel_steps.step_view_limits([step]), block=np.shape(step.scores))
+        step, states(index), lines, step_title(run, index), run.q_edges, run.k_edges,
+        limits=kernel_steps.step_view_limits([step]), block=np.shape(step.scores))
     stop_bytes = instant.json_bytes({"data": traces, "layout": {"images": images}})
     shown = instant.window(len(run.steps), index, stop_bytes, most=most)
     return view(shown, index - shown.start), shown
