@@ -13,7 +13,7 @@ import pytest
 import plotly.colors
 from PIL import Image
 
-from attnviz.figures import raster
+from attnviz.figures import raster, typed_arrays
 
 QUANTUM = 6  # colour units one of the picture's 255 steps can move a channel of Viridis or RdBu (about 3), twice
 
@@ -91,6 +91,17 @@ def test_a_picture_decodes_to_each_cells_palette_entry_in_a_square_of_pixels(sha
     palette = np.asarray(image.getpalette()).reshape(-1, 3)
     assert len(palette) == 256 and tuple(palette[255]) == (255, 255, 255)
     assert not with_mask or tuple(palette[254]) == raster.MASKED_GREY
+
+
+def test_the_hover_lines_places_travel_as_the_smallest_int_that_holds_them():
+    """A tile's offsets go as int8 (a quarter of int32's bytes in every stop of the kernel's step view), a long
+    text's positions as int16, each decoding to the same places."""
+    for shape, x0, dtype in (((16, 48), 0, "i1"), ((4, 300), 0, "i2"), ((3, 5), 40_000, "i4")):
+        hover = raster.map_hover(np.ones(shape), axes=("x", "y"), x0=x0, hovertemplate="")
+        sent = typed_arrays.value(hover["x"], "x")
+        assert sent["dtype"] == dtype
+        assert typed_arrays.array(sent).tolist() == (x0 + np.tile(np.arange(shape[1]), shape[0])).tolist()
+        assert typed_arrays.value(hover["y"], "y")["dtype"] == ("i1" if shape[0] < 128 else "i2")
 
 
 def test_an_empty_map_has_no_picture():

@@ -115,10 +115,12 @@ def map_hover(values, *, axes: tuple[str, str], x0: float = 0, y0: float = 0, ho
     A cell that is not a finite number (blank, or a masked score) has no hover: a page sends a small figure's arrays
     as JSON lists, where it would read null, which plotly writes as 0. The cells' places are the same for every map
     of one shape with none (an in-chart slider sends them once). The values travel in their own precision (float32
-    stays float32: half the bytes, and the same numbers)."""
+    stays float32: half the bytes, and the same numbers); the cells' places as whole numbers are left 64-bit, which
+    the page's JSON narrows to the smallest int that holds them (int8 for a tile's offsets: a quarter of int32's
+    bytes, in every stop of an in-chart slider whose cells change)."""
     values = np.asarray(values)
     values = values.astype(np.float32 if values.dtype.itemsize <= 4 and values.dtype.kind == "f" else np.float64)
-    y, x = np.mgrid[0:values.shape[0], 0:values.shape[1]].astype(np.int32)
+    y, x = np.mgrid[0:values.shape[0], 0:values.shape[1]]
     shown = np.isfinite(values)
     columns = [values] + [grid + first for grid, first in zip((y, x), named_from or ()) if first is not None]
     custom = np.stack([c[shown] for c in columns], axis=-1).astype(values.dtype)
