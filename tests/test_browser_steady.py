@@ -1,8 +1,8 @@
 """A view change on the Heads page in a real browser (Debian's Chromium driven by playwright, Streamlit on
 127.0.0.1): the One head map keeps the visitor's zoom across a head change and a boost toggle, forgets it after a
 double-click's reset, and no element of the page is greyed while the rerun draws it again; a chart mounted anew is
-drawn by plotly once, at the width it is shown at, and a call that changes anything still draws
-(attnviz.ui.steady)."""
+drawn by plotly once, at the width it is shown at, and a call that changes anything still draws; Streamlit's
+table code is loaded ahead while no table is shown (attnviz.ui.steady)."""
 
 from __future__ import annotations
 
@@ -186,3 +186,17 @@ def test_only_a_call_that_changes_nothing_is_skipped(page):
     assert seen["same"] == [0, 1], seen
     assert seen["afterZoom"] == [1, 0], seen
     assert seen["retitled"] == [1, 0] and seen["title"] == "another title", seen
+
+
+def test_streamlits_table_code_is_loaded_ahead_when_the_tab_is_idle(page):
+    """PRELOAD: the tab has imported Streamlit's data-grid chunk, from where Streamlit's own code imports it, with no
+    table on the page (a first table then does not wait for its code)."""
+    from attnviz.ui.steady import preloaded_chunks
+
+    chunks = preloaded_chunks()
+    assert len(chunks) == 1 and chunks[0].startswith("DataFrame."), chunks  # a Streamlit that renamed it fails here
+    page.wait_for_function("(window.__attnvizPreload || []).length > 0", timeout=60_000)
+    assert page.evaluate("Promise.all(window.__attnvizPreload)") == list(chunks)
+    fetched = page.evaluate("performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)")
+    assert f"/static/js/{chunks[0]}" in fetched, [f for f in fetched if f.endswith(".js")][-20:]
+    assert page.locator('[data-testid="stDataFrame"]').count() == 0  # loaded ahead, not for a table shown
