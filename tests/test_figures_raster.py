@@ -4,6 +4,7 @@ picture's place on its axes, the hover's values."""
 from __future__ import annotations
 
 import base64
+import json
 import io
 import struct
 import zlib
@@ -11,6 +12,8 @@ import zlib
 import numpy as np
 import pytest
 import plotly.colors
+import plotly.graph_objects as go
+import plotly.io as pio
 from PIL import Image
 
 from attnviz.figures import raster, typed_arrays
@@ -101,7 +104,11 @@ def test_the_hover_lines_places_travel_as_the_smallest_int_that_holds_them():
         sent = typed_arrays.value(hover["x"], "x")
         assert sent["dtype"] == dtype
         assert typed_arrays.array(sent).tolist() == (x0 + np.tile(np.arange(shape[1]), shape[0])).tolist()
-        assert typed_arrays.value(hover["y"], "y")["dtype"] == ("i1" if shape[0] < 128 else "i2")
+        rows = typed_arrays.value(hover["y"], "y")
+        assert rows["dtype"] == "i1" and typed_arrays.array(rows).tolist() == np.repeat(np.arange(shape[0]),
+                                                                                         shape[1]).tolist()
+        as_plotly = json.loads(pio.to_json(go.Figure([hover])))["data"][0]  # plotly's own writer: the same
+        assert as_plotly["x"]["dtype"] == dtype and as_plotly["y"]["dtype"] == "i1"
 
 
 def test_an_empty_map_has_no_picture():

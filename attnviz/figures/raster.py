@@ -120,7 +120,7 @@ def map_hover(values, *, axes: tuple[str, str], x0: float = 0, y0: float = 0, ho
     bytes, in every stop of an in-chart slider whose cells change)."""
     values = np.asarray(values)
     values = values.astype(np.float32 if values.dtype.itemsize <= 4 and values.dtype.kind == "f" else np.float64)
-    y, x = np.mgrid[0:values.shape[0], 0:values.shape[1]]
+    y, x = np.indices(values.shape, dtype=np.int64)
     shown = np.isfinite(values)
     columns = [values] + [grid + first for grid, first in zip((y, x), named_from or ()) if first is not None]
     custom = np.stack([c[shown] for c in columns], axis=-1).astype(values.dtype)
