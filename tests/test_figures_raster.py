@@ -4,8 +4,8 @@ picture's place on its axes, the hover's values."""
 from __future__ import annotations
 
 import base64
-import json
 import io
+import json
 import struct
 import zlib
 
