@@ -46,7 +46,7 @@ window = c8.select_slider("Sliding window (keys)", ["off", *uk.WINDOWS], "off",
                                "Gemma 3's local layers (W = 512) and Mistral do. Key blocks left of every query's "
                                "window are never loaded.")
 window = None if window == "off" or not causal else int(window)
-dtype = c6.selectbox("dtype", ["float32", "float16", "bfloat16"], key="kernel_dtype", persist_state="session")
+dtype = c6.selectbox("dtype", uk.DTYPES, key="kernel_dtype", persist_state="session")
 seed = int(c7.number_input("Seed for Q, K, V", *uk.SEED_RANGE, 0, key="kernel_seed", persist_state="session"))
 settings = (n, d, block_m, block_n, causal, dtype, seed)
 
@@ -238,7 +238,6 @@ if run is not None:  # after the timing: a prefetch beside it would slow it down
     shown = min(st.session_state.get("kernel_step", 0), len(steps) - 1)
     setting = dict(zip(("n", "d", "block_m", "block_n", "causal", "dtype", "seed"), settings), window=window)
     previous = ui.last_setting("kernel_last_setting", setting)
-    if previous is not None and previous != setting:  # a setting moved: it is likelier moved on than the step
-        uk.prefetch_neighbours(setting, previous, shown)
-    else:
+    uk.prefetch_neighbours(setting, previous, shown)  # a setting moved (or a first run): the settings a step away
+    if previous is None or previous == setting:  # nothing moved but the step, which is then likelier moved on
         uk.prefetch_step(*settings, window, shown + 1)

@@ -291,27 +291,33 @@ def test_the_stepper_run_and_the_kernels_checks_make_the_whole_run():
 
 
 def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypatch):
-    """After N moved to 65, the step views of N = 64 and 66 are built in the background at the step shown (clamped
-    to their own steps); after BLOCK_M moved to 128, its one neighbour (64); after the window moved to 8 keys, 16
-    keys and no window; nothing when nothing moved, no window without the causal mask, and never a size this
-    machine refuses or a run over SMALL_RUN."""
+    """After N moved to 521 (a small run, not a tiny one), the step views of N = 520 and 522 are built in the
+    background at the step shown (clamped to their own steps); after BLOCK_M moved to 128, its one neighbour (64);
+    after the window moved to 8 keys, 16 keys and no window first; nothing when nothing moved, no window without the
+    causal mask, and never a size this machine refuses or a run over SMALL_RUN."""
     from attnviz import kernels as kn
     from attnviz.ui import kernel as uk
 
-    asked = []
-    monkeypatch.setattr(uk, "build_in_background", lambda cached, calls, name: asked.append((cached, calls)))
-    base = dict(n=65, d=32, block_m=16, block_n=16, causal=True, dtype="float32", seed=3, window=None)
-    uk.prefetch_neighbours(base, {**base, "n": 64}, 20)
+    asked, elsewhere = [], []
+
+    def build(cached, calls, name, **kw):
+        (asked if name == "attnviz-kernel-neighbours" else elsewhere).append((cached, calls))
+
+    monkeypatch.setattr(uk, "build_in_background", build)
+    base = dict(n=521, d=32, block_m=16, block_n=16, causal=True, dtype="float32", seed=3, window=None)
+    assert uk._size(521, 16, 16, True) == "small"
+    uk.prefetch_neighbours(base, {**base, "n": 520}, 20)
     assert asked[-1][0] is uk._ahead  # the step view and the kernel's checks
-    steps = {n: kn.tile_steps(n, n, block_m=16, block_n=16, causal=True) for n in (64, 66)}
+    steps = {n: kn.tile_steps(n, n, block_m=16, block_n=16, causal=True) for n in (520, 522)}
     # N went up: the next N up first (a control is mostly moved on the same way)
-    assert asked[-1][1] == [(n, 32, 16, 16, True, "float32", 3, None, min(20, steps[n] - 1)) for n in (66, 64)]
-    uk.prefetch_neighbours(base, {**base, "n": 66}, 20)
-    assert [call[0] for call in asked[-1][1]] == [64, 66]
+    assert asked[-1][1] == [(n, 32, 16, 16, True, "float32", 3, None, min(20, steps[n] - 1)) for n in (522, 520)]
+    uk.prefetch_neighbours(base, {**base, "n": 522}, 20)
+    assert [call[0] for call in asked[-1][1]] == [520, 522]
     uk.prefetch_neighbours({**base, "block_m": 128}, {**base, "block_m": 64}, 0)
     assert [call[2] for call in asked[-1][1]] == [64]
+    before = len(asked)
     uk.prefetch_neighbours(base, base, 0)
-    assert asked[-1][1] == []
+    assert len(asked) == before  # nothing moved: nothing built
     uk.prefetch_neighbours({**base, "window": 8}, base, 0)  # the window moved on from "off": 16 first, then off
     assert [call[7] for call in asked[-1][1]] == [16, None]
     uncausal = {**base, "causal": False}  # the causal mask taken off: no window to move to
@@ -322,6 +328,40 @@ def test_a_control_moved_prefetches_the_small_runs_one_step_either_way(monkeypat
     assert not uk.is_small(1100, 128, 128, False) and uk.is_small(1024, 128, 128, False)  # 64 steps: 2**20
     uk.prefetch_neighbours(big, {**big, "seed": 2}, 0)
     assert asked[-1][1] == []
+    assert all(calls == [] for _, calls in elsewhere[:3])  # N and BLOCK_M moved: small runs, not tiny ones
+
+
+def test_a_tiny_run_prefetches_a_step_away_on_every_control(monkeypatch):
+    """At a tiny run (the page's defaults), the first run builds the setting one step either way of every control,
+    in the page's order; after a move, the moved control's first (the way it moved first), then every other
+    control's, none twice. A causal mask taken off takes the window with it."""
+    from attnviz.ui import kernel as uk
+
+    asked = []
+    monkeypatch.setattr(uk, "build_in_background", lambda cached, calls, name, **kw: asked.append((name, kw, calls)))
+    base = dict(n=64, d=32, block_m=16, block_n=16, causal=True, dtype="float32", seed=3, window=16)
+    assert uk._size(64, 16, 16, True, 16) == "tiny" and uk._size(64, 16, 16, True) == "tiny"
+
+    def moved(**change):
+        return {**base, **change}
+
+    def calls(settings):
+        return [(*(s[k] for k in ("n", "d", "block_m", "block_n", "causal", "dtype", "seed", "window")), 2)
+                for s in settings]
+
+    every = [moved(n=63), moved(n=65), moved(d=16), moved(d=48), moved(block_m=32), moved(block_n=32),
+             moved(causal=False, window=None), moved(window=8), moved(window=32), moved(dtype="float16"),
+             moved(seed=2), moved(seed=4)]
+    later = ("attnviz-kernel-elsewhere", {"wait_s": uk.ELSEWHERE_WAIT_S})
+    uk.prefetch_neighbours(base, None, 2)  # the first run: nothing moved yet, every control's a second later
+    assert asked[-2:] == [("attnviz-kernel-neighbours", {}, []), (*later, calls(every))]
+    uk.prefetch_neighbours(base, moved(seed=2), 2)
+    first = [moved(seed=4), moved(seed=2)]
+    assert asked[-2:] == [("attnviz-kernel-neighbours", {}, calls(first)),
+                          (*later, calls([s for s in every if s not in first]))]
+    before = len(asked)
+    uk.prefetch_neighbours(base, base, 2)
+    assert len(asked) == before
 
 
 def test_neighbours_one_step_either_way():
@@ -337,3 +377,5 @@ def test_neighbours_one_step_either_way():
     assert neighbours([8, 16, 32], 16, 8) == [32, 8] and neighbours([8, 16, 32], 16, 32) == [8, 32]
     assert neighbours((0, 10), 5, 4) == [6, 4] and neighbours((0, 10), 5, 6) == [4, 6]
     assert neighbours((0, 10), 10, 9) == [9] and neighbours([8, 16, 32], 16, 12) == [8, 32]
+    # None an option (the window's "off"): moved on from it is a move, no move at all is none
+    assert neighbours([None, 8, 16], 8, None) == [16, None] and neighbours([None, 8, 16], 8) == [None, 16]

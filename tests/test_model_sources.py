@@ -362,6 +362,33 @@ def test_a_newer_build_of_the_same_name_stops_the_older_before_its_next_call():
     assert sorted(ran) == ["new 1", "new 2", "old 1"]
 
 
+def test_a_build_that_waits_starts_later_unless_a_newer_one_of_its_name_came_meanwhile():
+    """wait_s: nothing runs before it has passed; a newer build under the same name meanwhile (even one with no
+    calls) means the waiting one never runs, and the newer one does."""
+    import threading
+    import time
+
+    from attnviz import ui
+
+    ran = []
+    started = time.perf_counter()
+    assert ui.build_in_background(lambda tag: ran.append((tag, time.perf_counter() - started)), [("late",)],
+                                  "test-wait", wait_s=0.3)
+    assert ran == []
+    deadline = time.perf_counter() + 5
+    while not ran and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    assert [tag for tag, _ in ran] == ["late"] and ran[0][1] >= 0.3
+    ran.clear()
+    assert ui.build_in_background(lambda tag: ran.append(tag), [("superseded",)], "test-wait", wait_s=0.3)
+    assert ui.build_in_background(lambda tag: ran.append(tag), [], "test-wait", wait_s=0.05) is False
+    assert ui.build_in_background(lambda tag: ran.append(tag), [("newest",)], "test-wait", wait_s=0.1)
+    time.sleep(0.6)
+    for t in [t for t in threading.enumerate() if t.name == "test-wait"]:
+        t.join(5)
+    assert ran == ["newest"]
+
+
 def test_a_build_runs_torch_on_one_core_unless_a_visitor_waits_for_a_result():
     """A build's torch modules run on one core (the other is left to the browser and the visitor); inside a
     visitor_waits block they take the process's every core; the thread's count is its own, not the process's."""

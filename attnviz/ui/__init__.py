@@ -297,10 +297,15 @@ def choice_box(label: str, options: list[int], key: str, default: int | None = N
     return st.selectbox(label, options, key=key, persist_state="session")
 
 
-def neighbours(options, value, previous=None) -> list:
+NO_MOVE = object()  # neighbours' `previous` when the control did not move (None may be one of its options)
+
+
+def neighbours(options, value, previous=NO_MOVE) -> list:
     """The values one step either way of value, for a prefetch of what a control moved by one step would ask for:
     options a list of values, or (low, high) integer bounds. The one further in the direction of the move from
     `previous` comes first (a control is mostly moved on the same way), the lower one when there was no move."""
+    if previous is NO_MOVE:
+        previous = value
     if isinstance(options, tuple):
         out = [v for v in (value - 1, value + 1) if options[0] <= v <= options[1]]
         rising = previous is not None and previous < value

@@ -61,11 +61,24 @@ def visitor_waits():
     return _counted("waiting")
 
 
-def build_in_background(cached, calls: list[tuple], name: str) -> bool:
+def build_in_background(cached, calls: list[tuple], name: str, *, wait_s: float = 0.0) -> bool:
     """Calls the cached function `cached` (st.cache_resource or st.cache_data) with each argument tuple of `calls`
     in a daemon thread, paced by _pace, so the results a visitor is likely to ask for next are in the shared cache
     by then; a call already cached costs nothing, and one a visitor asks for while it is being built waits for it
-    (the cache's own lock per key). Returns False (nothing started) when BACKGROUND_BUILDS are running already."""
+    (the cache's own lock per key). Returns False (nothing started) when BACKGROUND_BUILDS are running already.
+    wait_s: the build starts that many seconds later, unless a newer build under the same name came meanwhile (a
+    guess less likely than another's, left until the visitor has stopped moving: it takes no thread of
+    BACKGROUND_BUILDS while it waits, and gets none if they are busy then)."""
+    if wait_s > 0:  # even with no calls: a waiting build under this name is superseded
+        with _foreground:
+            number = _newest[name] = _newest.get(name, 0) + 1
+        if not calls:
+            return False
+        later = threading.Timer(wait_s, lambda: _newest.get(name) == number and build_in_background(cached, calls,
+                                                                                                    name))
+        later.daemon = True
+        later.start()
+        return True
     if not calls or not _background.acquire(blocking=False):
         return False
     _pause_modules_for_visitors()

@@ -12,7 +12,7 @@ from attnviz.errors import AttnvizError
 from attnviz import kernels as kn  # sets TRITON_INTERPRET before Triton is imported when there is no GPU
 from attnviz.kernels import steps_view as kview
 from attnviz.kernels.steps_view import STEP_STOPS, KernelRun  # noqa: F401  (STEP_STOPS: the page's bound)
-from attnviz.ui import build_in_background, moved_neighbours
+from attnviz.ui import build_in_background, moved_neighbours, neighbours
 
 MEMORY_SIZES = (128, 256, 512, 1024, 2048)
 BLOCKS_TOO_BIG = "Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head dim, or float16, and it will run."
@@ -20,18 +20,12 @@ BLOCKS_TOO_BIG = "Not run: {}. Pick a smaller BLOCK_N or BLOCK_M, a smaller head
 
 # Every TileStep keeps its tiles (up to 4096 steps of 128 x 128 scores): large runs are held for the last two
 # settings only; small ones (SMALL_RUN score elements at most) for eight, the settings one step either way of the
-# control just moved among them (prefetch_neighbours).
-SMALL_RUN = 2**20
+# control just moved among them (prefetch_neighbours); tiny ones (TINY_RUN at most: 7 MB a run at worst, 256 steps of
+# 16 x 128 channels) for 24, the settings one step away on every control (the page's defaults are one).
+SMALL_RUN, TINY_RUN = 2**20, 2**16
 
 
-@st.cache_resource(max_entries=2, show_spinner=False)
-def _large_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
-    return kview.stepper_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
-                             window=window)
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)
-def _small_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
+def _stepper(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
     return kview.stepper_run(n, d, block_m=block_m, block_n=block_n, causal=causal, dtype=dtype, seed=seed,
                              window=window)
 
@@ -46,30 +40,41 @@ def _checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
         return {"refused": str(exc)}
 
 
-# a trace holds three [key block, query] arrays: kept for as many settings as the runs of its size
-_large_checks = st.cache_resource(max_entries=2, show_spinner=False)(_checks)
-_small_checks = st.cache_resource(max_entries=8, show_spinner=False)(_checks)
+def _cached(function, entries: tuple[int, int, int]) -> dict:
+    """{size: st.cache_resource of function} for each size of run ("tiny", "small", "large": _size), holding
+    `entries` results of each (a trace holds three [key block, query] arrays: kept as many as the runs)."""
+    return {size: st.cache_resource(max_entries=most, show_spinner=False)(function)
+            for size, most in zip(("tiny", "small", "large"), entries)}
 
 
-def _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
-    return _by_size(_small_checks, _large_checks, n, d, block_m, block_n, causal, dtype, seed, window)
+_runs, _kernel_checks_by_size = _cached(_stepper, (24, 8, 2)), _cached(_checks, (24, 8, 2))
+
+
+def _size(n, block_m, block_n, causal, window=None) -> str:
+    """"tiny", "small" or "large": by the score elements a run's tiles hold (its steps times BLOCK_M x BLOCK_N)
+    against TINY_RUN and SMALL_RUN."""
+    elements = kn.tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window) * block_m * block_n
+    return "tiny" if elements <= TINY_RUN else "small" if elements <= SMALL_RUN else "large"
 
 
 def is_small(n, block_m, block_n, causal, window=None) -> bool:
     """Whether a run's tiles hold at most SMALL_RUN score elements (its steps times BLOCK_M x BLOCK_N)."""
-    return kn.tile_steps(n, n, block_m=block_m, block_n=block_n, causal=causal, window=window) * block_m * block_n \
-        <= SMALL_RUN
+    return _size(n, block_m, block_n, causal, window) != "large"
+
+
+def _by_size(caches: dict, n, d, block_m, block_n, causal, dtype, seed, window, *more):
+    """The cached function of caches (_cached) for a run of these settings' size, called with them (and more)."""
+    cached = caches[_size(n, block_m, block_n, causal, window)]
+    return cached(n, d, block_m, block_n, causal, dtype, seed, window, *more)
+
+
+def _kernel_checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
+    return _by_size(_kernel_checks_by_size, n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def _kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun:
     """The shared stepper run of these settings, from the cache its size belongs to."""
-    return _by_size(_small_run, _large_run, n, d, block_m, block_n, causal, dtype, seed, window)
-
-
-def _by_size(small, large, n, d, block_m, block_n, causal, dtype, seed, window):
-    """small(...) or large(...) of these settings: the cache a run of their size (is_small) is kept in."""
-    cached = small if is_small(n, block_m, block_n, causal, window) else large
-    return cached(n, d, block_m, block_n, causal, dtype, seed, window)
+    return _by_size(_runs, n, d, block_m, block_n, causal, dtype, seed, window)
 
 
 def kernel_run(n, d, block_m, block_n, causal, dtype, seed, window=None) -> KernelRun | None:
@@ -95,12 +100,18 @@ def checked_run(run: KernelRun, n, d, block_m, block_n, causal, dtype, seed, win
     return replace(run, **checks)
 
 
-@st.cache_resource(max_entries=16, show_spinner=False)
+def _view(n, d, block_m, block_n, causal, dtype, seed, window, index) -> tuple:
+    return kview.step_view(_kernel_run(n, d, block_m, block_n, causal, dtype, seed, window), index)
+
+
+_views = _cached(_view, (32, 12, 4))  # a view's stops take FRAME_BUDGET (1.8 MB) at most; a tiny run's far less
+
+
 def step_view(n, d, block_m, block_n, causal, dtype, seed, window, index) -> tuple:
     """(figure, steps) of the step view at step `index` (attnviz.kernels.steps_view.step_view: a window of
-    consecutive steps around it, each a stop of its in-chart slider). Kept as an object (plotly reads a figure
-    only to draw it)."""
-    return kview.step_view(_kernel_run(n, d, block_m, block_n, causal, dtype, seed, window), index)
+    consecutive steps around it, each a stop of its in-chart slider), from the cache its run's size belongs to.
+    Kept as an object (plotly reads a figure only to draw it)."""
+    return _by_size(_views, n, d, block_m, block_n, causal, dtype, seed, window, index)
 
 
 def prefetch_step(n, d, block_m, block_n, causal, dtype, seed, window, index) -> None:
@@ -117,19 +128,37 @@ N_RANGE, SEED_RANGE = (1, 4096), (0, 10_000)  # the page's N slider and seed bou
 HEAD_DIMS = [8, 16, 32, 48, 64, 80, 96, 128]  # the head dim control's options
 BLOCKS = [16, 32, 64, 128]  # BLOCK_M's and BLOCK_N's
 WINDOWS = [8, 16, 32, 64, 128, 256, 512, 1024]  # the sliding window's, in keys, after "off"
+DTYPES = ["float32", "float16", "bfloat16"]  # the dtype control's options
+ELSEWHERE_WAIT_S = 1.0  # after a run, how long before the settings a step away on other controls are built
 
 
 def prefetch_neighbours(setting: dict, previous: dict | None, index: int) -> None:
-    """Builds, in the background, the step view one step either way of the control just moved (setting, previous:
-    {"n", "d", "block_m", "block_n", "causal", "dtype", "seed", "window"} of this run and the last; index: the
-    step shown), for small runs that can run here: a control moved again by a step then finds its run, figure and
-    kernel checks ready. Nothing is built when nothing moved."""
-    if previous is None:
+    """Builds, in the background, the step view and kernel checks one step either way of the control just moved
+    (setting, previous: {"n", "d", "block_m", "block_n", "causal", "window", "dtype", "seed"} of this run and the
+    last, previous None on the page's first run; index: the step shown), for small runs that can run here: a
+    control moved again by a step then finds them ready. Where this run is tiny (TINY_RUN), the settings one step
+    away on every other control too, in the page's order, ELSEWHERE_WAIT_S later unless a control moved again
+    meanwhile (moves in a row would otherwise share the cores with them): the first move of any control then finds
+    its view ready. Nothing is built when nothing moved."""
+    if previous == setting:
         return
-    steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "seed": SEED_RANGE,
-             **({"window": [None, *WINDOWS]} if setting["causal"] else {})}  # a window only with the causal mask
-    calls = [_prefetchable(s, index) for s in moved_neighbours(setting, previous, steps)]
-    build_in_background(_ahead, [call for call in calls if call is not None], "attnviz-kernel-neighbours")
+    steps = {"n": N_RANGE, "d": HEAD_DIMS, "block_m": BLOCKS, "block_n": BLOCKS, "causal": [False, True],
+             **({"window": [None, *WINDOWS]} if setting["causal"] else {}),  # a window only with the causal mask
+             "dtype": DTYPES, "seed": SEED_RANGE}
+    moved = moved_neighbours(setting, previous, steps) if previous is not None else []
+    build_in_background(_ahead, _prefetchable_calls(moved, index), "attnviz-kernel-neighbours")
+    tiny = _size(setting["n"], setting["block_m"], setting["block_n"], setting["causal"], setting["window"]) == "tiny"
+    others = [s for s in ({**setting, name: value} for name, options in steps.items()
+                          for value in neighbours(options, setting[name])) if s not in moved] if tiny else []
+    build_in_background(_ahead, _prefetchable_calls(others, index), "attnviz-kernel-elsewhere",
+                        wait_s=ELSEWHERE_WAIT_S)
+
+
+def _prefetchable_calls(settings: list[dict], index: int) -> list[tuple]:
+    """_ahead's arguments for each of settings that can run here and is small (_prefetchable); a setting without
+    the causal mask has no window."""
+    calls = [_prefetchable(s if s["causal"] else {**s, "window": None}, index) for s in settings]
+    return [call for call in calls if call is not None]
 
 
 def _ahead(n, d, block_m, block_n, causal, dtype, seed, window, index) -> None:
