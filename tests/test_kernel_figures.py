@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 from attnviz.figures import kernel as figs
 from attnviz.figures import kernel_steps
@@ -165,3 +166,21 @@ def test_the_step_views_slider_draws_the_steppers_state_at_every_step():
         bars = {i for i, t in enumerate(moving.data) if t.marker.showscale}
         assert len(bars) == 2 and not bars & restyled and not set(range(fixed)) & restyled, active
         assert {moving.data[t].name for t in restyled} >= {figs.TILE_STATES[v] for v in (3, 4, 5)}
+
+
+@pytest.mark.parametrize("n, block, causal, window", [(40, 8, True, 16), (37, 16, False, None)])
+def test_the_step_view_built_unchecked_is_the_figure_plotly_would_check(monkeypatch, n, block, causal, window):
+    """The step view skips plotly.py's validation (laid_out(validate=False)): its JSON, frames and slider included,
+    equals that of the same view built with validation (a ragged last block, a window, no mask)."""
+    import json
+
+    from attnviz.figures import common, kernel_steps
+    from attnviz.kernels.steps_view import step_view, stepper_run
+
+    run = stepper_run(n, 16, block_m=block, block_n=block, causal=causal, window=window)
+    fast, _ = step_view(run, 3)
+    assert fast._validate is False and len(fast.frames) > 1
+    monkeypatch.setattr(kernel_steps, "laid_out", lambda *a, validate=False, **k: common.laid_out(*a, **k))
+    checked, _ = step_view(run, 3)
+    assert checked._validate is True
+    assert json.loads(fast.to_json()) == json.loads(checked.to_json())

@@ -128,11 +128,14 @@ def _house_layout(title: str | None, height: int | None, right: int) -> dict:
 
 def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x_title: str | None = None,
              y_title: str | None = None, height: int | None = None, legend: Mapping | None = None,
-             margin: Mapping | None = None) -> go.Figure:
+             margin: Mapping | None = None, validate: bool = True) -> go.Figure:
     """go.Figure(data, layout) laid out as apply_layout lays it out, then `legend` and `margin` merged in as plotly's
     update_layout merges them (legend_below's, say), all in one go: each plotly update of a built figure walks its
     property tree (10-30 ms a call here), where a figure built from one dict takes 2-3 ms. data: traces, plotly's
-    or plain dicts; layout: a plain dict (grid_layout's, say), left as it is."""
+    or plain dicts; layout: a plain dict (grid_layout's, say), left as it is. validate=False: plotly.py stores the
+    dicts as they are, unchecked (a third of the time for a figure of many traces); only for figures whose JSON a
+    test shows equal to the validated figure's (every value already as plotly.js reads it: no colour scale by name,
+    which plotly.py alone expands)."""
     if pio.templates.default != TEMPLATE:  # see apply_layout
         pio.templates.default = TEMPLATE
     out = copy.deepcopy(dict(layout or {}))
@@ -146,7 +149,7 @@ def laid_out(data, layout: Mapping | None = None, *, title: str | None = None, x
         for name in {f"{kind}axis"} | {k for k in out if re.fullmatch(f"{kind}axis[0-9]*", k)}:
             _merge(out, {name: dict(ticklabeloverflow="allow", **({} if text is None else {"title": {"text": text}}))})
     _merge(out, {"legend": dict(legend or {}), "margin": dict(margin or {})})
-    return go.Figure(data=unmeasured_colorbars(data, out, list(out)), layout=out)
+    return go.Figure(data=unmeasured_colorbars(data, out, list(out)), layout=out, _validate=validate)
 
 
 ALLOW = {"ticklabeloverflow": "allow"}

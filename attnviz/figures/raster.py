@@ -130,8 +130,10 @@ def map_hover(values, *, axes: tuple[str, str], x0: float = 0, y0: float = 0, ho
 
 
 def colour_bar(*, axes: tuple[str, str], colorscale, vmin: float, vmax: float, colorbar: dict) -> dict:
-    """A colour bar for map_image's pictures: a marker trace with no point to draw (a picture draws none)."""
+    """A colour bar for map_image's pictures: a marker trace with no point to draw (a picture draws none). A scale
+    by name goes as its [position, colour] stops, as plotly.js reads it (only plotly.py knows names like "RdBu_r")."""
+    stops = plotly.colors.get_colorscale(colorscale) if isinstance(colorscale, str) else colorscale
     return dict(type="scatter", x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
                 xaxis=axes[0], yaxis=axes[1],
-                marker=dict(color=[vmin], colorscale=colorscale, cmin=vmin, cmax=vmax, showscale=True,
+                marker=dict(color=[vmin], colorscale=stops, cmin=vmin, cmax=vmax, showscale=True,
                             colorbar=colorbar))
