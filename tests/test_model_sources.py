@@ -199,6 +199,21 @@ def test_a_capture_that_fits_only_without_its_model_is_refused_not_left_waiting(
     assert len(outcome) == 1 and "with the model it runs on" in outcome[0]
 
 
+@pytest.fixture
+def no_builds_running():
+    """Waits until no build of the app's (a thread named attnviz-...) is running or waiting to start: a page run
+    in an earlier test of this worker (the kernel page's, say) may have started one, holding a slot these tests
+    count on."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + 120
+    while alive := [t for t in threading.enumerate() if t.name.startswith("attnviz-")]:
+        assert time.monotonic() < deadline, f"builds still running: {[t.name for t in alive]}"
+        alive[0].join(5)
+
+
+@pytest.mark.usefixtures("no_builds_running")
 def test_background_builds_are_capped(monkeypatch):
     import threading
 
@@ -270,6 +285,7 @@ def test_the_page_says_a_load_cannot_fit(monkeypatch):
     assert "Loading toy-llama-gqa needs about" in at.error[0].value
 
 
+@pytest.mark.usefixtures("no_builds_running")
 def test_a_background_build_starts_no_call_while_a_visitors_work_runs():
     """While a foreground_work block runs, a background build's next call waits; when it ends, the call runs. A
     build's own call inside foreground_work holds back no other build."""
@@ -304,6 +320,7 @@ def test_a_background_build_starts_no_call_while_a_visitors_work_runs():
     assert 3 in started  # ran while the first build was inside its own foreground_work
 
 
+@pytest.mark.usefixtures("no_builds_running")
 def test_a_background_builds_model_run_pauses_at_its_next_module_while_a_visitors_work_runs():
     """A build already inside a model's forward when a foreground_work block starts waits at its next module until
     the block ends (the visitor's run gets the cores); the visitor's own modules never wait."""
@@ -341,6 +358,7 @@ def test_a_background_builds_model_run_pauses_at_its_next_module_while_a_visitor
     assert order[-2:] == [("test-pause", 1), ("test-pause", 2)]
 
 
+@pytest.mark.usefixtures("no_builds_running")
 def test_a_newer_build_of_the_same_name_stops_the_older_before_its_next_call():
     """Two builds under one name: the older ends its call under way and makes no further one; the newer runs all."""
     import threading
@@ -362,6 +380,7 @@ def test_a_newer_build_of_the_same_name_stops_the_older_before_its_next_call():
     assert sorted(ran) == ["new 1", "new 2", "old 1"]
 
 
+@pytest.mark.usefixtures("no_builds_running")
 def test_a_build_that_waits_starts_later_unless_a_newer_one_of_its_name_came_meanwhile():
     """wait_s: nothing runs before it has passed; a newer build under the same name meanwhile (even one with no
     calls) means the waiting one never runs, and the newer one does."""
@@ -389,6 +408,7 @@ def test_a_build_that_waits_starts_later_unless_a_newer_one_of_its_name_came_mea
     assert ran == ["newest"]
 
 
+@pytest.mark.usefixtures("no_builds_running")
 def test_a_build_runs_torch_on_one_core_unless_a_visitor_waits_for_a_result():
     """A build's torch modules run on one core (the other is left to the browser and the visitor); inside a
     visitor_waits block they take the process's every core; the thread's count is its own, not the process's."""

@@ -76,7 +76,7 @@ def build_in_background(cached, calls: list[tuple], name: str, *, wait_s: float 
             return False
         later = threading.Timer(wait_s, lambda: _newest.get(name) == number and build_in_background(cached, calls,
                                                                                                     name))
-        later.daemon = True
+        later.daemon, later.name = True, f"{name} (waiting)"
         later.start()
         return True
     if not calls or not _background.acquire(blocking=False):
