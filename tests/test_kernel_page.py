@@ -12,6 +12,40 @@ import torch
 from tests.kernel_cases import keys_read_by_definition, needs_gpu
 
 
+@pytest.fixture(autouse=True)
+def no_build_left_behind():
+    """After each test, the kernel page's builds ahead are stopped or waited for: a build a page run here asked for
+    a second later would otherwise run into the next test, under its patches."""
+    yield
+    import threading
+
+    from attnviz.ui import kernel as uk
+
+    uk.build_in_background(uk._ahead, [], "attnviz-kernel-elsewhere", wait_s=1.0)  # supersedes a waiting one
+    for thread in [t for t in threading.enumerate() if t.name.startswith("attnviz-")]:
+        thread.join(60)
+
+
+def test_each_size_of_run_has_a_cache_of_its_own(monkeypatch):
+    """A tiny run stays cached after a small one was run: the three sizes' caches are three (one name asked for
+    again with another max_entries would replace Streamlit's cache, empty)."""
+    import streamlit as st
+
+    from attnviz.kernels import steps_view
+    from attnviz.ui import kernel as uk
+
+    st.cache_resource.clear()
+    calls, real = [], steps_view.stepper_run
+    monkeypatch.setattr(steps_view, "stepper_run", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert uk._size(64, 16, 16, True) == "tiny" and uk._size(400, 32, 32, True) == "small"
+    tiny = uk._kernel_run(64, 16, 16, 16, True, "float32", 0)
+    uk._kernel_run(400, 16, 32, 32, True, "float32", 0)
+    uk._kernel_checks(64, 16, 16, 16, True, "float32", 0)
+    uk._kernel_checks(400, 16, 32, 32, True, "float32", 0)
+    assert uk._kernel_run(64, 16, 16, 16, True, "float32", 0) is tiny and len(calls) == 2
+    st.cache_resource.clear()
+
+
 def kernel_page(timeout: int):
     """The Tiled kernel page under AppTest, not run yet."""
     from streamlit.testing.v1 import AppTest

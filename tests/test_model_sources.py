@@ -402,8 +402,14 @@ def test_a_build_that_waits_starts_later_unless_a_newer_one_of_its_name_came_mea
     assert ui.build_in_background(lambda tag: ran.append(tag), [("superseded",)], "test-wait", wait_s=0.3)
     assert ui.build_in_background(lambda tag: ran.append(tag), [], "test-wait", wait_s=0.05) is False
     assert ui.build_in_background(lambda tag: ran.append(tag), [("newest",)], "test-wait", wait_s=0.1)
-    time.sleep(0.6)
-    for t in [t for t in threading.enumerate() if t.name == "test-wait"]:
+    deadline = time.perf_counter() + 10
+    while len([t for t in threading.enumerate() if t.name == "test-wait (waiting)"]) > 1:  # the older cancelled
+        assert time.perf_counter() < deadline
+        time.sleep(0.01)
+    while not ran and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # past the superseded one's time: it must not run
+    for t in [t for t in threading.enumerate() if t.name.startswith("test-wait")]:
         t.join(5)
     assert ran == ["newest"]
 

@@ -111,7 +111,7 @@ def test_the_heads_beside_the_one_drawn_are_made_ahead(monkeypatch):
     heads_page({"model": "toy-gpt2", "text": text, "layer": "1", "head": "2", "boost": "1", "sink": "0",
                 "tab": "head"})
     for thread in threading.enumerate():
-        if thread.name == "heads-next":
+        if thread.name == "attnviz-heads-next":
             thread.join(60)
     capture = capture_attention(load_model("toy-gpt2"), text)
     built = []

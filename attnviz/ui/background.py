@@ -32,6 +32,7 @@ _background = threading.BoundedSemaphore(BACKGROUND_BUILDS)
 _foreground = threading.Condition()
 _running = {"blocks": 0, "waiting": 0}  # foreground_work and visitor_waits blocks running, every session together
 _newest: dict[str, int] = {}  # build name: the number of its newest build
+_waiting: dict[str, threading.Timer] = {}  # build name: its build waiting to start (wait_s)
 _in_build = threading.local()
 
 
@@ -65,25 +66,43 @@ def build_in_background(cached, calls: list[tuple], name: str, *, wait_s: float 
     """Calls the cached function `cached` (st.cache_resource or st.cache_data) with each argument tuple of `calls`
     in a daemon thread, paced by _pace, so the results a visitor is likely to ask for next are in the shared cache
     by then; a call already cached costs nothing, and one a visitor asks for while it is being built waits for it
-    (the cache's own lock per key). Returns False (nothing started) when BACKGROUND_BUILDS are running already.
-    wait_s: the build starts that many seconds later, unless a newer build under the same name came meanwhile (a
-    guess less likely than another's, left until the visitor has stopped moving: it takes no thread of
-    BACKGROUND_BUILDS while it waits, and gets none if they are busy then)."""
-    if wait_s > 0:  # even with no calls: a waiting build under this name is superseded
-        with _foreground:
-            number = _newest[name] = _newest.get(name, 0) + 1
-        if not calls:
-            return False
-        later = threading.Timer(wait_s, lambda: _newest.get(name) == number and build_in_background(cached, calls,
-                                                                                                    name))
-        later.daemon, later.name = True, f"{name} (waiting)"
-        later.start()
-        return True
-    if not calls or not _background.acquire(blocking=False):
-        return False
-    _pause_modules_for_visitors()
+    (the cache's own lock per key). Returns whether the build started: False (nothing started) when
+    BACKGROUND_BUILDS are running already. wait_s: the build starts that many seconds later, unless a newer build
+    under the same name is asked for meanwhile (a guess less likely than another's, left until the visitor has
+    stopped moving): asking supersedes at once, even with no calls, the build of that name waiting or running; the
+    waiting one takes no thread of BACKGROUND_BUILDS, and gets none if they are busy when it is due. Returns whether
+    it was scheduled."""
+    if wait_s <= 0:
+        return _start(cached, calls, name)
     with _foreground:
         number = _newest[name] = _newest.get(name, 0) + 1
+        superseded = _waiting.pop(name, None)
+        if calls:
+            later = _waiting[name] = threading.Timer(wait_s, _start, (cached, calls, name, number))
+            later.daemon, later.name = True, f"{name} (waiting)"
+    if superseded is not None:
+        superseded.cancel()
+    if calls:
+        later.start()
+    return bool(calls)
+
+
+def _start(cached, calls: list[tuple], name: str, number: int | None = None) -> bool:
+    """Starts build_in_background's thread, if a slot is free: a build asked for now (number None) takes the next
+    number of its name, superseding the older; a waiting one (its number) starts only if still the newest."""
+    if number is not None:
+        with _foreground:
+            if _waiting.get(name) is threading.current_thread():  # (a Timer runs _start in its own thread)
+                del _waiting[name]
+    if not calls or not _background.acquire(blocking=False):
+        return False
+    with _foreground:
+        if number is None:
+            number = _newest[name] = _newest.get(name, 0) + 1
+        elif _newest.get(name) != number:
+            _background.release()
+            return False
+    _pause_modules_for_visitors()
 
     def build():
         _in_build.active, _in_build.cores, _in_build.every = True, None, None

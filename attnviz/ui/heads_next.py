@@ -26,4 +26,4 @@ def prefetch_maps(key: tuple, layer: int, head: int, gamma: float, hide_sink: bo
     build = cache.overview_figure if pooled else cache.head_figure
     calls = [(*key, x, h, gamma, hide_sink, capture)
              for x, h in neighbours(capture.n_heads, layer, head)]
-    return ui.build_in_background(build, calls, "heads-next")
+    return ui.build_in_background(build, calls, "attnviz-heads-next")

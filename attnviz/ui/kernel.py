@@ -4,6 +4,7 @@ peak-memory measurements. Every cache is keyed on every setting its result depen
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import streamlit as st
@@ -42,8 +43,16 @@ def _checks(n, d, block_m, block_n, causal, dtype, seed, window=None) -> dict:
 
 def _cached(function, entries: tuple[int, int, int]) -> dict:
     """{size: st.cache_resource of function} for each size of run ("tiny", "small", "large": _size), holding
-    `entries` results of each (a trace holds three [key block, query] arrays: kept as many as the runs)."""
-    return {size: st.cache_resource(max_entries=most, show_spinner=False)(function)
+    `entries` results of each (a trace holds three [key block, query] arrays: kept as many as the runs). Each is a
+    cache of its own: Streamlit names a cache after its function's module, qualified name and source, and one name
+    asked for again with another max_entries would replace the cache, empty."""
+    def tier(size: str):
+        @functools.wraps(function)
+        def of_size(*args):
+            return function(*args)
+        of_size.__qualname__ = f"{function.__qualname__}[{size}]"
+        return of_size
+    return {size: st.cache_resource(max_entries=most, show_spinner=False)(tier(size))
             for size, most in zip(("tiny", "small", "large"), entries)}
 
 
@@ -104,7 +113,7 @@ def _view(n, d, block_m, block_n, causal, dtype, seed, window, index) -> tuple:
     return kview.step_view(_kernel_run(n, d, block_m, block_n, causal, dtype, seed, window), index)
 
 
-_views = _cached(_view, (32, 12, 4))  # a view's stops take FRAME_BUDGET (1.8 MB) at most; a tiny run's far less
+_views = _cached(_view, (32, 12, 4))  # a view's stops take FRAME_BUDGET (1.8 MB) at most; a tiny run's ~1.1 MB
 
 
 def step_view(n, d, block_m, block_n, causal, dtype, seed, window, index) -> tuple:
