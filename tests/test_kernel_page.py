@@ -17,13 +17,13 @@ def no_build_left_behind():
     """After each test, the kernel page's builds ahead are stopped or waited for: a build a page run here asked for
     a second later would otherwise run into the next test, under its patches."""
     yield
-    import threading
-
     from attnviz.ui import kernel as uk
+    from attnviz.ui.background import running_builds
 
     uk.build_in_background(uk._ahead, [], "attnviz-kernel-elsewhere", wait_s=1.0)  # supersedes a waiting one
-    for thread in [t for t in threading.enumerate() if t.name.startswith("attnviz-")]:
+    for thread in running_builds():
         thread.join(60)
+        assert not thread.is_alive(), f"a build ran over a minute: {thread.name}"
 
 
 def test_each_size_of_run_has_a_cache_of_its_own(monkeypatch):

@@ -201,14 +201,14 @@ def test_a_capture_that_fits_only_without_its_model_is_refused_not_left_waiting(
 
 @pytest.fixture
 def no_builds_running():
-    """Waits until no build of the app's (a thread named attnviz-...) is running or waiting to start: a page run
-    in an earlier test of this worker (the kernel page's, say) may have started one, holding a slot these tests
-    count on."""
-    import threading
+    """Waits until no build of the app's is running or waiting to start: a page run in an earlier test of this
+    worker (the kernel page's, say) may have started one, holding a slot these tests count on."""
     import time
 
+    from attnviz.ui.background import running_builds
+
     deadline = time.monotonic() + 120
-    while alive := [t for t in threading.enumerate() if t.name.startswith("attnviz-")]:
+    while alive := running_builds():
         assert time.monotonic() < deadline, f"builds still running: {[t.name for t in alive]}"
         alive[0].join(5)
 

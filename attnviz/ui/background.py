@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 
 BACKGROUND_BUILDS = 2  # prefetch threads for the whole server; a build asked for while they are busy is skipped
@@ -33,6 +34,7 @@ _foreground = threading.Condition()
 _running = {"blocks": 0, "waiting": 0}  # foreground_work and visitor_waits blocks running, every session together
 _newest: dict[str, int] = {}  # build name: the number of its newest build
 _waiting: dict[str, threading.Timer] = {}  # build name: its build waiting to start (wait_s)
+_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # every build's thread, and waiting timer
 _in_build = threading.local()
 
 
@@ -83,8 +85,14 @@ def build_in_background(cached, calls: list[tuple], name: str, *, wait_s: float 
     if superseded is not None:
         superseded.cancel()
     if calls:
+        _threads.add(later)
         later.start()
     return bool(calls)
+
+
+def running_builds() -> list[threading.Thread]:
+    """The threads of the builds running now and of those waiting to start (a test waits for them to end)."""
+    return [thread for thread in list(_threads) if thread.is_alive()]
 
 
 def _start(cached, calls: list[tuple], name: str, number: int | None = None) -> bool:
@@ -120,7 +128,9 @@ def _start(cached, calls: list[tuple], name: str, number: int | None = None) -> 
             _in_build.active = False
             _background.release()
 
-    threading.Thread(target=build, daemon=True, name=name).start()
+    thread = threading.Thread(target=build, daemon=True, name=name)
+    _threads.add(thread)
+    thread.start()
     return True
 
 
